@@ -1,0 +1,93 @@
+"""The IR contract: every discardable attribute hloalias reads or writes.
+
+All facts a pass needs travel in the module itself, so each pass can be run
+alone on a ``.mlir`` file.  Names live in the ``hloalias.`` namespace, except
+the two aliasing attributes XLA itself understands.
+
+On ``@main``'s arguments (``arg_attrs``):
+
+``hloalias.kind``  (string)
+    What the argument is: ``"parameter"``, ``"buffer"``, ``"constant"`` (a
+    lifted tensor constant) or ``"user_input"``.
+``hloalias.name``  (string)
+    Fully qualified name: ``"layer.weight"`` for state, the placeholder name
+    (the Python argument name) for a user input.
+``tf.aliasing_output``  (i32)
+    XLA: this argument's buffer is reused for result N.
+``jax.buffer_donor``  (bool)
+    XLA: this argument's buffer may be reused for any result of its size.
+``hloalias.donation``  (string)
+    Why the argument is aliased: ``"inferred"``, ``"explicit"`` or ``"both"``.
+
+On ``@main``'s results (``res_attrs``):
+
+``hloalias.role``  (string)
+    ``"user_output"`` or ``"mutation"``.  A result without a role is a user
+    output numbered by its position.
+``hloalias.output``  (i64)
+    For a user output: its position in the user's flattened outputs.
+``hloalias.mutates``  (i64)
+    For a mutation: the index of the argument whose new value it is.
+
+On ``@main`` itself:
+
+``hloalias.removed_results``  (array of dictionaries)
+    One entry per result the ``eliminate-view-results`` pass took out of the
+    function, in the order they were removed.  Each has ``result`` (the
+    result key, below) and ``reason`` (``"view"``, ``"pass_through"``,
+    ``"duplicate"`` or ``"dead"``).  All but dead ones also have ``base`` (a
+    result key or ``"arg:I"``), ``dtype`` (MLIR element type), ``sizes``,
+    ``strides`` and ``offset`` (in elements, relative to a contiguous
+    row-major base) and ``chain`` (the view ops, for people).
+
+A *result key* names a result independently of its position, which changes
+as results are removed: ``"output:N"`` for user output N, ``"mutation:I"``
+for the new value of argument I.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+ARG_KIND: Final = "hloalias.kind"
+ARG_NAME: Final = "hloalias.name"
+ARG_DONATION: Final = "hloalias.donation"
+RESULT_ROLE: Final = "hloalias.role"
+RESULT_OUTPUT: Final = "hloalias.output"
+RESULT_MUTATES: Final = "hloalias.mutates"
+REMOVED_RESULTS: Final = "hloalias.removed_results"
+
+ALIASING_OUTPUT: Final = "tf.aliasing_output"
+BUFFER_DONOR: Final = "jax.buffer_donor"
+
+ARG_KINDS: Final = ("parameter", "buffer", "constant", "user_input")
+ROLE_USER_OUTPUT: Final = "user_output"
+ROLE_MUTATION: Final = "mutation"
+
+REASON_VIEW: Final = "view"
+REASON_PASS_THROUGH: Final = "pass_through"
+REASON_DUPLICATE: Final = "duplicate"
+REASON_DEAD: Final = "dead"
+
+
+def output_key(position: int) -> str:
+    """Result key of user output ``position``."""
+    return f"output:{position}"
+
+
+def mutation_key(arg_index: int) -> str:
+    """Result key of the new value of argument ``arg_index``."""
+    return f"mutation:{arg_index}"
+
+
+def arg_key(arg_index: int) -> str:
+    """Base key naming argument ``arg_index`` (its value before the call)."""
+    return f"arg:{arg_index}"
+
+
+def parse_key(key: str) -> tuple[str, int]:
+    """Split a result or base key into ``(kind, index)``; raises ValueError."""
+    kind, sep, index = key.partition(":")
+    if not sep or kind not in ("output", "mutation", "arg") or not index.isdigit():
+        raise ValueError(f"malformed result key {key!r}")
+    return kind, int(index)

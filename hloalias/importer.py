@@ -1,0 +1,375 @@
+"""Import: a torch program -> StableHLO whose ``@main`` keeps parameters,
+buffers, lifted constants and user inputs as arguments and records, in IR
+attributes (:mod:`hloalias.attributes`), what each argument is and which
+result is the new value of which mutated argument.
+
+Engine: ``torch.export`` -> ``run_decompositions`` (functionalized: in-place
+updates become extra outputs) -> torch-mlir's FX importer on the functional
+graph (so nothing is frozen into literals) -> torch-mlir's lowering to the
+torch backend contract and on to StableHLO.
+
+Argument order of ``@main`` is the exported program's: parameters, buffers,
+lifted tensor constants, then user inputs (the flattened ``(args, kwargs)``
+leaves).  Result order is: mutated buffers, mutated user inputs, then the
+flattened user outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import inspect
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
+from torch_mlir import ir, passmanager, rewrite
+from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+from torch_mlir.extras.fx_importer import FxImporter
+
+from hloalias import attributes as A
+from hloalias.errors import TorchImportError
+from hloalias.mlir import (
+    find_main,
+    format_diagnostics,
+    new_context,
+    parse_module,
+    print_module,
+    set_arg_attr_dicts,
+    set_result_attr_dicts,
+)
+
+TORCH_BACKEND_PIPELINE = (
+    "builtin.module(func.func(torch-match-quantized-custom-ops), "
+    "torchdynamo-export-to-torch-backend-pipeline{extra-library=})"
+)
+STABLEHLO_PIPELINE = "builtin.module(torch-backend-to-stablehlo-backend-pipeline)"
+
+_KINDS = {
+    InputKind.PARAMETER: "parameter",
+    InputKind.BUFFER: "buffer",
+    InputKind.CONSTANT_TENSOR: "constant",
+    InputKind.USER_INPUT: "user_input",
+}
+
+
+class Stage(enum.Enum):
+    """Where :func:`import_torch` stops."""
+
+    TORCH = "torch"  # torch dialect, backend contract (value semantics)
+    STABLEHLO = "stablehlo"
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgumentInfo:
+    """One argument of ``@main``."""
+
+    index: int
+    kind: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultInfo:
+    """One result of ``@main`` as imported (before any pass)."""
+
+    index: int
+    role: str
+    output: int | None = None
+    mutates: int | None = None
+
+    @property
+    def key(self) -> str:
+        """The result key (``output:N`` / ``mutation:I``)."""
+        if self.role == A.ROLE_MUTATION:
+            assert self.mutates is not None
+            return A.mutation_key(self.mutates)
+        assert self.output is not None
+        return A.output_key(self.output)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramSignature:
+    """How ``@main``'s arguments and results map to the torch program."""
+
+    arguments: tuple[ArgumentInfo, ...]
+    results: tuple[ResultInfo, ...]
+    in_spec: Any  # pytree spec of (args, kwargs)
+    out_spec: Any  # pytree spec of the user outputs
+
+    def user_input_indices(self) -> list[int]:
+        """Indices of user-input arguments, in flattened (args, kwargs) order."""
+        return [a.index for a in self.arguments if a.kind == "user_input"]
+
+
+class Program:
+    """An imported torch program: a verified MLIR module (torch dialect or
+    StableHLO, see ``stage``) with its signature and module state.
+
+    ``torch_mlir_module`` is a torch-mlir ``ir.Module`` that passes and
+    torch-mlir ``PassManager``s run on in place; ``text`` prints it."""
+
+    def __init__(
+        self,
+        module: ir.Module,
+        stage: Stage,
+        signature: ProgramSignature,
+        state: dict[str, torch.Tensor],
+    ) -> None:
+        self.torch_mlir_module = module
+        self.stage = stage
+        self.signature = signature
+        self.state = state
+
+    @property
+    def text(self) -> str:
+        """The module's text (without locations)."""
+        return print_module(self.torch_mlir_module)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def save(self, path: str | os.PathLike[str], debug_info: bool = False) -> None:
+        """Write the module's text to ``path``."""
+        with open(path, "w") as handle:
+            handle.write(print_module(self.torch_mlir_module, debug_info=debug_info))
+
+    def verify(self) -> None:
+        """Run the MLIR verifier; raises ``TorchImportError`` if it fails."""
+        with self.torch_mlir_module.context:
+            try:
+                self.torch_mlir_module.operation.verify()
+            except ir.MLIRError as error:
+                raise TorchImportError(format_diagnostics(error)) from None
+
+    def clone(self) -> "Program":
+        """An independent copy in a fresh context (the state is shared)."""
+        text = print_module(self.torch_mlir_module, debug_info=True)
+        module = parse_module(text, new_context())
+        return Program(module, self.stage, self.signature, self.state)
+
+
+def import_torch(
+    f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    dynamic_shapes: Any = None,
+    stage: Stage = Stage.STABLEHLO,
+) -> Program:
+    """Import ``f`` called on ``args``/``kwargs`` into a :class:`Program`.
+
+    ``f`` is an ``nn.Module``, a plain function or an ``ExportedProgram``
+    (then ``args`` are ignored).  ``stage`` chooses where import stops.
+    Every argument and result carries the ``hloalias.*`` attributes.
+
+    Raises :class:`TorchImportError` naming the culprit when export fails,
+    a shape is dynamic (``dynamic_shapes`` is accepted so that ``torch.export``
+    can report it, but dynamic dimensions are rejected), an input or output is
+    not a tensor, or lowering fails (an op torch-mlir cannot lower, with its
+    source line); on a lowering failure a repro ``.mlir`` is written and the
+    message holds the ``torch-mlir-opt`` command that replays it."""
+    kwargs = dict(kwargs or {})
+    exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
+    try:
+        exported = exported.run_decompositions(get_decomposition_table())
+    except Exception as error:  # torch raises many types here
+        raise TorchImportError(f"torch.export decompositions failed: {error}") from error
+    signature = _signature(exported)
+    state = _state(exported, signature)
+
+    context = new_context()
+    importer = FxImporter(context=context)
+    try:
+        importer.import_stateless_graph(exported.graph_module.graph, func_name="main")
+    except Exception as error:
+        raise TorchImportError(f"torch-mlir's FX importer failed: {error}") from error
+    module = importer.module
+    _annotate(module, signature)
+    _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract")
+    if stage is Stage.STABLEHLO:
+        _lower(module, STABLEHLO_PIPELINE, "StableHLO")
+        _legalize_tensor_constants(module)
+    _annotate(module, signature)
+    program = Program(module, stage, signature, state)
+    program.verify()
+    return program
+
+
+def _export(
+    f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any
+) -> ExportedProgram:
+    module = f if isinstance(f, torch.nn.Module) else _FunctionModule.wrap(f)
+    try:
+        return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as error:
+        raise TorchImportError(f"torch.export failed for {_describe(f)}: {error}") from error
+
+
+class _FunctionModule(torch.nn.Module):
+    """Wraps a function so ``torch.export`` sees its argument names."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    @staticmethod
+    def wrap(fn: Callable[..., Any]) -> "_FunctionModule":
+        if not callable(fn):
+            raise TorchImportError(f"expected an nn.Module, a function or an ExportedProgram, got {type(fn).__name__}")
+        wrapper_type = type(f"Function_{getattr(fn, '__name__', 'fn')}", (_FunctionModule,), {})
+        forward = lambda self, *a, **k: self.fn(*a, **k)  # noqa: E731
+        try:
+            parameters = list(inspect.signature(fn).parameters.values())
+            self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            forward.__signature__ = inspect.Signature([self_parameter, *parameters])  # type: ignore[attr-defined]
+        except (TypeError, ValueError):
+            pass
+        wrapper_type.forward = forward  # type: ignore[attr-defined]
+        return wrapper_type(fn)
+
+
+def _describe(f: Any) -> str:
+    return type(f).__name__ if isinstance(f, torch.nn.Module) else getattr(f, "__qualname__", repr(f))
+
+
+def _signature(exported: ExportedProgram) -> ProgramSignature:
+    graph_signature = exported.graph_signature
+    placeholders = [n for n in exported.graph_module.graph.nodes if n.op == "placeholder"]
+    arguments = []
+    index_of_target: dict[str, int] = {}
+    for index, (spec, node) in enumerate(zip(graph_signature.input_specs, placeholders)):
+        if spec.kind not in _KINDS:
+            raise TorchImportError(f"input '{node.name}' of kind {spec.kind.name} is not supported")
+        kind = _KINDS[spec.kind]
+        name = spec.target if spec.target is not None else spec.arg.name
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            raise TorchImportError(
+                f"input '{name}' is {type(value).__name__}, not a tensor: hloalias compiles "
+                "tensor inputs only (bake other values into the function)"
+            )
+        for dim, size in enumerate(value.shape):
+            if not isinstance(size, int):
+                raise TorchImportError(
+                    f"input '{name}' has dynamic dimension {dim} ({size}): "
+                    "hloalias compiles static shapes only"
+                )
+        arguments.append(ArgumentInfo(index, kind, name))
+        index_of_target[name] = index
+        if kind == "user_input":
+            index_of_target[spec.arg.name] = index
+
+    results = []
+    output = 0
+    for index, spec in enumerate(graph_signature.output_specs):
+        if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
+            results.append(ResultInfo(index, A.ROLE_MUTATION, mutates=index_of_target[spec.target]))
+        elif spec.kind == OutputKind.USER_OUTPUT:
+            results.append(ResultInfo(index, A.ROLE_USER_OUTPUT, output=output))
+            output += 1
+        else:
+            raise TorchImportError(f"output {index} of kind {spec.kind.name} is not supported")
+    output_node = next(n for n in exported.graph_module.graph.nodes if n.op == "output")
+    for result, value in zip(results, output_node.args[0]):
+        meta = getattr(value, "meta", {}).get("val")
+        if not isinstance(meta, torch.Tensor):
+            raise TorchImportError(
+                f"result {result.key} is {type(meta).__name__ if meta is not None else repr(value)}, "
+                "not a tensor: hloalias programs return tensors only"
+            )
+        for dim, size in enumerate(meta.shape):
+            if not isinstance(size, int):
+                raise TorchImportError(f"result {result.key} has dynamic dimension {dim} ({size})")
+    return ProgramSignature(
+        tuple(arguments), tuple(results), exported.call_spec.in_spec, exported.call_spec.out_spec
+    )
+
+
+def _state(exported: ExportedProgram, signature: ProgramSignature) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for argument in signature.arguments:
+        if argument.kind in ("parameter", "buffer"):
+            state[argument.name] = exported.state_dict[argument.name]
+        elif argument.kind == "constant":
+            state[argument.name] = exported.constants[argument.name]
+    return state
+
+
+def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
+    with module.context:
+        main = find_main(module)
+        set_arg_attr_dicts(
+            main,
+            [
+                {A.ARG_KIND: ir.StringAttr.get(a.kind), A.ARG_NAME: ir.StringAttr.get(a.name)}
+                for a in signature.arguments
+            ],
+        )
+        i64 = ir.IntegerType.get_signless(64)
+        result_attrs = []
+        for result in signature.results:
+            attrs: dict[str, ir.Attribute] = {A.RESULT_ROLE: ir.StringAttr.get(result.role)}
+            if result.output is not None:
+                attrs[A.RESULT_OUTPUT] = ir.IntegerAttr.get(i64, result.output)
+            if result.mutates is not None:
+                attrs[A.RESULT_MUTATES] = ir.IntegerAttr.get(i64, result.mutates)
+            result_attrs.append(attrs)
+        set_result_attr_dicts(main, result_attrs)
+
+
+def _lower(module: ir.Module, pipeline: str, target: str) -> None:
+    before = print_module(module, debug_info=True)
+    with module.context:
+        module.context.emit_error_diagnostics = False
+        try:
+            passmanager.PassManager.parse(pipeline).run(module.operation)
+        except ir.MLIRError as error:
+            path = write_repro(before, "import")
+            raise TorchImportError(
+                f"lowering to the {target} failed:\n{format_diagnostics(error)}\n"
+                f"repro written to {path}; replay with:\n"
+                f"  torch-mlir-opt --pass-pipeline='{pipeline}' {path}",
+                repro_path=path,
+            ) from None
+
+
+def write_repro(text: str, stage: str) -> str:
+    """Write ``text`` to ``$HLOALIAS_REPRO_DIR`` (default: the temp dir) as
+    ``hloalias-<stage>-<hash>.mlir`` and return the path."""
+    directory = os.environ.get("HLOALIAS_REPRO_DIR", tempfile.gettempdir())
+    os.makedirs(directory, exist_ok=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = os.path.join(directory, f"hloalias-{stage}-{digest}.mlir")
+    with open(path, "w") as handle:
+        handle.write(text)
+    return path
+
+
+def replace_arith_tensor_constant(op: ir.OpView, rewriter: rewrite.PatternRewriter) -> bool:
+    """``arith.constant`` of tensor type -> ``stablehlo.constant``: XLA's
+    importer does not read the arith dialect, and torch-mlir leaves some."""
+    value = op.attributes["value"]
+    if not isinstance(op.results[0].type, ir.RankedTensorType):
+        return True
+    with ir.InsertionPoint(op), op.location:
+        replacement = ir.Operation.create(
+            "stablehlo.constant", results=[op.results[0].type], attributes={"value": value}
+        )
+    rewriter.replace_op(op, replacement.results)
+    return False
+
+
+def _legalize_tensor_constants(module: ir.Module) -> None:
+    with module.context:
+        patterns = rewrite.RewritePatternSet()
+        patterns.add("arith.constant", replace_arith_tensor_constant)
+        rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())

@@ -1,0 +1,224 @@
+"""Small helpers over torch-mlir's MLIR Python bindings shared by the
+importer, the passes and the command line: contexts, parsing with readable
+diagnostics, ``@main`` signature access and tensor type facts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+
+from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo
+from torch_mlir.dialects import func
+from torch_mlir.dialects import torch as torch_dialect
+
+from hloalias.errors import IRError
+
+_passes_registered = False
+
+
+def new_context() -> ir.Context:
+    """A context with the torch and StableHLO dialects loaded and the
+    StableHLO passes registered (so pipelines may name them)."""
+    global _passes_registered
+    if not _passes_registered:
+        _stablehlo.register_stablehlo_passes()
+        _passes_registered = True
+    context = ir.Context()
+    torch_dialect.register_dialect(context)
+    _stablehlo.register_dialect(context)
+    return context
+
+
+_LOC_RE = re.compile(r'loc\("(?P<file>[^"]*)":(?P<line>\d+):(?P<col>\d+)\)')
+
+
+def format_diagnostics(
+    error: ir.MLIRError, source_name: str = "-", line_offset: int = 0
+) -> str:
+    """Render an MLIRError as ``file:line:col: error: message`` lines.
+
+    ``line_offset`` is added to line numbers (for ``--split-input-file``
+    chunks); locations from other files keep their own name."""
+    lines = []
+    for diagnostic in error.error_diagnostics:
+        lines.append(_format_one(diagnostic, source_name, line_offset, "error"))
+        for note in diagnostic.notes:
+            if "Available dialects" in note.message:
+                continue
+            lines.append(_format_one(note, source_name, line_offset, "note"))
+    return "\n".join(lines) if lines else str(error)
+
+
+def _format_one(diagnostic, source_name: str, line_offset: int, severity: str) -> str:
+    location = str(diagnostic.location)
+    match = _LOC_RE.search(location)
+    message = diagnostic.message.strip()
+    if not match:
+        return f"{source_name}: {severity}: {message}"
+    file = match["file"]
+    line = int(match["line"])
+    if file == "-":
+        file, line = source_name, line + line_offset
+    return f"{file}:{line}:{match['col']}: {severity}: {message}"
+
+
+def parse_module(
+    text: str, context: ir.Context, source_name: str = "-", line_offset: int = 0
+) -> ir.Module:
+    """Parse and verify ``text``; raise :class:`IRError` with the MLIR
+    diagnostics (``file:line:col``) when it is malformed."""
+    with context:
+        try:
+            return ir.Module.parse(text)
+        except ir.MLIRError as error:
+            raise IRError(format_diagnostics(error, source_name, line_offset)) from None
+
+
+def find_main(module: ir.Module) -> func.FuncOp:
+    """The module's ``@main`` function; :class:`IRError` if there is none."""
+    for op in module.body.operations:
+        if op.operation.name == "func.func":
+            if ir.StringAttr(op.attributes["sym_name"]).value == "main":
+                return op if isinstance(op, func.FuncOp) else func.FuncOp(op.operation)
+    raise IRError("module has no 'func.func @main': hloalias passes work on @main")
+
+
+def return_op(main: func.FuncOp) -> ir.Operation:
+    """The ``func.return`` that ends ``@main``'s single block."""
+    blocks = list(main.regions[0].blocks)
+    if len(blocks) != 1:
+        raise IRError("@main must have exactly one block (no control flow at the top level)")
+    terminator = list(blocks[0].operations)[-1]
+    if terminator.operation.name != "func.return":
+        raise IRError("@main does not end with func.return")
+    return terminator.operation
+
+
+def body_ops(main: func.FuncOp) -> list[ir.Operation]:
+    """The operations of ``@main``'s body, in order."""
+    return [op.operation for op in main.regions[0].blocks[0].operations]
+
+
+def arg_attr_dicts(main: func.FuncOp) -> list[dict[str, ir.Attribute]]:
+    """One mutable ``{name: attribute}`` dict per argument of ``@main``."""
+    count = len(main.arguments)
+    return _attr_dicts(main, "arg_attrs", count)
+
+
+def result_attr_dicts(main: func.FuncOp) -> list[dict[str, ir.Attribute]]:
+    """One mutable ``{name: attribute}`` dict per result of ``@main``."""
+    count = len(ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).results)
+    return _attr_dicts(main, "res_attrs", count)
+
+
+def _attr_dicts(main: func.FuncOp, key: str, count: int) -> list[dict[str, ir.Attribute]]:
+    if key not in main.attributes:
+        return [{} for _ in range(count)]
+    array = ir.ArrayAttr(main.attributes[key])
+    dicts = []
+    for entry in array:
+        dictionary = ir.DictAttr(entry)
+        dicts.append({dictionary[i].name: dictionary[i].attr for i in range(len(dictionary))})
+    if len(dicts) != count:
+        raise IRError(f"@main has {len(dicts)} entries in {key} for {count} values")
+    return dicts
+
+
+def set_arg_attr_dicts(main: func.FuncOp, dicts: Sequence[dict[str, ir.Attribute]]) -> None:
+    """Replace ``@main``'s ``arg_attrs`` (dropped when all are empty)."""
+    _set_attr_dicts(main, "arg_attrs", dicts)
+
+
+def set_result_attr_dicts(main: func.FuncOp, dicts: Sequence[dict[str, ir.Attribute]]) -> None:
+    """Replace ``@main``'s ``res_attrs`` (dropped when all are empty)."""
+    _set_attr_dicts(main, "res_attrs", dicts)
+
+
+def _set_attr_dicts(main: func.FuncOp, key: str, dicts: Sequence[dict[str, ir.Attribute]]) -> None:
+    if not any(dicts):
+        if key in main.attributes:
+            del main.attributes[key]
+        return
+    main.attributes[key] = ir.ArrayAttr.get(
+        [ir.DictAttr.get(dict(sorted(d.items()))) for d in dicts]
+    )
+
+
+def string_attr(attrs: dict[str, ir.Attribute], name: str) -> str | None:
+    """The string value of ``attrs[name]``, None if absent; IRError if not a string."""
+    if name not in attrs:
+        return None
+    try:
+        return ir.StringAttr(attrs[name]).value
+    except ValueError:
+        raise IRError(f"'{name}' must be a string, got {attrs[name]}") from None
+
+
+def int_attr(attrs: dict[str, ir.Attribute], name: str) -> int | None:
+    """The integer value of ``attrs[name]``, None if absent; IRError if not an integer."""
+    if name not in attrs:
+        return None
+    try:
+        return ir.IntegerAttr(attrs[name]).value
+    except ValueError:
+        raise IRError(f"'{name}' must be an integer, got {attrs[name]}") from None
+
+
+def bool_attr(attrs: dict[str, ir.Attribute], name: str) -> bool | None:
+    """The value of a ``BoolAttr`` (or ``unit``) at ``attrs[name]``, None if absent."""
+    if name not in attrs:
+        return None
+    attr = attrs[name]
+    if isinstance(attr, ir.BoolAttr):
+        return ir.BoolAttr(attr).value
+    if isinstance(attr, ir.UnitAttr):
+        return True
+    raise IRError(f"'{name}' must be a boolean, got {attr}")
+
+
+def ranked_tensor(value_type: ir.Type, what: str) -> ir.RankedTensorType:
+    """``value_type`` as a statically shaped ranked tensor, else IRError naming ``what``."""
+    if not isinstance(value_type, ir.RankedTensorType):
+        raise IRError(f"{what} has type {value_type}: only ranked tensors are supported")
+    tensor = ir.RankedTensorType(value_type)
+    if not tensor.has_static_shape:
+        raise IRError(f"{what} has dynamic shape {value_type}: only static shapes are supported")
+    return tensor
+
+
+def element_bits(element_type: ir.Type) -> int:
+    """Bit width of a tensor element type (complex counts both halves)."""
+    if isinstance(element_type, ir.ComplexType):
+        return 2 * element_bits(ir.ComplexType(element_type).element_type)
+    if isinstance(element_type, ir.IntegerType):
+        return ir.IntegerType(element_type).width
+    if isinstance(element_type, ir.FloatType):
+        return ir.FloatType(element_type).width
+    if isinstance(element_type, ir.IndexType):
+        return 64
+    raise IRError(f"unsupported element type {element_type}")
+
+
+def tensor_bytes(value_type: ir.Type) -> int:
+    """Bytes XLA stores for a static tensor (``i1`` takes one byte)."""
+    tensor = ir.RankedTensorType(value_type)
+    count = 1
+    for size in tensor.shape:
+        count *= size
+    return count * max(8, element_bits(tensor.element_type)) // 8
+
+
+def walk_ops(root: ir.Operation) -> Iterator[ir.Operation]:
+    """Every operation nested in ``root`` (pre-order), ``root`` excluded."""
+    for region in root.regions:
+        for block in region.blocks:
+            for op in block.operations:
+                yield op.operation
+                yield from walk_ops(op.operation)
+
+
+def print_module(module: ir.Module | ir.Operation, debug_info: bool = False) -> str:
+    """The module's text; without locations unless ``debug_info``."""
+    operation = module.operation if isinstance(module, ir.Module) else module
+    return operation.get_asm(enable_debug_info=debug_info)

@@ -1,0 +1,14 @@
+"""Runtime: compile through PJRT and execute with eager-PyTorch semantics."""
+
+from hloalias.runtime.executable import (
+    CacheStats,
+    DeviceTensor,
+    Executable,
+    cache_stats,
+    clear_cache,
+    compile,
+    to_device,
+)
+from hloalias.runtime.pjrt import MemoryStats
+
+__all__ = ["CacheStats", "DeviceTensor", "Executable", "MemoryStats", "cache_stats", "clear_cache", "compile", "to_device"]

@@ -1,0 +1,491 @@
+"""Execution: ``compile`` runs the whole pipeline and returns an
+:class:`Executable` that behaves like calling the torch program eagerly.
+
+- Results the ``eliminate-view-results`` pass removed come back as real
+  torch views (``as_strided``) of their base: the input tensor, the module
+  state or another result; no device memory and no copy.
+- Module state (parameters, buffers, constants) lives on the device inside
+  the executable.  A mutated buffer is aliased to its new value: XLA writes
+  in place and the executable rebinds it.
+- A mutated user input is updated in place (``copy_``), as eager would.
+- Donated inputs are consumed.  A :class:`DeviceTensor` that was donated
+  raises :class:`DonatedBufferError` when used again.  A donated torch
+  tensor is left untouched: on the CPU client PJRT cannot reuse memory it
+  does not own, so XLA writes the result elsewhere; treat it as consumed.
+- Inputs must match the example inputs' shapes and dtypes; anything else is
+  an :class:`ExecutionError` (compile again for another signature).
+- Non-contiguous user inputs are copied to contiguous memory first; views
+  rebuilt from them are views of that copy."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+from torch_mlir import ir
+
+from hloalias import attributes as A
+from hloalias.errors import DonatedBufferError, DonationError, ExecutionError
+from hloalias.importer import Program, Stage, import_torch
+from hloalias.mlir import arg_attr_dicts, bool_attr, find_main, int_attr, print_module, result_attr_dicts, string_attr
+from hloalias.passes.alias_donated_buffers import AliasReport
+from hloalias.passes.eliminate_view_results import ViewReport
+from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, run_pipeline
+from hloalias.runtime.pjrt import (
+    MemoryStats,
+    array_to_torch,
+    compile_module,
+    device_for,
+    memory_stats,
+    torch_to_device,
+)
+
+
+class DeviceTensor:
+    """A tensor held on a PJRT device, for inputs whose buffers should be
+    truly reused when donated.  Make one with :meth:`Executable.to_device`
+    or :func:`to_device`; read it back with :meth:`to_torch`."""
+
+    def __init__(self, array: jax.Array, name: str = "tensor") -> None:
+        self._array: jax.Array | None = array
+        self.name = name
+        self._consumed_by: str | None = None
+
+    @property
+    def array(self) -> jax.Array:
+        """The device array; DonatedBufferError once donated."""
+        if self._array is None or self._array.is_deleted():
+            raise DonatedBufferError(
+                f"device tensor '{self.name}' was donated {self._consumed_by or 'to a call'} "
+                "and its buffer has been consumed; it cannot be used again"
+            )
+        return self._array
+
+    def to_torch(self) -> torch.Tensor:
+        """The value as a torch tensor (zero-copy on CPU)."""
+        return array_to_torch(self.array)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(self.array.shape)
+
+    def _consume(self, where: str) -> None:
+        self._consumed_by = where
+        self._array = None
+
+    def _rebind(self, array: jax.Array) -> None:
+        self._array = array
+
+
+def to_device(tensor: torch.Tensor, device: Any = None, name: str = "tensor") -> DeviceTensor:
+    """Copy ``tensor`` into a PJRT-owned buffer on ``device`` (default CPU)."""
+    return DeviceTensor(torch_to_device(tensor, device_for(device), owned=True), name)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rebuild:
+    """How to produce a removed result from its base (None layout: dead)."""
+
+    base: str | None
+    dtype: torch.dtype | None = None
+    sizes: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+    offset: int = 0
+    identity: bool = False
+
+
+@dataclasses.dataclass
+class CacheStats:
+    """Executable cache counters (process-wide)."""
+
+    hits: int = 0
+    misses: int = 0
+
+
+_CACHE: dict[tuple[str, str], Any] = {}
+_CACHE_STATS = CacheStats()
+_CACHE_LOCK = threading.Lock()
+
+
+def cache_stats() -> CacheStats:
+    """The process-wide executable cache counters (live object)."""
+    return _CACHE_STATS
+
+
+def clear_cache() -> None:
+    """Drop every cached XLA executable and reset the counters."""
+    with _CACHE_LOCK:
+        _CACHE.clear()
+        _CACHE_STATS.hits = _CACHE_STATS.misses = 0
+
+
+def compile(  # noqa: A001 - the name users expect
+    f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
+    example_args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    donate: Sequence[int | str] = (),
+    pipeline: str | None = None,
+    device: Any = None,
+) -> "Executable":
+    """Import ``f`` on the example inputs, run the pass pipeline, compile it
+    with XLA through PJRT and return an :class:`Executable`.
+
+    ``donate`` names user inputs by position (int) or argument name, and
+    parameters/buffers by fully qualified name; each may appear once.
+    ``pipeline`` is a textual pipeline (default
+    :data:`hloalias.pipeline.DEFAULT_PIPELINE`); ``device`` is a platform name
+    or a jax device (default: the first CPU device).  XLA executables are
+    cached by the final module's key, so equivalent configurations share
+    one compile."""
+    program = import_torch(f, example_args, kwargs)
+    target = device_for(device)
+    donated = _resolve_donations(program, donate)
+    _mark_donors(program, donated)
+    reports = run_pipeline(program.torch_mlir_module, pipeline or DEFAULT_PIPELINE)
+    final_text = print_module(program.torch_mlir_module)
+    key = module_cache_key(program.torch_mlir_module)
+    cache_slot = (key, f"{target.platform}:{target.id}")
+    with _CACHE_LOCK:
+        loaded = _CACHE.get(cache_slot)
+        hit = loaded is not None
+        if hit:
+            _CACHE_STATS.hits += 1
+    if not hit:
+        loaded = compile_module(final_text, target)
+        with _CACHE_LOCK:
+            _CACHE[cache_slot] = loaded
+            _CACHE_STATS.misses += 1
+    view_reports = [r for r in reports if isinstance(r, ViewReport)]
+    alias_reports = [r for r in reports if isinstance(r, AliasReport)]
+    return Executable(
+        program, loaded, target, key, final_text,
+        view_reports[-1] if view_reports else None,
+        alias_reports[-1] if alias_reports else None,
+        cache_hit=hit,
+    )
+
+
+def _resolve_donations(program: Program, donate: Sequence[int | str]) -> list[int]:
+    arguments = program.signature.arguments
+    user_inputs = program.signature.user_input_indices()
+    chosen: list[int] = []
+    for request in donate:
+        if isinstance(request, bool) or not isinstance(request, (int, str)):
+            raise DonationError(f"donate entries are positions or names, got {request!r}")
+        if isinstance(request, int):
+            if not 0 <= request < len(user_inputs):
+                raise DonationError(
+                    f"donate names user input {request}, but the program has {len(user_inputs)} user inputs"
+                )
+            index = user_inputs[request]
+        else:
+            matches = [a.index for a in arguments if a.name == request]
+            if not matches:
+                names = ", ".join(a.name for a in arguments)
+                raise DonationError(f"donate names unknown tensor '{request}' (known: {names})")
+            index = matches[0]
+        if index in chosen:
+            raise DonationError(f"'{arguments[index].name}' is donated twice")
+        if arguments[index].kind == "constant":
+            raise DonationError(f"'{arguments[index].name}' is a lifted constant and cannot be donated")
+        chosen.append(index)
+    return chosen
+
+
+def _mark_donors(program: Program, donated: list[int]) -> None:
+    if not donated:
+        return
+    module = program.torch_mlir_module
+    with module.context:
+        main = find_main(module)
+        dicts = arg_attr_dicts(main)
+        for index in donated:
+            dicts[index][A.BUFFER_DONOR] = ir.BoolAttr.get(True)
+        from hloalias.mlir import set_arg_attr_dicts
+
+        set_arg_attr_dicts(main, dicts)
+
+
+class Executable:
+    """A compiled torch program.  Call it like the original function."""
+
+    def __init__(
+        self,
+        program: Program,
+        loaded: Any,
+        device: Any,
+        cache_key: str,
+        mlir: str,
+        view_report: ViewReport | None,
+        alias_report: AliasReport | None,
+        *,
+        cache_hit: bool,
+    ) -> None:
+        assert program.stage is Stage.STABLEHLO
+        self._signature = program.signature
+        self._loaded = loaded
+        self.device = device
+        self.cache_key = cache_key
+        self.mlir = mlir
+        self.cache_hit = cache_hit
+        self.view_report = view_report
+        self.alias_report = alias_report
+        self.memory_stats = memory_stats(loaded).as_dict()
+        self._stats = memory_stats(loaded)
+        self._calls = 0
+        self._read_final_module(program)
+        self._state: dict[str, jax.Array | None] = {
+            name: torch_to_device(value, device, owned=True) for name, value in program.state.items()
+        }
+        self._state_consumed: dict[str, str] = {}
+
+    # -- final module facts ------------------------------------------------
+    def _read_final_module(self, program: Program) -> None:
+        module = program.torch_mlir_module
+        with module.context:
+            main = find_main(module)
+            arg_attrs = arg_attr_dicts(main)
+            self._donated_args = {
+                i for i, attrs in enumerate(arg_attrs)
+                if A.ALIASING_OUTPUT in attrs or bool_attr(attrs, A.BUFFER_DONOR)
+            }
+            self._aliases = {
+                i: int_attr(attrs, A.ALIASING_OUTPUT) for i, attrs in enumerate(arg_attrs)
+                if A.ALIASING_OUTPUT in attrs
+            }
+            self._result_keys: list[str] = []
+            for position, attrs in enumerate(result_attr_dicts(main)):
+                if string_attr(attrs, A.RESULT_ROLE) == A.ROLE_MUTATION:
+                    self._result_keys.append(A.mutation_key(int_attr(attrs, A.RESULT_MUTATES) or 0))
+                else:
+                    output = int_attr(attrs, A.RESULT_OUTPUT)
+                    self._result_keys.append(A.output_key(position if output is None else output))
+            self._rebuilds: dict[str, _Rebuild] = {}
+            if A.REMOVED_RESULTS in main.attributes:
+                for entry in ir.ArrayAttr(main.attributes[A.REMOVED_RESULTS]):
+                    record = ir.DictAttr(entry)
+                    key = ir.StringAttr(record["result"]).value
+                    if "base" not in record:
+                        self._rebuilds[key] = _Rebuild(None)
+                        continue
+                    element_type = ir.TypeAttr(record["dtype"]).value
+                    sizes = tuple(ir.DenseI64ArrayAttr(record["sizes"]))
+                    strides = tuple(ir.DenseI64ArrayAttr(record["strides"]))
+                    offset = ir.IntegerAttr(record["offset"]).value
+                    reason = ir.StringAttr(record["reason"]).value
+                    self._rebuilds[key] = _Rebuild(
+                        ir.StringAttr(record["base"]).value,
+                        _torch_dtype(element_type),
+                        sizes, strides, offset,
+                        identity=reason in (A.REASON_PASS_THROUGH, A.REASON_DUPLICATE)
+                        and not list(ir.ArrayAttr(record["chain"])),
+                    )
+        arguments = self._signature.arguments
+        self._arg_types = [
+            (tuple(ir.RankedTensorType(t).shape), _torch_dtype(ir.RankedTensorType(t).element_type))
+            for t in ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).inputs
+        ]
+        self._names = [a.name for a in arguments]
+
+    # -- introspection -----------------------------------------------------
+    @property
+    def aliases(self) -> list[dict[str, Any]]:
+        """One entry per alias: argument name and index, result, origin, bytes."""
+        if self.alias_report is None:
+            return [
+                {"argument": self._names[a], "arg_index": a, "result": r, "origin": "ir", "bytes": None}
+                for a, r in sorted(self._aliases.items())
+            ]
+        return [
+            {"argument": a.arg_name, "arg_index": a.arg_index, "result": a.result_index,
+             "origin": a.origin, "bytes": a.bytes}
+            for a in self.alias_report.aliases
+        ]
+
+    def explain(self) -> str:
+        """Both passes' decisions and XLA's byte figures, as text (also printed)."""
+        lines = [f"hloalias executable {self.cache_key[:16]} on {self.device.platform}:{self.device.id}"]
+        lines.append("eliminate-view-results:")
+        if self.view_report is None:
+            lines.append("  (not run)")
+        else:
+            for removal in self.view_report.removed:
+                if removal.base is None:
+                    lines.append(f"  {removal.key}: removed ({removal.reason})")
+                else:
+                    chain = " -> ".join(removal.chain) or "itself"
+                    lines.append(f"  {removal.key}: rebuilt as a view of {removal.base} ({removal.reason}: {chain})")
+            lines.append(f"  kept on device: {', '.join(self.view_report.kept) or 'nothing'}")
+        lines.append(self.alias_report.to_text() if self.alias_report else "alias-donated-buffers: (not run)")
+        stats = self.memory_stats
+        lines.append(
+            "XLA memory: argument {argument_bytes} + output {output_bytes} - alias {alias_bytes} "
+            "+ temp {temp_bytes} = {total_bytes} bytes".format(**stats)
+        )
+        text = "\n".join(lines)
+        print(text)
+        return text
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Current parameters, buffers and constants (host copies)."""
+        return {name: array_to_torch(self._state_array(name)).clone() for name in self._state}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace module state; every name must be known and shapes/dtypes match."""
+        for name, value in state.items():
+            if name not in self._state:
+                raise ExecutionError(f"load_state_dict: unknown state '{name}' (known: {', '.join(self._state)})")
+            index = self._names.index(name)
+            self._check_input(index, value)
+        for name, value in state.items():
+            self._state[name] = torch_to_device(value, self.device, owned=True)
+            self._state_consumed.pop(name, None)
+
+    def to_device(self, tensor: torch.Tensor, name: str = "tensor") -> DeviceTensor:
+        """``tensor`` copied onto this executable's device (donatable for real)."""
+        return DeviceTensor(torch_to_device(tensor, self.device, owned=True), name)
+
+    # -- calling -----------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the program; see the module docstring for the semantics."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self._signature.in_spec:
+            raise ExecutionError(
+                f"inputs do not have the structure the program was compiled for: "
+                f"expected {self._signature.in_spec}, got {spec}"
+            )
+        user_indices = self._signature.user_input_indices()
+        self._calls += 1
+        call_name = f"in call {self._calls}"
+        inputs: dict[int, Any] = dict(zip(user_indices, leaves))
+        arrays: list[jax.Array] = []
+        bases: dict[int, torch.Tensor] = {}
+        for index, argument in enumerate(self._signature.arguments):
+            if argument.kind != "user_input":
+                arrays.append(self._state_array(argument.name))
+                continue
+            value = inputs[index]
+            self._check_input(index, value)
+            if isinstance(value, DeviceTensor):
+                arrays.append(value.array)
+            else:
+                tensor = value if value.is_contiguous() else value.contiguous()
+                bases[index] = tensor
+                arrays.append(torch_to_device(tensor, self.device, owned=False))
+        try:
+            results = self._loaded.execute_sharded(arrays)
+            outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
+        except Exception as error:
+            raise ExecutionError(f"XLA execution failed: {error}") from None
+
+        produced = dict(zip(self._result_keys, outputs))
+        for index in self._donated_args:
+            argument = self._signature.arguments[index]
+            if argument.kind == "user_input" and isinstance(inputs[index], DeviceTensor):
+                inputs[index]._consume(call_name)
+            elif argument.kind != "user_input":
+                self._state[argument.name] = None
+                self._state_consumed[argument.name] = call_name
+        arg_tensors: dict[int, Any] = {}
+        for index, argument in enumerate(self._signature.arguments):
+            new_value = produced.get(A.mutation_key(index))
+            if argument.kind != "user_input":
+                if new_value is not None:
+                    self._state[argument.name] = new_value
+                    self._state_consumed.pop(argument.name, None)
+                continue
+            value = inputs[index]
+            if isinstance(value, DeviceTensor):
+                if new_value is not None:
+                    value._rebind(new_value)
+                continue
+            if new_value is not None:
+                value.copy_(array_to_torch(new_value))
+                if index in bases and bases[index] is not value:
+                    bases[index] = value  # rebuild views of the updated input itself
+            arg_tensors[index] = bases.get(index, value)
+
+        torch_results: dict[str, Any] = {}
+
+        def base_tensor(key: str) -> Any:
+            kind, index = A.parse_key(key)
+            if kind in ("arg", "mutation"):
+                argument = self._signature.arguments[index]
+                if argument.kind != "user_input":
+                    return array_to_torch(self._state_array(argument.name))
+                value = inputs[index]
+                return value.to_torch() if isinstance(value, DeviceTensor) else arg_tensors[index]
+            return result(key)
+
+        def result(key: str) -> Any:
+            if key in torch_results:
+                return torch_results[key]
+            if key in produced:
+                value = array_to_torch(produced[key])
+            else:
+                rebuild = self._rebuilds[key]
+                if rebuild.base is None:
+                    value = None
+                else:
+                    base = base_tensor(rebuild.base)
+                    value = base if rebuild.identity and base.dtype == rebuild.dtype else _as_view(base, rebuild)
+            torch_results[key] = value
+            return value
+
+        count = self._signature.out_spec.num_leaves
+        return pytree.tree_unflatten([result(A.output_key(i)) for i in range(count)], self._signature.out_spec)
+
+    def _state_array(self, name: str) -> jax.Array:
+        array = self._state[name]
+        if array is None or array.is_deleted():
+            raise DonatedBufferError(
+                f"module state '{name}' was donated {self._state_consumed.get(name, 'earlier')} "
+                "and its buffer has been consumed; load_state_dict() to set it again"
+            )
+        return array
+
+    def _check_input(self, index: int, value: Any) -> None:
+        name = self._names[index]
+        if isinstance(value, DeviceTensor):
+            shape, dtype = tuple(value.array.shape), _torch_dtype_of_jax(value.array.dtype)
+        elif isinstance(value, torch.Tensor):
+            shape, dtype = tuple(value.shape), value.dtype
+        else:
+            raise ExecutionError(f"input '{name}' is {type(value).__name__}, expected a torch.Tensor or DeviceTensor")
+        expected_shape, expected_dtype = self._arg_types[index]
+        if shape != expected_shape or dtype != expected_dtype:
+            raise ExecutionError(
+                f"input '{name}' is {dtype} {list(shape)}, but the program was compiled for "
+                f"{expected_dtype} {list(expected_shape)}; compile again for the new signature"
+            )
+
+
+def _as_view(base: torch.Tensor, rebuild: _Rebuild) -> torch.Tensor:
+    typed = base if base.dtype == rebuild.dtype else base.view(rebuild.dtype)
+    return typed.as_strided(rebuild.sizes, rebuild.strides, typed.storage_offset() + rebuild.offset)
+
+
+_TORCH_DTYPES = {
+    "f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8,
+    "ui8": torch.uint8, "i1": torch.bool, "complex<f32>": torch.complex64,
+    "complex<f64>": torch.complex128, "ui16": torch.uint16, "ui32": torch.uint32, "ui64": torch.uint64,
+}
+
+
+def _torch_dtype(element_type: ir.Type) -> torch.dtype:
+    text = str(element_type)
+    if text not in _TORCH_DTYPES:
+        raise ExecutionError(f"element type {text} has no torch dtype")
+    return _TORCH_DTYPES[text]
+
+
+def _torch_dtype_of_jax(dtype: Any) -> torch.dtype:
+    return torch.empty(0, dtype=getattr(torch, str(dtype)) if hasattr(torch, str(dtype)) else torch.float32).dtype

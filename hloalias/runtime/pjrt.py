@@ -1,0 +1,147 @@
+"""The bridge to XLA through jaxlib's PJRT client.
+
+torch-mlir's MLIR and jaxlib's are separate builds, so a module crosses as
+a StableHLO portable artifact serialized for the older of the two StableHLO
+versions.  hloalias's own ``hloalias.*`` attributes are host-side metadata
+and are stripped before serialization."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.extend.backend as jax_backend
+import numpy as np
+import torch
+from jax._src.lib import xla_client
+from jaxlib.mlir.dialects import stablehlo as jaxlib_stablehlo
+from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo
+
+from hloalias.errors import CompileError, ExecutionError
+from hloalias.importer import write_repro
+from hloalias.mlir import find_main, new_context, parse_module, print_module
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryStats:
+    """XLA's compiled memory figures for one executable, in bytes."""
+
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Device bytes the program needs: argument + output - alias + temp."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+    def as_dict(self) -> dict[str, int]:
+        """The figures including ``total_bytes``."""
+        figures = dataclasses.asdict(self)
+        figures["total_bytes"] = self.total_bytes
+        return figures
+
+
+def device_for(device: Any = None) -> Any:
+    """A PJRT device: ``None`` -> the first CPU device; a platform name
+    (``"cpu"``, ``"gpu"``, ``"cuda"``, ``"tpu"``) -> its first device; a
+    jax ``Device`` as is.  Raises ExecutionError when none is present."""
+    if device is None:
+        device = "cpu"
+    if isinstance(device, str):
+        try:
+            return jax_backend.get_backend(device).local_devices()[0]
+        except Exception as error:
+            raise ExecutionError(f"no PJRT device for platform '{device}': {error}") from None
+    if hasattr(device, "platform") and hasattr(device, "client"):
+        return device
+    raise ExecutionError(f"cannot use {device!r} as a device")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def target_stablehlo_version() -> str:
+    """The StableHLO version both torch-mlir and jaxlib speak."""
+    ours = _stablehlo.get_current_version()
+    theirs = jaxlib_stablehlo.get_current_version()
+    return min(ours, theirs, key=_version_tuple)
+
+
+def strip_host_metadata(module_text: str) -> str:
+    """``module_text`` without ``hloalias.*`` attributes (XLA needs none)."""
+    module = parse_module(module_text, new_context())
+    with module.context:
+        main = find_main(module)
+        for key in ("arg_attrs", "res_attrs"):
+            if key not in main.attributes:
+                continue
+            cleaned = []
+            for entry in ir.ArrayAttr(main.attributes[key]):
+                dictionary = ir.DictAttr(entry)
+                kept = {
+                    dictionary[i].name: dictionary[i].attr
+                    for i in range(len(dictionary))
+                    if not dictionary[i].name.startswith("hloalias.")
+                }
+                cleaned.append(ir.DictAttr.get(kept))
+            main.attributes[key] = ir.ArrayAttr.get(cleaned)
+        for name in [n for n in main.attributes if n.startswith("hloalias.")]:
+            del main.attributes[name]
+    return print_module(module)
+
+
+def compile_module(module_text: str, device: Any) -> Any:
+    """Compile final StableHLO ``module_text`` for ``device``; return the
+    loaded executable.  Raises :class:`CompileError` (with a repro file)."""
+    stripped = strip_host_metadata(module_text)
+    try:
+        artifact = _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
+        options = xla_client.CompileOptions()
+        return device.client.compile_and_load(
+            artifact, xla_client.DeviceList((device,)), options
+        )
+    except Exception as error:
+        path = write_repro(module_text, "xla-compile")
+        raise CompileError(
+            f"XLA compile failed: {error}\nmodule written to {path}; replay with:\n"
+            f"  hloalias-opt {path} --xla-compile",
+            repro_path=path,
+        ) from None
+
+
+def memory_stats(loaded: Any) -> MemoryStats:
+    """XLA's compiled memory statistics of ``loaded``."""
+    stats = loaded.get_compiled_memory_stats()
+    return MemoryStats(
+        stats.argument_size_in_bytes,
+        stats.output_size_in_bytes,
+        stats.alias_size_in_bytes,
+        stats.temp_size_in_bytes,
+    )
+
+
+def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Array:
+    """``tensor`` on ``device``.  On a CPU device with ``owned=False`` this is
+    zero-copy (DLPack).  ``owned=True`` always copies into a buffer PJRT
+    owns, which it can reuse when the array is donated."""
+    tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    if device.platform == "cpu" and not owned and tensor.device.type == "cpu":
+        array = jax.dlpack.from_dlpack(tensor)
+        return jax.device_put(array, device) if array.devices() != {device} else array
+    host = jax.dlpack.from_dlpack(tensor.cpu())
+    return jax.device_put(host, device, may_alias=False)
+
+
+def array_to_torch(array: jax.Array) -> torch.Tensor:
+    """A torch tensor for ``array``: zero-copy for CPU arrays, a host copy
+    for accelerator arrays (the installed torch is a CPU build)."""
+    if next(iter(array.devices())).platform == "cpu":
+        return torch.from_dlpack(array)
+    return torch.from_dlpack(np.asarray(array).copy())

@@ -1,0 +1,28 @@
+"""hloalias's own passes over StableHLO, one per module, and the registry
+that makes them available by name to pipelines and ``hloalias-opt``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
+from hloalias.passes.base import ModulePass
+from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
+
+
+def get_all_passes() -> dict[str, Callable[[str], ModulePass]]:
+    """Pass name -> factory taking the pass's option text (``"a=1 b=2"``)."""
+    return {
+        AliasDonatedBuffers.name: AliasDonatedBuffers.from_options,
+        EliminateViewResults.name: EliminateViewResults.from_options,
+    }
+
+
+__all__ = [
+    "AliasDonatedBuffers",
+    "AliasReport",
+    "EliminateViewResults",
+    "ModulePass",
+    "ViewReport",
+    "get_all_passes",
+]

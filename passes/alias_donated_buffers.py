@@ -1,0 +1,332 @@
+"""``alias-donated-buffers``: decide which arguments' buffers XLA may reuse
+for which results, combining inferred donors (arguments the program mutates)
+with explicit donors (the caller's), and explain every decision.
+
+The rule, in one place (after JAX's ``_set_up_aliases``):
+
+1. Aliases already in the IR (``tf.aliasing_output``) are validated and kept.
+2. Inferred: an argument whose new value is result R aliases R when their
+   types are identical.
+3. Explicit: each remaining explicit donor, in argument order, aliases the
+   first result (in result order) of identical type not yet aliased; one
+   with no partner keeps ``jax.buffer_donor = true`` so XLA may still reuse
+   it for any output of its size.
+4. Never: an argument of an excluded kind, one whose old value the runtime
+   still needs (the base of a rebuilt view, or returned unchanged).
+
+Both sources are a set union: an argument that is both counts once, with
+origin ``"both"``."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import ClassVar
+
+from torch_mlir import ir
+
+from hloalias import attributes as A
+from hloalias.errors import IRError, PassError
+from hloalias.mlir import (
+    arg_attr_dicts,
+    bool_attr,
+    find_main,
+    int_attr,
+    ranked_tensor,
+    result_attr_dicts,
+    return_op,
+    set_arg_attr_dicts,
+    string_attr,
+    tensor_bytes,
+)
+from hloalias.passes.base import ModulePass, as_module_like
+
+ORIGIN_INFERRED = "inferred"
+ORIGIN_EXPLICIT = "explicit"
+ORIGIN_BOTH = "both"
+
+
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    """Argument ``arg_index``'s buffer holds result ``result_index``."""
+
+    arg_index: int
+    arg_name: str
+    result_index: int
+    bytes: int
+    origin: str
+
+
+@dataclasses.dataclass(frozen=True)
+class UnusedDonation:
+    """A donation that was not turned into an alias, and why."""
+
+    arg_index: int
+    arg_name: str
+    origin: str
+    reason: str
+    kept_as_donor: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AliasReport:
+    """Every alias made and every donation that could not be used."""
+
+    aliases: tuple[Alias, ...]
+    unused: tuple[UnusedDonation, ...]
+
+    @property
+    def bytes_saved(self) -> int:
+        """Device bytes the aliases save (sum of aliased buffers)."""
+        return sum(alias.bytes for alias in self.aliases)
+
+    def to_text(self) -> str:
+        """The report as people read it (also printed by ``hloalias-opt``)."""
+        lines = [f"alias-donated-buffers: {len(self.aliases)} aliases, {self.bytes_saved} bytes saved"]
+        for a in self.aliases:
+            lines.append(
+                f"  alias   arg {a.arg_index} '{a.arg_name}' -> result {a.result_index}"
+                f"  {a.bytes} bytes  ({a.origin})"
+            )
+        for u in self.unused:
+            kept = "; kept as jax.buffer_donor" if u.kept_as_donor else ""
+            lines.append(f"  unused  arg {u.arg_index} '{u.arg_name}' ({u.origin}): {u.reason}{kept}")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class AliasDonatedBuffers(ModulePass):
+    """Attach ``tf.aliasing_output`` / ``jax.buffer_donor`` to ``@main``'s arguments."""
+
+    name: ClassVar[str] = "alias-donated-buffers"
+
+    inferred: bool = dataclasses.field(
+        default=True, metadata={"help": "alias each mutated argument to its new value"}
+    )
+    explicit: bool = dataclasses.field(
+        default=True,
+        metadata={"help": "honour explicit donors (the donate option and jax.buffer_donor in the IR)"},
+    )
+    donate: tuple[str, ...] = dataclasses.field(
+        default=(), metadata={"help": "arguments to donate, by index or hloalias.name"}
+    )
+    exclude_kinds: tuple[str, ...] = dataclasses.field(
+        default=(),
+        metadata={"help": "argument kinds never donated: parameter, buffer, constant, user_input"},
+    )
+
+    def apply(self, module: ir.Module) -> AliasReport:  # type: ignore[override]
+        """Set the aliasing attributes on ``module``'s ``@main`` and return
+        the report.  Raises :class:`PassError` for bad options or aliasing
+        attributes that make no sense; the module is unchanged then.  Warns
+        (``UserWarning``) when explicit donations could not be used."""
+        module = as_module_like(module)
+        with module.context, ir.Location.unknown():
+            main = find_main(module)
+            state = _State.read(main, self)
+            report = state.decide(self)
+            state.write(main)
+        unusable = [u for u in report.unused if u.origin != ORIGIN_INFERRED]
+        if unusable:
+            names = ", ".join(f"'{u.arg_name}' ({u.reason})" for u in unusable)
+            warnings.warn(f"Some donated buffers were not usable: {names}", stacklevel=2)
+        return report
+
+
+@dataclasses.dataclass
+class _State:
+    arg_attrs: list[dict[str, ir.Attribute]]
+    arg_types: list[ir.Type]
+    arg_names: list[str]
+    arg_kinds: list[str | None]
+    result_types: list[ir.Type]
+    mutation_result: dict[int, int]  # arg -> result holding its new value
+    existing: dict[int, int]  # arg -> result, from tf.aliasing_output
+    existing_origin: dict[int, str]
+    explicit: list[int]
+    blocked: dict[int, str]  # arg -> why its buffer must survive the call
+    aliases: dict[int, tuple[int, str]] = dataclasses.field(default_factory=dict)  # arg -> (result, origin)
+    donors: set[int] = dataclasses.field(default_factory=set)  # explicit donors left unpaired
+
+    @staticmethod
+    def read(main, options: AliasDonatedBuffers) -> "_State":
+        arg_attrs = arg_attr_dicts(main)
+        arg_types = [arg.type for arg in main.arguments]
+        names = [string_attr(a, A.ARG_NAME) or f"arg{i}" for i, a in enumerate(arg_attrs)]
+        kinds = [string_attr(a, A.ARG_KIND) for a in arg_attrs]
+        for kind in options.exclude_kinds:
+            if kind not in A.ARG_KINDS:
+                raise PassError(
+                    f"{options.name}: exclude-kinds has unknown kind '{kind}' "
+                    f"(kinds: {', '.join(A.ARG_KINDS)})"
+                )
+        returned = list(return_op(main).operands)
+        result_types = [v.type for v in returned]
+        mutation_result: dict[int, int] = {}
+        for position, attrs in enumerate(result_attr_dicts(main)):
+            if string_attr(attrs, A.RESULT_ROLE) == A.ROLE_MUTATION:
+                arg = int_attr(attrs, A.RESULT_MUTATES)
+                if arg is None or not 0 <= arg < len(arg_attrs):
+                    raise IRError(f"result {position} of @main mutates argument {arg}, which does not exist")
+                mutation_result[arg] = position
+
+        existing: dict[int, int] = {}
+        existing_origin: dict[int, str] = {}
+        holder: dict[int, int] = {}
+        explicit: list[int] = []
+        for index, attrs in enumerate(arg_attrs):
+            what = f"argument {index} ('{names[index]}')"
+            alias = int_attr(attrs, A.ALIASING_OUTPUT)
+            donor = bool_attr(attrs, A.BUFFER_DONOR)
+            if alias is not None or donor:
+                ranked_tensor(arg_types[index], what)
+            if alias is not None:
+                if not 0 <= alias < len(result_types):
+                    raise PassError(
+                        f"{what}: {A.ALIASING_OUTPUT} = {alias} is out of range; "
+                        f"@main has {len(result_types)} results"
+                    )
+                if arg_types[index] != result_types[alias]:
+                    raise PassError(
+                        f"{what}: {A.ALIASING_OUTPUT} = {alias} pairs {arg_types[index]} "
+                        f"with result of type {result_types[alias]}"
+                    )
+                if alias in holder:
+                    other = holder[alias]
+                    raise PassError(
+                        f"{what}: {A.ALIASING_OUTPUT} = {alias}, but argument {other} "
+                        f"('{names[other]}') already aliases result {alias}"
+                    )
+                holder[alias] = index
+                existing[index] = alias
+                existing_origin[index] = string_attr(attrs, A.ARG_DONATION) or ORIGIN_EXPLICIT
+            if donor and options.explicit:
+                explicit.append(index)
+
+        requested: set[int] = set()
+        for request in options.donate:
+            index = _resolve(request, names, options.name)
+            if index in requested:
+                raise PassError(f"{options.name}: argument {index} ('{names[index]}') is donated twice")
+            requested.add(index)
+        if options.explicit:
+            explicit = sorted(set(explicit) | requested)
+
+        blocked: dict[int, str] = {}
+        for index, kind in enumerate(kinds):
+            if kind is not None and kind in options.exclude_kinds:
+                blocked[index] = f"arguments of kind '{kind}' are excluded from donation"
+        for position, value in enumerate(returned):
+            if isinstance(value, ir.BlockArgument):
+                index = ir.BlockArgument(value).arg_number
+                blocked.setdefault(index, f"it is returned unchanged as result {position}")
+        if A.REMOVED_RESULTS in main.attributes:
+            for entry in ir.ArrayAttr(main.attributes[A.REMOVED_RESULTS]):
+                record = ir.DictAttr(entry)
+                if "base" not in record:
+                    continue
+                base = ir.StringAttr(record["base"]).value
+                kind, index = A.parse_key(base)
+                if kind == "arg":
+                    result = ir.StringAttr(record["result"]).value
+                    blocked.setdefault(index, f"its old value is the base of rebuilt view {result}")
+        for index, alias in existing.items():
+            if index in blocked:
+                raise PassError(
+                    f"argument {index} ('{names[index]}'): {A.ALIASING_OUTPUT} = {alias}, "
+                    f"but {blocked[index]}"
+                )
+        return _State(
+            arg_attrs, arg_types, names, kinds, result_types, mutation_result,
+            existing, existing_origin, explicit, blocked,
+        )
+
+    def decide(self, options: AliasDonatedBuffers) -> AliasReport:
+        taken = {result: arg for arg, result in self.existing.items()}
+        aliases = self.aliases
+        aliases.update((arg, (result, self.existing_origin[arg])) for arg, result in self.existing.items())
+        unused: list[UnusedDonation] = []
+        explicit = set(self.explicit)
+
+        def unusable(arg: int, origin: str, reason: str, keep: bool = False) -> None:
+            unused.append(UnusedDonation(arg, self.arg_names[arg], origin, reason, keep))
+
+        if options.inferred:
+            for arg, result in sorted(self.mutation_result.items()):
+                if arg in aliases:
+                    continue
+                origin = ORIGIN_BOTH if arg in explicit else ORIGIN_INFERRED
+                if arg in self.blocked:
+                    unusable(arg, origin, self.blocked[arg])
+                elif result in taken:
+                    unusable(arg, origin, f"result {result} is already aliased to argument {taken[result]}")
+                elif self.arg_types[arg] != self.result_types[result]:
+                    unusable(
+                        arg, origin,
+                        f"its new value (result {result}, {self.result_types[result]}) "
+                        f"differs in type from {self.arg_types[arg]}",
+                    )
+                else:
+                    aliases[arg] = (result, origin)
+                    taken[result] = arg
+
+        for arg in self.explicit:
+            if arg in aliases:
+                if aliases[arg][1] == ORIGIN_INFERRED:
+                    aliases[arg] = (aliases[arg][0], ORIGIN_BOTH)
+                continue
+            if any(u.arg_index == arg for u in unused):
+                continue
+            if arg in self.blocked:
+                unusable(arg, ORIGIN_EXPLICIT, self.blocked[arg])
+                continue
+            partner = next(
+                (
+                    r for r, t in enumerate(self.result_types)
+                    if r not in taken and t == self.arg_types[arg]
+                ),
+                None,
+            )
+            if partner is None:
+                self.donors.add(arg)
+                unusable(
+                    arg, ORIGIN_EXPLICIT,
+                    f"no free result of type {self.arg_types[arg]}", keep=True,
+                )
+            else:
+                aliases[arg] = (partner, ORIGIN_EXPLICIT)
+                taken[partner] = arg
+        return AliasReport(
+            tuple(
+                Alias(arg, self.arg_names[arg], result, tensor_bytes(self.arg_types[arg]), origin)
+                for arg, (result, origin) in sorted(aliases.items())
+            ),
+            tuple(sorted(unused, key=lambda u: u.arg_index)),
+        )
+
+    def write(self, main) -> None:
+        for index, attrs in enumerate(self.arg_attrs):
+            # One dict per argument, filled by independent rules, assigned once.
+            for name in (A.ALIASING_OUTPUT, A.BUFFER_DONOR, A.ARG_DONATION):
+                attrs.pop(name, None)
+            if index in self.aliases:
+                result, origin = self.aliases[index]
+                attrs[A.ALIASING_OUTPUT] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), result)
+                attrs[A.ARG_DONATION] = ir.StringAttr.get(origin)
+            if index in self.donors:
+                attrs[A.BUFFER_DONOR] = ir.BoolAttr.get(True)
+        set_arg_attr_dicts(main, self.arg_attrs)
+
+
+def _resolve(request: str, names: list[str], pass_name: str) -> int:
+    if request.isdigit():
+        index = int(request)
+        if index >= len(names):
+            raise PassError(f"{pass_name}: donate names argument {index}, but @main has {len(names)} arguments")
+        return index
+    matches = [i for i, name in enumerate(names) if name == request]
+    if not matches:
+        raise PassError(
+            f"{pass_name}: donate names unknown argument '{request}' (arguments: {', '.join(names)})"
+        )
+    return matches[0]

@@ -1,0 +1,169 @@
+"""What every hloalias pass shares: typed options parsed from MLIR's textual
+option syntax, a Python entry point, and an adapter that adds the pass to a
+torch-mlir ``PassManager``."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from torch_mlir import ir, passmanager
+
+from hloalias.errors import IRError, PassError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModulePass(ABC):
+    """A pass over a whole ``builtin.module``.
+
+    Subclasses are frozen dataclasses: each field is an option, spelt in
+    kebab case in pipelines (``dead_results`` is ``dead-results``), documented
+    by ``field(metadata={"help": ...})``.  ``apply`` validates everything it
+    reads before it changes anything, so a failing pass leaves the module as
+    it was."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def apply(self, module: ir.Module) -> Any:
+        """Run the pass on ``module`` in place and return its report (or None).
+        Raises :class:`PassError` (naming the culprit) on bad input."""
+
+    # -- options ---------------------------------------------------------
+    @classmethod
+    def option_help(cls) -> dict[str, str]:
+        """``{kebab option name: help}`` for ``--list-passes``."""
+        return {
+            f.name.replace("_", "-"): f.metadata.get("help", "")
+            for f in dataclasses.fields(cls)
+            if f.init
+        }
+
+    @classmethod
+    def from_options(cls, text: str) -> "ModulePass":
+        """Build the pass from MLIR option text: ``a=1 b=x,y flag``."""
+        fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls) if f.init}
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for key, raw in _split_options(text):
+            if key not in fields:
+                known = ", ".join(sorted(fields)) or "none"
+                raise PassError(f"{cls.name}: unknown option '{key}' (options: {known})")
+            field = fields[key]
+            values[field.name] = _convert(cls.name, key, raw, hints[field.name])
+        return cls(**values)
+
+    def option_text(self) -> str:
+        """This pass as it would be written in a pipeline."""
+        parts = []
+        for field in dataclasses.fields(self):
+            if not field.init:
+                continue
+            value = getattr(self, field.name)
+            if value == field.default:
+                continue
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, tuple):
+                text = ",".join(str(v) for v in value)
+            else:
+                text = str(value)
+            parts.append(f"{field.name.replace('_', '-')}={text}")
+        return f"{self.name}{{{' '.join(parts)}}}" if parts else self.name
+
+    # -- pass manager ----------------------------------------------------
+    def add_to(self, pm: passmanager.PassManager, reports: list[Any] | None = None) -> None:
+        """Append this pass to a torch-mlir ``PassManager`` anchored on
+        ``builtin.module``.  Each run's report is appended to ``reports``.
+        A :class:`PassError` becomes an MLIR error diagnostic at the
+        offending location and fails the pipeline."""
+
+        def run(op: ir.Operation, pass_: Any) -> None:
+            module = _ModuleView(op)
+            try:
+                report = self.apply(module)  # type: ignore[arg-type]
+            except IRError as error:
+                location = getattr(error, "location", None) or op.location
+                location.emit_error(str(error))
+                pass_.signal_pass_failure()
+                return
+            if reports is not None:
+                reports.append(report)
+
+        pm.add(run, name=self.name, argument=self.name)
+
+
+class _ModuleView:
+    """Gives an ``ir.Operation`` (what a PassManager hands a Python pass)
+    the ``body``/``operation`` surface of ``ir.Module`` the passes use."""
+
+    def __init__(self, op: ir.Operation) -> None:
+        self.operation = op.operation
+        self.body = op.regions[0].blocks[0]
+        self.context = op.context
+
+
+def as_module_like(module: Any) -> Any:
+    """Accept an ``ir.Module``, a module ``ir.Operation`` or an hloalias
+    ``Program``; return what passes operate on."""
+    if hasattr(module, "torch_mlir_module"):
+        return module.torch_mlir_module
+    if isinstance(module, ir.Module):
+        return module
+    operation = getattr(module, "operation", None)
+    if operation is not None and operation.name == "builtin.module":
+        return _ModuleView(operation)
+    raise TypeError(f"expected an MLIR module, got {type(module).__name__}")
+
+
+_OPTION_RE = re.compile(r"\s*([A-Za-z0-9_-]+)(?:=(\S*))?")
+
+
+def _split_options(text: str) -> list[tuple[str, str | None]]:
+    pairs = []
+    position = 0
+    text = text.strip()
+    while position < len(text):
+        match = _OPTION_RE.match(text, position)
+        if not match or match.end() == position:
+            raise PassError(f"cannot parse pass options '{text}'")
+        pairs.append((match[1], match[2]))
+        position = match.end()
+    return pairs
+
+
+def _convert(pass_name: str, key: str, raw: str | None, hint: Any) -> Any:
+    def fail(expected: str) -> PassError:
+        return PassError(f"{pass_name}: option '{key}' expects {expected}, got '{raw}'")
+
+    if hint is bool:
+        if raw is None or raw in ("true", "1"):
+            return True
+        if raw in ("false", "0"):
+            return False
+        raise fail("true or false")
+    if raw is None:
+        raise fail("a value")
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        (element, _ellipsis) = typing.get_args(hint)
+        items = [item for item in raw.split(",") if item != ""]
+        if element is int:
+            if not all(re.fullmatch(r"-?\d+", item) for item in items):
+                raise fail("a comma-separated list of integers")
+            return tuple(int(item) for item in items)
+        return tuple(items)
+    if hint is int:
+        if not re.fullmatch(r"-?\d+", raw):
+            raise fail("an integer")
+        return int(raw)
+    if hint is str:
+        return raw
+    raise TypeError(f"unsupported option type {hint!r}")
+
+
+PassFactory = Callable[[str], ModulePass]
