@@ -59,6 +59,8 @@ def _format_one(diagnostic, source_name: str, line_offset: int, severity: str) -
     file = match["file"]
     line = int(match["line"])
     if file == "-":
+        if line == 0:
+            return f"{source_name}: {severity}: {message}"
         file, line = source_name, line + line_offset
     return f"{file}:{line}:{match['col']}: {severity}: {message}"
 

@@ -1,0 +1,132 @@
+"""``hloalias-opt``: an ``mlir-opt``-style driver for hloalias's passes and
+the upstream passes torch-mlir's bindings register.
+
+    hloalias-opt [FILE|-] --pass-pipeline='builtin.module(...)' [-o OUT]
+                 [--split-input-file] [--mlir-print-ir-after-all]
+                 [--print-alias-report] [--xla-compile] [--list-passes]
+
+Exit codes: 0 on success, 1 when the input or the pipeline is bad (the
+diagnostic, ``file:line:col: error: ...``, goes to stderr; never a Python
+traceback), 2 for bad command-line usage."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Sequence
+
+from hloalias.errors import HloaliasError, PipelineError
+from hloalias.mlir import new_context, parse_module, print_module
+
+SPLIT_MARKER = "// -----"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hloalias-opt", description="Run hloalias and MLIR passes over a .mlir file."
+    )
+    parser.add_argument("input", nargs="?", default="-", help="input .mlir file ('-' for stdin)")
+    parser.add_argument("--pass-pipeline", default="", help="textual pipeline: 'builtin.module(...)'")
+    parser.add_argument("-o", dest="output", default="-", help="output file ('-' for stdout)")
+    parser.add_argument("--split-input-file", action="store_true",
+                        help=f"process each chunk separated by '{SPLIT_MARKER}' on its own")
+    parser.add_argument("--mlir-print-ir-after-all", action="store_true",
+                        help="print the IR after every pass (to stderr)")
+    parser.add_argument("--print-alias-report", action="store_true",
+                        help="print alias-donated-buffers' report (to stderr)")
+    parser.add_argument("--xla-compile", action="store_true",
+                        help="compile each result with XLA (PJRT CPU) and print its memory figures to stderr")
+    parser.add_argument("--list-passes", action="store_true", help="list hloalias's passes and options")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    if args.list_passes:
+        _list_passes()
+        return 0
+    try:
+        text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+    except OSError as error:
+        print(f"hloalias-opt: cannot read '{args.input}': {error.strerror}", file=sys.stderr)
+        return 1
+    source_name = "<stdin>" if args.input == "-" else args.input
+    chunks = _split(text) if args.split_input_file else [(text, 0)]
+    outputs = []
+    failed = False
+    for chunk, line_offset in chunks:
+        try:
+            outputs.append(_process(chunk, line_offset, source_name, args))
+        except PipelineError as error:
+            print(f"{source_name}: error: {error}", file=sys.stderr)
+            failed = True
+        except HloaliasError as error:
+            print(str(error), file=sys.stderr)
+            failed = True
+    result = f"\n{SPLIT_MARKER}\n".join(o for o in outputs)
+    if args.output == "-":
+        sys.stdout.write(result)
+    else:
+        with open(args.output, "w") as handle:
+            handle.write(result)
+    return 1 if failed else 0
+
+
+def _split(text: str) -> list[tuple[str, int]]:
+    chunks, current, start, line_number = [], [], 0, 0
+    for line_number, line in enumerate(text.splitlines(keepends=True)):
+        if line.strip() == SPLIT_MARKER:
+            chunks.append(("".join(current), start))
+            current, start = [], line_number + 1
+        else:
+            current.append(line)
+    chunks.append(("".join(current), start))
+    return chunks
+
+
+def _process(chunk: str, line_offset: int, source_name: str, args: argparse.Namespace) -> str:
+    from hloalias.passes.alias_donated_buffers import AliasReport
+    from hloalias.pipeline import run_pipeline
+
+    if not chunk.strip():
+        raise HloaliasError(f"{source_name}:{line_offset + 1}:1: error: empty input: expected an MLIR module")
+    context = new_context()
+    module = parse_module(chunk, context, source_name, line_offset)
+    if args.pass_pipeline:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the report says it, to stderr, on request
+            reports = run_pipeline(
+                module,
+                args.pass_pipeline,
+                print_ir_after_all=args.mlir_print_ir_after_all,
+                source_name=source_name,
+                line_offset=line_offset,
+            )
+        if args.print_alias_report:
+            for report in reports:
+                if isinstance(report, AliasReport):
+                    print(report.to_text(), file=sys.stderr)
+    text = print_module(module)
+    if args.xla_compile:
+        from hloalias.runtime.pjrt import compile_module, device_for, memory_stats
+
+        stats = memory_stats(compile_module(text, device_for("cpu"))).as_dict()
+        print("xla: " + " ".join(f"{k}={v}" for k, v in stats.items()), file=sys.stderr)
+    return text
+
+
+def _list_passes() -> None:
+    from hloalias.passes import get_all_passes
+
+    for name, factory in sorted(get_all_passes().items()):
+        pass_type = factory.__self__  # type: ignore[attr-defined]
+        doc = (pass_type.__doc__ or "").strip().splitlines()[0]
+        print(f"{name}: {doc}")
+        for option, help_text in pass_type.option_help().items():
+            print(f"  {option}: {help_text}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
