@@ -33,7 +33,16 @@ from torch_mlir import ir
 from hloalias import attributes as A
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError
 from hloalias.importer import Program, Stage, import_torch
-from hloalias.mlir import arg_attr_dicts, bool_attr, find_main, int_attr, print_module, result_attr_dicts, string_attr
+from hloalias.mlir import (
+    arg_attr_dicts,
+    bool_attr,
+    find_main,
+    int_attr,
+    print_module,
+    result_attr_dicts,
+    set_arg_attr_dicts,
+    string_attr,
+)
 from hloalias.passes.alias_donated_buffers import AliasReport
 from hloalias.passes.eliminate_view_results import ViewReport
 from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, run_pipeline
@@ -208,8 +217,6 @@ def _mark_donors(program: Program, donated: list[int]) -> None:
         dicts = arg_attr_dicts(main)
         for index in donated:
             dicts[index][A.BUFFER_DONOR] = ir.BoolAttr.get(True)
-        from hloalias.mlir import set_arg_attr_dicts
-
         set_arg_attr_dicts(main, dicts)
 
 
@@ -238,7 +245,6 @@ class Executable:
         self.view_report = view_report
         self.alias_report = alias_report
         self.memory_stats = memory_stats(loaded).as_dict()
-        self._stats = memory_stats(loaded)
         self._calls = 0
         self._read_final_module(program)
         self._state: dict[str, jax.Array | None] = {
@@ -406,11 +412,14 @@ class Executable:
                 if new_value is not None:
                     value._rebind(new_value)
                 continue
-            if new_value is not None:
-                value.copy_(array_to_torch(new_value))
-                if index in bases and bases[index] is not value:
-                    bases[index] = value  # rebuild views of the updated input itself
-            arg_tensors[index] = bases.get(index, value)
+            if new_value is None:
+                arg_tensors[index] = bases[index]
+                continue
+            value.copy_(array_to_torch(new_value))
+            # Views of the new value share the caller's tensor, as in eager;
+            # a non-contiguous caller's tensor cannot be the base of the
+            # recorded row-major layouts, so they view the new value instead.
+            arg_tensors[index] = value if value.is_contiguous() else array_to_torch(new_value)
 
         torch_results: dict[str, Any] = {}
 
@@ -488,4 +497,8 @@ def _torch_dtype(element_type: ir.Type) -> torch.dtype:
 
 
 def _torch_dtype_of_jax(dtype: Any) -> torch.dtype:
-    return torch.empty(0, dtype=getattr(torch, str(dtype)) if hasattr(torch, str(dtype)) else torch.float32).dtype
+    # jax/numpy dtype names (float32, bfloat16, bool, ...) are torch's names.
+    torch_dtype = getattr(torch, str(dtype), None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ExecutionError(f"device array dtype {dtype} has no torch dtype")
+    return torch_dtype

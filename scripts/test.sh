@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: lit (FileCheck on IR, Python-driven import tests)
+# then pytest (PJRT byte counts, runtime, differential and hostile tests).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
+cd "$repo_root"
+status=0
+"$HLOALIAS_PYTHON" -m lit -sv test/lit </dev/null || status=1
+"$HLOALIAS_PYTHON" -m pytest -q test/py </dev/null || status=1
+exit $status

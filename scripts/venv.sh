@@ -1,0 +1,23 @@
+# Sourced by the other scripts: make sure .venv exists with hloalias and its
+# pinned dependencies installed (editable), then export HLOALIAS_PYTHON.
+# Reinstalls when pyproject.toml changes.  Never pulls a CUDA build of torch:
+# the CPU wheel is taken from /opt/wheels when present, and the project pins
+# torch==2.13.0, which that wheel satisfies.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$repo_root/.venv"
+python_bin="${HLOALIAS_BOOTSTRAP_PYTHON:-python3.11}"
+command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
+stamp="$venv/.hloalias-installed"
+want="$(sha256sum "$repo_root/pyproject.toml" | cut -d' ' -f1)"
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[hloalias] setting up $venv (first use; takes a few minutes)" >&2
+  [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
+  find_links=()
+  [ -d /opt/wheels ] && find_links=(--find-links /opt/wheels)
+  "$venv/bin/python" -m pip install -q --upgrade pip </dev/null
+  "$venv/bin/python" -m pip install -q "${find_links[@]}" "torch==2.13.0" </dev/null
+  "$venv/bin/python" -m pip install -q "${find_links[@]}" -e "$repo_root[test,bench]" </dev/null
+  echo "$want" >"$stamp"
+fi
+export HLOALIAS_PYTHON="$venv/bin/python"
