@@ -20,6 +20,7 @@ import enum
 import hashlib
 import inspect
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ from hloalias.mlir import (
     print_module,
     set_arg_attr_dicts,
     set_result_attr_dicts,
+    walk_ops,
 )
 
 TORCH_BACKEND_PIPELINE = (
@@ -191,9 +193,13 @@ def import_torch(
         raise TorchImportError(f"torch-mlir's FX importer failed: {error}") from error
     module = importer.module
     _annotate(module, signature)
-    _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract")
+
+    def locate(aten_name: str) -> str | None:
+        return _source_line(f, tuple(args), kwargs, aten_name)
+
+    _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract", locate)
     if stage is Stage.STABLEHLO:
-        _lower(module, STABLEHLO_PIPELINE, "StableHLO")
+        _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
         _legalize_tensor_constants(module)
     _annotate(module, signature)
     program = Program(module, stage, signature, state)
@@ -326,7 +332,9 @@ def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
         set_result_attr_dicts(main, result_attrs)
 
 
-def _lower(module: ir.Module, pipeline: str, target: str) -> None:
+def _lower(
+    module: ir.Module, pipeline: str, target: str, locate: Callable[[str], str | None]
+) -> None:
     before = print_module(module, debug_info=True)
     with module.context:
         module.context.emit_error_diagnostics = False
@@ -334,12 +342,61 @@ def _lower(module: ir.Module, pipeline: str, target: str) -> None:
             passmanager.PassManager.parse(pipeline).run(module.operation)
         except ir.MLIRError as error:
             path = write_repro(before, "import")
+            culprit = _unlowered_op(module)
+            if culprit is not None:
+                where = locate(culprit.removeprefix("torch.aten."))
+                headline = f"torch-mlir cannot lower {culprit.removeprefix('torch.')} to the {target}" + (
+                    f" (from {where})" if where else ""
+                )
+            else:
+                headline = f"lowering to the {target} failed"
             raise TorchImportError(
-                f"lowering to the {target} failed:\n{format_diagnostics(error)}\n"
+                f"{headline}\n{format_diagnostics(error)}\n"
                 f"repro written to {path}; replay with:\n"
                 f"  torch-mlir-opt --pass-pipeline='{pipeline}' {path}",
                 repro_path=path,
             ) from None
+
+
+def _unlowered_op(module: ir.Module) -> str | None:
+    """The first torch op a failed partial conversion left behind."""
+    for op in walk_ops(module.operation):
+        if op.name.startswith("torch.aten.") or op.name.startswith("torch.prims."):
+            return op.name
+    return None
+
+
+def _source_line(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], aten_name: str) -> str | None:
+    """Best effort: the user's source line of the first ``aten_name`` call.
+    Only strict export records stack traces, so it is re-run here, on the
+    failure path alone."""
+    if isinstance(f, ExportedProgram):
+        graphs = [f.graph_module.graph]
+    else:
+        try:
+            module = f if isinstance(f, torch.nn.Module) else _FunctionModule.wrap(f)
+            graphs = [torch.export.export(module, args, kwargs, strict=True).graph_module.graph]
+        except Exception:
+            return None
+    for graph in graphs:
+        for node in graph.nodes:
+            name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
+            trace = node.meta.get("stack_trace")
+            if name == aten_name and trace:
+                frames = _FRAME_RE.findall(trace)
+                user = [fr for fr in frames if not _is_library_file(fr[0])]
+                if user:
+                    file, line, function, code = user[-1]
+                    return f"{file}:{line} in {function}: {code.strip()}"
+    return None
+
+
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+
+
+def _is_library_file(path: str) -> bool:
+    library_roots = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
+    return path.startswith(library_roots)
 
 
 def write_repro(text: str, stage: str) -> str:
