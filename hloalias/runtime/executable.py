@@ -65,6 +65,9 @@ class DeviceTensor:
         self._array: jax.Array | None = array
         self.name = name
         self._consumed_by: str | None = None
+        # Fixed for its lifetime: a rebind (in-place update) keeps the type.
+        self.dtype: torch.dtype = _torch_dtype_of_jax(array.dtype)
+        self.shape = torch.Size(array.shape)
 
     @property
     def array(self) -> jax.Array:
@@ -79,10 +82,6 @@ class DeviceTensor:
     def to_torch(self) -> torch.Tensor:
         """The value as a torch tensor (zero-copy on CPU)."""
         return array_to_torch(self.array)
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size(self.array.shape)
 
     def _consume(self, where: str) -> None:
         self._consumed_by = where
@@ -299,6 +298,24 @@ class Executable:
             for t in ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).inputs
         ]
         self._names = [a.name for a in arguments]
+        # Per-call plans, computed once: the call path is hot.
+        self._user_indices = self._signature.user_input_indices()
+        self._arg_plan = [
+            (a.index, None if a.kind == "user_input" else a.name) for a in arguments
+        ]
+        self._mutation_keys = [
+            A.mutation_key(a.index) if A.mutation_key(a.index) in self._result_keys else None
+            for a in arguments
+        ]
+        in_spec = self._signature.in_spec
+        out_spec = self._signature.out_spec
+        flat_in = pytree.tree_structure((tuple(range(len(self._user_indices))), {}))
+        self._flat_inputs = in_spec == flat_in
+        self._output_keys = [A.output_key(i) for i in range(out_spec.num_leaves)]
+        self._single_output = out_spec == pytree.tree_structure(0)
+        self._flat_outputs = self._single_output or out_spec == pytree.tree_structure(
+            tuple(range(out_spec.num_leaves))
+        )
 
     # -- introspection -----------------------------------------------------
     @property
@@ -361,21 +378,22 @@ class Executable:
     # -- calling -----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program; see the module docstring for the semantics."""
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        if spec != self._signature.in_spec:
-            raise ExecutionError(
-                f"inputs do not have the structure the program was compiled for: "
-                f"expected {self._signature.in_spec}, got {spec}"
-            )
-        user_indices = self._signature.user_input_indices()
+        if kwargs or len(args) != len(self._user_indices) or not self._flat_inputs:
+            leaves, spec = pytree.tree_flatten((args, kwargs))
+            if spec != self._signature.in_spec:
+                raise ExecutionError(
+                    f"inputs do not have the structure the program was compiled for: "
+                    f"expected {self._signature.in_spec}, got {spec}"
+                )
+        else:
+            leaves = args
         self._calls += 1
-        call_name = f"in call {self._calls}"
-        inputs: dict[int, Any] = dict(zip(user_indices, leaves))
+        inputs: dict[int, Any] = dict(zip(self._user_indices, leaves))
         arrays: list[jax.Array] = []
         bases: dict[int, torch.Tensor] = {}
-        for index, argument in enumerate(self._signature.arguments):
-            if argument.kind != "user_input":
-                arrays.append(self._state_array(argument.name))
+        for index, state_name in self._arg_plan:
+            if state_name is not None:
+                arrays.append(self._state_array(state_name))
                 continue
             value = inputs[index]
             self._check_input(index, value)
@@ -390,22 +408,22 @@ class Executable:
             outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
         except Exception as error:
             raise ExecutionError(f"XLA execution failed: {error}") from None
-
         produced = dict(zip(self._result_keys, outputs))
+        call_name = f"in call {self._calls}"
         for index in self._donated_args:
-            argument = self._signature.arguments[index]
-            if argument.kind == "user_input" and isinstance(inputs[index], DeviceTensor):
+            state_name = self._arg_plan[index][1]
+            if state_name is not None:
+                self._state[state_name] = None
+                self._state_consumed[state_name] = call_name
+            elif isinstance(inputs[index], DeviceTensor):
                 inputs[index]._consume(call_name)
-            elif argument.kind != "user_input":
-                self._state[argument.name] = None
-                self._state_consumed[argument.name] = call_name
         arg_tensors: dict[int, Any] = {}
-        for index, argument in enumerate(self._signature.arguments):
-            new_value = produced.get(A.mutation_key(index))
-            if argument.kind != "user_input":
+        for index, state_name in self._arg_plan:
+            new_value = produced.get(self._mutation_keys[index]) if self._mutation_keys[index] else None
+            if state_name is not None:
                 if new_value is not None:
-                    self._state[argument.name] = new_value
-                    self._state_consumed.pop(argument.name, None)
+                    self._state[state_name] = new_value
+                    self._state_consumed.pop(state_name, None)
                 continue
             value = inputs[index]
             if isinstance(value, DeviceTensor):
@@ -420,18 +438,22 @@ class Executable:
             # a non-contiguous caller's tensor cannot be the base of the
             # recorded row-major layouts, so they view the new value instead.
             arg_tensors[index] = value if value.is_contiguous() else array_to_torch(new_value)
+        return self._assemble_outputs(inputs, arg_tensors, produced)
 
+    def _assemble_outputs(
+        self, inputs: dict[int, Any], arg_tensors: dict[int, Any], produced: dict[str, jax.Array]
+    ) -> Any:
         torch_results: dict[str, Any] = {}
 
         def base_tensor(key: str) -> Any:
             kind, index = A.parse_key(key)
-            if kind in ("arg", "mutation"):
-                argument = self._signature.arguments[index]
-                if argument.kind != "user_input":
-                    return array_to_torch(self._state_array(argument.name))
-                value = inputs[index]
-                return value.to_torch() if isinstance(value, DeviceTensor) else arg_tensors[index]
-            return result(key)
+            if kind == "output":
+                return result(key)
+            state_name = self._arg_plan[index][1]
+            if state_name is not None:
+                return array_to_torch(self._state_array(state_name))
+            value = inputs[index]
+            return value.to_torch() if isinstance(value, DeviceTensor) else arg_tensors[index]
 
         def result(key: str) -> Any:
             if key in torch_results:
@@ -444,12 +466,15 @@ class Executable:
                     value = None
                 else:
                     base = base_tensor(rebuild.base)
-                    value = base if rebuild.identity and base.dtype == rebuild.dtype else _as_view(base, rebuild)
+                    same = rebuild.identity and base.dtype == rebuild.dtype
+                    value = base if same else _as_view(base, rebuild)
             torch_results[key] = value
             return value
 
-        count = self._signature.out_spec.num_leaves
-        return pytree.tree_unflatten([result(A.output_key(i)) for i in range(count)], self._signature.out_spec)
+        flat = [result(key) for key in self._output_keys]
+        if self._flat_outputs:
+            return flat[0] if self._single_output else tuple(flat)
+        return pytree.tree_unflatten(flat, self._signature.out_spec)
 
     def _state_array(self, name: str) -> jax.Array:
         array = self._state[name]
@@ -461,14 +486,18 @@ class Executable:
         return array
 
     def _check_input(self, index: int, value: Any) -> None:
+        expected_shape, expected_dtype = self._arg_types[index]
+        if isinstance(value, torch.Tensor) and value.dtype == expected_dtype and value.shape == expected_shape:
+            return
         name = self._names[index]
         if isinstance(value, DeviceTensor):
-            shape, dtype = tuple(value.array.shape), _torch_dtype_of_jax(value.array.dtype)
+            if value.dtype == expected_dtype and value.shape == expected_shape:
+                return
+            shape, dtype = tuple(value.shape), value.dtype
         elif isinstance(value, torch.Tensor):
             shape, dtype = tuple(value.shape), value.dtype
         else:
             raise ExecutionError(f"input '{name}' is {type(value).__name__}, expected a torch.Tensor or DeviceTensor")
-        expected_shape, expected_dtype = self._arg_types[index]
         if shape != expected_shape or dtype != expected_dtype:
             raise ExecutionError(
                 f"input '{name}' is {dtype} {list(shape)}, but the program was compiled for "
