@@ -32,6 +32,7 @@ from hloalias.mlir import (
     ranked_tensor,
     result_attr_dicts,
     return_op,
+    set_arg_attr_dicts,
     set_result_attr_dicts,
     string_attr,
 )
@@ -132,6 +133,12 @@ class EliminateViewResults(ModulePass):
                 )
             if position in dead:
                 raise PassError(f"{self.name}: dead-results names result {position} twice")
+            if position in signature.aliased_by:
+                arg = signature.aliased_by[position]
+                raise PassError(
+                    f"{self.name}: result {position} is aliased by argument {arg} "
+                    f"('{signature.arg_names[arg]}') and cannot be dead"
+                )
             if signature.mutates[position] is not None:
                 arg = signature.mutates[position]
                 raise PassError(
@@ -153,6 +160,8 @@ class _Signature:
     result_attrs: list[dict[str, ir.Attribute]]
     arg_names: list[str]
     overwritten: set[int]
+    aliased_by: dict[int, int]  # result position -> argument whose buffer holds it
+    arg_attrs: list[dict[str, ir.Attribute]]
 
     @staticmethod
     def read(main: func.FuncOp) -> "_Signature":
@@ -190,10 +199,21 @@ class _Signature:
             string_attr(attrs, A.ARG_NAME) or f"arg{i}" for i, attrs in enumerate(arg_attrs)
         ]
         overwritten = {arg for arg in mutates if arg is not None}
+        aliased_by: dict[int, int] = {}
         for index, attrs in enumerate(arg_attrs):
             if A.ALIASING_OUTPUT in attrs or bool_attr(attrs, A.BUFFER_DONOR):
                 overwritten.add(index)
-        return _Signature(main, values, keys, mutates, result_attrs, arg_names, overwritten)
+            target = int_attr(attrs, A.ALIASING_OUTPUT)
+            if target is not None:
+                if not 0 <= target < len(values):
+                    raise IRError(
+                        f"argument {index} ('{arg_names[index]}'): {A.ALIASING_OUTPUT} = {target} "
+                        f"is out of range; @main has {len(values)} results"
+                    )
+                aliased_by[target] = index
+        return _Signature(
+            main, values, keys, mutates, result_attrs, arg_names, overwritten, aliased_by, arg_attrs
+        )
 
 
 # -- identity folding ------------------------------------------------------
@@ -278,7 +298,10 @@ def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
         value = values[position]
         key = signature.keys[position]
         earlier = result_at(value, before=position)
-        if earlier is not None:
+        if position in signature.aliased_by:
+            # XLA writes it into an argument's buffer: it must stay a result.
+            decision: Removal | _Kept = _KEEP
+        elif earlier is not None:
             decision = _rebase(key, A.REASON_DUPLICATE, earlier, decide(earlier), [])
         else:
             decision = walk(position, key, value)
@@ -357,6 +380,13 @@ def _rewrite_results(main: func.FuncOp, signature: _Signature, removals: list[Re
         ir.FunctionType.get(function_type.inputs, [v.type for v in new_values])
     )
     set_result_attr_dicts(main, [signature.result_attrs[p] for p in keep])
+    # Aliasing indices name positions, which shift as results leave.
+    new_position = {old: new for new, old in enumerate(keep)}
+    for attrs in signature.arg_attrs:
+        target = int_attr(attrs, A.ALIASING_OUTPUT)
+        if target is not None and target != new_position[target]:
+            attrs[A.ALIASING_OUTPUT] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), new_position[target])
+    set_arg_attr_dicts(main, signature.arg_attrs)
     if removals:
         existing = list(ir.ArrayAttr(main.attributes[A.REMOVED_RESULTS])) if A.REMOVED_RESULTS in main.attributes else []
         main.attributes[A.REMOVED_RESULTS] = ir.ArrayAttr.get(existing + [r.to_attr() for r in removals])

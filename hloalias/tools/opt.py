@@ -65,7 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except HloaliasError as error:
             print(str(error), file=sys.stderr)
             failed = True
-    result = f"\n{SPLIT_MARKER}\n".join(o for o in outputs)
+    result = "".join(f"{o.rstrip()}\n" for o in outputs[:1]) + "".join(
+        f"{SPLIT_MARKER}\n{o.rstrip()}\n" for o in outputs[1:]
+    )
     if args.output == "-":
         sys.stdout.write(result)
     else:
