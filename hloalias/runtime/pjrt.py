@@ -149,10 +149,13 @@ def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Ar
                 return _dlpack_to_buffer(tensor.__dlpack__(), device, None)
             except Exception:
                 pass
-        array = jax.dlpack.from_dlpack(tensor)
-        return jax.device_put(array, device) if array.devices() != {device} else array
-    host = jax.dlpack.from_dlpack(tensor.cpu())
-    return jax.device_put(host, device, may_alias=False)
+        with jax.enable_x64(True):
+            return jax.dlpack.from_dlpack(tensor)
+    # x64 on for this copy only: jax's default would narrow int64/float64,
+    # and the program was compiled for the torch dtype.
+    with jax.enable_x64(True):
+        host = jax.dlpack.from_dlpack(tensor.cpu())
+        return jax.device_put(host, device, may_alias=False)
 
 
 def array_to_torch(array: jax.Array) -> torch.Tensor:
