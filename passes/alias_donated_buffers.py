@@ -213,9 +213,9 @@ class _State:
             explicit = sorted(set(explicit) | requested)
 
         blocked: dict[int, str] = {}
-        for index, kind in enumerate(kinds):
-            if kind is not None and kind in options.exclude_kinds:
-                blocked[index] = f"arguments of kind '{kind}' are excluded from donation"
+        for index, arg_kind in enumerate(kinds):
+            if arg_kind is not None and arg_kind in options.exclude_kinds:
+                blocked[index] = f"arguments of kind '{arg_kind}' are excluded from donation"
         for position, value in enumerate(returned):
             if isinstance(value, ir.BlockArgument):
                 index = ir.BlockArgument(value).arg_number

@@ -139,8 +139,9 @@ class EliminateViewResults(ModulePass):
                     f"{self.name}: result {position} is aliased by argument {arg} "
                     f"('{signature.arg_names[arg]}') and cannot be dead"
                 )
-            if signature.mutates[position] is not None:
-                arg = signature.mutates[position]
+            mutated = signature.mutates[position]
+            if mutated is not None:
+                arg = mutated
                 raise PassError(
                     f"{self.name}: result {position} is the new value of mutated argument "
                     f"{arg} ('{signature.arg_names[arg]}') and cannot be dead"
@@ -170,7 +171,8 @@ class _Signature:
             ranked_tensor(value.type, f"result {position} of @main")
         result_attrs = result_attr_dicts(main)
         arg_attrs = arg_attr_dicts(main)
-        keys, mutates = [], []
+        keys: list[str] = []
+        mutates: list[int | None] = []
         for position, attrs in enumerate(result_attrs):
             role = string_attr(attrs, A.RESULT_ROLE)
             if role is None:
@@ -334,6 +336,7 @@ def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
     def _rebase(
         key: str, reason: str, base_position: int, base: Removal | _Kept, steps: list[ir.Operation]
     ) -> Removal | _Kept:
+        chain: tuple[str, ...]
         if isinstance(base, _Kept):
             start = Layout.contiguous(values[base_position].type)
             base_key, chain = signature.keys[base_position], ()

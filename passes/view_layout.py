@@ -60,7 +60,9 @@ def describe_view_op(op: ir.Operation) -> str:
     result = ir.RankedTensorType(op.results[0].type)
     shape = "x".join(str(s) for s in result.shape) or "scalar"
     if name == "slice":
-        starts, limits, steps = _slice_params(op)
+        params = _slice_params(op)
+        assert params is not None  # stablehlo.slice always has them
+        starts, limits, steps = params
         spans = ", ".join(f"{a}:{b}:{c}" for a, b, c in zip(starts, limits, steps))
         return f"slice [{spans}]"
     if name == "transpose":

@@ -386,7 +386,7 @@ class Executable:
                     f"expected {self._signature.in_spec}, got {spec}"
                 )
         else:
-            leaves = args
+            leaves = list(args)
         self._calls += 1
         inputs: dict[int, Any] = dict(zip(self._user_indices, leaves))
         arrays: list[jax.Array] = []
@@ -419,7 +419,8 @@ class Executable:
                 inputs[index]._consume(call_name)
         arg_tensors: dict[int, Any] = {}
         for index, state_name in self._arg_plan:
-            new_value = produced.get(self._mutation_keys[index]) if self._mutation_keys[index] else None
+            mutation_key = self._mutation_keys[index]
+            new_value = produced.get(mutation_key) if mutation_key is not None else None
             if state_name is not None:
                 if new_value is not None:
                     self._state[state_name] = new_value
@@ -506,6 +507,7 @@ class Executable:
 
 
 def _as_view(base: torch.Tensor, rebuild: _Rebuild) -> torch.Tensor:
+    assert rebuild.dtype is not None  # only dead results lack one
     typed = base if base.dtype == rebuild.dtype else base.view(rebuild.dtype)
     return typed.as_strided(rebuild.sizes, rebuild.strides, typed.storage_offset() + rebuild.offset)
 

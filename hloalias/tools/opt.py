@@ -77,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _split(text: str) -> list[tuple[str, int]]:
-    chunks, current, start, line_number = [], [], 0, 0
+    chunks: list[tuple[str, int]] = []
+    current: list[str] = []
+    start = 0
     for line_number, line in enumerate(text.splitlines(keepends=True)):
         if line.strip() == SPLIT_MARKER:
             chunks.append(("".join(current), start))
