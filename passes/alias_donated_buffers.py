@@ -11,8 +11,9 @@ The rule, in one place (after JAX's ``_set_up_aliases``):
    first result (in result order) of identical type not yet aliased; one
    with no partner keeps ``jax.buffer_donor = true`` so XLA may still reuse
    it for any output of its size.
-4. Never: an argument of an excluded kind, one whose old value the runtime
-   still needs (the base of a rebuilt view, or returned unchanged).
+4. Never: an argument of an excluded kind, or one whose old value the
+   runtime still needs after the call: the base of a rebuilt view, or an
+   argument returned unchanged (a removed pass-through result).
 
 Both sources are a set union: an argument that is both counts once, with
 origin ``"both"``."""
@@ -160,8 +161,7 @@ class _State:
                     f"{options.name}: exclude-kinds has unknown kind '{kind}' "
                     f"(kinds: {', '.join(A.ARG_KINDS)})"
                 )
-        returned = list(return_op(main).operands)
-        result_types = [v.type for v in returned]
+        result_types = [v.type for v in return_op(main).operands]
         mutation_result: dict[int, int] = {}
         for position, attrs in enumerate(result_attr_dicts(main)):
             if string_attr(attrs, A.RESULT_ROLE) == A.ROLE_MUTATION:
@@ -216,20 +216,23 @@ class _State:
         for index, arg_kind in enumerate(kinds):
             if arg_kind is not None and arg_kind in options.exclude_kinds:
                 blocked[index] = f"arguments of kind '{arg_kind}' are excluded from donation"
-        for position, value in enumerate(returned):
-            if isinstance(value, ir.BlockArgument):
-                index = ir.BlockArgument(value).arg_number
-                blocked.setdefault(index, f"it is returned unchanged as result {position}")
+        # The runtime rebuilds removed results from an argument's buffer
+        # after the call: that buffer must survive it.  (An argument still
+        # returned by @main itself needs nothing: XLA copies if it must.)
         if A.REMOVED_RESULTS in main.attributes:
             for entry in ir.ArrayAttr(main.attributes[A.REMOVED_RESULTS]):
                 record = ir.DictAttr(entry)
                 if "base" not in record:
                     continue
-                base = ir.StringAttr(record["base"]).value
-                kind, index = A.parse_key(base)
-                if kind == "arg":
-                    result = ir.StringAttr(record["result"]).value
-                    blocked.setdefault(index, f"its old value is the base of rebuilt view {result}")
+                kind, index = A.parse_key(ir.StringAttr(record["base"]).value)
+                if kind != "arg":
+                    continue
+                result = ir.StringAttr(record["result"]).value
+                if ir.StringAttr(record["reason"]).value == A.REASON_PASS_THROUGH:
+                    why = f"it is returned unchanged ({result}, rebuilt from its buffer after the call)"
+                else:
+                    why = f"its old value is the base of rebuilt view {result}"
+                blocked.setdefault(index, why)
         for index, alias in existing.items():
             if index in blocked:
                 raise PassError(
