@@ -10,8 +10,9 @@ torch backend contract and on to StableHLO.
 
 Argument order of ``@main`` is the exported program's: parameters, buffers,
 lifted tensor constants, then user inputs (the flattened ``(args, kwargs)``
-leaves).  Result order is: mutated buffers, mutated user inputs, then the
-flattened user outputs."""
+leaves).  Result order is: mutated parameters and buffers, mutated user inputs, then
+the flattened user outputs that are tensors (constant outputs such as None
+are returned by the runtime as they are)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind
+from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
 from torch_mlir import ir, passmanager, rewrite
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
@@ -51,6 +52,12 @@ TORCH_BACKEND_PIPELINE = (
     "torchdynamo-export-to-torch-backend-pipeline{extra-library=})"
 )
 STABLEHLO_PIPELINE = "builtin.module(torch-backend-to-stablehlo-backend-pipeline)"
+
+_MUTATION_OUTPUTS = (
+    OutputKind.BUFFER_MUTATION,
+    OutputKind.PARAMETER_MUTATION,
+    OutputKind.USER_INPUT_MUTATION,
+)
 
 _KINDS = {
     InputKind.PARAMETER: "parameter",
@@ -103,6 +110,9 @@ class ProgramSignature:
     results: tuple[ResultInfo, ...]
     in_spec: Any  # pytree spec of (args, kwargs)
     out_spec: Any  # pytree spec of the user outputs
+    # User outputs that are Python constants (None, ints): no result of
+    # @main, returned as they are.  Keyed by user output position.
+    constant_outputs: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""
@@ -276,16 +286,27 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
 
     results = []
     output = 0
-    for index, spec in enumerate(graph_signature.output_specs):
-        if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
+    constant_outputs: dict[int, Any] = {}
+    graph_values = []
+    output_node = next(n for n in exported.graph_module.graph.nodes if n.op == "output")
+    for spec, value in zip(graph_signature.output_specs, output_node.args[0]):
+        index = len(results)
+        if spec.kind in _MUTATION_OUTPUTS:
             results.append(ResultInfo(index, A.ROLE_MUTATION, mutates=index_of_target[spec.target]))
+        elif spec.kind == OutputKind.USER_OUTPUT and isinstance(spec.arg, ConstantArgument):
+            constant_outputs[output] = spec.arg.value
+            output += 1
+            continue
         elif spec.kind == OutputKind.USER_OUTPUT:
             results.append(ResultInfo(index, A.ROLE_USER_OUTPUT, output=output))
             output += 1
         else:
-            raise TorchImportError(f"output {index} of kind {spec.kind.name} is not supported")
-    output_node = next(n for n in exported.graph_module.graph.nodes if n.op == "output")
-    for result, value in zip(results, output_node.args[0]):
+            raise TorchImportError(f"output {spec.arg.name} of kind {spec.kind.name} is not supported")
+        graph_values.append(value)
+    if constant_outputs:
+        # Constants are not results of @main: drop them from the graph.
+        output_node.args = (tuple(graph_values),)
+    for result, value in zip(results, graph_values):
         meta = getattr(value, "meta", {}).get("val")
         if not isinstance(meta, torch.Tensor):
             raise TorchImportError(
@@ -296,7 +317,11 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
             if not isinstance(size, int):
                 raise TorchImportError(f"result {result.key} has dynamic dimension {dim} ({size})")
     return ProgramSignature(
-        tuple(arguments), tuple(results), exported.call_spec.in_spec, exported.call_spec.out_spec
+        tuple(arguments),
+        tuple(results),
+        exported.call_spec.in_spec,
+        exported.call_spec.out_spec,
+        constant_outputs,
     )
 
 

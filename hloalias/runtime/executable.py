@@ -312,6 +312,9 @@ class Executable:
         flat_in = pytree.tree_structure((tuple(range(len(self._user_indices))), {}))
         self._flat_inputs = in_spec == flat_in
         self._output_keys = [A.output_key(i) for i in range(out_spec.num_leaves)]
+        self._constant_outputs = {
+            A.output_key(i): v for i, v in self._signature.constant_outputs.items()
+        }
         self._single_output = out_spec == pytree.tree_structure(0)
         self._flat_outputs = self._single_output or out_spec == pytree.tree_structure(
             tuple(range(out_spec.num_leaves))
@@ -461,6 +464,8 @@ class Executable:
                 return torch_results[key]
             if key in produced:
                 value = array_to_torch(produced[key])
+            elif key in self._constant_outputs:
+                value = self._constant_outputs[key]
             else:
                 rebuild = self._rebuilds[key]
                 if rebuild.base is None:

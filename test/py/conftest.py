@@ -1,0 +1,54 @@
+"""Shared fixtures of hloalias's pytest suite."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import hloalias
+from hloalias.runtime.pjrt import MemoryStats, compile_module, device_for, memory_stats
+
+
+# torch 2.13's pytree warns about ``LeafSpec`` from inside torch.export on
+# every import: noise that says nothing about hloalias.  Only that message
+# is ignored; every other FutureWarning still shows.
+_LEAFSPEC_FILTER = "ignore:.*LeafSpec.*:FutureWarning"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Filter torch's LeafSpec FutureWarning everywhere, including the setup
+    of module-scoped fixtures (which run before any function fixture)."""
+    config.addinivalue_line("filterwarnings", _LEAFSPEC_FILTER)
+
+
+@pytest.fixture(autouse=True)
+def _ignore_torch_leafspec_warning() -> Iterator[None]:
+    """The same filter for code a test runs under its own
+    ``warnings.catch_warnings`` (e.g. ``pytest.warns`` blocks record all)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+        yield
+
+
+@pytest.fixture
+def fresh_cache() -> Iterator[None]:
+    """An empty executable cache with zeroed counters, for tests that count
+    compiles; emptied again afterwards so no test sees another's entries."""
+    hloalias.clear_cache()
+    yield
+    hloalias.clear_cache()
+
+
+def _compile_text_for_memory(module_text: str) -> MemoryStats:
+    """Compile final StableHLO ``module_text`` on the CPU PJRT client and
+    return XLA's memory figures (what ``hloalias-opt --xla-compile`` prints)."""
+    return memory_stats(compile_module(module_text, device_for("cpu")))
+
+
+@pytest.fixture
+def xla_memory_of_text() -> Callable[[str], MemoryStats]:
+    """``f(module_text) -> MemoryStats``: XLA's figures for a module that
+    was transformed outside :func:`hloalias.compile` (passes run by hand)."""
+    return _compile_text_for_memory

@@ -1,0 +1,453 @@
+"""Execution (issue: execution): a compiled program behaves like calling the
+torch program eagerly -- values, dtypes, shapes, views, in-place updates of
+inputs and module state -- and consumes donated buffers safely."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import hloalias
+
+F32_BYTES = 4
+# XLA returns two or more results as a tuple and counts its pointer table,
+# 8 bytes per element, in output_bytes (the plain seed example's 8208 bytes
+# are 2 x 4096 + 2 x 8).
+TUPLE_POINTER_BYTES = 8
+
+
+# -- results equal eager PyTorch ----------------------------------------------------
+
+class SmallMLP(torch.nn.Module):
+    """Linear -> GELU -> LayerNorm -> Linear -> softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc2 = torch.nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.fc2(self.norm(torch.nn.functional.gelu(self.fc1(x)))), dim=-1)
+
+
+class SmallConv(torch.nn.Module):
+    """A convolution and a pooled view of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, kernel_size=3, padding=1)
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = torch.relu(self.conv(image))
+        return features, features.mean(dim=(2, 3))
+
+
+def mixed_outputs(a: torch.Tensor, b: torch.Tensor, *, scale: torch.Tensor) -> dict[str, Any]:
+    """Keyword input, dict output, integer, boolean and view results."""
+    return {
+        "scaled": a + b * scale,
+        "argmax": a.argmax(dim=1),
+        "greater": a > b,
+        "first_row": a[0],
+        "pair": (b.t(), (a * b).sum()),
+    }
+
+
+def half_precision(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bf16 result and an int32 cast."""
+    return x.to(torch.bfloat16) * 3, (x * 10).to(torch.int32)
+
+
+MODEL_CASES: list[tuple[str, Callable[[], Any], Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]]] = [
+    ("mlp", SmallMLP, lambda: ((torch.randn(5, 6),), {})),
+    ("conv", SmallConv, lambda: ((torch.randn(1, 2, 5, 5),), {})),
+    ("mixed_outputs", lambda: mixed_outputs,
+     lambda: ((torch.randn(3, 4), torch.randn(3, 4)), {"scale": torch.randn(4)})),
+    ("half_precision", lambda: half_precision, lambda: ((torch.randn(2, 3),), {})),
+]
+
+
+@pytest.mark.parametrize(("make_model", "make_inputs"), [c[1:] for c in MODEL_CASES],
+                         ids=[c[0] for c in MODEL_CASES])
+def test_results_equal_eager(
+    make_model: Callable[[], Any], make_inputs: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
+) -> None:
+    """Same structure, dtypes, shapes and values as eager PyTorch, on
+    inputs other than the example inputs."""
+    torch.manual_seed(0)
+    model = make_model()
+    example_args, example_kwargs = make_inputs()
+    exe = hloalias.compile(model, example_args, example_kwargs)
+    args, kwargs = make_inputs()
+    got = exe(*args, **kwargs)
+    with torch.no_grad():
+        expected = model(*args, **kwargs)
+    assert torch.utils._pytree.tree_structure(got) == torch.utils._pytree.tree_structure(expected)
+    # assert_close also checks dtype, shape and device of every leaf.
+    torch.testing.assert_close(got, expected)
+
+
+def mutate_inputs(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """In-place updates of two inputs, then views of their new values."""
+    x.add_(y)
+    y.mul_(2)
+    return x * y, y.t(), x[1:]
+
+
+def test_mutated_inputs_equal_eager_and_views_follow_them() -> None:
+    """After the call x and y hold eager's values, in the caller's own
+    tensors; returned views are views of those tensors, as in eager."""
+    x, y = torch.randn(3, 3), torch.randn(3, 3)
+    exe = hloalias.compile(mutate_inputs, (x.clone(), y.clone()))
+    eager_x, eager_y = x.clone(), y.clone()
+    expected = mutate_inputs(eager_x, eager_y)
+    x_before = x
+    got = exe(x, y)
+    assert x is x_before
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close((x, y), (eager_x, eager_y))
+    product, y_transposed, x_tail = got
+    assert y_transposed.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+    assert x_tail.data_ptr() == x.data_ptr() + 3 * x.element_size()
+    x[2, 0] = 100.0  # a real view sees later writes, as eager's would
+    assert x_tail[1, 0] == 100.0
+
+
+class RunningMean(torch.nn.Module):
+    """A float buffer updated in place each call, and a parameter read."""
+
+    running: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.randn(4))
+        self.register_buffer("running", torch.zeros(4))
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        self.running.mul_(0.9).add_(0.1 * batch.mean(0))
+        return batch * self.scale - self.running
+
+
+def test_module_state_equals_eager_after_each_call() -> None:
+    """The buffer evolves as eager's does; the parameter stays put."""
+    torch.manual_seed(1)
+    model = RunningMean()
+    eager = copy.deepcopy(model)
+    exe = hloalias.compile(model, (torch.randn(3, 4),))
+    for _ in range(3):
+        batch = torch.randn(3, 4)
+        with torch.no_grad():
+            expected = eager(batch)
+        torch.testing.assert_close(exe(batch), expected)
+        state = exe.state_dict()
+        torch.testing.assert_close(state["running"], eager.running)
+        torch.testing.assert_close(state["scale"], eager.scale.detach())
+    # The compiled program owns a copy of the state; the module is untouched.
+    assert torch.equal(model.running, torch.zeros(4))
+
+
+def seed_example(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The issue's example: the input itself and a view of a slice of it."""
+    a = x[0:1024]
+    return x, a.view(2, 512)
+
+
+def test_seed_example_returns_x_itself_and_a_view_into_it() -> None:
+    """``out[0] is x``, and out[1] points into x's storage: no copy."""
+    x = torch.randn(1024)
+    exe = hloalias.compile(seed_example, (x,))
+    out = exe(x)
+    assert out[0] is x
+    view = out[1]
+    start = x.untyped_storage().data_ptr()
+    end = start + x.untyped_storage().nbytes()
+    assert start <= view.data_ptr() < end
+    assert view.data_ptr() + view.numel() * view.element_size() <= end
+    assert view.shape == (2, 512) and view.stride() == (512, 1)
+    assert torch.equal(view, x.view(2, 512))
+    x[513] = 42.0
+    assert view[1, 1] == 42.0
+
+
+# -- donation ------------------------------------------------------------------------------
+
+def double(x: torch.Tensor) -> torch.Tensor:
+    """``x * 2``; with x donated, XLA writes the result into x's buffer."""
+    return x * 2
+
+
+@pytest.fixture(scope="module")
+def donating_double() -> hloalias.Executable:
+    """``double`` compiled with x donated."""
+    return hloalias.compile(double, (torch.randn(4, 4),), donate=("x",))
+
+
+def test_donated_device_tensor_cannot_be_used_again(donating_double: hloalias.Executable) -> None:
+    """A donated DeviceTensor is consumed: using it again raises
+    DonatedBufferError naming the tensor, never reads freed memory."""
+    x = torch.randn(4, 4)
+    activations = donating_double.to_device(x, name="activations")
+    torch.testing.assert_close(donating_double(activations), x * 2)
+    with pytest.raises(hloalias.DonatedBufferError, match="activations"):
+        donating_double(activations)
+    with pytest.raises(hloalias.DonatedBufferError, match="'activations' was donated"):
+        activations.to_torch()
+
+
+def test_donated_torch_tensor_is_left_untouched(donating_double: hloalias.Executable) -> None:
+    """The CPU client cannot reuse memory torch owns: a donated torch tensor
+    keeps its value and the result is right."""
+    x = torch.randn(4, 4)
+    before = x.clone()
+    torch.testing.assert_close(donating_double(x), before * 2)
+    assert torch.equal(x, before)
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.int32).clone()
+
+
+def test_non_donated_inputs_are_never_changed() -> None:
+    """Inputs neither donated nor mutated keep every bit, as torch tensors
+    and as device tensors, even beside a donated input of the same type."""
+
+    def combine(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return a * 2 + b, b - a
+
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    exe = hloalias.compile(combine, (a, b), donate=("a",))
+    assert [alias["argument"] for alias in exe.aliases] == ["a"]
+    b_bits = _bits(b)
+    device_b = exe.to_device(b, name="b")
+    for _ in range(2):  # b reused: it was never donated
+        device_a = exe.to_device(a, name="a")
+        torch.testing.assert_close(exe(device_a, b), combine(a, b))
+        torch.testing.assert_close(exe(exe.to_device(a), device_b), combine(a, b))
+        assert torch.equal(_bits(b), b_bits)
+        assert torch.equal(_bits(device_b.to_torch()), b_bits)
+
+
+# -- module state over many calls ---------------------------------------------------------
+
+CACHE_LENGTH = 32
+HEAD_DIM = 8
+
+
+class KVCacheStep(torch.nn.Module):
+    """One decoding step: write k at the step's slot of a ring-buffer key
+    cache (``index_copy_``), advance the step counter, score q against the
+    cache."""
+
+    step: torch.Tensor
+    k_cache: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("step", torch.zeros(1, dtype=torch.int64))
+        self.register_buffer("k_cache", torch.zeros(CACHE_LENGTH, HEAD_DIM))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        slot = torch.remainder(self.step, CACHE_LENGTH)
+        self.k_cache.index_copy_(0, slot, k)
+        self.step.add_(1)
+        return q @ self.k_cache.t()
+
+
+def test_kv_cache_state_over_100_calls(fresh_cache: None) -> None:
+    """100 steps: outputs and state equal eager's after every call (the
+    ring wraps around three times), one compile, and XLA's figures at the
+    minimum the shapes allow."""
+    torch.manual_seed(2)
+    model = KVCacheStep()
+    eager = copy.deepcopy(model)
+    exe = hloalias.compile(model, (torch.randn(1, HEAD_DIM), torch.randn(1, HEAD_DIM)))
+
+    # The minimum: every argument once (state and inputs), plus the only
+    # genuinely new result, the 1 x CACHE_LENGTH scores.  The new step and
+    # cache must reuse their old buffers (aliases), adding nothing.  XLA
+    # also counts its 3-result tuple's pointer table.  Its temp_bytes are
+    # its own scratch (the scatter's index), outside what aliasing decides,
+    # but smaller than the cache: the cache was not copied.
+    state_bytes = 1 * 8 + CACHE_LENGTH * HEAD_DIM * F32_BYTES
+    input_bytes = 2 * HEAD_DIM * F32_BYTES
+    new_output_bytes = CACHE_LENGTH * F32_BYTES
+    minimum = state_bytes + input_bytes + new_output_bytes + 3 * TUPLE_POINTER_BYTES
+
+    def check_memory() -> None:
+        stats = exe.memory_stats
+        assert stats["alias_bytes"] == state_bytes
+        assert stats["argument_bytes"] + stats["output_bytes"] - stats["alias_bytes"] == minimum
+        assert stats["total_bytes"] == minimum + stats["temp_bytes"]
+        assert stats["temp_bytes"] < CACHE_LENGTH * HEAD_DIM * F32_BYTES
+
+    check_memory()
+    assert [(a["argument"], a["origin"]) for a in exe.aliases] == [("step", "inferred"), ("k_cache", "inferred")]
+    for call in range(100):
+        q, k = torch.randn(1, HEAD_DIM), torch.randn(1, HEAD_DIM)
+        expected = eager(q, k)
+        torch.testing.assert_close(exe(q, k), expected, msg=lambda m: f"call {call}: {m}")
+        state = exe.state_dict()
+        assert torch.equal(state["step"], eager.step), f"call {call}"
+        assert torch.equal(state["k_cache"], eager.k_cache), f"call {call}"
+        check_memory()
+    assert state["step"].item() == 100
+    assert (hloalias.cache_stats().misses, hloalias.cache_stats().hits) == (1, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64], ids=["int64", "float64"])
+def test_64_bit_state_and_inputs(dtype: torch.dtype) -> None:
+    """64-bit values reach XLA at their width (jax narrows them to 32 bits
+    unless told otherwise): an int64 counter buffer, 64-bit inputs."""
+
+    class Counter(torch.nn.Module):
+        step: torch.Tensor
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("step", torch.zeros(1, dtype=torch.int64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.step.add_(1)
+            return x + 1
+
+    # Values 32 bits cannot hold: narrowed, they would come back changed.
+    if dtype == torch.int64:
+        x = torch.arange(3, dtype=dtype) + 2**40
+    else:
+        x = torch.arange(3, dtype=dtype) + 1e-12
+    exe = hloalias.compile(Counter(), (x,))
+    assert torch.equal(exe(x), x + 1)
+    assert torch.equal(exe(exe.to_device(x)), x + 1)
+    step = exe.state_dict()["step"]
+    assert step.dtype == torch.int64 and step.item() == 2
+
+
+# -- input checking -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def keyword_program() -> hloalias.Executable:
+    """``mixed_outputs`` compiled for two 3x4 inputs and a 4-vector keyword."""
+    return hloalias.compile(mixed_outputs, (torch.randn(3, 4), torch.randn(3, 4)), {"scale": torch.randn(4)})
+
+
+@pytest.mark.parametrize(
+    ("b", "culprit"),
+    [
+        (torch.randn(2, 4), r"\[2, 4\]"),
+        (torch.randn(4, 3), r"\[4, 3\]"),
+        (torch.randn(3, 4, dtype=torch.float64), "float64"),
+        (torch.ones(3, 4, dtype=torch.int32), "int32"),
+    ],
+    ids=["rows", "transposed", "float64", "int32"],
+)
+def test_wrong_shape_or_dtype_raises(keyword_program: hloalias.Executable, b: torch.Tensor, culprit: str) -> None:
+    """An input that does not match the compiled signature is an
+    ExecutionError naming the input and what was given."""
+    with pytest.raises(hloalias.ExecutionError, match="'b'") as raised:
+        keyword_program(torch.randn(3, 4), b, scale=torch.randn(4))
+    raised.match(culprit)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((torch.randn(3, 4), torch.randn(3, 4), torch.randn(4)), {}),  # keyword given by position
+        ((torch.randn(3, 4),), {"scale": torch.randn(4)}),  # one missing
+        ((torch.randn(3, 4), torch.randn(3, 4)), {"scale": torch.randn(4), "extra": torch.randn(4)}),
+        ((torch.randn(3, 4), [torch.randn(2), torch.randn(2)]), {"scale": torch.randn(4)}),
+    ],
+    ids=["positional_keyword", "missing", "extra_keyword", "list_for_tensor"],
+)
+def test_wrong_structure_raises(
+    keyword_program: hloalias.Executable, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Inputs structured other than the example's are an ExecutionError."""
+    with pytest.raises(hloalias.ExecutionError, match="structure"):
+        keyword_program(*args, **kwargs)
+
+
+def test_non_tensor_input_raises(keyword_program: hloalias.Executable) -> None:
+    """A leaf that is not a tensor is an ExecutionError naming the input."""
+    with pytest.raises(hloalias.ExecutionError, match="'scale'"):
+        keyword_program(torch.randn(3, 4), torch.randn(3, 4), scale=3.0)
+
+
+# -- introspection and state -------------------------------------------------------------------
+
+def test_explain_mentions_both_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    """``explain()`` gives both passes' decisions and XLA's bytes."""
+    exe = hloalias.compile(mutate_inputs, (torch.randn(3, 3), torch.randn(3, 3)))
+    text = exe.explain()
+    assert "eliminate-view-results" in text
+    assert "alias-donated-buffers" in text
+    assert "output:1" in text and "transpose" in text  # y.t() rebuilt as a view
+    assert "'x'" in text and "'y'" in text  # both mutated inputs aliased
+    assert f"= {exe.memory_stats['total_bytes']} bytes" in text
+    assert capsys.readouterr().out.strip() == text.strip()
+
+
+def test_state_dict_round_trip() -> None:
+    """``load_state_dict(state_dict())`` restores; new values take effect."""
+    torch.manual_seed(3)
+    layer = torch.nn.Linear(3, 2)
+    exe = hloalias.compile(layer, (torch.randn(1, 3),))
+    original = exe.state_dict()
+    assert set(original) == {"weight", "bias"}
+    torch.testing.assert_close(original["weight"], layer.weight.detach())
+
+    replacement = {name: torch.randn_like(value) for name, value in original.items()}
+    exe.load_state_dict(replacement)
+    assert all(torch.equal(exe.state_dict()[n], v) for n, v in replacement.items())
+    x = torch.randn(1, 3)
+    torch.testing.assert_close(exe(x), x @ replacement["weight"].t() + replacement["bias"])
+
+    exe.load_state_dict(original)
+    assert all(torch.equal(exe.state_dict()[n], v) for n, v in original.items())
+    with torch.no_grad():
+        torch.testing.assert_close(exe(x), layer(x))
+    # Host copies: changing what state_dict() returned changes nothing.
+    exe.state_dict()["bias"].fill_(7.0)
+    torch.testing.assert_close(exe.state_dict()["bias"], original["bias"])
+
+
+@pytest.mark.parametrize(
+    ("state", "culprit"),
+    [({"nonexistent": torch.ones(1)}, "nonexistent"), ({"weight": torch.ones(3, 3)}, "weight")],
+    ids=["unknown_name", "wrong_shape"],
+)
+def test_load_state_dict_rejects_bad_state(state: dict[str, torch.Tensor], culprit: str) -> None:
+    """Unknown names and mismatched shapes are an ExecutionError."""
+    exe = hloalias.compile(torch.nn.Linear(3, 2), (torch.randn(1, 3),))
+    before = exe.state_dict()
+    with pytest.raises(hloalias.ExecutionError, match=culprit):
+        exe.load_state_dict(state)
+    assert all(torch.equal(exe.state_dict()[n], v) for n, v in before.items())
+
+
+# -- configuration errors -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("donate", "culprit"),
+    [
+        (("nonexistent",), "unknown tensor 'nonexistent'"),
+        ((0, "x"), "'x' is donated twice"),
+        (("x", "x"), "'x' is donated twice"),
+        ((1,), "user input 1"),
+    ],
+    ids=["unknown_name", "position_and_name", "name_twice", "position_out_of_range"],
+)
+def test_bad_donation_raises(donate: tuple[int | str, ...], culprit: str) -> None:
+    """Donation requests name real inputs, each once."""
+    with pytest.raises(hloalias.DonationError, match=culprit):
+        hloalias.compile(double, (torch.randn(2),), donate=donate)
+
+
+def test_missing_device_raises() -> None:
+    """A platform with no PJRT device here is an ExecutionError naming it."""
+    with pytest.raises(hloalias.ExecutionError, match="'tpu'"):
+        hloalias.compile(double, (torch.randn(2),), device="tpu")
