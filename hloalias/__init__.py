@@ -1,7 +1,15 @@
 """hloalias: PyTorch programs through StableHLO and XLA at the device-memory
 minimum.  Layout follows the architecture: :mod:`hloalias.importer` (torch ->
 StableHLO with the signature in IR) -> :mod:`hloalias.passes` ->
-:mod:`hloalias.pipeline` -> :mod:`hloalias.runtime` (PJRT)."""
+:mod:`hloalias.pipeline` -> :mod:`hloalias.runtime` (PJRT).
+
+The torch- and jax-facing entry points load on first use, so the passes and
+``hloalias-opt`` start without importing torch or jax."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from hloalias.errors import (
     CompileError,
@@ -14,15 +22,38 @@ from hloalias.errors import (
     PipelineError,
     TorchImportError,
 )
-from hloalias.importer import Program, Stage, import_torch
-from hloalias.runtime import (
-    DeviceTensor,
-    Executable,
-    cache_stats,
-    clear_cache,
-    compile,
-    to_device,
-)
+
+_LAZY = {
+    "Program": "hloalias.importer",
+    "Stage": "hloalias.importer",
+    "import_torch": "hloalias.importer",
+    "DeviceTensor": "hloalias.runtime",
+    "Executable": "hloalias.runtime",
+    "cache_stats": "hloalias.runtime",
+    "clear_cache": "hloalias.runtime",
+    "compile": "hloalias.runtime",
+    "to_device": "hloalias.runtime",
+}
+
+if TYPE_CHECKING:
+    from hloalias.importer import Program, Stage, import_torch
+    from hloalias.runtime import (
+        DeviceTensor,
+        Executable,
+        cache_stats,
+        clear_cache,
+        compile,
+        to_device,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hloalias' has no attribute {name!r}")
+
 
 __all__ = [
     "CompileError", "DeviceTensor", "DonatedBufferError", "DonationError", "Executable",

@@ -284,7 +284,7 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
         if kind == "user_input":
             index_of_target[spec.arg.name] = index
 
-    results = []
+    results: list[ResultInfo] = []
     output = 0
     constant_outputs: dict[int, Any] = {}
     graph_values = []

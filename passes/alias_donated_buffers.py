@@ -233,6 +233,11 @@ class _State:
                 else:
                     why = f"its old value is the base of rebuilt view {result}"
                 blocked.setdefault(index, why)
+        # Every argument that may be donated must have a static size.
+        for index in sorted(set(mutation_result) | set(explicit) | set(existing)):
+            ranked_tensor(arg_types[index], f"argument {index} ('{names[index]}')")
+        for position in mutation_result.values():
+            ranked_tensor(result_types[position], f"result {position} of @main")
         for index, alias in existing.items():
             if index in blocked:
                 raise PassError(

@@ -87,14 +87,21 @@ class ModulePass(ABC):
             try:
                 report = self.apply(module)  # type: ignore[arg-type]
             except IRError as error:
-                location = getattr(error, "location", None) or op.location
-                location.emit_error(str(error))
+                _main_location(op).emit_error(str(error))
                 pass_.signal_pass_failure()
                 return
             if reports is not None:
                 reports.append(report)
 
         pm.add(run, name=self.name, argument=self.name)
+
+
+def _main_location(module_op: ir.Operation) -> ir.Location:
+    """Where a pass error points: ``@main`` when the module has one."""
+    for op in module_op.regions[0].blocks[0].operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            return op.location
+    return module_op.location
 
 
 class _ModuleView:
@@ -147,7 +154,7 @@ def _convert(pass_name: str, key: str, raw: str | None, hint: Any) -> Any:
             return False
         raise fail("true or false")
     if raw is None:
-        raise fail("a value")
+        raise PassError(f"{pass_name}: option '{key}' needs a value ('{key}=...')")
     origin = typing.get_origin(hint)
     if origin is tuple:
         (element, _ellipsis) = typing.get_args(hint)

@@ -16,7 +16,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from hloalias.errors import HloaliasError, PipelineError
+from hloalias.errors import HloaliasError, PassError, PipelineError
 from hloalias.mlir import new_context, parse_module, print_module
 
 SPLIT_MARKER = "// -----"
@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for chunk, line_offset in chunks:
         try:
             outputs.append(_process(chunk, line_offset, source_name, args))
-        except PipelineError as error:
+        except (PipelineError, PassError) as error:
+            # Raised before any IR is read (pipeline text, pass options).
             print(f"{source_name}: error: {error}", file=sys.stderr)
             failed = True
         except HloaliasError as error:

@@ -7,9 +7,11 @@ environment hloalias is installed in."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import sys
+import tempfile
 
 import lit.formats
 
@@ -21,7 +23,12 @@ config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".mlir", ".py"]
 config.excludes = ["lit.cfg.py", "Inputs"]
 config.test_source_root = os.path.dirname(os.path.abspath(__file__))
-config.test_exec_root = config.test_source_root
+# Temporary files (%t) and lit's timing cache go outside the source tree, to
+# a directory of their own per checkout (or $HLOALIAS_LIT_OUT).
+_checkout = hashlib.sha256(config.test_source_root.encode()).hexdigest()[:12]
+config.test_exec_root = os.environ.get("HLOALIAS_LIT_OUT") or os.path.join(
+    tempfile.gettempdir(), f"hloalias-lit-{os.getuid()}-{_checkout}"
+)
 
 python = os.environ.get("HLOALIAS_PYTHON") or sys.executable
 quoted_python = shlex.quote(python)
