@@ -12,6 +12,7 @@ from torch_mlir._mlir_libs import _stablehlo
 from torch_mlir.dialects import func
 from torch_mlir.dialects import torch as torch_dialect
 
+from hloalias.dialects import register_search_prefix
 from hloalias.errors import IRError
 
 _passes_registered = False
@@ -23,6 +24,7 @@ def new_context() -> ir.Context:
     global _passes_registered
     if not _passes_registered:
         _stablehlo.register_stablehlo_passes()
+        register_search_prefix()
         _passes_registered = True
     context = ir.Context()
     torch_dialect.register_dialect(context)
@@ -88,10 +90,11 @@ def find_main(module: ir.Module) -> func.FuncOp:
 
 def return_op(main: func.FuncOp) -> ir.Operation:
     """The ``func.return`` that ends ``@main``'s single block."""
-    blocks = list(main.regions[0].blocks)
-    if len(blocks) != 1:
+    region = main.regions[0]
+    if len(region.blocks) != 1:
         raise IRError("@main must have exactly one block (no control flow at the top level)")
-    terminator = list(blocks[0].operations)[-1]
+    operations = region.blocks[0].operations
+    terminator = operations[len(operations) - 1]
     if terminator.operation.name != "func.return":
         raise IRError("@main does not end with func.return")
     return terminator.operation

@@ -1,0 +1,2 @@
+"""The ``chlo`` dialect's Python module: intentionally empty (see
+:mod:`hloalias.dialects`)."""

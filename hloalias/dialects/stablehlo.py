@@ -1,0 +1,2 @@
+"""The ``stablehlo`` dialect's Python module: intentionally empty (see
+:mod:`hloalias.dialects`)."""
