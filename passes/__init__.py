@@ -8,6 +8,7 @@ from collections.abc import Callable
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.base import ModulePass
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
+from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
 
 
 def get_all_passes() -> dict[str, Callable[[str], ModulePass]]:
@@ -15,6 +16,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass]]:
     return {
         AliasDonatedBuffers.name: AliasDonatedBuffers.from_options,
         EliminateViewResults.name: EliminateViewResults.from_options,
+        FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
     }
 
 
@@ -22,6 +24,8 @@ __all__ = [
     "AliasDonatedBuffers",
     "AliasReport",
     "EliminateViewResults",
+    "FoldReport",
+    "FoldTransposeIntoDotGeneral",
     "ModulePass",
     "ViewReport",
     "get_all_passes",

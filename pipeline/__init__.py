@@ -19,7 +19,9 @@ from hloalias.mlir import format_diagnostics, print_module
 from hloalias.passes import get_all_passes
 from hloalias.passes.base import ModulePass
 
-DEFAULT_PIPELINE = "builtin.module(eliminate-view-results, alias-donated-buffers)"
+DEFAULT_PIPELINE = (
+    "builtin.module(fold-transpose-into-dot-general, eliminate-view-results, alias-donated-buffers)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
