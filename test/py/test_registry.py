@@ -18,11 +18,15 @@ from hloalias.passes import AliasDonatedBuffers, EliminateViewResults, ModulePas
 from hloalias.pipeline import DEFAULT_PIPELINE, PipelineElement, parse_pipeline
 from hloalias.tools import opt
 
-EXPECTED_PASS_NAMES = {"eliminate-view-results", "alias-donated-buffers"}
+EXPECTED_PASS_NAMES = {
+    "eliminate-view-results",
+    "alias-donated-buffers",
+    "fold-transpose-into-dot-general",
+}
 
 
-def test_registry_holds_both_passes() -> None:
-    """Exactly hloalias's two passes are registered."""
+def test_registry_holds_every_pass() -> None:
+    """Exactly hloalias's passes are registered."""
     assert set(get_all_passes()) == EXPECTED_PASS_NAMES
 
 
@@ -182,9 +186,11 @@ def test_parse_pipeline_splits_top_level_elements_only() -> None:
 
 
 def test_parse_pipeline_of_the_default_and_the_empty_pipeline() -> None:
-    """The default pipeline runs both passes, view elimination first (the
-    alias pass must see which arguments are bases of rebuilt views)."""
+    """The default pipeline folds transposes, then eliminates views before
+    aliasing (the alias pass must see which arguments are bases of rebuilt
+    views)."""
     assert [e.name for e in parse_pipeline(DEFAULT_PIPELINE)] == [
+        "fold-transpose-into-dot-general",
         "eliminate-view-results",
         "alias-donated-buffers",
     ]
