@@ -5,6 +5,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
 cd "$repo_root"
 status=0
-"$HLOALIAS_PYTHON" -m lit -sv test/lit </dev/null || status=1
+# lit has no __main__ module: call its entry point.
+"$HLOALIAS_PYTHON" -c 'import sys; from lit.main import main; sys.exit(main())' -sv test/lit </dev/null || status=1
 "$HLOALIAS_PYTHON" -m pytest -q test/py </dev/null || status=1
 exit $status
