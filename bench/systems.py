@@ -26,12 +26,13 @@ import jax
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
-from torch_mlir import rewrite
+import torch_mlir.rewrite as rewrite
 from torch_mlir.fx import export_and_import
 
 import hloalias
 from hloalias.importer import replace_arith_tensor_constant
 from hloalias.mlir import print_module
+from hloalias.passes import FoldReport
 from hloalias.pipeline import run_pipeline
 from hloalias.runtime import pjrt
 
@@ -63,6 +64,9 @@ class Measurement:
     copy_bytes: int = 0
     copy_shapes: dict[str, int] = dataclasses.field(default_factory=dict)
     copied_parameters: tuple[int, ...] = ()
+    transposed_copy_bytes: int = 0
+    transposed_parameters: tuple[int, ...] = ()
+    output_copy_bytes: int = 0
     seconds: float = 0.0
     error: str | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -89,7 +93,14 @@ _ELEMENT_BYTES = {
     "pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
     "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
 }
-_INSTRUCTION_RE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* (\w[\w-]*)\(")
+_INSTRUCTION_RE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\](\S*) (\w[\w-]*)\(([^)]*)\)(.*)$")
+_ROOT_TUPLE_RE = re.compile(r"^\s*ROOT %(\S+) = \(.*\) tuple\(([^)]*)\)")
+_COMPUTATION_RE = re.compile(r"^(?:ENTRY )?%(\S+) .*\{\s*$")
+_CALLS_RE = re.compile(r"calls=%([\w.\-]+)")
+_PARAMETER_RE = re.compile(r"^parameter\((\d+)\)")
+# Opcodes that only move or reinterpret data: a fusion made of nothing else
+# writes a copy of its operand (transposed if it holds a transpose).
+_MOVEMENT_OPCODES = frozenset({"parameter", "copy", "transpose", "bitcast", "reshape"})
 
 
 def _shape_bytes(element: str, dims: str) -> int:
@@ -107,9 +118,62 @@ class HloFacts:
     copy_bytes: int
     copy_shapes: dict[str, int]
     copied_parameters: tuple[int, ...]
+    transposed_copy_bytes: int
+    transposed_parameters: tuple[int, ...]
+    output_copy_bytes: int  # copies that are results of the entry computation (written into output buffers)
 
 
-_COPIED_PARAMETER_RE = re.compile(r" copy\(%Arg_(\d+)\.")
+@dataclasses.dataclass(frozen=True)
+class _Instruction:
+    name: str
+    root: bool
+    element: str
+    dims: str
+    layout: str
+    opcode: str
+    operands: tuple[str, ...]
+    calls: str | None
+    parameter: int | None
+
+
+def _computations(text: str) -> dict[str, tuple[bool, list[_Instruction]]]:
+    """Every computation of the HLO text: name -> (is entry, instructions)."""
+    computations: dict[str, tuple[bool, list[_Instruction]]] = {}
+    current: list[_Instruction] | None = None
+    for line in text.splitlines():
+        header = _COMPUTATION_RE.match(line)
+        if header:
+            current = []
+            computations[header.group(1)] = (line.startswith("ENTRY "), current)
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        if current is None:
+            continue
+        root_tuple = _ROOT_TUPLE_RE.match(line)
+        if root_tuple:  # a tuple-shaped result does not fit _INSTRUCTION_RE
+            current.append(_Instruction(root_tuple.group(1), True, "", "", "", "tuple",
+                                        tuple(re.findall(r"%([\w.\-]+)", root_tuple.group(2))), None, None))
+            continue
+        match = _INSTRUCTION_RE.match(line)
+        if not match:
+            continue
+        root = line.lstrip().startswith("ROOT ")
+        name, element, dims, layout, opcode, operands, rest = match.groups()
+        calls = _CALLS_RE.search(rest)
+        parameter = _PARAMETER_RE.match(f"{opcode}({operands})")
+        current.append(_Instruction(
+            name, root, element, dims, layout, opcode, tuple(re.findall(r"%([\w.\-]+)", operands)),
+            calls.group(1) if calls else None, int(parameter.group(1)) if parameter else None,
+        ))
+    return computations
+
+
+def _changes_layout(copy: _Instruction, by_name: dict[str, _Instruction]) -> bool:
+    """Whether a ``copy`` writes its operand in another layout (a physical transpose)."""
+    source = by_name.get(copy.operands[0]) if copy.operands else None
+    return source is not None and source.layout != copy.layout
 
 
 def hlo_facts(loaded: Any) -> HloFacts:
@@ -117,47 +181,78 @@ def hlo_facts(loaded: Any) -> HloFacts:
     non-scalar ``constant`` instruction (XLA keeps them outside the four
     memory figures), and bytes and shapes of every instruction of the entry
     computation that materializes a copy or a transposed copy (into a temp
-    or an output buffer)."""
+    or an output buffer): a ``copy`` or ``transpose``, or a fusion whose
+    computation only moves data (copy / transpose / bitcast / reshape).  A
+    copy is *transposed* if it holds a transpose or changes the layout.
+    Which entry parameters such copies read, and which copies are results of
+    the entry computation, is recorded too."""
     text = "\n".join(module.to_string() for module in loaded.hlo_modules())
-    constants = copies = 0
+    computations = _computations(text)
+    constants = copies = transposed_bytes = output_copies = 0
     shapes: dict[str, int] = {}
     copied: list[int] = []
-    in_entry = False
-    for line in text.splitlines():
-        if line.startswith("ENTRY "):
-            in_entry = True
-        elif line.startswith("}"):
-            in_entry = False
-        match = _INSTRUCTION_RE.match(line)
-        if not match:
-            continue
-        name, element, dims, opcode = match.groups()
-        if opcode == "constant" and dims:
-            constants += _shape_bytes(element, dims)
-        elif in_entry and (opcode == "copy" or name.startswith(("transpose_copy_fusion", "copy"))):
-            copies += _shape_bytes(element, dims)
-            shape = f"{element}[{dims}]"
+    transposed_parameters: list[int] = []
+    for is_entry, instructions in computations.values():
+        by_name = {instruction.name: instruction for instruction in instructions}
+        root = next((i for i in instructions if i.root), None)
+        results = set(root.operands if root is not None and root.opcode == "tuple" else
+                      [root.name] if root is not None else [])
+        for instruction in instructions:
+            if instruction.opcode == "constant" and instruction.dims:
+                constants += _shape_bytes(instruction.element, instruction.dims)
+            if not is_entry:
+                continue
+            if instruction.opcode == "fusion" and instruction.calls in computations:
+                fused = computations[instruction.calls][1]
+                if not {i.opcode for i in fused} <= _MOVEMENT_OPCODES:
+                    continue
+                fused_by_name = {i.name: i for i in fused}
+                transposed = any(i.opcode == "transpose" or (i.opcode == "copy" and _changes_layout(i, fused_by_name))
+                                 for i in fused)
+            elif instruction.opcode == "copy":
+                transposed = _changes_layout(instruction, by_name)
+            elif instruction.opcode == "transpose":
+                transposed = True
+            else:
+                continue
+            size = _shape_bytes(instruction.element, instruction.dims)
+            copies += size
+            shape = ("transposed " if transposed else "") + f"{instruction.element}[{instruction.dims}]"
             shapes[shape] = shapes.get(shape, 0) + 1
-            parameter = _COPIED_PARAMETER_RE.search(line)
-            if parameter:
-                copied.append(int(parameter.group(1)))
-    return HloFacts(constants, copies, shapes, tuple(copied))
+            if transposed:
+                transposed_bytes += size
+            if instruction.name in results:
+                output_copies += size
+            for operand in instruction.operands:
+                source = by_name.get(operand)
+                if source is not None and source.parameter is not None:
+                    (transposed_parameters if transposed else copied).append(source.parameter)
+    return HloFacts(constants, copies, shapes, tuple(copied), transposed_bytes, tuple(transposed_parameters),
+                    output_copies)
 
 
-def _from_stats(system: str, stats: Any, loaded: Any, seconds: float) -> Measurement:
-    facts = hlo_facts(loaded)
+def _measurement(system: str, argument: int, output: int, alias: int, temp: int, facts: HloFacts,
+                 seconds: float) -> Measurement:
     return Measurement(
         system,
-        argument_bytes=stats.argument_size_in_bytes,
-        output_bytes=stats.output_size_in_bytes,
-        alias_bytes=stats.alias_size_in_bytes,
-        temp_bytes=stats.temp_size_in_bytes,
+        argument_bytes=argument,
+        output_bytes=output,
+        alias_bytes=alias,
+        temp_bytes=temp,
         constant_bytes=facts.constant_bytes,
         copy_bytes=facts.copy_bytes,
         copy_shapes=facts.copy_shapes,
         copied_parameters=facts.copied_parameters,
+        transposed_copy_bytes=facts.transposed_copy_bytes,
+        transposed_parameters=facts.transposed_parameters,
+        output_copy_bytes=facts.output_copy_bytes,
         seconds=seconds,
     )
+
+
+def _from_stats(system: str, stats: Any, loaded: Any, seconds: float) -> Measurement:
+    return _measurement(system, stats.argument_size_in_bytes, stats.output_size_in_bytes,
+                        stats.alias_size_in_bytes, stats.temp_size_in_bytes, hlo_facts(loaded), seconds)
 
 
 # -- torch-mlir export_and_import ---------------------------------------------
@@ -247,19 +342,8 @@ def measure_hloalias(
     seconds = time.perf_counter() - start
     system = SYSTEM_CANONICALIZE if baseline else SYSTEM_HLOALIAS
     stats = exe.memory_stats
-    facts = hlo_facts(exe._loaded)
-    measurement = Measurement(
-        system,
-        argument_bytes=stats["argument_bytes"],
-        output_bytes=stats["output_bytes"],
-        alias_bytes=stats["alias_bytes"],
-        temp_bytes=stats["temp_bytes"],
-        constant_bytes=facts.constant_bytes,
-        copy_bytes=facts.copy_bytes,
-        copy_shapes=facts.copy_shapes,
-        copied_parameters=facts.copied_parameters,
-        seconds=seconds,
-    )
+    measurement = _measurement(system, stats["argument_bytes"], stats["output_bytes"], stats["alias_bytes"],
+                               stats["temp_bytes"], hlo_facts(exe._loaded), seconds)
     return measurement, exe
 
 
@@ -303,6 +387,11 @@ class PassTiming:
     pass_seconds: float
     xla_seconds: float
     same_module_as_compile: bool
+    pipeline: str = ""
+    # Transposes fold-transpose-into-dot-general absorbed (None: not run).
+    folded_transposes: int | None = None
+    # The imported module the pipeline was timed on, kept for profiling.
+    imported_text: str = dataclasses.field(default="", repr=False)
 
     @property
     def ratio(self) -> float:
@@ -318,19 +407,22 @@ def time_passes(workload: Workload, exported: torch.export.ExportedProgram, exe:
     program = hloalias.import_torch(exported)
     main = program.torch_mlir_module.body.operations[0]
     ops = sum(1 for _ in main.regions[0].blocks[0].operations)
+    imported_text = print_module(program.torch_mlir_module)
     times = []
     final_text = ""
+    folded = None
     for _ in range(repeats):
         clone = program.clone()
         start = time.perf_counter()
-        run_pipeline(clone.torch_mlir_module, workload.pipeline)
+        reports = run_pipeline(clone.torch_mlir_module, workload.pipeline)
         times.append(time.perf_counter() - start)
         final_text = print_module(clone.torch_mlir_module)
+        folded = next((r.folded for r in reports if isinstance(r, FoldReport)), None)
     start = time.perf_counter()
     pjrt.compile_module(final_text, pjrt.device_for("cpu"))
     xla_seconds = time.perf_counter() - start
     return PassTiming(workload.key, ops, statistics.median(times), xla_seconds,
-                      final_text == exe.mlir)
+                      final_text == exe.mlir, workload.pipeline, folded, imported_text)
 
 
 # -- correctness ------------------------------------------------------------
