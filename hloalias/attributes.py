@@ -28,6 +28,14 @@ On ``@main``'s results (``res_attrs``):
     For a user output: its position in the user's flattened outputs.
 ``hloalias.mutates``  (i64)
     For a mutation: the index of the argument whose new value it is.
+``hloalias.storage``  (string)
+    Which storage the result has in eager PyTorch: ``"arg:I"`` (argument I's,
+    as a view of it or of its new value) or ``"new:N"`` (a tensor the program
+    allocates; results sharing one have the same N).  Written by the
+    importer, which alone can tell a view from a copy (``x.clone()`` and
+    ``x`` are one value in StableHLO).  A result may be rebuilt from a base
+    only when both have the same storage class; a result without the
+    attribute is unconstrained.
 
 On ``@main`` itself:
 
@@ -55,6 +63,7 @@ ARG_DONATION: Final = "hloalias.donation"
 RESULT_ROLE: Final = "hloalias.role"
 RESULT_OUTPUT: Final = "hloalias.output"
 RESULT_MUTATES: Final = "hloalias.mutates"
+RESULT_STORAGE: Final = "hloalias.storage"
 REMOVED_RESULTS: Final = "hloalias.removed_results"
 
 ALIASING_OUTPUT: Final = "tf.aliasing_output"

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
 from torch_mlir import ir, passmanager, rewrite
@@ -91,6 +92,7 @@ class ResultInfo:
     role: str
     output: int | None = None
     mutates: int | None = None
+    storage: str | None = None  # eager storage class, see attributes.RESULT_STORAGE
 
     @property
     def key(self) -> str:
@@ -316,6 +318,7 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
         for dim, size in enumerate(meta.shape):
             if not isinstance(size, int):
                 raise TorchImportError(f"result {result.key} has dynamic dimension {dim} ({size})")
+    results = _storage_classes(placeholders, results, graph_values)
     return ProgramSignature(
         tuple(arguments),
         tuple(results),
@@ -323,6 +326,31 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
         exported.call_spec.out_spec,
         constant_outputs,
     )
+
+
+def _storage_classes(
+    placeholders: list[Any], results: list[ResultInfo], values: list[Any]
+) -> list[ResultInfo]:
+    """Each result's eager storage class (``arg:I`` or ``new:N``), read from
+    the fake tensors of the functional graph: there a view shares its base's
+    storage, a copy (``clone``, ``contiguous``, arithmetic) does not, and the
+    new value of a mutated argument is the storage that argument holds after
+    the call.  StableHLO erases the difference (``x.clone()`` is ``x``)."""
+    storage_class: dict[StorageWeakRef, str] = {}
+    for index, node in enumerate(placeholders):
+        storage_class.setdefault(StorageWeakRef(node.meta["val"].untyped_storage()), A.arg_key(index))
+    for result, value in zip(results, values):
+        if result.mutates is not None:
+            storage_class[StorageWeakRef(value.meta["val"].untyped_storage())] = A.arg_key(result.mutates)
+    fresh = 0
+    classified = []
+    for result, value in zip(results, values):
+        reference = StorageWeakRef(value.meta["val"].untyped_storage())
+        if reference not in storage_class:
+            storage_class[reference] = f"new:{fresh}"
+            fresh += 1
+        classified.append(dataclasses.replace(result, storage=storage_class[reference]))
+    return classified
 
 
 def _state(exported: ExportedProgram, signature: ProgramSignature) -> dict[str, torch.Tensor]:
@@ -353,6 +381,8 @@ def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
                 attrs[A.RESULT_OUTPUT] = ir.IntegerAttr.get(i64, result.output)
             if result.mutates is not None:
                 attrs[A.RESULT_MUTATES] = ir.IntegerAttr.get(i64, result.mutates)
+            if result.storage is not None:
+                attrs[A.RESULT_STORAGE] = ir.StringAttr.get(result.storage)
             result_attrs.append(attrs)
         set_result_attr_dicts(main, result_attrs)
 

@@ -39,7 +39,9 @@ from hloalias.mlir import (
 from hloalias.passes.base import ModulePass, as_module_like
 from hloalias.passes.view_layout import VIEW_OPS, Layout, apply_view_op, describe_view_op
 
-# Ops with effects beyond their results: never erased as dead code.
+_PURE_DIALECT_PREFIXES = ("stablehlo.", "chlo.", "arith.constant")
+
+# Ops of those dialects with effects beyond their results: never erased.
 _EFFECTFUL_OPS = frozenset(
     {
         "stablehlo.custom_call",
@@ -163,6 +165,14 @@ class _Signature:
     overwritten: set[int]
     aliased_by: dict[int, int]  # result position -> argument whose buffer holds it
     arg_attrs: list[dict[str, ir.Attribute]]
+    storage: list[str | None]  # eager storage class per result (hloalias.storage)
+
+    def storage_of_base(self, base_key: str) -> str | None:
+        """The eager storage class a view of ``base_key`` would have."""
+        kind, index = A.parse_key(base_key)
+        if kind in ("arg", "mutation"):
+            return A.arg_key(index)
+        return self.storage[self.keys.index(base_key)]
 
     @staticmethod
     def read(main: func.FuncOp) -> "_Signature":
@@ -213,8 +223,10 @@ class _Signature:
                         f"is out of range; @main has {len(values)} results"
                     )
                 aliased_by[target] = index
+        storage = [string_attr(attrs, A.RESULT_STORAGE) for attrs in result_attrs]
         return _Signature(
-            main, values, keys, mutates, result_attrs, arg_names, overwritten, aliased_by, arg_attrs
+            main, values, keys, mutates, result_attrs, arg_names, overwritten, aliased_by,
+            arg_attrs, storage,
         )
 
 
@@ -300,14 +312,27 @@ def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
         value = values[position]
         key = signature.keys[position]
         earlier = result_at(value, before=position)
-        if position in signature.aliased_by:
-            # XLA writes it into an argument's buffer: it must stay a result.
+        if position in signature.aliased_by or signature.mutates[position] is not None:
+            # XLA writes it into an argument's buffer, or the runtime writes
+            # it back into the mutated argument: it must stay a result.
             decision: Removal | _Kept = _KEEP
         elif earlier is not None:
             decision = _rebase(key, A.REASON_DUPLICATE, earlier, decide(earlier), [])
         else:
             decision = walk(position, key, value)
+        decision = same_storage(position, decision)
         decisions[position] = decision
+        return decision
+
+    def same_storage(position: int, decision: Removal | _Kept) -> Removal | _Kept:
+        """Rebuild a result only from a base with its eager storage: two
+        equal values are not one tensor (``x.clone()`` is not ``x``)."""
+        if isinstance(decision, _Kept) or decision.base is None:
+            return decision
+        wanted = signature.storage[position]
+        have = signature.storage_of_base(decision.base)
+        if wanted is not None and have is not None and wanted != have:
+            return _KEEP
         return decision
 
     def walk(position: int, key: str, value: ir.Value) -> Removal | _Kept:
@@ -397,7 +422,11 @@ def _rewrite_results(main: func.FuncOp, signature: _Signature, removals: list[Re
 
 def _erase_dead_code(main: func.FuncOp) -> None:
     for op in reversed(body_ops(main)):
-        if op.name == "func.return" or op.name in _EFFECTFUL_OPS or not len(op.results):
+        # Only ops whose dialects we know are pure; anything else may have
+        # effects MLIR cannot see (unregistered ops never are erased upstream).
+        if not op.name.startswith(_PURE_DIALECT_PREFIXES) or op.name in _EFFECTFUL_OPS:
+            continue
+        if not len(op.results):
             continue
         if all(not _has_uses(result) for result in op.results):
             op.erase()

@@ -30,7 +30,16 @@ from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias.errors import CompileError, ExecutionError
 from hloalias.importer import write_repro
-from hloalias.mlir import find_main, new_context, parse_module, print_module
+from hloalias.mlir import (
+    arg_attr_dicts,
+    find_main,
+    new_context,
+    parse_module,
+    print_module,
+    result_attr_dicts,
+    set_arg_attr_dicts,
+    set_result_attr_dicts,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,22 +95,18 @@ def strip_host_metadata(module_text: str) -> str:
     module = parse_module(module_text, new_context())
     with module.context:
         main = find_main(module)
-        for key in ("arg_attrs", "res_attrs"):
-            if key not in main.attributes:
-                continue
-            cleaned = []
-            for entry in ir.ArrayAttr(main.attributes[key]):
-                dictionary = ir.DictAttr(entry)
-                kept = {
-                    dictionary[i].name: dictionary[i].attr
-                    for i in range(len(dictionary))
-                    if not dictionary[i].name.startswith("hloalias.")
-                }
-                cleaned.append(ir.DictAttr.get(kept))
-            main.attributes[key] = ir.ArrayAttr.get(cleaned)
+        for read, write in (
+            (arg_attr_dicts, set_arg_attr_dicts),
+            (result_attr_dicts, set_result_attr_dicts),
+        ):
+            write(main, [_without_host_metadata(attrs) for attrs in read(main)])
         for name in [n for n in main.attributes if n.startswith("hloalias.")]:
             del main.attributes[name]
     return print_module(module)
+
+
+def _without_host_metadata(attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attribute]:
+    return {name: value for name, value in attrs.items() if not name.startswith("hloalias.")}
 
 
 def compile_module(module_text: str, device: Any) -> Any:

@@ -27,7 +27,7 @@ def run(test: Callable[[], None]) -> Callable[[], None]:
 # x is returned as is and through a view; both stay plain user outputs here
 # (removing them is eliminate-view-results' job).
 # CHECK:      func.func @main(%arg0: tensor<1024xf32> {hloalias.kind = "user_input", hloalias.name = "x"})
-# CHECK-SAME:   -> (tensor<1024xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}, tensor<2x512xf32> {hloalias.output = 1 : i64, hloalias.role = "user_output"}) {
+# CHECK-SAME:   -> (tensor<1024xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "arg:0"}, tensor<2x512xf32> {hloalias.output = 1 : i64, hloalias.role = "user_output", hloalias.storage = "arg:0"}) {
 # CHECK-NEXT:   %0 = stablehlo.reshape %arg0 : (tensor<1024xf32>) -> tensor<2x512xf32>
 # CHECK-NEXT:   return %arg0, %0 : tensor<1024xf32>, tensor<2x512xf32>
 @run
@@ -43,7 +43,7 @@ def seed_example() -> None:
 # The buffer comes first and its new value is result 0, a mutation of
 # argument 0; the user output (x * the new count) follows.
 # CHECK:      func.func @main(%arg0: tensor<4xf32> {hloalias.kind = "buffer", hloalias.name = "count"}, %arg1: tensor<4xf32> {hloalias.kind = "user_input", hloalias.name = "x"})
-# CHECK-SAME:   -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}, tensor<4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
+# CHECK-SAME:   -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation", hloalias.storage = "arg:0"}, tensor<4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "new:0"}) {
 # CHECK:        %[[NEW_COUNT:[0-9]+]] = stablehlo.add %arg0, %{{.*}} : tensor<4xf32>
 # CHECK-NEXT:   %[[OUT:[0-9]+]] = stablehlo.multiply %arg1, %[[NEW_COUNT]] : tensor<4xf32>
 # CHECK-NEXT:   return %[[NEW_COUNT]], %[[OUT]] : tensor<4xf32>, tensor<4xf32>
@@ -65,7 +65,7 @@ def buffer_updated_in_place() -> None:
 # A user input updated in place gets a mutation result too; the output is
 # computed from its new value.
 # CHECK:      func.func @main(%arg0: tensor<4xf32> {hloalias.kind = "user_input", hloalias.name = "x"})
-# CHECK-SAME:   -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}, tensor<4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
+# CHECK-SAME:   -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation", hloalias.storage = "arg:0"}, tensor<4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "new:0"}) {
 # CHECK:        %[[DOUBLED:[0-9]+]] = stablehlo.multiply %arg0, %{{.*}} : tensor<4xf32>
 # CHECK:        %[[OUT:[0-9]+]] = stablehlo.add %[[DOUBLED]], %{{.*}} : tensor<4xf32>
 # CHECK-NEXT:   return %[[DOUBLED]], %[[OUT]] : tensor<4xf32>, tensor<4xf32>
@@ -86,7 +86,7 @@ def user_input_mutated() -> None:
 # CHECK-SAME:   %arg1: tensor<3xf32> {hloalias.kind = "parameter", hloalias.name = "proj.bias"},
 # CHECK-SAME:   %arg2: tensor<3xf32> {hloalias.kind = "constant", hloalias.name = "scale"},
 # CHECK-SAME:   %arg3: tensor<2x4xf32> {hloalias.kind = "user_input", hloalias.name = "x"})
-# CHECK-SAME:   -> (tensor<2x3xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
+# CHECK-SAME:   -> (tensor<2x3xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "new:0"}) {
 # CHECK-NOT:  hloalias.mutates
 # CHECK:      stablehlo.dot_general %arg3
 # CHECK-NOT:  hloalias.mutates
@@ -109,7 +109,7 @@ def parameter_only_read() -> None:
 # x[1:3].add_(1) updates x itself: the new x (a scatter of the updated
 # slice into x) is a mutation result, and the sum reads the new x.
 # CHECK:      func.func @main(%arg0: tensor<4xf32> {hloalias.kind = "user_input", hloalias.name = "x"})
-# CHECK-SAME:   -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}, tensor<f32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
+# CHECK-SAME:   -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation", hloalias.storage = "arg:0"}, tensor<f32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "new:0"}) {
 # CHECK:        stablehlo.slice %arg0 [1:3]
 # CHECK:        %[[NEW_X:[0-9]+]] = "stablehlo.scatter"(%arg0,
 # CHECK:        %[[SUM:[0-9]+]] = stablehlo.reduce(%[[NEW_X]] init:
@@ -130,7 +130,7 @@ def update_through_view() -> None:
 # CHECK-SAME:   %arg0: tensor<1x16x4xf32> {hloalias.kind = "buffer", hloalias.name = "k_cache"},
 # CHECK-SAME:   %arg1: tensor<1x2x4xf32> {hloalias.kind = "user_input", hloalias.name = "k"},
 # CHECK-SAME:   %arg2: tensor<2xi64> {hloalias.kind = "user_input", hloalias.name = "pos"})
-# CHECK-SAME:   -> (tensor<1x16x4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}, tensor<1x8x4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
+# CHECK-SAME:   -> (tensor<1x16x4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation", hloalias.storage = "arg:0"}, tensor<1x8x4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "arg:0"}) {
 # CHECK:        stablehlo.reshape %arg2 : (tensor<2xi64>) -> tensor<2x1xi64>
 # CHECK:        %[[CACHE:[0-9]+]] = "stablehlo.scatter"(%arg0, %{{.*}}, %arg1)
 # CHECK:        %[[ROWS:[0-9]+]] = stablehlo.slice %[[CACHE]] [0:1, 0:8, 0:4]
@@ -154,7 +154,7 @@ def static_kv_cache() -> None:
 # Stopping at the torch dialect keeps value-semantic torch tensors and the
 # same signature attributes.
 # CHECK:      func.func @main(%arg0: !torch.vtensor<[1024],f32> {hloalias.kind = "user_input", hloalias.name = "x"})
-# CHECK-SAME:   -> (!torch.vtensor<[1024],f32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}, !torch.vtensor<[2,512],f32> {hloalias.output = 1 : i64, hloalias.role = "user_output"}) {
+# CHECK-SAME:   -> (!torch.vtensor<[1024],f32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "arg:0"}, !torch.vtensor<[2,512],f32> {hloalias.output = 1 : i64, hloalias.role = "user_output", hloalias.storage = "arg:0"}) {
 # CHECK:        %[[VIEW:[0-9]+]] = torch.aten.view %arg0, %{{.*}} : !torch.vtensor<[1024],f32>, !torch.list<int> -> !torch.vtensor<[2,512],f32>
 # CHECK-NEXT:   return %arg0, %[[VIEW]]
 # CHECK:      stage: torch
@@ -186,7 +186,7 @@ def dynamic_shapes_rejected() -> None:
 # Python constants among the outputs are not results of @main (the runtime
 # returns them as they are); the tensor keeps user output position 0.
 # CHECK:      func.func @main(%arg0: tensor<8xf32> {hloalias.kind = "user_input", hloalias.name = "x"})
-# CHECK-SAME:   -> (tensor<8xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
+# CHECK-SAME:   -> (tensor<8xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "new:0"}) {
 # CHECK:      constant outputs: {1: 3, 2: None}
 @run
 def constant_outputs_stay_off_main() -> None:
