@@ -298,10 +298,15 @@ def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
     live = [p for p in range(len(values)) if p not in dead]
     decisions: dict[int, Removal | _Kept] = {}
 
-    def result_at(value: ir.Value, before: int | None) -> int | None:
+    def result_at(value: ir.Value, before: int | None, wanted: str | None) -> int | None:
+        """The first live result returning ``value`` (before ``before``)
+        whose eager storage class is ``wanted`` (any when unknown)."""
         for position in live:
             if before is not None and position >= before:
                 break
+            storage = signature.storage[position]
+            if wanted is not None and storage is not None and storage != wanted:
+                continue
             if values[position] == value:
                 return position
         return None
@@ -311,7 +316,7 @@ def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
             return decisions[position]
         value = values[position]
         key = signature.keys[position]
-        earlier = result_at(value, before=position)
+        earlier = result_at(value, before=position, wanted=signature.storage[position])
         if position in signature.aliased_by or signature.mutates[position] is not None:
             # XLA writes it into an argument's buffer, or the runtime writes
             # it back into the mutated argument: it must stay a result.
@@ -340,7 +345,7 @@ def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
         current = value
         while True:
             if steps:
-                other = result_at(current, before=None)
+                other = result_at(current, before=None, wanted=signature.storage[position])
                 if other is not None:
                     return _rebase(key, A.REASON_VIEW, other, decide(other), steps)
             if isinstance(current, ir.BlockArgument):

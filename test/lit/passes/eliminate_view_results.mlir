@@ -324,3 +324,33 @@ func.func @main(%arg0: tensor<8xf32> {hloalias.kind = "buffer", hloalias.name = 
 // CHECK-NEXT:    %0 = stablehlo.add %arg0, %arg1 : tensor<8xf32>
 // CHECK-NEXT:    %1 = stablehlo.slice %arg0 [4:8] : (tensor<8xf32>) -> tensor<4xf32>
 // CHECK-NEXT:    return %0, %1 : tensor<8xf32>, tensor<4xf32>
+
+// -----
+
+// hloalias.storage (from the importer) separates a copy from a view of the
+// same value: `return x, x.clone(), x.t().contiguous(), x.t()` is x four
+// times in StableHLO, but only x and x.t() share x's storage in eager.
+func.func @main(%arg0: tensor<2x3xf32>) -> (tensor<2x3xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "arg:0"}, tensor<2x3xf32> {hloalias.output = 1 : i64, hloalias.role = "user_output", hloalias.storage = "new:0"}, tensor<3x2xf32> {hloalias.output = 2 : i64, hloalias.role = "user_output", hloalias.storage = "new:1"}, tensor<3x2xf32> {hloalias.output = 3 : i64, hloalias.role = "user_output", hloalias.storage = "arg:0"}) {
+  %0 = stablehlo.transpose %arg0, dims = [1, 0] : (tensor<2x3xf32>) -> tensor<3x2xf32>
+  return %arg0, %arg0, %0, %0 : tensor<2x3xf32>, tensor<2x3xf32>, tensor<3x2xf32>, tensor<3x2xf32>
+}
+
+// CHECK-LABEL: func.func @main(%arg0: tensor<2x3xf32>)
+// CHECK-SAME:    -> (tensor<2x3xf32> {hloalias.output = 1 : i64, hloalias.role = "user_output", hloalias.storage = "new:0"}, tensor<3x2xf32> {hloalias.output = 2 : i64, hloalias.role = "user_output", hloalias.storage = "new:1"})
+// CHECK-SAME:    attributes {hloalias.removed_results = [
+// CHECK-SAME:    {base = "arg:0", chain = [], dtype = f32, offset = 0 : i64, reason = "pass_through", result = "output:0", sizes = array<i64: 2, 3>, strides = array<i64: 3, 1>},
+// CHECK-SAME:    {base = "arg:0", chain = ["transpose [1, 0]"], dtype = f32, offset = 0 : i64, reason = "view", result = "output:3", sizes = array<i64: 3, 2>, strides = array<i64: 1, 3>}]} {
+// CHECK:         return %arg0, %0 : tensor<2x3xf32>, tensor<3x2xf32>
+
+// -----
+
+// Mutation results always stay, even when equal to an input or to each
+// other (`x.copy_(y)`, two equal `fill_`): the runtime writes them back.
+func.func @main(%arg0: tensor<4xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xf32>) -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}, tensor<4xf32> {hloalias.mutates = 2 : i64, hloalias.role = "mutation"}, tensor<4xf32> {hloalias.mutates = 1 : i64, hloalias.role = "mutation"}) {
+  %0 = stablehlo.constant dense<1.500000e+00> : tensor<4xf32>
+  return %arg1, %0, %0 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+}
+
+// CHECK-LABEL: func.func @main(%arg0: tensor<4xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xf32>)
+// CHECK-NOT:     hloalias.removed_results
+// CHECK:         return %arg1, %cst, %cst : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
