@@ -341,7 +341,11 @@ def _storage_classes(
         storage_class.setdefault(StorageWeakRef(node.meta["val"].untyped_storage()), A.arg_key(index))
     for result, value in zip(results, values):
         if result.mutates is not None:
-            storage_class[StorageWeakRef(value.meta["val"].untyped_storage())] = A.arg_key(result.mutates)
+            # A whole-tensor copy_ leaves no node: the new value *is* the
+            # source's storage, which keeps its own class.
+            storage_class.setdefault(
+                StorageWeakRef(value.meta["val"].untyped_storage()), A.arg_key(result.mutates)
+            )
     fresh = 0
     classified = []
     for result, value in zip(results, values):
@@ -349,7 +353,8 @@ def _storage_classes(
         if reference not in storage_class:
             storage_class[reference] = f"new:{fresh}"
             fresh += 1
-        classified.append(dataclasses.replace(result, storage=storage_class[reference]))
+        storage = A.arg_key(result.mutates) if result.mutates is not None else storage_class[reference]
+        classified.append(dataclasses.replace(result, storage=storage))
     return classified
 
 

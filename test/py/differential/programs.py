@@ -1,0 +1,573 @@
+"""Random small torch programs for differential testing against eager PyTorch.
+
+A :class:`GeneratedProgram` is Python source: a function ``program(x0, ...)``
+or, when it has a buffer, an ``nn.Module`` ``Program`` whose ``forward``
+starts with ``b = self.buf``.  Its body is a list of statements built from
+an op list:
+
+- views: slices with steps, integer indexing, ``view``/``reshape``,
+  ``transpose``/``t``/``permute``, ``expand``, ``unsqueeze``/``squeeze``,
+  ``view(torch.int32)`` on f32 (and ``view(torch.float32)`` on i32),
+  ``contiguous``;
+- computations: ``v + c``, ``v * c``, ``v + w``, ``v.neg()``, ``v.clone()``;
+- in-place updates of inputs, of the buffer, of intermediates and through
+  views of any of them: ``add_``, ``mul_``, ``copy_``, ``fill_``;
+
+and it returns a tuple mixing views of inputs, of the buffer and of
+computed values, inputs unchanged and the same tensor more than once.
+Explicit donation (``donate=`` by input position) is part of the program.
+
+The strategy runs every op eagerly on stand-in tensors laid out like the
+call-time inputs (some inputs are non-contiguous), so it only emits valid
+programs and knows, for every value, which eager storage it lives in and its
+*view root*: the input, buffer or intermediate it derives from through view
+ops alone (``reshape``/``contiguous`` count as views here even where eager
+copies, since the functional program cannot tell).
+
+Arithmetic is exact on purpose, so that eager and XLA must agree bit for bit
+even where XLA reassociates (``(x + 3) + 3`` becomes ``x + 6``): data are
+odd multiples of 1/4, constants are small dyadic numbers, integers are only
+ever incremented by multiples of 2**20 or filled with float bit patterns,
+and i32 data are bit patterns of such floats, so every float has a few
+significant bits and float views of integer data never hold NaN, infinities or
+denormals.
+
+Three known hloalias bugs (the strict xfail ``KNOWN_BUGS`` of
+``test_differential.py``) make some programs fail whatever else they do:
+
+- a view of a tensor whose value depends on no input (``fill_``, and
+  arithmetic on that) is folded into a constant of its own and comes back
+  as a copy: values right, sharing with its base lost;
+- views of an intermediate that is not itself returned come back as
+  independent results: two overlapping views no longer share;
+- when a ``copy_`` overwrites the whole buffer, ``torch.export`` makes the
+  copied tensor itself the buffer's new value, the importer files its
+  storage under the buffer's, and results in that storage (the input or
+  intermediate copied from, views of it) come back as the module's state.
+
+With ``avoid_known_bugs=True`` the generator tracks, per eager storage,
+whether it is constant and which storage a whole-buffer ``copy_`` last
+copied from, and leaves such results out of the return tuple (the
+statements stay), so that the examples keep finding other bugs.  Nothing
+else is avoided: results that the functional program cannot tell apart
+from another result or an input (an unmutated ``clone``, the same
+computation twice, ``y = x + 1`` next to ``x.add_(1)``) and updates whose
+new value equals an input or another update (``x.copy_(y)``, two equal
+``fill_``) are generated freely; hloalias handles them since the importer
+records each result's eager storage (``hloalias.storage``) and mutation
+results are never removed."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import linecache
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from hypothesis import reject
+from hypothesis import strategies as st
+
+SHAPES: tuple[tuple[int, ...], ...] = ((6,), (2, 3), (3, 4), (4, 1, 3), (2, 3, 2), (1, 4))
+BUFFER_NAME = "buf"
+BUFFER_LOCAL = "b"
+F32_ADD_CONSTANTS = (1.0, -0.5, 3.0)
+F32_MUL_CONSTANTS = (2.0, 0.5, -1.0)
+F32_FILL_CONSTANTS = (1.5, -2.0, 0.25)
+# Multiples of 2**20: added to the bits of a float with few significant
+# bits, they give another such float (the value moves by 1/8 to 3/8 of its
+# binade), so float arithmetic on int-updated data stays exact.
+I32_ADD_CONSTANTS = (1 << 20, 1 << 21, 3 << 20)
+# Bit patterns of 1.0f, -2.0f and 0.5f: int fills keep float views normal.
+I32_FILL_CONSTANTS = (1065353216, -1073741824, 1056964608)
+
+_DTYPES = {"float32": torch.float32, "int32": torch.int32}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One input (or the buffer): shape, dtype and call-time layout."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "float32" or "int32"
+    contiguous: bool = True
+
+    def creation_source(self) -> str:
+        """Python lines that create this tensor from generator ``g``."""
+        shape = repr(self.shape)
+        # Odd multiples of 1/4 in [-7.75, 7.75]: never zero, and every sum
+        # and product the program forms is exact whatever order XLA uses.
+        value = f"((torch.randint(-16, 16, {shape}, generator=g) * 2 + 1) * 0.25)"
+        if self.dtype == "int32":
+            value += ".view(torch.int32)"  # bit patterns of normal floats
+        if self.contiguous:
+            return f"{self.name} = {value}"
+        holder = (*self.shape[:-1], 2 * self.shape[-1])
+        return (
+            f"{self.name} = torch.zeros({holder!r}, dtype=torch.{self.dtype})[..., ::2]"
+            f"  # non-contiguous\n{self.name}.copy_({value})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedProgram:
+    """A generated program with everything needed to run and reproduce it."""
+
+    inputs: tuple[TensorSpec, ...]
+    buffer: TensorSpec | None
+    body: tuple[str, ...]
+    returns: tuple[str, ...]
+    donate: tuple[int, ...]
+    data_seed: int
+    # Per returned value: the name it derives from through view ops only.
+    view_roots: tuple[str, ...]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The program's parameter names, in order."""
+        return tuple(spec.name for spec in self.inputs)
+
+    def source(self) -> str:
+        """The program as Python source (a function, or a module with a buffer)."""
+        params = ", ".join(self.input_names)
+        result = f"return ({', '.join(self.returns)},)"
+        if self.buffer is None:
+            lines = [f"def program({params}):", *(f"    {s}" for s in self.body), f"    {result}"]
+        else:
+            lines = [
+                "class Program(torch.nn.Module):",
+                f"    def __init__(self, {BUFFER_NAME}):",
+                "        super().__init__()",
+                f"        self.register_buffer({BUFFER_NAME!r}, {BUFFER_NAME})",
+                "",
+                f"    def forward(self, {params}):",
+                f"        {BUFFER_LOCAL} = self.{BUFFER_NAME}",
+                *(f"        {s}" for s in self.body),
+                f"        {result}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def inputs_source(self) -> str:
+        """``make_inputs()``: fresh inputs (and buffer) with their layouts."""
+        lines = ["def make_inputs():", f"    g = torch.Generator().manual_seed({self.data_seed})"]
+        specs = list(self.inputs) + ([self.buffer] if self.buffer is not None else [])
+        for spec in specs:
+            lines.extend(f"    {line}" for line in spec.creation_source().splitlines())
+        names = ", ".join(spec.name for spec in specs)
+        lines.append(f"    return [{names}]")
+        return "\n".join(lines) + "\n"
+
+    def reproducer(self) -> str:
+        """A runnable script that replays this program eagerly and through hloalias."""
+        build = "program" if self.buffer is None else "Program(make_inputs()[-1])"
+        user = f"make_inputs()[:{len(self.inputs)}]"
+        return (
+            "import torch, hloalias\n\n"
+            + self.source()
+            + "\n"
+            + self.inputs_source()
+            + "\n"
+            + f"exe = hloalias.compile({build}, {user}, donate={list(self.donate)!r})\n"
+            + f"eager_inputs, hloalias_inputs = {user}, {user}\n"
+            + f"expected = ({build})(*eager_inputs)\n"
+            + "got = exe(*hloalias_inputs)\n"
+            + "print(expected, got, eager_inputs, hloalias_inputs, exe.state_dict(), sep='\\n')\n"
+            + "exe.explain()\n"
+        )
+
+    def describe(self) -> str:
+        """Source, inputs (shape, dtype, layout) and donation, for failure messages."""
+        layouts = ", ".join(
+            f"{s.name}: {s.dtype}{list(s.shape)}{'' if s.contiguous else ' non-contiguous'}"
+            for s in self.inputs
+        )
+        buffer = f"; buffer {self.buffer.dtype}{list(self.buffer.shape)}" if self.buffer else ""
+        return (
+            f"inputs {layouts}{buffer}; donate={list(self.donate)}\n"
+            f"--- reproducer ---\n{self.reproducer()}------------------"
+        )
+
+    def _namespace(self) -> dict[str, Any]:
+        # Registered in linecache so tracebacks through the program show its lines.
+        text = self.source() + "\n" + self.inputs_source()
+        filename = f"<hloalias-differential-{abs(hash(text)):x}>"
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+        namespace: dict[str, Any] = {"torch": torch}
+        exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - our own generated source
+        return namespace
+
+    def build(self) -> tuple[Callable[..., Any], Callable[[], list[torch.Tensor]]]:
+        """``(make_program, make_inputs)``: ``make_program()`` returns a fresh
+        function or module (its buffer from ``make_inputs()``);
+        ``make_inputs()`` returns fresh user inputs, the buffer's initial
+        value last when there is a buffer."""
+        namespace = self._namespace()
+        make_inputs = namespace["make_inputs"]
+        if self.buffer is None:
+            program = namespace["program"]
+            return (lambda: program), make_inputs
+        module_type = namespace["Program"]
+        return (lambda: module_type(make_inputs()[-1])), make_inputs
+
+
+# -- generation ------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Storage:
+    """One eager storage as the generator sees it."""
+
+    base: torch.Tensor  # the tensor that owns it, in its natural layout
+    argument: str | None  # input or buffer name when it is an argument's storage
+    # Its value depends on no input (fill_, and arithmetic on that): lowering
+    # folds it into a StableHLO constant (see _without_known_bugs).
+    constant: bool = False
+    # For the buffer: the storage that its last update, a ``copy_`` over all
+    # of it, copied from, while neither has been updated since (see
+    # _without_known_bugs).
+    copied_from: int | None = None
+
+
+@dataclasses.dataclass
+class _Value:
+    """A Python name in the program body."""
+
+    name: str
+    sim: torch.Tensor  # eager stand-in with the call-time layout
+    storage: int  # key into _Builder.storages
+    view_root: str
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
+    """Which elements of its storage ``t`` is, and as what dtype."""
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype))
+
+
+class _Builder:
+    """Simulates the program while it is drawn."""
+
+    def __init__(self, specs: list[TensorSpec], buffer: TensorSpec | None) -> None:
+        self.values: dict[str, _Value] = {}
+        self.storages: dict[int, _Storage] = {}
+        self.body: list[str] = []
+        self.counter = itertools.count()
+        for spec in specs:
+            self._add_argument(spec, spec.name)
+        if buffer is not None:
+            self._add_argument(buffer, BUFFER_LOCAL)
+
+    def _add_argument(self, spec: TensorSpec, local: str) -> None:
+        dtype = _DTYPES[spec.dtype]
+        if spec.contiguous:
+            sim = torch.zeros(spec.shape, dtype=dtype)
+        else:
+            sim = torch.zeros((*spec.shape[:-1], 2 * spec.shape[-1]), dtype=dtype)[..., ::2]
+        sid = self._new_storage(_Storage(sim, spec.name))
+        self.values[local] = _Value(local, sim, sid, local)
+
+    def _new_storage(self, storage: _Storage) -> int:
+        sid = storage.base.untyped_storage().data_ptr()
+        self.storages[sid] = storage
+        return sid
+
+    def fresh_name(self) -> str:
+        return f"v{next(self.counter)}"
+
+    def is_view(self, value: _Value) -> bool:
+        """Whether ``value`` is not its storage's whole base, as laid out."""
+        return _layout(value.sim) != _layout(self.storages[value.storage].base)
+
+    def is_whole(self, value: _Value) -> bool:
+        """Whether an in-place update through ``value`` rewrites its whole storage."""
+        base = self.storages[value.storage].base
+        return (
+            value.sim.numel() == base.numel()
+            and value.sim.element_size() == base.element_size()
+            and not any(stride == 0 and size > 1 for size, stride in zip(value.sim.shape, value.sim.stride()))
+        )
+
+    # -- emitting -------------------------------------------------------------
+    def emit_view(self, operand: _Value, expression: str, sim: torch.Tensor) -> None:
+        """``name = expression``, a view op (eager may copy: reshape, contiguous)."""
+        name = self.fresh_name()
+        self.body.append(f"{name} = {expression}")
+        if sim.untyped_storage().data_ptr() == operand.sim.untyped_storage().data_ptr():
+            self.values[name] = _Value(name, sim, operand.storage, operand.view_root)
+            return
+        # Eager copied (a storage of its own); the view root stays, since
+        # the functional program cannot tell this copy from a view.
+        storage = _Storage(sim, None, constant=self.storages[operand.storage].constant)
+        self.values[name] = _Value(name, sim, self._new_storage(storage), operand.view_root)
+
+    def emit_compute(self, expression: str, sim: torch.Tensor, operands: list[_Value]) -> None:
+        """``name = expression``, a fresh tensor computed from ``operands``."""
+        name = self.fresh_name()
+        self.body.append(f"{name} = {expression}")
+        constant = all(self.storages[operand.storage].constant for operand in operands)
+        self.values[name] = _Value(name, sim, self._new_storage(_Storage(sim, None, constant)), name)
+
+    def emit_inplace(self, target: _Value, statement: str, op: str, source: _Value | None = None) -> None:
+        """An in-place update of ``target``'s storage, already applied to the
+        stand-ins (``source`` is ``copy_``'s)."""
+        storage = self.storages[target.storage]
+        whole = self.is_whole(target)
+        update_constant = source is None or self.storages[source.storage].constant
+        # Constant afterwards: it was, or the update overwrote all of it,
+        # and the update itself depends on no input.
+        storage.constant = update_constant and (storage.constant or (whole and op in ("fill", "copy")))
+        for other in self.storages.values():
+            if other.copied_from == target.storage:
+                other.copied_from = None  # the source has a value of its own now
+        storage.copied_from = None
+        if source is not None and whole and storage.argument == BUFFER_NAME:
+            storage.copied_from = source.storage
+        self.body.append(statement)
+
+
+# -- op choices -------------------------------------------------------------
+
+
+def _reshape_targets(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    numel = math.prod(shape)
+    targets: set[tuple[int, ...]] = {(numel,)}
+    for position in range(len(shape) + 1):
+        targets.add((*shape[:position], 1, *shape[position:]))
+    for dim in range(len(shape) - 1):
+        targets.add((*shape[:dim], shape[dim] * shape[dim + 1], *shape[dim + 2 :]))
+    for dim, size in enumerate(shape):
+        for factor in range(2, size):
+            if size % factor == 0:
+                targets.add((*shape[:dim], factor, size // factor, *shape[dim + 1 :]))
+    if len(shape) >= 1 and numel % 2 == 0 and numel > 2:
+        targets.add((2, numel // 2))
+    targets.discard(shape)
+    return sorted(targets)
+
+
+def _index_text(dim: int, item: str) -> str:
+    return "[" + ", ".join([":"] * dim + [item]) + "]"
+
+
+@st.composite
+def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tensor, str]:
+    """A view op on ``operand``: ``(source expression, eager result, kind)``."""
+    sim = operand.sim
+    shape = tuple(sim.shape)
+    ndim = len(shape)
+    name = operand.name
+    kinds = ["reshape", "unsqueeze", "dtype", "contiguous", "expand"]
+    if 1 in shape:
+        kinds.insert(0, "squeeze")
+    if ndim >= 2:
+        kinds[1:1] = ["transpose", "permute"]
+    if ndim >= 1:
+        kinds.insert(0, "select")
+    if any(size >= 2 for size in shape):
+        kinds[:0] = ["slice", "slice"]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "slice":
+        dim = draw(st.sampled_from([d for d, size in enumerate(shape) if size >= 2]))
+        start = draw(st.integers(0, shape[dim] - 1))
+        stop = draw(st.integers(start + 1, shape[dim]))
+        step = draw(st.sampled_from((1, 2)))
+        text = f"{start}:{stop}:{step}" if step != 1 else f"{start}:{stop}"
+        slices = (slice(None),) * dim + (slice(start, stop, step),)
+        return f"{name}{_index_text(dim, text)}", sim[slices], kind
+    if kind == "select":
+        dim = draw(st.integers(0, ndim - 1))
+        item = draw(st.integers(0, shape[dim] - 1))
+        selection: tuple[slice | int, ...] = (slice(None),) * dim + (item,)
+        return f"{name}{_index_text(dim, str(item))}", sim[selection], kind
+    if kind == "reshape":
+        target = draw(st.sampled_from(_reshape_targets(shape)))
+        method = draw(st.sampled_from(("view", "reshape")))
+        args = ", ".join(str(size) for size in target)
+        if method == "view":
+            try:
+                return f"{name}.view({args})", sim.view(target), "view"
+            except RuntimeError:
+                pass  # not viewable with this layout: reshape (which copies)
+        return f"{name}.reshape({args})", sim.reshape(target), "reshape"
+    if kind == "transpose":
+        if ndim == 2 and draw(st.booleans()):
+            return f"{name}.t()", sim.t(), kind
+        first, second = draw(st.lists(st.integers(0, ndim - 1), min_size=2, max_size=2, unique=True))
+        return f"{name}.transpose({first}, {second})", sim.transpose(first, second), kind
+    if kind == "permute":
+        order = tuple(draw(st.permutations(range(ndim))))
+        return f"{name}.permute{order!r}", sim.permute(order), kind
+    if kind == "expand":
+        sizes = [draw(st.sampled_from((2, 3))) if size == 1 and draw(st.booleans()) else size for size in shape]
+        if draw(st.booleans()) or sizes == list(shape):
+            sizes = [2, *sizes]
+        return f"{name}.expand({', '.join(str(size) for size in sizes)})", sim.expand(sizes), kind
+    if kind == "unsqueeze":
+        dim = draw(st.integers(0, ndim))
+        return f"{name}.unsqueeze({dim})", sim.unsqueeze(dim), kind
+    if kind == "squeeze":
+        dim = draw(st.sampled_from([d for d, size in enumerate(shape) if size == 1]))
+        return f"{name}.squeeze({dim})", sim.squeeze(dim), kind
+    if kind == "dtype":
+        dtype_name = "int32" if sim.dtype == torch.float32 else "float32"
+        return f"{name}.view(torch.{dtype_name})", sim.view(_DTYPES[dtype_name]), kind
+    return f"{name}.contiguous()", sim.contiguous(), kind
+
+
+@st.composite
+def _draw_view(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
+    expression, sim, kind = draw(_view_expression(operand))
+    builder.emit_view(operand, expression, sim)
+    return True
+
+
+@st.composite
+def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
+    sim = operand.sim
+    name = operand.name
+    is_float = sim.dtype == torch.float32
+    kinds = ["add", "clone"] + (["mul", "neg", "add_tensor"] if is_float else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == "clone":
+        builder.emit_compute(f"{name}.clone()", sim.clone(), [operand])
+    elif kind == "add":
+        constant = draw(st.sampled_from(F32_ADD_CONSTANTS if is_float else I32_ADD_CONSTANTS))
+        builder.emit_compute(f"{name} + {constant!r}", sim + constant, [operand])
+    elif kind == "mul":
+        constant = draw(st.sampled_from(F32_MUL_CONSTANTS))
+        builder.emit_compute(f"{name} * {constant!r}", sim * constant, [operand])
+    elif kind == "neg":
+        builder.emit_compute(f"{name}.neg()", -sim, [operand])
+    else:
+        partners = [v for v in builder.values.values() if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype]
+        other = draw(st.sampled_from(partners))
+        builder.emit_compute(f"{name} + {other.name}", sim + other.sim, [operand, other])
+    return True
+
+
+@st.composite
+def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
+    if draw(st.sampled_from((False, False, True))):
+        # Through a view written inline: x0[1:3].add_(1.0), x0.t().mul_(2.0)
+        expression, sim, _kind = draw(_view_expression(target))
+        if sim.untyped_storage().data_ptr() != target.sim.untyped_storage().data_ptr():
+            return False  # eager copied: the update would go nowhere
+        target = _Value(expression, sim, target.storage, target.view_root)
+    sim = target.sim
+    name = target.name
+    if any(stride == 0 and size > 1 for size, stride in zip(sim.shape, sim.stride())):
+        return False  # eager refuses in-place writes to expanded tensors
+    is_float = sim.dtype == torch.float32
+    kinds = ["add", "fill", "copy"] + (["mul"] if is_float else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == "add":
+        constant = draw(st.sampled_from(F32_ADD_CONSTANTS if is_float else I32_ADD_CONSTANTS))
+        sim.add_(constant)
+        builder.emit_inplace(target, f"{name}.add_({constant!r})", "add")
+        return True
+    if kind == "mul":
+        constant = draw(st.sampled_from(F32_MUL_CONSTANTS))
+        sim.mul_(constant)
+        builder.emit_inplace(target, f"{name}.mul_({constant!r})", "mul")
+        return True
+    if kind == "fill":
+        constant = draw(st.sampled_from(F32_FILL_CONSTANTS if is_float else I32_FILL_CONSTANTS))
+        sim.fill_(constant)
+        builder.emit_inplace(target, f"{name}.fill_({constant!r})", "fill")
+        return True
+    # copy_ from a same-shaped value in another storage (eager's overlap rules aside)
+    sources = [
+        v for v in builder.values.values()
+        if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype and v.storage != target.storage
+    ]
+    if not sources:
+        return False
+    source = draw(st.sampled_from(sources))
+    sim.copy_(source.sim)
+    builder.emit_inplace(target, f"{name}.copy_({source.name})", "copy", source)
+    return True
+
+
+def _tensor_specs(count: int) -> st.SearchStrategy[list[TensorSpec]]:
+    spec = st.tuples(
+        st.sampled_from(SHAPES),
+        st.sampled_from(("float32",) * 6 + ("int32",)),
+        st.sampled_from((True, True, True, True, False)),
+    )
+    return st.lists(spec, min_size=count, max_size=count).map(
+        lambda rows: [TensorSpec(f"x{i}", shape, dtype, contiguous) for i, (shape, dtype, contiguous) in enumerate(rows)]
+    )
+
+
+@st.composite
+def programs(draw: st.DrawFn, avoid_known_bugs: bool = True, max_steps: int = 7) -> GeneratedProgram:
+    """A strategy for :class:`GeneratedProgram`\\ s (see the module docstring)."""
+    count = draw(st.integers(1, 3))
+    specs = draw(_tensor_specs(count))
+    buffer = None
+    if draw(st.sampled_from((False, False, True))):
+        buffer = TensorSpec(BUFFER_NAME, draw(st.sampled_from(SHAPES)), "float32")
+    builder = _Builder(specs, buffer)
+    steps = draw(st.integers(1, max_steps))
+    for _ in range(steps):
+        operand = builder.values[draw(st.sampled_from(sorted(builder.values)))]
+        kind = draw(st.sampled_from(("view", "view", "view", "compute", "compute", "inplace", "inplace")))
+        drawer = {"view": _draw_view, "compute": _draw_compute, "inplace": _draw_inplace}[kind]
+        draw(drawer(builder, operand))
+
+    donate: tuple[int, ...] = ()
+    if draw(st.sampled_from((False, False, True))):
+        donate = tuple(draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=count, unique=True)))
+    names = sorted(builder.values)
+    returns = draw(st.lists(st.sampled_from(names), min_size=1, max_size=4))
+    if avoid_known_bugs:
+        returns = _without_known_bugs(builder, returns)
+        if not returns:
+            reject()
+    data_seed = draw(st.integers(0, 2**16))
+    return GeneratedProgram(
+        tuple(specs),
+        buffer,
+        tuple(builder.body),
+        tuple(returns),
+        donate,
+        data_seed,
+        tuple(builder.values[name].view_root for name in returns),
+    )
+
+
+def _without_known_bugs(builder: _Builder, returns: list[str]) -> list[str]:
+    """``returns`` minus the values that would hit a known hloalias bug (the
+    strict xfail ``KNOWN_BUGS`` of ``test_differential.py``)."""
+    buffer_sources = {storage.copied_from for storage in builder.storages.values()} - {None}
+    kept: list[str] = []
+    for name in returns:
+        value = builder.values[name]
+        storage = builder.storages[value.storage]
+        # A buffer that copy_ overwrote whole: torch.export makes the source
+        # (or a view of it) the buffer's new value, the importer gives the
+        # source's storage the buffer's class, and values in that storage
+        # come back as the module's state, not as the tensors eager returns.
+        if value.storage in buffer_sources:
+            continue
+        # A view of a constant (an input that fill_ overwrote, say) is
+        # folded into a constant of its own and comes back as a copy.
+        if storage.constant and builder.is_view(value):
+            continue
+        # Views of an intermediate come back as separate device results
+        # unless the intermediate itself is returned.  Equal views are one
+        # value after CSE and are rebuilt from each other: returned twice,
+        # they share as in eager.  So of the kept values in this storage,
+        # if all are views and one differs from this one, it would lose
+        # the sharing.
+        sharing = [
+            builder.values[other] for other in kept
+            if builder.values[other].storage == value.storage
+            and _layout(builder.values[other].sim) != _layout(value.sim)
+        ]
+        if sharing and storage.argument is None and all(builder.is_view(v) for v in [value, *sharing]):
+            continue
+        kept.append(name)
+    return kept
