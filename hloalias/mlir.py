@@ -12,6 +12,7 @@ from torch_mlir._mlir_libs import _stablehlo
 from torch_mlir.dialects import func
 from torch_mlir.dialects import torch as torch_dialect
 
+from hloalias import attributes as A
 from hloalias.dialects import register_search_prefix
 from hloalias.errors import IRError
 
@@ -180,6 +181,26 @@ def bool_attr(attrs: dict[str, ir.Attribute], name: str) -> bool | None:
     if isinstance(attr, ir.UnitAttr):
         return True
     raise IRError(f"'{name}' must be a boolean, got {attr}")
+
+
+def result_key(attrs: dict[str, ir.Attribute], position: int, arg_count: int) -> tuple[str, int | None]:
+    """``(result key, mutated argument or None)`` of @main's result at
+    ``position`` from its attributes (see :mod:`hloalias.attributes`; a
+    result without a role is user output ``position``).  IRError when the
+    attributes make no sense."""
+    role = string_attr(attrs, A.RESULT_ROLE) or A.ROLE_USER_OUTPUT
+    if role == A.ROLE_USER_OUTPUT:
+        output = int_attr(attrs, A.RESULT_OUTPUT)
+        return A.output_key(position if output is None else output), None
+    if role == A.ROLE_MUTATION:
+        arg = int_attr(attrs, A.RESULT_MUTATES)
+        if arg is None or not 0 <= arg < arg_count:
+            raise IRError(
+                f"result {position} of @main is a mutation but '{A.RESULT_MUTATES}' "
+                f"is {arg}; @main has {arg_count} arguments"
+            )
+        return A.mutation_key(arg), arg
+    raise IRError(f"result {position} of @main has unknown role '{role}'")
 
 
 def ranked_tensor(value_type: ir.Type, what: str) -> ir.RankedTensorType:

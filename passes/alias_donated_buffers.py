@@ -27,7 +27,7 @@ from typing import ClassVar
 from torch_mlir import ir
 
 from hloalias import attributes as A
-from hloalias.errors import IRError, PassError
+from hloalias.errors import PassError
 from hloalias.mlir import (
     arg_attr_dicts,
     bool_attr,
@@ -35,6 +35,7 @@ from hloalias.mlir import (
     int_attr,
     ranked_tensor,
     result_attr_dicts,
+    result_key,
     return_op,
     set_arg_attr_dicts,
     string_attr,
@@ -164,10 +165,8 @@ class _State:
         result_types = [v.type for v in return_op(main).operands]
         mutation_result: dict[int, int] = {}
         for position, attrs in enumerate(result_attr_dicts(main)):
-            if string_attr(attrs, A.RESULT_ROLE) == A.ROLE_MUTATION:
-                arg = int_attr(attrs, A.RESULT_MUTATES)
-                if arg is None or not 0 <= arg < len(arg_attrs):
-                    raise IRError(f"result {position} of @main mutates argument {arg}, which does not exist")
+            _, arg = result_key(attrs, position, len(arg_attrs))
+            if arg is not None:
                 mutation_result[arg] = position
 
         existing: dict[int, int] = {}

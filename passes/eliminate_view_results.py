@@ -31,6 +31,7 @@ from hloalias.mlir import (
     int_attr,
     ranked_tensor,
     result_attr_dicts,
+    result_key,
     return_op,
     set_arg_attr_dicts,
     set_result_attr_dicts,
@@ -184,27 +185,13 @@ class _Signature:
         keys: list[str] = []
         mutates: list[int | None] = []
         for position, attrs in enumerate(result_attrs):
-            role = string_attr(attrs, A.RESULT_ROLE)
-            if role is None:
-                # A result without a role is user output N, numbered by position.
+            key, arg = result_key(attrs, position, len(arg_attrs))
+            if A.RESULT_ROLE not in attrs:
+                # Write the implied role down: positions change as results leave.
                 attrs[A.RESULT_ROLE] = ir.StringAttr.get(A.ROLE_USER_OUTPUT)
                 attrs[A.RESULT_OUTPUT] = _i64(position)
-                role = A.ROLE_USER_OUTPUT
-            if role == A.ROLE_USER_OUTPUT:
-                output = int_attr(attrs, A.RESULT_OUTPUT)
-                keys.append(A.output_key(position if output is None else output))
-                mutates.append(None)
-            elif role == A.ROLE_MUTATION:
-                arg = int_attr(attrs, A.RESULT_MUTATES)
-                if arg is None or not 0 <= arg < len(arg_attrs):
-                    raise IRError(
-                        f"result {position} of @main is a mutation but '{A.RESULT_MUTATES}' "
-                        f"is {arg}; @main has {len(arg_attrs)} arguments"
-                    )
-                keys.append(A.mutation_key(arg))
-                mutates.append(arg)
-            else:
-                raise IRError(f"result {position} of @main has unknown role '{role}'")
+            keys.append(key)
+            mutates.append(arg)
         if len(set(keys)) != len(keys):
             raise IRError(f"@main's results name the same output twice: {keys}")
         arg_names = [

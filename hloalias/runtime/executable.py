@@ -40,8 +40,8 @@ from hloalias.mlir import (
     int_attr,
     print_module,
     result_attr_dicts,
+    result_key,
     set_arg_attr_dicts,
-    string_attr,
 )
 from hloalias.passes.alias_donated_buffers import AliasReport
 from hloalias.passes.eliminate_view_results import ViewReport
@@ -265,13 +265,10 @@ class Executable:
                 i: int_attr(attrs, A.ALIASING_OUTPUT) for i, attrs in enumerate(arg_attrs)
                 if A.ALIASING_OUTPUT in attrs
             }
-            self._result_keys: list[str] = []
-            for position, attrs in enumerate(result_attr_dicts(main)):
-                if string_attr(attrs, A.RESULT_ROLE) == A.ROLE_MUTATION:
-                    self._result_keys.append(A.mutation_key(int_attr(attrs, A.RESULT_MUTATES) or 0))
-                else:
-                    output = int_attr(attrs, A.RESULT_OUTPUT)
-                    self._result_keys.append(A.output_key(position if output is None else output))
+            self._result_keys = [
+                result_key(attrs, position, len(arg_attrs))[0]
+                for position, attrs in enumerate(result_attr_dicts(main))
+            ]
             self._rebuilds: dict[str, _Rebuild] = {}
             if A.REMOVED_RESULTS in main.attributes:
                 for entry in ir.ArrayAttr(main.attributes[A.REMOVED_RESULTS]):
