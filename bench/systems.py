@@ -26,11 +26,10 @@ import jax
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
-import torch_mlir.rewrite as rewrite
 from torch_mlir.fx import export_and_import
 
 import hloalias
-from hloalias.importer import replace_arith_tensor_constant
+from hloalias.legalize import inline_dense_resources, legalize_tensor_constants
 from hloalias.mlir import print_module
 from hloalias.passes import FoldReport
 from hloalias.pipeline import run_pipeline
@@ -258,41 +257,6 @@ def _from_stats(system: str, stats: Any, loaded: Any, seconds: float) -> Measure
 # -- torch-mlir export_and_import ---------------------------------------------
 
 
-def _legalize_arith_constants(module: Any) -> int:
-    """Rewrite tensor ``arith.constant`` to ``stablehlo.constant`` (XLA's
-    StableHLO importer does not read the arith dialect); returns how many
-    there were."""
-    count = sum(1 for op in module.body.operations[0].regions[0].blocks[0].operations
-                if op.operation.name == "arith.constant")
-    with module.context:
-        patterns = rewrite.RewritePatternSet()
-        patterns.add("arith.constant", replace_arith_tensor_constant)
-        rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
-    return count
-
-
-def _inline_dense_resources(text: str) -> tuple[str, int]:
-    """Replace every ``dense_resource<name>`` by ``dense<"0x...">`` with the
-    blob's bytes from the ``dialect_resources`` section, which is dropped
-    (a StableHLO portable artifact cannot carry resources).  Returns the new
-    text and the number of blobs inlined."""
-    body, marker, tail = text.partition("{-#")
-    if not marker:
-        return text, 0
-    blobs: dict[str, str] = {}
-    for line in tail.splitlines():
-        name, sep, value = line.strip().partition(": \"0x")
-        if not sep:
-            continue
-        # The first 4 bytes (8 hex digits) of a blob are its alignment.
-        blobs[name] = value.rstrip('",')[8:]
-    del tail
-    pieces = re.split(r"dense_resource<([^>]+)>", body)
-    for index in range(1, len(pieces), 2):
-        pieces[index] = f'dense<"0x{blobs[pieces[index]]}">'
-    return "".join(pieces), len(blobs)
-
-
 def measure_torch_mlir(workload: Workload, exported: torch.export.ExportedProgram) -> Measurement:
     """Plain torch-mlir: ``export_and_import(..., output_type="stablehlo")``,
     printed, compiled with ``compile_module``.  Two fixes are applied so
@@ -303,12 +267,12 @@ def measure_torch_mlir(workload: Workload, exported: torch.export.ExportedProgra
     notes = []
     try:
         module = export_and_import(exported, output_type="stablehlo")
-        legalized = _legalize_arith_constants(module)
+        legalized = legalize_tensor_constants(module)
         if legalized:
             notes.append(f"{legalized} tensor arith.constant rewritten to stablehlo.constant (XLA cannot read arith)")
         text = str(module)
         del module
-        text, inlined = _inline_dense_resources(text)
+        text, inlined = inline_dense_resources(text)
         if inlined:
             notes.append(
                 f"{inlined} dense_resource blobs (frozen module state) inlined as dense literals "

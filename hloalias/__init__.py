@@ -1,7 +1,9 @@
 """hloalias: PyTorch programs through StableHLO and XLA at the device-memory
-minimum.  Layout follows the architecture: :mod:`hloalias.importer` (torch ->
-StableHLO with the signature in IR) -> :mod:`hloalias.passes` ->
-:mod:`hloalias.pipeline` -> :mod:`hloalias.runtime` (PJRT).
+minimum.  One layer per top-level folder, each a subpackage of this one:
+:mod:`hloalias` itself (the IR contract, errors, MLIR helpers, this
+façade) -> :mod:`hloalias.frontend` (torch -> StableHLO with the signature in
+IR) and :mod:`hloalias.passes` -> :mod:`hloalias.pipeline` ->
+:mod:`hloalias.runtime` (PJRT) -> :mod:`hloalias.tools` (``hloalias-opt``).
 
 The torch- and jax-facing entry points load on first use, so the passes and
 ``hloalias-opt`` start without importing torch or jax."""
@@ -24,9 +26,9 @@ from hloalias.errors import (
 )
 
 _LAZY = {
-    "Program": "hloalias.importer",
-    "Stage": "hloalias.importer",
-    "import_torch": "hloalias.importer",
+    "Program": "hloalias.frontend",
+    "Stage": "hloalias.frontend",
+    "import_torch": "hloalias.frontend",
     "DeviceTensor": "hloalias.runtime",
     "Executable": "hloalias.runtime",
     "cache_stats": "hloalias.runtime",
@@ -36,7 +38,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from hloalias.importer import Program, Stage, import_torch
+    from hloalias.frontend import Program, Stage, import_torch
     from hloalias.runtime import (
         DeviceTensor,
         Executable,

@@ -3,6 +3,10 @@ that makes them available by name to pipelines and ``hloalias-opt``."""
 
 from __future__ import annotations
 
+from hloalias._layers import alias_bare_import
+
+alias_bare_import(__name__, "hloalias.passes")
+
 from collections.abc import Callable
 
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport

@@ -8,6 +8,10 @@ every pass."""
 
 from __future__ import annotations
 
+from hloalias._layers import alias_bare_import
+
+alias_bare_import(__name__, "hloalias.pipeline")
+
 import dataclasses
 import hashlib
 from typing import Any

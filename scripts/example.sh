@@ -3,4 +3,4 @@
 # import -> hloalias passes -> XLA, printing the device bytes XLA allocated.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
-exec "$HLOALIAS_PYTHON" -W ignore::FutureWarning -m hloalias.example "$@"
+exec "$HLOALIAS_PYTHON" -W ignore::FutureWarning -m hloalias.tools.example "$@"

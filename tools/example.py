@@ -2,7 +2,7 @@
 run through import -> hloalias passes -> PJRT (CPU), next to the same
 program without hloalias's passes, printing the device bytes XLA allocated.
 
-Run with ``python -m hloalias.example`` (``scripts/example.sh``)."""
+Run with ``python -m hloalias.tools.example`` (``scripts/example.sh``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Runtime: compile through PJRT and execute with eager-PyTorch semantics."""
 
+from hloalias._layers import alias_bare_import
+
+alias_bare_import(__name__, "hloalias.runtime")
+
 from hloalias.runtime.executable import (
     CacheStats,
     DeviceTensor,

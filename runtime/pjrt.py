@@ -29,7 +29,7 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias.errors import CompileError, ExecutionError
-from hloalias.importer import write_repro
+from hloalias.legalize import inline_dense_resources, legalize_tensor_constants
 from hloalias.mlir import (
     arg_attr_dicts,
     find_main,
@@ -40,6 +40,7 @@ from hloalias.mlir import (
     set_arg_attr_dicts,
     set_result_attr_dicts,
 )
+from hloalias.repro import write_repro
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +91,11 @@ def target_stablehlo_version() -> str:
     return min(ours, theirs, key=_version_tuple)
 
 
-def strip_host_metadata(module_text: str) -> str:
-    """``module_text`` without ``hloalias.*`` attributes (XLA needs none)."""
+def prepare_for_xla(module_text: str) -> str:
+    """``module_text`` as XLA takes it: without ``hloalias.*`` attributes
+    (host-side metadata XLA needs none of), tensor ``arith.constant``s as
+    ``stablehlo.constant`` and ``dense_resource`` literals inlined
+    (:mod:`hloalias.legalize`)."""
     module = parse_module(module_text, new_context())
     with module.context:
         main = find_main(module)
@@ -102,7 +106,9 @@ def strip_host_metadata(module_text: str) -> str:
             write(main, [_without_host_metadata(attrs) for attrs in read(main)])
         for name in [n for n in main.attributes if n.startswith("hloalias.")]:
             del main.attributes[name]
-    return print_module(module)
+        legalize_tensor_constants(module)
+    text, _ = inline_dense_resources(print_module(module))
+    return text
 
 
 def _without_host_metadata(attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attribute]:
@@ -112,8 +118,8 @@ def _without_host_metadata(attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attri
 def compile_module(module_text: str, device: Any) -> Any:
     """Compile final StableHLO ``module_text`` for ``device``; return the
     loaded executable.  Raises :class:`CompileError` (with a repro file)."""
-    stripped = strip_host_metadata(module_text)
     try:
+        stripped = prepare_for_xla(module_text)
         artifact = _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
         options = xla_client.CompileOptions()
         return device.client.compile_and_load(

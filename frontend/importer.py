@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import inspect
 import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,12 +29,13 @@ from torch.export import ExportedProgram
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
-from torch_mlir import ir, passmanager, rewrite
+from torch_mlir import ir, passmanager
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
 from hloalias import attributes as A
 from hloalias.errors import TorchImportError
+from hloalias.legalize import legalize_tensor_constants
 from hloalias.mlir import (
     find_main,
     format_diagnostics,
@@ -47,6 +46,7 @@ from hloalias.mlir import (
     set_result_attr_dicts,
     walk_ops,
 )
+from hloalias.repro import write_repro
 
 TORCH_BACKEND_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -212,7 +212,7 @@ def import_torch(
     _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract", locate)
     if stage is Stage.STABLEHLO:
         _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
-        _legalize_tensor_constants(module)
+        legalize_tensor_constants(module)
     _annotate(module, signature)
     program = Program(module, stage, signature, state)
     program.verify()
@@ -457,36 +457,3 @@ _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
 def _is_library_file(path: str) -> bool:
     library_roots = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
     return path.startswith(library_roots)
-
-
-def write_repro(text: str, stage: str) -> str:
-    """Write ``text`` to ``$HLOALIAS_REPRO_DIR`` (default: the temp dir) as
-    ``hloalias-<stage>-<hash>.mlir`` and return the path."""
-    directory = os.environ.get("HLOALIAS_REPRO_DIR", tempfile.gettempdir())
-    os.makedirs(directory, exist_ok=True)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    path = os.path.join(directory, f"hloalias-{stage}-{digest}.mlir")
-    with open(path, "w") as handle:
-        handle.write(text)
-    return path
-
-
-def replace_arith_tensor_constant(op: ir.OpView, rewriter: rewrite.PatternRewriter) -> bool:
-    """``arith.constant`` of tensor type -> ``stablehlo.constant``: XLA's
-    importer does not read the arith dialect, and torch-mlir leaves some."""
-    value = op.attributes["value"]
-    if not isinstance(op.results[0].type, ir.RankedTensorType):
-        return True
-    with ir.InsertionPoint(op), op.location:
-        replacement = ir.Operation.create(
-            "stablehlo.constant", results=[op.results[0].type], attributes={"value": value}
-        )
-    rewriter.replace_op(op, replacement.results)
-    return False
-
-
-def _legalize_tensor_constants(module: ir.Module) -> None:
-    with module.context:
-        patterns = rewrite.RewritePatternSet()
-        patterns.add("arith.constant", replace_arith_tensor_constant)
-        rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())

@@ -32,7 +32,7 @@ from torch_mlir import ir
 
 from hloalias import attributes as A
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError
-from hloalias.importer import Program, Stage, import_torch
+from hloalias.frontend.importer import Program, Stage, import_torch
 from hloalias.mlir import (
     arg_attr_dicts,
     bool_attr,
