@@ -11,26 +11,34 @@ from collections.abc import Callable
 
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.base import ModulePass
+from hloalias.passes.bitcast_overwrite_scatter import BitcastOverwriteScatter, BitcastScatterReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
+from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
 
 
 def get_all_passes() -> dict[str, Callable[[str], ModulePass]]:
     """Pass name -> factory taking the pass's option text (``"a=1 b=2"``)."""
     return {
         AliasDonatedBuffers.name: AliasDonatedBuffers.from_options,
+        BitcastOverwriteScatter.name: BitcastOverwriteScatter.from_options,
         EliminateViewResults.name: EliminateViewResults.from_options,
         FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
+        WindowScatterIndices.name: WindowScatterIndices.from_options,
     }
 
 
 __all__ = [
     "AliasDonatedBuffers",
     "AliasReport",
+    "BitcastOverwriteScatter",
+    "BitcastScatterReport",
     "EliminateViewResults",
     "FoldReport",
     "FoldTransposeIntoDotGeneral",
     "ModulePass",
     "ViewReport",
+    "WindowScatterIndices",
+    "WindowScatterReport",
     "get_all_passes",
 ]
