@@ -13,6 +13,7 @@ from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasRepo
 from hloalias.passes.base import ModulePass
 from hloalias.passes.bitcast_overwrite_scatter import BitcastOverwriteScatter, BitcastScatterReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
+from hloalias.passes.fold_broadcast_into_dot_general import BroadcastFoldReport, FoldBroadcastIntoDotGeneral
 from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
 from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
 
@@ -23,6 +24,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass]]:
         AliasDonatedBuffers.name: AliasDonatedBuffers.from_options,
         BitcastOverwriteScatter.name: BitcastOverwriteScatter.from_options,
         EliminateViewResults.name: EliminateViewResults.from_options,
+        FoldBroadcastIntoDotGeneral.name: FoldBroadcastIntoDotGeneral.from_options,
         FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
         WindowScatterIndices.name: WindowScatterIndices.from_options,
     }
@@ -33,7 +35,9 @@ __all__ = [
     "AliasReport",
     "BitcastOverwriteScatter",
     "BitcastScatterReport",
+    "BroadcastFoldReport",
     "EliminateViewResults",
+    "FoldBroadcastIntoDotGeneral",
     "FoldReport",
     "FoldTransposeIntoDotGeneral",
     "ModulePass",

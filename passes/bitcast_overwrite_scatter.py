@@ -12,7 +12,11 @@ bit-casting the result back is exact (NaN payloads and signed zeros
 included), and XLA scatters integers in place.
 
 Applies to a single-operand scatter whose operand element type is bf16 or
-f16 and whose region is exactly ``^bb0(%old, %new): return %new``.  Never
+f16, whose region is exactly ``^bb0(%old, %new): return %new`` and which
+reads more than one index vector.  A one-index scatter is left alone: XLA
+already turns it into an in-place ``dynamic-update-slice`` at any type, and
+XLA:CPU materializes a ``bitcast_convert`` as a copy (one operand-sized
+buffer in temp, which is still a quarter of the two f32 copies it saves).  Never
 fires on a combiner that computes (``add``, ``max``, a ``select``, ...) nor
 one that returns the old value: those depend on the float interpretation.
 A ``bitcast_convert`` of a ``bitcast_convert`` that restores the original
@@ -24,6 +28,7 @@ import dataclasses
 from typing import ClassVar
 
 from torch_mlir import ir, rewrite
+from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias.passes.base import ModulePass, as_module_like
 
@@ -84,6 +89,8 @@ class _Counter:
             return True
         if not is_overwrite_region(operation.regions[0]):
             return True
+        if _index_count(operation) <= 1:
+            return True  # XLA makes it an in-place dynamic-update-slice at any type
         integer = ir.IntegerType.get_signless(16)
         scalar = ir.RankedTensorType.get([], integer)
         attributes = {name: operation.attributes[name] for name in operation.attributes}
@@ -104,6 +111,17 @@ class _Counter:
         rewriter.replace_op(op, [result])
         self.rewritten += 1
         return False
+
+
+def _index_count(scatter: ir.Operation) -> int:
+    """How many index vectors ``scatter`` reads."""
+    numbers = _stablehlo.ScatterDimensionNumbers(scatter.attributes["scatter_dimension_numbers"])
+    shape = list(ir.RankedTensorType(scatter.operands[1].type).shape)
+    count = 1
+    for dimension, size in enumerate(shape):
+        if dimension != numbers.index_vector_dim:
+            count *= size
+    return count
 
 
 def _bitcast(value: ir.Value, to: ir.Type) -> ir.Value:
