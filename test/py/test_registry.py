@@ -22,6 +22,9 @@ EXPECTED_PASS_NAMES = {
     "eliminate-view-results",
     "alias-donated-buffers",
     "fold-transpose-into-dot-general",
+    "fold-broadcast-into-dot-general",
+    "bitcast-overwrite-scatter",
+    "window-scatter-indices",
 }
 
 
@@ -191,6 +194,9 @@ def test_parse_pipeline_of_the_default_and_the_empty_pipeline() -> None:
     views)."""
     assert [e.name for e in parse_pipeline(DEFAULT_PIPELINE)] == [
         "fold-transpose-into-dot-general",
+        "fold-broadcast-into-dot-general",
+        "bitcast-overwrite-scatter",
+        "window-scatter-indices",
         "eliminate-view-results",
         "alias-donated-buffers",
     ]

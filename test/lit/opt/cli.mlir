@@ -7,7 +7,7 @@
 // LIST-NEXT:   explicit:
 // LIST-NEXT:   donate:
 // LIST-NEXT:   exclude-kinds: {{.*}}parameter, buffer, constant, user_input
-// LIST-NEXT: eliminate-view-results: Remove view, pass-through, duplicate and dead results
+// LIST:      eliminate-view-results: Remove view, pass-through, duplicate and dead results
 // LIST-NEXT:   dead-results:
 
 // A pass nobody registered is named in the error, and nothing is printed.
