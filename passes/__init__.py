@@ -15,6 +15,7 @@ from hloalias.passes.bitcast_overwrite_scatter import BitcastOverwriteScatter, B
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.passes.fold_broadcast_into_dot_general import BroadcastFoldReport, FoldBroadcastIntoDotGeneral
 from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
+from hloalias.passes.returned_matvec_as_reduce import MatvecReport, ReturnedMatvecAsReduce
 from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
 
 
@@ -26,6 +27,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass]]:
         EliminateViewResults.name: EliminateViewResults.from_options,
         FoldBroadcastIntoDotGeneral.name: FoldBroadcastIntoDotGeneral.from_options,
         FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
+        ReturnedMatvecAsReduce.name: ReturnedMatvecAsReduce.from_options,
         WindowScatterIndices.name: WindowScatterIndices.from_options,
     }
 
@@ -40,7 +42,9 @@ __all__ = [
     "FoldBroadcastIntoDotGeneral",
     "FoldReport",
     "FoldTransposeIntoDotGeneral",
+    "MatvecReport",
     "ModulePass",
+    "ReturnedMatvecAsReduce",
     "ViewReport",
     "WindowScatterIndices",
     "WindowScatterReport",

@@ -25,6 +25,7 @@ EXPECTED_PASS_NAMES = {
     "fold-broadcast-into-dot-general",
     "bitcast-overwrite-scatter",
     "window-scatter-indices",
+    "returned-matvec-as-reduce",
 }
 
 

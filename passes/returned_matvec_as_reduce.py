@@ -1,0 +1,145 @@
+"""``returned-matvec-as-reduce``: a vector-matrix ``dot_general`` whose
+result is returned becomes a ``multiply`` + ``reduce`` that XLA:CPU writes
+straight into the output buffer.
+
+XLA:CPU lowers a dot with one row (GPT-2's logits, ``[1, 768] x [50257,
+768]^T``) to a matrix-vector call that writes into a temporary buffer, then
+copies the result into the entry's output buffer through a loop fusion of
+bitcasts (``ROOT bitcast_bitcast_fusion = f32[1,1,50257] fusion(dot)``):
+201,028 bytes of temp for GPT-2-small's logits; JAX gets the same HLO.  The
+same product as ``reduce(multiply(broadcast(x), W), add)`` is a single
+fusion that XLA:CPU emits into the output buffer: no temp.
+
+Applies to a ``dot_general`` without batching dimensions where one operand
+(the vector) has only size-1 free dimensions and the result reaches
+``func.return`` only through ``reshape``s, each used once.  Never fires
+on a dot with batching dimensions, on a matrix-matrix product (the
+broadcast would be a full-size product tensor), on integer or complex dots,
+or on a dot whose result feeds further computation (there the temp buffer
+is needed anyway).
+
+Not exact: the reduction sums in an order XLA chooses, not the dot's, so
+results may differ in the last bits of f32 (like any change of kernel).
+It is therefore an option, not in the default pipeline."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from torch_mlir import ir, rewrite
+from torch_mlir._mlir_libs import _stablehlo
+
+from hloalias.passes.base import ModulePass, as_module_like
+
+
+@dataclasses.dataclass(frozen=True)
+class MatvecReport:
+    """How many returned vector-matrix dots became multiply + reduce."""
+
+    rewritten: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReturnedMatvecAsReduce(ModulePass):
+    """Turn returned vector-matrix dots into multiply + reduce."""
+
+    name: ClassVar[str] = "returned-matvec-as-reduce"
+
+    def apply(self, module: ir.Module) -> MatvecReport:  # type: ignore[override]
+        """Rewrite every eligible ``dot_general`` in ``module`` in place."""
+        module = as_module_like(module)
+        counter = _Counter()
+        with module.context, ir.Location.unknown():
+            patterns = rewrite.RewritePatternSet()
+            patterns.add("stablehlo.dot_general", counter.as_reduce)
+            rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
+        return MatvecReport(counter.rewritten)
+
+
+def _shape(value: ir.Value) -> list[int]:
+    return list(ir.RankedTensorType(value.type).shape)
+
+
+def _only_returned(value: ir.Value) -> bool:
+    """True when ``value`` reaches ``func.return`` through single-use reshapes only."""
+    while True:
+        uses = list(value.uses)
+        if len(uses) != 1:
+            return False
+        user = uses[0].owner
+        name = user.operation.name if isinstance(user, (ir.OpView, ir.Operation)) else ""
+        if name == "func.return":
+            return True
+        if name != "stablehlo.reshape":
+            return False
+        value = user.operation.results[0]
+
+
+@dataclasses.dataclass
+class _Counter:
+    rewritten: int = 0
+
+    def as_reduce(self, op: ir.OpView, rewriter: rewrite.PatternRewriter) -> bool:
+        """``dot_general(x, W)`` with ``x``'s free dims all 1 -> ``reduce(x * W)``."""
+        numbers = _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+        if list(numbers.lhs_batching_dimensions):
+            return True
+        result_type = ir.RankedTensorType(op.results[0].type)
+        element = result_type.element_type
+        if not isinstance(element, (ir.F32Type, ir.F64Type, ir.BF16Type, ir.F16Type)):
+            return True
+        operands = [op.operands[0], op.operands[1]]
+        if any(ir.RankedTensorType(v.type).element_type != element for v in operands):
+            return True
+        contracting = [list(numbers.lhs_contracting_dimensions), list(numbers.rhs_contracting_dimensions)]
+        for vector_side in (0, 1):
+            matrix_side = 1 - vector_side
+            vector_shape = _shape(operands[vector_side])
+            vector_free = [d for d in range(len(vector_shape)) if d not in contracting[vector_side]]
+            if any(vector_shape[d] != 1 for d in vector_free):
+                continue
+            matrix_shape = _shape(operands[matrix_side])
+            matrix_free = [d for d in range(len(matrix_shape)) if d not in contracting[matrix_side]]
+            if not matrix_free or not _only_returned(op.results[0]):
+                continue
+            with rewriter.ip, op.location:
+                # x's contracting dim i pairs with W's contracting dim i.
+                contracted = [vector_shape[d] for d in contracting[vector_side]]
+                flat = _create("stablehlo.reshape", [ir.RankedTensorType.get(contracted, element)],
+                               [operands[vector_side]])
+                spread = _create(
+                    "stablehlo.broadcast_in_dim",
+                    [ir.RankedTensorType.get(matrix_shape, element)],
+                    [flat],
+                    {"broadcast_dimensions": ir.DenseI64ArrayAttr.get(contracting[matrix_side])},
+                )
+                product = _create("stablehlo.multiply", [spread.type], [spread, operands[matrix_side]])
+                summed = _reduce_sum(product, contracting[matrix_side], [matrix_shape[d] for d in matrix_free], element)
+                replacement = _create("stablehlo.reshape", [result_type], [summed])
+            rewriter.replace_op(op, [replacement])
+            self.rewritten += 1
+            return False
+        return True
+
+
+def _create(name: str, results: list[ir.Type], operands: list[ir.Value],
+            attributes: dict[str, ir.Attribute] | None = None) -> ir.Value:
+    return ir.Operation.create(name, results=results, operands=operands, attributes=attributes or {}).results[0]
+
+
+def _reduce_sum(value: ir.Value, dimensions: list[int], shape: list[int], element: ir.Type) -> ir.Value:
+    scalar = ir.RankedTensorType.get([], element)
+    zero = _create("stablehlo.constant", [scalar], [], {"value": ir.DenseElementsAttr.get_splat(scalar, ir.FloatAttr.get(element, 0.0))})
+    reduce = ir.Operation.create(
+        "stablehlo.reduce",
+        results=[ir.RankedTensorType.get(shape, element)],
+        operands=[value, zero],
+        attributes={"dimensions": ir.DenseI64ArrayAttr.get(dimensions)},
+        regions=1,
+    )
+    block = reduce.regions[0].blocks.append(scalar, scalar)
+    with ir.InsertionPoint(block):
+        total = _create("stablehlo.add", [scalar], [block.arguments[0], block.arguments[1]])
+        ir.Operation.create("stablehlo.return", operands=[total])
+    return reduce.results[0]
