@@ -10,13 +10,15 @@ bitcasts (``ROOT bitcast_bitcast_fusion = f32[1,1,50257] fusion(dot)``):
 same product as ``reduce(multiply(broadcast(x), W), add)`` is a single
 fusion that XLA:CPU emits into the output buffer: no temp.
 
-Applies to a ``dot_general`` without batching dimensions where one operand
-(the vector) has only size-1 free dimensions and the result reaches
-``func.return`` only through ``reshape``s, each used once.  Never fires
-on a dot with batching dimensions, on a matrix-matrix product (the
-broadcast would be a full-size product tensor), on integer or complex dots,
-or on a dot whose result feeds further computation (there the temp buffer
-is needed anyway).
+Applies to a float ``dot_general`` where one operand (the vector) has only
+size-1 free dimensions and the result reaches ``func.return`` only through
+``reshape``s, each used once.  Both operands are broadcast into the
+result's dimensions followed by the contracted ones, so the ``reduce``
+produces the result's shape itself: a ``reshape`` after it would cost
+XLA:CPU the same relayout copy.  Batched products (attention scores of one query, ``q @ cache^T``)
+qualify.  Never fires on a matrix-matrix product (the broadcast would be a
+full-size product tensor), on integer or complex dots, or on a dot whose
+result feeds further computation (there the temp buffer is needed anyway).
 
 Not exact: the reduction sums in an order XLA chooses, not the dot's, so
 results may differ in the last bits of f32 (like any change of kernel).
@@ -83,8 +85,6 @@ class _Counter:
     def as_reduce(self, op: ir.OpView, rewriter: rewrite.PatternRewriter) -> bool:
         """``dot_general(x, W)`` with ``x``'s free dims all 1 -> ``reduce(x * W)``."""
         numbers = _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-        if list(numbers.lhs_batching_dimensions):
-            return True
         result_type = ir.RankedTensorType(op.results[0].type)
         element = result_type.element_type
         if not isinstance(element, (ir.F32Type, ir.F64Type, ir.BF16Type, ir.F16Type)):
@@ -92,35 +92,45 @@ class _Counter:
         operands = [op.operands[0], op.operands[1]]
         if any(ir.RankedTensorType(v.type).element_type != element for v in operands):
             return True
+        batching = [list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions)]
         contracting = [list(numbers.lhs_contracting_dimensions), list(numbers.rhs_contracting_dimensions)]
-        for vector_side in (0, 1):
-            matrix_side = 1 - vector_side
-            vector_shape = _shape(operands[vector_side])
-            vector_free = [d for d in range(len(vector_shape)) if d not in contracting[vector_side]]
-            if any(vector_shape[d] != 1 for d in vector_free):
-                continue
-            matrix_shape = _shape(operands[matrix_side])
-            matrix_free = [d for d in range(len(matrix_shape)) if d not in contracting[matrix_side]]
-            if not matrix_free or not _only_returned(op.results[0]):
-                continue
-            with rewriter.ip, op.location:
-                # x's contracting dim i pairs with W's contracting dim i.
-                contracted = [vector_shape[d] for d in contracting[vector_side]]
-                flat = _create("stablehlo.reshape", [ir.RankedTensorType.get(contracted, element)],
-                               [operands[vector_side]])
-                spread = _create(
-                    "stablehlo.broadcast_in_dim",
-                    [ir.RankedTensorType.get(matrix_shape, element)],
-                    [flat],
-                    {"broadcast_dimensions": ir.DenseI64ArrayAttr.get(contracting[matrix_side])},
-                )
-                product = _create("stablehlo.multiply", [spread.type], [spread, operands[matrix_side]])
-                summed = _reduce_sum(product, contracting[matrix_side], [matrix_shape[d] for d in matrix_free], element)
-                replacement = _create("stablehlo.reshape", [result_type], [summed])
-            rewriter.replace_op(op, [replacement])
-            self.rewritten += 1
-            return False
-        return True
+        shapes = [_shape(operands[0]), _shape(operands[1])]
+        free = [
+            [d for d in range(len(shapes[side])) if d not in batching[side] and d not in contracting[side]]
+            for side in (0, 1)
+        ]
+        if not any(all(shapes[side][d] == 1 for d in free[side]) for side in (0, 1)):
+            return True  # matrix-matrix: the product tensor would be huge
+        if not _only_returned(op.results[0]):
+            return True
+        # The product lives in the result's dims followed by the contracted
+        # dims, so reducing the trailing dims yields the result directly
+        # (a reshape after the reduce costs XLA:CPU a relayout copy).
+        rank = len(result_type.shape)
+        offsets = [len(batching[0]), len(batching[0]) + len(free[0])]
+        mappings = []
+        for side in (0, 1):
+            mapping = [0] * len(shapes[side])
+            for i, d in enumerate(batching[side]):
+                mapping[d] = i
+            for j, d in enumerate(free[side]):
+                mapping[d] = offsets[side] + j
+            for i, d in enumerate(contracting[side]):
+                mapping[d] = rank + i
+            mappings.append(mapping)
+        product_shape = list(result_type.shape) + [shapes[0][d] for d in contracting[0]]
+        product_type = ir.RankedTensorType.get(product_shape, element)
+        with rewriter.ip, op.location:
+            spread = [
+                _create("stablehlo.broadcast_in_dim", [product_type], [operands[side]],
+                        {"broadcast_dimensions": ir.DenseI64ArrayAttr.get(mappings[side])})
+                for side in (0, 1)
+            ]
+            product = _create("stablehlo.multiply", [product_type], spread)
+            summed = _reduce_sum(product, list(range(rank, len(product_shape))), list(result_type.shape), element)
+        rewriter.replace_op(op, [summed])
+        self.rewritten += 1
+        return False
 
 
 def _create(name: str, results: list[ir.Type], operands: list[ir.Value],
