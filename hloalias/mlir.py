@@ -68,6 +68,58 @@ def _format_one(diagnostic, source_name: str, line_offset: int, severity: str) -
     return f"{file}:{line}:{match['col']}: {severity}: {message}"
 
 
+def location_prefix(location: ir.Location, source_name: str = "-", line_offset: int = 0) -> str:
+    """``file:line:col`` of ``location`` (``-`` meaning ``source_name``);
+    just ``source_name`` when the location has no position."""
+    match = _LOC_RE.search(str(location))
+    if not match:
+        return source_name
+    file, line = match["file"], int(match["line"])
+    if file == "-":
+        if line == 0:
+            return source_name
+        file, line = source_name, line + line_offset
+    return f"{file}:{line}:{match['col']}"
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def check_static_extents(module: ir.Module | ir.Operation, source_name: str = "-", line_offset: int = 0) -> None:
+    """IRError (``file:line:col: error:``) for a static tensor whose element
+    count or byte size does not fit in 64 bits: XLA aborts the process on
+    those instead of reporting an error."""
+    operation = module.operation if isinstance(module, ir.Module) else module
+
+    def check(value_type: ir.Type, op: ir.Operation, what: str) -> None:
+        if not isinstance(value_type, ir.RankedTensorType):
+            return
+        tensor = ir.RankedTensorType(value_type)
+        if not tensor.has_static_shape:
+            return
+        count = 1
+        for size in tensor.shape:
+            count *= size
+        try:
+            bits = element_bits(tensor.element_type)
+        except IRError:
+            bits = 8
+        if count > _INT64_MAX or count * max(8, bits) // 8 > _INT64_MAX:
+            where = location_prefix(op.location, source_name, line_offset)
+            raise IRError(
+                f"{where}: error: {what} of '{op.name}' has type {value_type}, whose size "
+                "overflows 64 bits: XLA cannot hold it"
+            )
+
+    for op in [operation, *walk_ops(operation)]:
+        for index, result in enumerate(op.results):
+            check(result.type, op, f"result {index}")
+        for region in op.regions:
+            for block in region.blocks:
+                for index, argument in enumerate(block.arguments):
+                    check(argument.type, op, f"block argument {index}")
+
+
 def parse_module(
     text: str, context: ir.Context, source_name: str = "-", line_offset: int = 0
 ) -> ir.Module:

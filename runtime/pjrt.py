@@ -32,6 +32,7 @@ from hloalias.errors import CompileError, ExecutionError
 from hloalias.legalize import inline_dense_resources, legalize_tensor_constants
 from hloalias.mlir import (
     arg_attr_dicts,
+    check_static_extents,
     find_main,
     new_context,
     parse_module,
@@ -97,6 +98,7 @@ def prepare_for_xla(module_text: str) -> str:
     ``stablehlo.constant`` and ``dense_resource`` literals inlined
     (:mod:`hloalias.legalize`)."""
     module = parse_module(module_text, new_context())
+    check_static_extents(module)  # XLA aborts the process on these
     with module.context:
         main = find_main(module)
         for read, write in (
