@@ -33,7 +33,9 @@ def new_context() -> ir.Context:
     return context
 
 
-_LOC_RE = re.compile(r'loc\("(?P<file>[^"]*)":(?P<line>\d+):(?P<col>\d+)\)')
+# The first file position in a location: a plain ``loc("f":l:c)``, or the
+# callee of a ``callsite(...)`` / first of a ``fused[...]`` (as mlir-opt prints).
+_LOC_RE = re.compile(r'"(?P<file>[^"]*)":(?P<line>\d+):(?P<col>\d+)')
 
 
 def format_diagnostics(
