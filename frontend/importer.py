@@ -252,7 +252,8 @@ class _FunctionModule(torch.nn.Module):
         except (TypeError, ValueError):
             pass
         wrapper_type.forward = forward  # type: ignore[attr-defined]
-        return wrapper_type(fn)
+        wrapper: _FunctionModule = wrapper_type(fn)
+        return wrapper
 
 
 def _describe(f: Any) -> str:
@@ -422,7 +423,7 @@ def _unlowered_op(module: ir.Module) -> str | None:
     """The first torch op a failed partial conversion left behind."""
     for op in walk_ops(module.operation):
         if op.name.startswith("torch.aten.") or op.name.startswith("torch.prims."):
-            return op.name
+            return str(op.name)
     return None
 
 

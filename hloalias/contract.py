@@ -48,7 +48,7 @@ _RESULT_NAMES = (A.RESULT_ROLE, A.RESULT_OUTPUT, A.RESULT_MUTATES, A.RESULT_STOR
 
 def _string(attr: ir.Attribute, what: str) -> str:
     try:
-        return ir.StringAttr(attr).value
+        return str(ir.StringAttr(attr).value)
     except ValueError:
         raise IRError(f"{what} must be a string, got {attr}") from None
 

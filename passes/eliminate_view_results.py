@@ -391,7 +391,7 @@ def _rewrite_results(main: func.FuncOp, signature: _Signature, removals: list[Re
     ).write(main)
 
 
-def _erase_trivially_dead(module: ModuleLike) -> None:
+def _erase_trivially_dead(module: ir.Module) -> None:
     """Erase what only removed results needed, through MLIR's greedy driver:
     it erases an op only when its side-effect interfaces say it is trivially
     dead (a ``case`` whose branch has a ``custom_call`` stays)."""

@@ -13,7 +13,8 @@ import math
 
 from torch_mlir import ir
 
-from hloalias.contract import Layout, row_major_strides as _row_major_strides
+from hloalias.contract import Layout as Layout
+from hloalias.contract import row_major_strides as _row_major_strides
 from hloalias.mlir import element_bits
 
 VIEW_OPS = frozenset(

@@ -159,11 +159,11 @@ def parse_pipeline(text: str) -> list[PipelineElement]:
 
 def build_pass_manager(
     text: str, context: ir.Context, reports: list[Any] | None = None
-) -> tuple[passmanager.PassManager, list[ModulePass]]:
+) -> tuple[passmanager.PassManager, list[ModulePass[Any]]]:
     """A ``PassManager`` for pipeline ``text`` and the hloalias passes in it.
     Each hloalias pass run appends its report to ``reports``."""
     registry = get_all_passes()
-    instances: list[ModulePass] = []
+    instances: list[ModulePass[Any]] = []
     with context:
         pm = passmanager.PassManager("builtin.module")
         for element in parse_pipeline(text):

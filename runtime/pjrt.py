@@ -89,7 +89,7 @@ def target_stablehlo_version() -> str:
     """The StableHLO version both torch-mlir and jaxlib speak."""
     ours = _stablehlo.get_current_version()
     theirs = jaxlib_stablehlo.get_current_version()
-    return min(ours, theirs, key=_version_tuple)
+    return str(min(ours, theirs, key=_version_tuple))
 
 
 def prepare_for_xla(module_text: str) -> str:
@@ -178,5 +178,5 @@ def array_to_torch(array: jax.Array) -> torch.Tensor:
         if _buffer_to_dlpack is not None:
             # jaxlib's direct entry: skips jax's Python-level __dlpack__.
             return torch.utils.dlpack.from_dlpack(_buffer_to_dlpack(array))
-        return torch.from_dlpack(array)
-    return torch.from_dlpack(np.asarray(array).copy())
+        return torch.utils.dlpack.from_dlpack(array)
+    return torch.utils.dlpack.from_dlpack(np.asarray(array).copy())
