@@ -209,11 +209,28 @@ def run_pipeline(
     return reports
 
 
+# Attributes that only explain decisions (for reports): neither XLA nor the
+# runtime reads them, so they do not distinguish executables.  Removed from
+# the printed attribute dictionaries (sorted by name): after another entry,
+# before another entry, or alone.
+_REPORT_ONLY = r'hloalias\.(?:donation|unused_donation) = "(?:[^"\\]|\\.)*"'
+_REPORT_ONLY_RES = (
+    re.compile(", " + _REPORT_ONLY),
+    re.compile(_REPORT_ONLY + ", "),
+    re.compile(r" \{" + _REPORT_ONLY + r"\}"),
+)
+
+
 def module_cache_key(module: ir.Module) -> str:
-    """Key of a final module: SHA-256 of its text without locations.  Two
-    configurations that produce the same module (same aliasing, same
-    removed results) share it; any difference in aliasing changes it."""
-    return hashlib.sha256(print_module(module).encode()).hexdigest()
+    """Key of a final module: SHA-256 of its text without locations and
+    without report-only attributes (``hloalias.donation``,
+    ``hloalias.unused_donation``).  Two configurations that produce the same
+    module (same aliasing, same removed results) share it; any difference
+    in aliasing changes it."""
+    text = print_module(module)
+    for pattern in _REPORT_ONLY_RES:
+        text = pattern.sub("", text)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 __all__ = [
