@@ -16,7 +16,7 @@ from typing import ClassVar
 from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
-from hloalias.passes.base import ModuleLike, ModulePass, as_module_like
+from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +40,13 @@ class FoldTransposeIntoDotGeneral(ModulePass[FoldReport]):
         """Rewrite every foldable ``dot_general`` in ``module`` in place;
         transposes left without users are erased."""
         module = as_module_like(module)
+        verify_contract(module)
         counter = _Counter()
         with module.context, ir.Location.unknown():
             patterns = rewrite.RewritePatternSet()
             patterns.add("stablehlo.dot_general", counter.fold_transposed_operand)
             rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
+        verify_contract(module)
         return FoldReport(counter.folded)
 
 

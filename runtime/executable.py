@@ -33,7 +33,7 @@ from torch_mlir import ir
 from hloalias import attributes as A
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError
 from hloalias.frontend.importer import Program, Stage, import_torch
-from hloalias.contract import verify
+from hloalias.contract import Signature, verify
 from hloalias.mlir import arg_attr_dicts, find_main, print_module, set_arg_attr_dicts
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
@@ -258,7 +258,7 @@ class Executable:
         module = program.torch_mlir_module
         with module.context:
             main = find_main(module)
-            contract = verify(main)
+            contract = Signature.read(main)  # verified once, by compile()
             self._donated_args = {i for i, arg in enumerate(contract.args) if arg.overwritten}
             self._aliases = {
                 i: arg.aliasing_output for i, arg in enumerate(contract.args)
