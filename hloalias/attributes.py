@@ -26,8 +26,11 @@ On ``@main``'s arguments (``arg_attrs``):
 On ``@main``'s results (``res_attrs``):
 
 ``hloalias.role``  (string)
-    ``"user_output"`` or ``"mutation"``.  A result without a role is a user
-    output numbered by its position.
+    ``"user_output"`` or ``"mutation"``.  A result without a role is a
+    mutation when it has ``hloalias.mutates`` only, else a user output; a user
+    output without ``hloalias.output`` is numbered by its position.  Every
+    hloalias pass writes both attributes on every result it keeps, so later
+    renumbering never changes which output a result is.
 ``hloalias.output``  (i64)
     For a user output: its position in the user's flattened outputs.
 ``hloalias.mutates``  (i64)
