@@ -34,7 +34,7 @@ from hloalias import attributes as A
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError
 from hloalias.frontend.importer import Program, Stage, import_torch
 from hloalias.contract import Signature, verify
-from hloalias.mlir import arg_attr_dicts, find_main, print_module, set_arg_attr_dicts
+from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, parse_pipeline, run_pipeline
@@ -215,10 +215,12 @@ def _mark_donors(program: Program, donated: list[int]) -> None:
     module = program.torch_mlir_module
     with module.context:
         main = find_main(module)
-        dicts = arg_attr_dicts(main)
-        for index in donated:
-            dicts[index][A.BUFFER_DONOR] = ir.BoolAttr.get(True)
-        set_arg_attr_dicts(main, dicts)
+        contract = Signature.read(main)
+        args = tuple(
+            dataclasses.replace(arg, buffer_donor=True) if index in donated else arg
+            for index, arg in enumerate(contract.args)
+        )
+        dataclasses.replace(contract, args=args).write(main)
 
 
 class Executable:
