@@ -30,7 +30,7 @@ from typing import ClassVar
 from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
-from hloalias.passes.base import ModulePass, as_module_like
+from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,22 +39,28 @@ class BitcastScatterReport:
 
     rewritten: int
 
+    def to_text(self) -> str:
+        """The report as people read it."""
+        return f"bitcast-overwrite-scatter: {self.rewritten} scatters run on integers"
+
 
 @dataclasses.dataclass(frozen=True)
-class BitcastOverwriteScatter(ModulePass):
+class BitcastOverwriteScatter(ModulePass[BitcastScatterReport]):
     """Run overwrite-only bf16/f16 scatters on same-width integers."""
 
     name: ClassVar[str] = "bitcast-overwrite-scatter"
 
-    def apply(self, module: ir.Module) -> BitcastScatterReport:  # type: ignore[override]
+    def apply(self, module: ModuleLike) -> BitcastScatterReport:
         """Rewrite every eligible scatter in ``module`` in place."""
         module = as_module_like(module)
+        verify_contract(module)
         counter = _Counter()
         with module.context, ir.Location.unknown():
             patterns = rewrite.RewritePatternSet()
             patterns.add("stablehlo.scatter", counter.bitcast_scatter)
             patterns.add("stablehlo.bitcast_convert", _fold_round_trip)
             rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
+        verify_contract(module)
         return BitcastScatterReport(counter.rewritten)
 
 

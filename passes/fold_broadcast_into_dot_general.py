@@ -30,8 +30,8 @@ from typing import ClassVar
 from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
-from hloalias.passes.base import ModulePass, as_module_like
-from hloalias.passes.fold_transpose_into_dot_general import _Counter as _TransposeCounter
+from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
+from hloalias.passes.fold_transpose_into_dot_general import TransposeFolder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,24 +41,33 @@ class BroadcastFoldReport:
     folded: int
     transposes_folded: int
 
+    def to_text(self) -> str:
+        """The report as people read it."""
+        return (
+            f"fold-broadcast-into-dot-general: {self.folded} broadcasts folded, "
+            f"{self.transposes_folded} transposes folded after them"
+        )
+
 
 @dataclasses.dataclass(frozen=True)
-class FoldBroadcastIntoDotGeneral(ModulePass):
+class FoldBroadcastIntoDotGeneral(ModulePass[BroadcastFoldReport]):
     """Feed the source of a batch-only broadcast to a non-batched ``dot_general``."""
 
     name: ClassVar[str] = "fold-broadcast-into-dot-general"
 
-    def apply(self, module: ir.Module) -> BroadcastFoldReport:  # type: ignore[override]
+    def apply(self, module: ModuleLike) -> BroadcastFoldReport:
         """Rewrite every foldable ``dot_general`` in ``module`` in place;
         broadcasts left without users are erased."""
         module = as_module_like(module)
+        verify_contract(module)
         counter = _Counter()
-        transposes = _TransposeCounter()
+        transposes = TransposeFolder()
         with module.context, ir.Location.unknown():
             patterns = rewrite.RewritePatternSet()
             patterns.add("stablehlo.dot_general", counter.fold_broadcast_operand)
             patterns.add("stablehlo.dot_general", transposes.fold_transposed_operand)
             rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
+        verify_contract(module)
         return BroadcastFoldReport(counter.folded, transposes.folded)
 
 

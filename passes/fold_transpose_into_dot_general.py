@@ -41,7 +41,7 @@ class FoldTransposeIntoDotGeneral(ModulePass[FoldReport]):
         transposes left without users are erased."""
         module = as_module_like(module)
         verify_contract(module)
-        counter = _Counter()
+        counter = TransposeFolder()
         with module.context, ir.Location.unknown():
             patterns = rewrite.RewritePatternSet()
             patterns.add("stablehlo.dot_general", counter.fold_transposed_operand)
@@ -51,7 +51,9 @@ class FoldTransposeIntoDotGeneral(ModulePass[FoldReport]):
 
 
 @dataclasses.dataclass
-class _Counter:
+class TransposeFolder:
+    """The rewrite pattern and its count; other dot passes reuse it."""
+
     folded: int = 0
 
     def fold_transposed_operand(self, op: ir.OpView, rewriter: rewrite.PatternRewriter) -> bool:

@@ -32,7 +32,7 @@ from typing import ClassVar
 from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
-from hloalias.passes.base import ModulePass, as_module_like
+from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,21 +41,27 @@ class MatvecReport:
 
     rewritten: int
 
+    def to_text(self) -> str:
+        """The report as people read it."""
+        return f"returned-matvec-as-reduce: {self.rewritten} dots became multiply + reduce"
+
 
 @dataclasses.dataclass(frozen=True)
-class ReturnedMatvecAsReduce(ModulePass):
+class ReturnedMatvecAsReduce(ModulePass[MatvecReport]):
     """Turn returned vector-matrix dots into multiply + reduce."""
 
     name: ClassVar[str] = "returned-matvec-as-reduce"
 
-    def apply(self, module: ir.Module) -> MatvecReport:  # type: ignore[override]
+    def apply(self, module: ModuleLike) -> MatvecReport:
         """Rewrite every eligible ``dot_general`` in ``module`` in place."""
         module = as_module_like(module)
+        verify_contract(module)
         counter = _Counter()
         with module.context, ir.Location.unknown():
             patterns = rewrite.RewritePatternSet()
             patterns.add("stablehlo.dot_general", counter.as_reduce)
             rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
+        verify_contract(module)
         return MatvecReport(counter.rewritten)
 
 

@@ -34,7 +34,7 @@ from typing import ClassVar
 from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
-from hloalias.passes.base import ModulePass, as_module_like
+from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,21 +43,27 @@ class WindowScatterReport:
 
     windowed: int
 
+    def to_text(self) -> str:
+        """The report as people read it."""
+        return f"window-scatter-indices: {self.windowed} scatters take one index per slice"
+
 
 @dataclasses.dataclass(frozen=True)
-class WindowScatterIndices(ModulePass):
+class WindowScatterIndices(ModulePass[WindowScatterReport]):
     """Turn per-element scatter indices that enumerate slices into update windows."""
 
     name: ClassVar[str] = "window-scatter-indices"
 
-    def apply(self, module: ir.Module) -> WindowScatterReport:  # type: ignore[override]
+    def apply(self, module: ModuleLike) -> WindowScatterReport:
         """Rewrite every eligible scatter in ``module`` in place."""
         module = as_module_like(module)
+        verify_contract(module)
         counter = _Counter()
         with module.context, ir.Location.unknown():
             patterns = rewrite.RewritePatternSet()
             patterns.add("stablehlo.scatter", counter.window_scatter)
             rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
+        verify_contract(module)
         return WindowScatterReport(counter.windowed)
 
 
