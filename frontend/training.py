@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -183,12 +184,15 @@ def capture_training_step(
     flat_state = [initial[s.name] for s in slots]
     with _tracing_flag():
         try:
-            graph_module = make_fx(functional, tracing_mode="fake")(flat_state, lr_examples, batch_leaves)
+            graph_module = make_fx(functional, tracing_mode="fake", record_stack_traces=True)(
+                flat_state, lr_examples, batch_leaves
+            )
         except TrainingCaptureError:
             raise
         except Exception as error:  # torch raises many types while tracing
             raise TrainingCaptureError(_describe_trace_failure(error)) from None
     _drop_profiler_nodes(graph_module)
+    _scalar_alphas_to_tensors(graph_module)
 
     step_module = _StepModule(graph_module, slots, initial, lr_count)
     example_inputs = (*lr_examples, *batch_leaves)
@@ -410,3 +414,49 @@ def _drop_profiler_nodes(graph_module: torch.fx.GraphModule) -> None:
                 graph.erase_node(node)
     graph.lint()
     graph_module.recompile()
+
+
+_ALPHA_OPS = {
+    torch.ops.aten.add.Tensor: torch.ops.aten.add.Tensor,
+    torch.ops.aten.add_.Tensor: torch.ops.aten.add_.Tensor,
+    torch.ops.aten.sub.Tensor: torch.ops.aten.sub.Tensor,
+    torch.ops.aten.sub_.Tensor: torch.ops.aten.sub_.Tensor,
+}
+
+
+def _scalar_alphas_to_tensors(graph_module: torch.fx.GraphModule) -> None:
+    """``param.add_(grad, alpha=-lr)`` with a tensor ``lr`` reads ``lr`` on
+    the host (``_local_scalar_dense``), which XLA cannot run; it becomes
+    ``param.add_(grad * -lr)``.  Any other host read left in the graph is a
+    :class:`TrainingCaptureError` naming the line."""
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != torch.ops.aten._local_scalar_dense.default:
+            continue
+        (source,) = node.args
+        for user in list(node.users):
+            if user.target in _ALPHA_OPS and user.kwargs.get("alpha") is node and len(user.args) == 2:
+                with graph.inserting_before(user):
+                    scaled = graph.call_function(torch.ops.aten.mul.Tensor, (user.args[1], source))
+                    scaled.meta = dict(user.meta)
+                user.args = (user.args[0], scaled)
+                user.kwargs = {k: v for k, v in user.kwargs.items() if k != "alpha"}
+        if node.users:
+            trace = node.meta.get("stack_trace") or ""
+            raise TrainingCaptureError(
+                "cannot capture the training step as one graph: a traced tensor is read on the host "
+                f"(.item() / float()){_last_user_frame(trace)}"
+            )
+        graph.erase_node(node)
+    graph.lint()
+    graph_module.recompile()
+
+
+def _last_user_frame(stack_trace: str) -> str:
+    torch_root = os.path.dirname(torch.__file__)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', stack_trace)
+    user = [f for f in frames if not f[0].startswith(torch_root) and os.path.abspath(f[0]) != os.path.abspath(__file__)]
+    if not user:
+        return ""
+    file, line, function, code = user[-1]
+    return f" at {file}:{line} in {function}: {code.strip()}"
