@@ -11,9 +11,9 @@ The user writes the step the PyTorch way::
 
 :func:`capture_training_step` turns it into an ``ExportedProgram`` whose
 module state is everything the step reads and overwrites: the model's
-parameters (``params.<fqn>``), its buffers (``buffers.<fqn>``, e.g.
+parameters (``param.<fqn>``), its buffers (``buffer.<fqn>``, e.g.
 BatchNorm's running statistics) and the optimizer's per-parameter state
-(``optimizer.<i>.<key>``, ``i`` being the parameter's index in
+(``optim.<i>.<key>``, ``i`` being the parameter's index in
 ``optimizer.state_dict()``).  Every one of them is updated in place, so the
 importer records it as a mutated buffer and ``alias-donated-buffers``
 aliases it (an inferred donor).  The user inputs are one ``lr`` scalar per
@@ -132,24 +132,24 @@ def capture_training_step(
     slots: list[StateSlot] = []
     initial: dict[str, torch.Tensor] = {}
     for fqn, p in named_params.items():
-        slot = StateSlot(f"params.{fqn}", "param", fqn=fqn)
+        slot = StateSlot(f"param.{fqn}", "param", fqn=fqn)
         slots.append(slot)
         initial[slot.name] = p.detach().clone()
     for fqn, b in named_buffers.items():
-        slot = StateSlot(f"buffers.{fqn}", "buffer", fqn=fqn)
+        slot = StateSlot(f"buffer.{fqn}", "buffer", fqn=fqn)
         slots.append(slot)
         initial[slot.name] = b.detach().clone()
     for index, entries in enumerate(opt_state):
         for key, value in entries.items():
-            slot = StateSlot(f"optimizer.{index}.{key}", "optimizer", param_index=index, key=key)
+            slot = StateSlot(f"optim.{index}.{key}", "optimizer", param_index=index, key=key)
             slots.append(slot)
             initial[slot.name] = value
     lr_count = len(optimizer.param_groups)
 
     def functional(flat_state: list[torch.Tensor], lrs: list[torch.Tensor], batch: list[torch.Tensor]) -> Any:
         values = dict(zip((s.name for s in slots), flat_state))
-        leaves = {fqn: values[f"params.{fqn}"].clone().requires_grad_(True) for fqn in named_params}
-        buffers = {fqn: values[f"buffers.{fqn}"].clone() for fqn in named_buffers}
+        leaves = {fqn: values[f"param.{fqn}"].clone().requires_grad_(True) for fqn in named_params}
+        buffers = {fqn: values[f"buffer.{fqn}"].clone() for fqn in named_buffers}
         traced_params = [leaves[param_fqn[id(p)]] for p in opt_params]
         traced_state: list[dict[str, Any]] = [{} for _ in opt_params]
         for slot in slots:
