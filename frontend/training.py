@@ -49,6 +49,7 @@ import torch.compiler
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.utils.stateless import _reparametrize_module
 
 from hloalias.errors import TorchImportError
@@ -182,9 +183,15 @@ def capture_training_step(
 
     lr_examples = [torch.tensor(float(_lr_value(g)), dtype=torch.float32) for g in optimizer.param_groups]
     flat_state = [initial[s.name] for s in slots]
-    with _tracing_flag():
+    # The math attention backend is composite (matmul, softmax): its
+    # backward is ops XLA lowers; the fused CPU kernels' backward is not.
+    with _tracing_flag(), sdpa_kernel(SDPBackend.MATH):
         try:
-            graph_module = make_fx(functional, tracing_mode="fake", record_stack_traces=True)(
+            graph_module = make_fx(
+                functional,
+                tracing_mode="fake",
+                record_stack_traces=True,
+            )(
                 flat_state, lr_examples, batch_leaves
             )
         except TrainingCaptureError:
@@ -193,6 +200,7 @@ def capture_training_step(
             raise TrainingCaptureError(_describe_trace_failure(error)) from None
     _drop_profiler_nodes(graph_module)
     _scalar_alphas_to_tensors(graph_module)
+    _views_to_reshapes(graph_module)
 
     step_module = _StepModule(graph_module, slots, initial, lr_count)
     example_inputs = (*lr_examples, *batch_leaves)
@@ -460,3 +468,40 @@ def _last_user_frame(stack_trace: str) -> str:
         return ""
     file, line, function, code = user[-1]
     return f" at {file}:{line} in {function}: {code.strip()}"
+
+
+def _views_to_reshapes(graph_module: torch.fx.GraphModule) -> None:
+    """``aten.view`` is valid only for the strides seen while tracing; the
+    exported graph is decomposed again, where a transposed gradient may get
+    other strides and the view would fail.  A view no in-place op reaches
+    (through any chain of aliases) is a reshape: same value, no aliasing
+    observable."""
+    graph = graph_module.graph
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def root(node: torch.fx.Node) -> torch.fx.Node:
+        while node in parent:
+            node = parent[node]
+        return node
+
+    mutated_roots: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        if schema.arguments and node.args and isinstance(node.args[0], torch.fx.Node):
+            first = schema.arguments[0]
+            if first.alias_info is not None:
+                if first.alias_info.is_write:
+                    mutated_roots.add(node.args[0])
+                elif schema.returns and schema.returns[0].alias_info is not None:
+                    parent[node] = node.args[0]  # a view: same storage as its input
+        for argument, value in zip(schema.arguments[1:], node.args[1:]):
+            if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.fx.Node):
+                mutated_roots.add(value)
+    mutated = {root(node) for node in mutated_roots}
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target == torch.ops.aten.view.default and root(node) not in mutated:
+            node.target = torch.ops.aten.reshape.default
+    graph.lint()
+    graph_module.recompile()
