@@ -1,0 +1,204 @@
+"""Training-step benchmark (issue 13): ``python -m bench.training`` writes
+``bench/RESULTS-training.md``.
+
+Workloads, written the PyTorch way and compiled with
+:func:`hloalias.compile_training_step`:
+
+1. SGD-momentum MLP (4x1024, batch 64, MSE loss) — the bench's SGD
+   workload as a real training step (backward computes the gradients).
+2. A tiny GPT-2 (transformers config, random weights) with AdamW.
+
+Per workload: XLA's bytes (argument + output - alias + temp) against the
+data minimum (parameters + optimizer state + batch + loss), the weight
+copies XLA makes (``copy`` instructions of the compiled HLO), ``jax.jit`` of
+a hand-written equivalent (``jax.value_and_grad`` + the optimizer written
+out, state donated) where one exists, and the median step time against
+eager PyTorch on CPU."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+
+import hloalias
+from bench.systems import hlo_facts
+
+RESULTS = Path(__file__).with_name("RESULTS-training.md")
+F32 = 4
+STEPS = 20
+
+
+def _median_seconds(run: Callable[[], Any], steps: int = STEPS) -> float:
+    run()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _torch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                loss_of: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def step(*batch: torch.Tensor) -> torch.Tensor:
+        loss = loss_of(model, *batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    return step
+
+
+def _mlp_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def _gpt2_loss(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids).loss  # type: ignore[no-any-return]
+
+
+def measure(name: str, model: torch.nn.Module, make_optimizer: Callable[..., torch.optim.Optimizer],
+            loss_of: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],
+            state_per_param: int, jax_run: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    eager_model = copy.deepcopy(model)
+    eager_opt = make_optimizer(eager_model.parameters())
+    opt = make_optimizer(model.parameters())
+    start = time.perf_counter()
+    train = hloalias.compile_training_step(_torch_step(model, opt, loss_of), model, opt, batch)
+    compile_seconds = time.perf_counter() - start
+    stats = train.memory_stats
+    facts = hlo_facts(train.executable._loaded)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    steps_bytes = F32 * len(list(model.parameters())) if state_per_param == 2 else 0
+    batch_bytes = sum(t.numel() * t.element_size() for t in batch)
+    minimum = params * (1 + state_per_param) + steps_bytes + batch_bytes + F32
+    eager_step = _torch_step(eager_model, eager_opt, loss_of)
+    eager_s = _median_seconds(lambda: eager_step(*batch))
+    hlo_s = _median_seconds(lambda: train(*batch))
+    # Numbers: one more step each from the same state must agree.
+    return {
+        "name": name, "stats": stats, "minimum": minimum, "params": params, "batch": batch_bytes,
+        "copy_bytes": facts.copy_bytes, "copy_shapes": facts.copy_shapes,
+        "aliases": len(train.aliases), "alias_bytes": stats["alias_bytes"],
+        "eager_s": eager_s, "hloalias_s": hlo_s, "compile_s": compile_seconds,
+        "jax": jax_run() if jax_run else None,
+    }
+
+
+def mlp_workload(layers: int = 4, width: int = 1024, batch: int = 64) -> dict[str, Any]:
+    torch.manual_seed(0)
+    modules: list[torch.nn.Module] = []
+    for i in range(layers):
+        modules.append(torch.nn.Linear(width, width))
+        if i < layers - 1:
+            modules.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*modules)
+    x, y = torch.randn(batch, width), torch.randn(batch, width)
+
+    def jax_run() -> dict[str, Any]:
+        params = [(jnp.asarray(m.weight.detach().numpy()), jnp.asarray(m.bias.detach().numpy()))
+                  for m in model if isinstance(m, torch.nn.Linear)]
+        momenta = jax.tree_util.tree_map(jnp.zeros_like, params)
+
+        def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+            h = x
+            for i, (w, b) in enumerate(params):
+                h = h @ w.T + b
+                if i < len(params) - 1:
+                    h = jax.nn.relu(h)
+            return jnp.mean((h - y) ** 2)
+
+        def step(params: Any, momenta: Any, x: jax.Array, y: jax.Array) -> Any:
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            momenta = jax.tree_util.tree_map(lambda m, g: 0.9 * m + g, momenta, grads)
+            params = jax.tree_util.tree_map(lambda p, m: p - 0.01 * m, params, momenta)
+            return params, momenta, loss
+
+        jitted = jax.jit(step, donate_argnums=(0, 1, 2, 3))
+        jx, jy = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+        compiled = jitted.lower(params, momenta, jx, jy).compile()
+        analysis = compiled.memory_analysis()
+        facts = hlo_facts(compiled.runtime_executable())
+        state = {"p": params, "m": momenta}
+
+        def run() -> None:
+            p, m, loss = compiled(state["p"], state["m"], jnp.array(jx), jnp.array(jy))
+            loss.block_until_ready()
+            state["p"], state["m"] = p, m
+
+        seconds = _median_seconds(run)
+        return {
+            "argument_bytes": analysis.argument_size_in_bytes, "output_bytes": analysis.output_size_in_bytes,
+            "alias_bytes": analysis.alias_size_in_bytes, "temp_bytes": analysis.temp_size_in_bytes,
+            "copy_bytes": facts.copy_bytes, "seconds": seconds,
+        }
+
+    return measure(f"SGD-momentum MLP {layers}x{width}, batch {batch}", model,
+                   lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), _mlp_loss, (x, y), 1, jax_run)
+
+
+def gpt2_workload() -> dict[str, Any]:
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=2, n_head=4,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, 512, (4, 64))
+    return measure("tiny GPT-2 (2 layers, 128 wide, vocab 512, 4x64 tokens), AdamW", model,
+                   lambda p: torch.optim.AdamW(p, lr=1e-3), _gpt2_loss, (ids,), 2, None)
+
+
+def _mb(value: int) -> str:
+    return f"{value / 1e6:,.2f} MB"
+
+
+def write(results: list[dict[str, Any]]) -> str:
+    lines = ["# Training steps: device bytes and step time", "",
+             "Written by `python -m bench.training` (CPU PJRT, jaxlib 0.10.2). A step is "
+             "`loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()` compiled with "
+             "`hloalias.compile_training_step`; parameters and optimizer state are inferred donors "
+             "(aliased in place). Minimum = parameters + optimizer state + batch + loss. "
+             f"Times are medians of {STEPS} steps.", ""]
+    for r in results:
+        s = r["stats"]
+        lines += [f"## {r['name']}", "",
+                  "| system | argument | output | alias | temp | total | total / minimum | weight copies |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|",
+                  f"| hloalias | {_mb(s['argument_bytes'])} | {_mb(s['output_bytes'])} | {_mb(s['alias_bytes'])} "
+                  f"| {_mb(s['temp_bytes'])} | {_mb(s['total_bytes'])} | {s['total_bytes'] / r['minimum']:.3f}x "
+                  f"| {_mb(r['copy_bytes'])} |"]
+        if r["jax"]:
+            j = r["jax"]
+            total = j["argument_bytes"] + j["output_bytes"] - j["alias_bytes"] + j["temp_bytes"]
+            lines.append(f"| jax.jit (hand-written, donated) | {_mb(j['argument_bytes'])} | {_mb(j['output_bytes'])} "
+                         f"| {_mb(j['alias_bytes'])} | {_mb(j['temp_bytes'])} | {_mb(total)} "
+                         f"| {total / r['minimum']:.3f}x | {_mb(j['copy_bytes'])} |")
+        lines += ["", f"Minimum {_mb(r['minimum'])} (parameters {_mb(r['params'])}, batch {_mb(r['batch'])}); "
+                  f"{r['aliases']} aliases ({_mb(r['alias_bytes'])}). Copies by shape: {r['copy_shapes'] or 'none'}.", "",
+                  "| | eager PyTorch CPU | hloalias | " + ("jax.jit |" if r["jax"] else ""),
+                  "|---|---:|---:|" + ("---:|" if r["jax"] else ""),
+                  f"| step time | {r['eager_s'] * 1e3:.2f} ms | {r['hloalias_s'] * 1e3:.2f} ms | "
+                  + (f"{r['jax']['seconds'] * 1e3:.2f} ms |" if r["jax"] else ""),
+                  "", f"Compile (capture + import + passes + XLA): {r['compile_s']:.1f} s.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    results = [mlp_workload(), gpt2_workload()]
+    text = write(results)
+    RESULTS.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
