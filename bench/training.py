@@ -84,7 +84,6 @@ def measure(name: str, model: torch.nn.Module, make_optimizer: Callable[..., tor
     eager_step = _torch_step(eager_model, eager_opt, loss_of)
     eager_s = _median_seconds(lambda: eager_step(*batch))
     hlo_s = _median_seconds(lambda: train(*batch))
-    # Numbers: one more step each from the same state must agree.
     return {
         "name": name, "stats": stats, "minimum": minimum, "params": params, "batch": batch_bytes,
         "copy_bytes": facts.copy_bytes, "copy_shapes": facts.copy_shapes,
@@ -127,6 +126,7 @@ def mlp_workload(layers: int = 4, width: int = 1024, batch: int = 64) -> dict[st
         jx, jy = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
         compiled = jitted.lower(params, momenta, jx, jy).compile()
         analysis = compiled.memory_analysis()
+        assert analysis is not None, "jaxlib reports no memory analysis"
         facts = hlo_facts(compiled.runtime_executable())
         state = {"p": params, "m": momenta}
 

@@ -287,12 +287,12 @@ def _tracing_flag() -> Iterator[None]:
     """``torch.compiler.is_compiling()`` is True while tracing, as under
     ``torch.compile``: the optimizer then keeps a tensor ``lr`` in the
     graph and skips its eager-only device checks for ``capturable``."""
-    previous = torch.compiler._is_compiling_flag  # type: ignore[attr-defined]
-    torch.compiler._is_compiling_flag = True  # type: ignore[attr-defined]
+    previous = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
     try:
         yield
     finally:
-        torch.compiler._is_compiling_flag = previous  # type: ignore[attr-defined]
+        torch.compiler._is_compiling_flag = previous
 
 
 @contextlib.contextmanager
