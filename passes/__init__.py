@@ -13,6 +13,7 @@ from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasRepo
 from hloalias.passes.base import ModulePass
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
+from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
 
 
 def get_all_passes() -> dict[str, Callable[[str], ModulePass]]:
@@ -21,6 +22,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass]]:
         AliasDonatedBuffers.name: AliasDonatedBuffers.from_options,
         EliminateViewResults.name: EliminateViewResults.from_options,
         FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
+        OrderInPlaceUpdates.name: OrderInPlaceUpdates.from_options,
     }
 
 
@@ -31,6 +33,8 @@ __all__ = [
     "FoldReport",
     "FoldTransposeIntoDotGeneral",
     "ModulePass",
+    "OrderInPlaceUpdates",
+    "OrderReport",
     "ViewReport",
     "get_all_passes",
 ]

@@ -43,6 +43,13 @@ from hloalias.frontend.training import _initial_optimizer_state as optimizer_sta
 from hloalias.frontend.training import _lr_value as lr_of
 from hloalias.runtime.executable import DeviceTensor, Executable, compile
 
+#: The default pipeline, then ``order-in-place-updates``: weights the
+#: backward reads for input gradients are updated in place without a copy.
+TRAINING_PIPELINE = (
+    "builtin.module(fold-transpose-into-dot-general, eliminate-view-results, "
+    "alias-donated-buffers, order-in-place-updates)"
+)
+
 
 def compile_training_step(
     step_fn: Callable[..., Any],
@@ -60,7 +67,8 @@ def compile_training_step(
 
     ``donate`` lists batch leaves by position (in ``example_batch`` flattened)
     whose buffers the step may consume.  Parameters, buffers and optimizer
-    state are donated always (they are updated in place).  The model and the
+    state are donated always (they are updated in place).  ``pipeline``
+    defaults to :data:`TRAINING_PIPELINE`.  The model and the
     optimizer are not changed.  Raises :class:`TrainingCaptureError` when
     the step cannot be captured (naming the construct and the line) and
     :class:`DonationError` for a bad ``donate`` entry."""
@@ -73,7 +81,7 @@ def compile_training_step(
         if not 0 <= request < batch_count:
             raise DonationError(f"donate names batch input {request}, but the batch has {batch_count} tensors")
         positions.append(captured.lr_count + request)
-    executable = compile(captured.exported, donate=positions, pipeline=pipeline, device=device)
+    executable = compile(captured.exported, donate=positions, pipeline=pipeline or TRAINING_PIPELINE, device=device)
     return TrainingStep(captured, executable, model, optimizer)
 
 
