@@ -22,6 +22,7 @@ EXPECTED_PASS_NAMES = {
     "eliminate-view-results",
     "alias-donated-buffers",
     "fold-transpose-into-dot-general",
+    "order-in-place-updates",
 }
 
 
