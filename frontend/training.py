@@ -14,7 +14,9 @@ module state is everything the step reads and overwrites: the model's
 parameters (``param.<fqn>``), its buffers (``buffer.<fqn>``, e.g.
 BatchNorm's running statistics) and the optimizer's per-parameter state
 (``optim.<i>.<key>``, ``i`` being the parameter's index in
-``optimizer.state_dict()``).  Every one of them is updated in place, so the
+``optimizer.state_dict()``), and, when the step leaves ``.grad`` set (no
+``zero_grad``: gradients accumulate across calls), the gradients
+(``grad.<fqn>``).  Every one of them is updated in place, so the
 importer records it as a mutated buffer and ``alias-donated-buffers``
 aliases it (an inferred donor).  The user inputs are one ``lr`` scalar per
 parameter group (so a scheduler's new learning rate is data, not a
@@ -72,7 +74,7 @@ class StateSlot:
     index and key for optimizer state)."""
 
     name: str
-    kind: str  # "param" | "buffer" | "optimizer"
+    kind: str  # "param" | "buffer" | "optimizer" | "grad"
     fqn: str | None = None
     param_index: int | None = None
     key: str | None = None
@@ -129,7 +131,35 @@ def capture_training_step(
             raise TrainingCaptureError(f"optimizer parameter {index} is not a parameter of the model")
     _check_groups(optimizer)
     opt_state = _initial_optimizer_state(optimizer, opt_params)
+    try:
+        return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, frozenset())
+    except _GradientsKept as kept:
+        # The step accumulates into .grad across calls (no zero_grad, or
+        # zero_grad(set_to_none=False)): gradients become device state too.
+        return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept.names)
 
+
+class _GradientsKept(Exception):
+    """Raised from a trace whose step leaves gradients set."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        super().__init__(", ".join(sorted(names)))
+        self.names = names
+
+
+def _capture(
+    step_fn: Callable[..., Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch_leaves: list[Any],
+    batch_spec: Any,
+    opt_params: list[torch.nn.Parameter],
+    opt_state: list[dict[str, torch.Tensor]],
+    kept_grads: frozenset[str],
+) -> CapturedTrainingStep:
+    named_params = dict(model.named_parameters())
+    named_buffers = dict(model.named_buffers())
+    param_fqn = {id(p): name for name, p in named_params.items()}
     slots: list[StateSlot] = []
     initial: dict[str, torch.Tensor] = {}
     for fqn, p in named_params.items():
@@ -145,11 +175,19 @@ def capture_training_step(
             slot = StateSlot(f"optim.{index}.{key}", "optimizer", param_index=index, key=key)
             slots.append(slot)
             initial[slot.name] = value
+    for fqn, p in named_params.items():
+        if fqn in kept_grads:
+            slot = StateSlot(f"grad.{fqn}", "grad", fqn=fqn)
+            slots.append(slot)
+            grad = p.grad
+            initial[slot.name] = grad.detach().clone() if grad is not None else torch.zeros_like(p.detach())
     lr_count = len(optimizer.param_groups)
 
     def functional(flat_state: list[torch.Tensor], lrs: list[torch.Tensor], batch: list[torch.Tensor]) -> Any:
         values = dict(zip((s.name for s in slots), flat_state))
         leaves = {fqn: values[f"param.{fqn}"].clone().requires_grad_(True) for fqn in named_params}
+        for fqn in kept_grads:
+            leaves[fqn].grad = values[f"grad.{fqn}"].clone()
         buffers = {fqn: values[f"buffer.{fqn}"].clone() for fqn in named_buffers}
         traced_params = [leaves[param_fqn[id(p)]] for p in opt_params]
         traced_state: list[dict[str, Any]] = [{} for _ in opt_params]
@@ -160,13 +198,9 @@ def capture_training_step(
         with _optimizer_pointed_at(optimizer, traced_params, traced_state, lrs):
             with _reparametrize_module(model, {**leaves, **buffers}, tie_weights=True):
                 result = step_fn(*pytree.tree_unflatten(batch, batch_spec))
-        for fqn, leaf in leaves.items():
-            if leaf.grad is not None:
-                raise TrainingCaptureError(
-                    f"after the step, parameter '{fqn}' still holds a gradient: keeping gradients "
-                    "between calls is not supported; end the step with optimizer.zero_grad() "
-                    "(set_to_none=True, the default)"
-                )
+        still_set = frozenset(fqn for fqn, leaf in leaves.items() if leaf.grad is not None)
+        if not still_set <= kept_grads:
+            raise _GradientsKept(still_set | kept_grads)
         if not isinstance(result, torch.Tensor):
             raise TrainingCaptureError(
                 f"step_fn returned {type(result).__name__}; it must return one tensor (the loss)"
@@ -177,6 +211,10 @@ def capture_training_step(
                 new_values.append(leaves[slot.fqn].detach())  # type: ignore[index]
             elif slot.kind == "buffer":
                 new_values.append(buffers[slot.fqn])  # type: ignore[index]
+            elif slot.kind == "grad":
+                grad = leaves[slot.fqn].grad  # type: ignore[index]
+                # A kept gradient the step set to None again reads as zeros.
+                new_values.append(grad.detach() if grad is not None else torch.zeros_like(leaves[slot.fqn]))  # type: ignore[index]
             else:
                 new_values.append(traced_state[slot.param_index][slot.key])  # type: ignore[index]
         return new_values, result.detach()
@@ -194,7 +232,7 @@ def capture_training_step(
             )(
                 flat_state, lr_examples, batch_leaves
             )
-        except TrainingCaptureError:
+        except (TrainingCaptureError, _GradientsKept):
             raise
         except Exception as error:  # torch raises many types while tracing
             raise TrainingCaptureError(_describe_trace_failure(error)) from None

@@ -178,7 +178,11 @@ class TrainingStep:
                 assert slot.param_index is not None and slot.key is not None
                 optimizer_state.setdefault(slot.param_index, {})[slot.key] = device_state[slot.name]
         groups = copy.deepcopy(self._optimizer.state_dict()["param_groups"])
-        return {"model": model_state, "optimizer": {"state": optimizer_state, "param_groups": groups}}
+        state: dict[str, Any] = {"model": model_state, "optimizer": {"state": optimizer_state, "param_groups": groups}}
+        grads = {slot.fqn: device_state[slot.name] for slot in self._slots if slot.kind == "grad"}
+        if grads:
+            state["grads"] = grads  # kept gradients (the step does not zero them)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Set the device state from a :meth:`state_dict` (or from
@@ -205,6 +209,9 @@ class TrainingStep:
                 if not isinstance(value, torch.Tensor):
                     value = torch.tensor(float(value), dtype=torch.float32)
                 values[slot.name] = value
+        for slot in self._slots:
+            if slot.kind == "grad" and slot.fqn in state.get("grads", {}):
+                values[slot.name] = state["grads"][slot.fqn]
         self.executable.load_state_dict(values)
         groups = state["optimizer"].get("param_groups")
         if groups is not None:
@@ -213,7 +220,7 @@ class TrainingStep:
 
     def write_back(self) -> None:
         """Copy the device state into the model's parameters and buffers
-        (in place) and the optimizer's state, so that eager code,
+        (in place), kept gradients (``.grad``) and the optimizer's state, so that eager code,
         ``model.state_dict()`` and ``optimizer.state_dict()`` see it."""
         device_state = self.executable.state_dict()
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
@@ -224,7 +231,10 @@ class TrainingStep:
                     named[slot.fqn].copy_(device_state[slot.name])
         params = self._captured.parameters
         for slot in self._slots:
-            if slot.kind == "optimizer":
+            if slot.kind == "grad":
+                assert slot.fqn is not None
+                named[slot.fqn].grad = device_state[slot.name]
+            elif slot.kind == "optimizer":
                 assert slot.param_index is not None and slot.key is not None
                 self._optimizer.state[params[slot.param_index]][slot.key] = device_state[slot.name]
 
@@ -241,6 +251,10 @@ class TrainingStep:
             if slot.kind in ("param", "buffer"):
                 assert slot.fqn is not None
                 values[slot.name] = named[slot.fqn].detach()
+            elif slot.kind == "grad":
+                assert slot.fqn is not None
+                grad = named[slot.fqn].grad
+                values[slot.name] = grad.detach() if grad is not None else torch.zeros_like(named[slot.fqn].detach())
             else:
                 assert slot.param_index is not None and slot.key is not None
                 entries = optimizer_state[slot.param_index]

@@ -272,19 +272,35 @@ def test_data_dependent_control_flow_names_the_line() -> None:
     assert not opt.state
 
 
-def test_step_keeping_gradients_is_rejected() -> None:
-    model = _mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def test_step_keeping_gradients_accumulates_them_on_the_device() -> None:
+    """Without ``zero_grad`` eager accumulates ``.grad`` across steps; the
+    gradients then become device state (``grad.<fqn>``), aliased in place."""
+    eager_model, model = _mlp(), _mlp()
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    def step_of(m: torch.nn.Module, o: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            o.step()
+            return loss
 
-    with pytest.raises(TrainingCaptureError, match="still holds a gradient"):
-        hloalias.compile_training_step(step, model, opt, _batches(1)[0])
+        return step
+
+    batches = _batches(3)
+    train = hloalias.compile_training_step(step_of(model, opt), model, opt, batches[0])
     assert all(p.grad is None for p in model.parameters())
+    for x, y in batches:
+        torch.testing.assert_close(train(x, y), step_of(eager_model, eager_opt)(x, y).detach(), rtol=RTOL, atol=ATOL)
+    train.write_back()
+    _assert_state_equal(eager_model.state_dict(), model.state_dict())
+    for (name, eager_p), p in zip(eager_model.named_parameters(), model.parameters()):
+        assert eager_p.grad is not None and p.grad is not None
+        torch.testing.assert_close(p.grad, eager_p.grad, rtol=RTOL, atol=ATOL, msg=name)
+    grads = {a["argument"]: a["origin"] for a in train.aliases if a["argument"].startswith("grad.")}
+    assert grads == {f"grad.{n}": "inferred" for n, _ in model.named_parameters()}
+    assert set(train.state_dict()["grads"]) == {n for n, _ in model.named_parameters()}
 
 
 def test_unknown_optimizer_without_state_is_rejected() -> None:
