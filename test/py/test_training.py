@@ -89,6 +89,11 @@ def test_mlp_five_steps_equal_eager(name: str) -> None:
     expected = {f"param.{n}" for n, _ in model.named_parameters()}
     expected |= {f"optim.{i}.{k}" for i, s in eager_opt.state_dict()["state"].items() for k in s}
     assert origins == {n: "inferred" for n in expected}
+    # The loss is the one result that is not state, and it is a new tensor.
+    view_report = train.executable.view_report
+    assert view_report is not None
+    assert [key for key in view_report.kept if not key.startswith("mutation:")] == ["output:0"]
+    assert len(view_report.kept) == len(expected) + 1
     state_bytes = sum(p.numel() * 4 for p in model.parameters()) * (1 + {"sgd_momentum": 1}.get(name, 2))
     state_bytes += 0 if name == "sgd_momentum" else 4 * len(list(model.parameters()))
     assert train.memory_stats["alias_bytes"] == state_bytes
@@ -270,6 +275,22 @@ def test_data_dependent_control_flow_names_the_line() -> None:
         hloalias.compile_training_step(step, model, opt, _batches(1)[0])
     _assert_state_equal(before, model.state_dict())
     assert not opt.state
+
+
+def test_host_read_of_a_traced_value_names_the_line() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        scale = 2.0 if loss.item() > 1.0 else 1.0
+        (loss * scale).backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    with pytest.raises(TrainingCaptureError, match=r"test_training.py:\d+ in step: scale = 2.0 if loss.item\(\) > 1.0"):
+        hloalias.compile_training_step(step, model, opt, _batches(1)[0])
 
 
 def test_step_keeping_gradients_accumulates_them_on_the_device() -> None:
