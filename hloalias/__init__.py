@@ -35,6 +35,8 @@ _LAZY = {
     "clear_cache": "hloalias.runtime",
     "compile": "hloalias.runtime",
     "to_device": "hloalias.runtime",
+    "TrainingStep": "hloalias.runtime",
+    "compile_training_step": "hloalias.runtime",
 }
 
 if TYPE_CHECKING:
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
         compile,
         to_device,
     )
+    from hloalias.runtime import TrainingStep, compile_training_step
 
 
 def __getattr__(name: str) -> Any:
@@ -61,4 +64,5 @@ __all__ = [
     "CompileError", "DeviceTensor", "DonatedBufferError", "DonationError", "Executable",
     "ExecutionError", "HloaliasError", "IRError", "PassError", "PipelineError", "Program",
     "Stage", "TorchImportError", "cache_stats", "clear_cache", "compile", "import_torch", "to_device",
+    "TrainingStep", "compile_training_step",
 ]

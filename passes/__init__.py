@@ -18,6 +18,7 @@ from hloalias.passes.fold_broadcast_into_dot_general import BroadcastFoldReport,
 from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
 from hloalias.passes.returned_matvec_as_reduce import MatvecReport, ReturnedMatvecAsReduce
 from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
+from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
 
 
 def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
@@ -30,6 +31,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
         ReturnedMatvecAsReduce.name: ReturnedMatvecAsReduce.from_options,
         WindowScatterIndices.name: WindowScatterIndices.from_options,
+        OrderInPlaceUpdates.name: OrderInPlaceUpdates.from_options,
     }
 
 
@@ -45,6 +47,8 @@ __all__ = [
     "FoldTransposeIntoDotGeneral",
     "MatvecReport",
     "ModulePass",
+    "OrderInPlaceUpdates",
+    "OrderReport",
     "ReturnedMatvecAsReduce",
     "ViewReport",
     "WindowScatterIndices",

@@ -14,5 +14,7 @@ from hloalias.runtime.executable import (
     to_device,
 )
 from hloalias.runtime.pjrt import MemoryStats
+from hloalias.runtime.training import TrainingStep, compile_training_step
 
-__all__ = ["CacheStats", "DeviceTensor", "Executable", "MemoryStats", "cache_stats", "clear_cache", "compile", "to_device"]
+__all__ = ["CacheStats", "DeviceTensor", "Executable", "MemoryStats", "cache_stats", "clear_cache", "compile", "to_device",
+           "TrainingStep", "compile_training_step"]

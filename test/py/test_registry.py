@@ -26,6 +26,7 @@ EXPECTED_PASS_NAMES = {
     "bitcast-overwrite-scatter",
     "window-scatter-indices",
     "returned-matvec-as-reduce",
+    "order-in-place-updates",
 }
 
 

@@ -1,0 +1,545 @@
+"""Capture a PyTorch training step as one functional program.
+
+The user writes the step the PyTorch way::
+
+    def step(x, y):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+:func:`capture_training_step` turns it into an ``ExportedProgram`` whose
+module state is everything the step reads and overwrites: the model's
+parameters (``param.<fqn>``), its buffers (``buffer.<fqn>``, e.g.
+BatchNorm's running statistics) and the optimizer's per-parameter state
+(``optim.<i>.<key>``, ``i`` being the parameter's index in
+``optimizer.state_dict()``), and, when the step leaves ``.grad`` set (no
+``zero_grad``: gradients accumulate across calls), the gradients
+(``grad.<fqn>``).  Every one of them is updated in place, so the
+importer records it as a mutated buffer and ``alias-donated-buffers``
+aliases it (an inferred donor).  The user inputs are one ``lr`` scalar per
+parameter group (so a scheduler's new learning rate is data, not a
+recompile) followed by the flattened batch.  The only user output is the
+step's return value (the loss).
+
+Route: ``make_fx`` in fake mode traces the user's function with the model
+reparametrized by traced leaves and the optimizer pointed at them; autograd
+runs during tracing, so ``backward()`` and ``optimizer.step()`` become plain
+aten ops of one graph.  The optimizer is traced with ``capturable=True``
+(its step counters stay tensors: no ``.item()``), and the learning rate is a
+traced 0-d float32 tensor.  That graph, called on the state held as buffers
+and copied back into them, is exported with ``torch.export`` (which
+functionalizes it) for :func:`hloalias.frontend.importer.import_torch`.
+
+Fake-mode tracing makes every host read of a traced value (``.item()``,
+``if loss > 0``, ``print(loss)``) an error; it is reported as
+:class:`TrainingCaptureError` naming the construct and the user's line."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.compiler
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.utils.stateless import _reparametrize_module
+
+from hloalias.errors import TorchImportError
+
+
+class TrainingCaptureError(TorchImportError):
+    """The training step could not be captured as one graph (a host read of
+    a traced value, data-dependent control flow, an unsupported optimizer
+    setting); the message names the construct and the user's source line."""
+
+
+#: Optimizer hyperparameters that are not baked into the graph.
+LR_KEY = "lr"
+
+
+@dataclasses.dataclass(frozen=True)
+class StateSlot:
+    """One tensor of training state: its name in the captured program, what
+    it is, and where it lives in torch (``fqn`` for model state, parameter
+    index and key for optimizer state)."""
+
+    name: str
+    kind: str  # "param" | "buffer" | "optimizer" | "grad"
+    fqn: str | None = None
+    param_index: int | None = None
+    key: str | None = None
+
+
+@dataclasses.dataclass
+class CapturedTrainingStep:
+    """A captured step: ``exported`` (state as buffers, ``lr`` inputs, batch
+    inputs), the state slots in argument order with their initial values,
+    and what the runtime needs to call and check it."""
+
+    exported: ExportedProgram
+    slots: tuple[StateSlot, ...]
+    initial_state: dict[str, torch.Tensor]
+    lr_count: int
+    batch_spec: Any
+    hyperparameters: tuple[dict[str, Any], ...]
+    parameters: tuple[torch.nn.Parameter, ...]
+
+
+def capture_training_step(
+    step_fn: Callable[..., Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    example_batch: Sequence[Any],
+) -> CapturedTrainingStep:
+    """Trace ``step_fn(*example_batch)`` (which calls ``model`` and
+    ``optimizer``) into one functional program; see the module docstring.
+
+    Neither the model nor the optimizer is changed.  An optimizer without
+    state yet gets its initial state here for SGD (momentum buffers of
+    zeros, exact when ``dampening == 0``), Adam and AdamW (zero moments,
+    step 0); any other optimizer must have state already (run one eager
+    step first).  Raises :class:`TrainingCaptureError`."""
+    if not isinstance(model, torch.nn.Module):
+        raise TrainingCaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TrainingCaptureError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if not callable(step_fn):
+        raise TrainingCaptureError(f"step_fn must be callable, got {type(step_fn).__name__}")
+    batch_leaves, batch_spec = pytree.tree_flatten(tuple(example_batch))
+    for position, leaf in enumerate(batch_leaves):
+        if not isinstance(leaf, torch.Tensor):
+            raise TrainingCaptureError(
+                f"batch leaf {position} is {type(leaf).__name__}, not a tensor: bake it into step_fn"
+            )
+
+    named_params = dict(model.named_parameters())
+    named_buffers = dict(model.named_buffers())
+    param_fqn = {id(p): name for name, p in named_params.items()}
+    opt_params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, p in enumerate(opt_params):
+        if id(p) not in param_fqn:
+            raise TrainingCaptureError(f"optimizer parameter {index} is not a parameter of the model")
+    _check_groups(optimizer)
+    opt_state = _initial_optimizer_state(optimizer, opt_params)
+    try:
+        return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, frozenset())
+    except _GradientsKept as kept:
+        # The step accumulates into .grad across calls (no zero_grad, or
+        # zero_grad(set_to_none=False)): gradients become device state too.
+        return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept.names)
+
+
+class _GradientsKept(Exception):
+    """Raised from a trace whose step leaves gradients set."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        super().__init__(", ".join(sorted(names)))
+        self.names = names
+
+
+def _capture(
+    step_fn: Callable[..., Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch_leaves: list[Any],
+    batch_spec: Any,
+    opt_params: list[torch.nn.Parameter],
+    opt_state: list[dict[str, torch.Tensor]],
+    kept_grads: frozenset[str],
+) -> CapturedTrainingStep:
+    named_params = dict(model.named_parameters())
+    named_buffers = dict(model.named_buffers())
+    param_fqn = {id(p): name for name, p in named_params.items()}
+    slots: list[StateSlot] = []
+    initial: dict[str, torch.Tensor] = {}
+    for fqn, p in named_params.items():
+        slot = StateSlot(f"param.{fqn}", "param", fqn=fqn)
+        slots.append(slot)
+        initial[slot.name] = p.detach().clone()
+    for fqn, b in named_buffers.items():
+        slot = StateSlot(f"buffer.{fqn}", "buffer", fqn=fqn)
+        slots.append(slot)
+        initial[slot.name] = b.detach().clone()
+    for index, entries in enumerate(opt_state):
+        for key, value in entries.items():
+            slot = StateSlot(f"optim.{index}.{key}", "optimizer", param_index=index, key=key)
+            slots.append(slot)
+            initial[slot.name] = value
+    for fqn, p in named_params.items():
+        if fqn in kept_grads:
+            slot = StateSlot(f"grad.{fqn}", "grad", fqn=fqn)
+            slots.append(slot)
+            grad = p.grad
+            initial[slot.name] = grad.detach().clone() if grad is not None else torch.zeros_like(p.detach())
+    lr_count = len(optimizer.param_groups)
+
+    def functional(flat_state: list[torch.Tensor], lrs: list[torch.Tensor], batch: list[torch.Tensor]) -> Any:
+        values = dict(zip((s.name for s in slots), flat_state))
+        leaves = {fqn: values[f"param.{fqn}"].clone().requires_grad_(True) for fqn in named_params}
+        for fqn in kept_grads:
+            leaves[fqn].grad = values[f"grad.{fqn}"].clone()
+        buffers = {fqn: values[f"buffer.{fqn}"].clone() for fqn in named_buffers}
+        traced_params = [leaves[param_fqn[id(p)]] for p in opt_params]
+        traced_state: list[dict[str, Any]] = [{} for _ in opt_params]
+        for slot in slots:
+            if slot.kind == "optimizer":
+                assert slot.param_index is not None and slot.key is not None
+                traced_state[slot.param_index][slot.key] = values[slot.name].clone()
+        with _optimizer_pointed_at(optimizer, traced_params, traced_state, lrs):
+            with _reparametrize_module(model, {**leaves, **buffers}, tie_weights=True):
+                result = step_fn(*pytree.tree_unflatten(batch, batch_spec))
+        still_set = frozenset(fqn for fqn, leaf in leaves.items() if leaf.grad is not None)
+        if not still_set <= kept_grads:
+            raise _GradientsKept(still_set | kept_grads)
+        if not isinstance(result, torch.Tensor):
+            raise TrainingCaptureError(
+                f"step_fn returned {type(result).__name__}; it must return one tensor (the loss)"
+            )
+        new_values = []
+        for slot in slots:
+            if slot.kind == "param":
+                new_values.append(leaves[slot.fqn].detach())  # type: ignore[index]
+            elif slot.kind == "buffer":
+                new_values.append(buffers[slot.fqn])  # type: ignore[index]
+            elif slot.kind == "grad":
+                grad = leaves[slot.fqn].grad  # type: ignore[index]
+                # A kept gradient the step set to None again reads as zeros.
+                new_values.append(grad.detach() if grad is not None else torch.zeros_like(leaves[slot.fqn]))  # type: ignore[index]
+            else:
+                new_values.append(traced_state[slot.param_index][slot.key])  # type: ignore[index]
+        return new_values, result.detach()
+
+    lr_examples = [torch.tensor(float(_lr_value(g)), dtype=torch.float32) for g in optimizer.param_groups]
+    flat_state = [initial[s.name] for s in slots]
+    # The math attention backend is composite (matmul, softmax): its
+    # backward is ops XLA lowers; the fused CPU kernels' backward is not.
+    with _tracing_flag(), sdpa_kernel(SDPBackend.MATH):
+        try:
+            graph_module = make_fx(
+                functional,
+                tracing_mode="fake",
+                record_stack_traces=True,
+            )(
+                flat_state, lr_examples, batch_leaves
+            )
+        except (TrainingCaptureError, _GradientsKept):
+            raise
+        except Exception as error:  # torch raises many types while tracing
+            raise TrainingCaptureError(_describe_trace_failure(error)) from None
+    _drop_profiler_nodes(graph_module)
+    _scalar_alphas_to_tensors(graph_module)
+    _views_to_reshapes(graph_module)
+
+    step_module = _StepModule(graph_module, slots, initial, lr_count)
+    example_inputs = (*lr_examples, *batch_leaves)
+    try:
+        exported = torch.export.export(step_module, example_inputs, strict=False)
+    except Exception as error:
+        raise TrainingCaptureError(f"torch.export of the captured step failed: {error}") from None
+    hyperparameters = tuple(_hyperparameters(g) for g in optimizer.param_groups)
+    return CapturedTrainingStep(
+        exported, tuple(slots), initial, lr_count, batch_spec, hyperparameters, tuple(opt_params)
+    )
+
+
+class _StepModule(torch.nn.Module):
+    """The captured graph over state held as buffers, copied back in place
+    (what ``torch.export`` records as buffer mutations)."""
+
+    def __init__(
+        self,
+        graph_module: torch.fx.GraphModule,
+        slots: list[StateSlot],
+        initial: dict[str, torch.Tensor],
+        lr_count: int,
+    ) -> None:
+        super().__init__()
+        self._lr_count = lr_count
+        self.step_graph = graph_module
+        self._slot_names = [s.name for s in slots]
+        for name in self._slot_names:
+            owner = self
+            *path, leaf = name.split(".")
+            for part in path:
+                if part not in owner._modules:
+                    owner.add_module(part, torch.nn.Module())
+                owner = owner._modules[part]  # type: ignore[assignment]
+            owner.register_buffer(leaf, initial[name].clone())
+
+    def _state(self) -> list[torch.Tensor]:
+        return [self.get_buffer(name) for name in self._slot_names]
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        state = self._state()
+        lrs, batch = list(inputs[:self._lr_count]), list(inputs[self._lr_count:])
+        new_values, loss = self.step_graph(state, lrs, batch)
+        for buffer, value in zip(state, new_values):
+            buffer.copy_(value)
+        return loss  # type: ignore[no-any-return]
+
+
+def _describe_trace_failure(error: BaseException) -> str:
+    """The construct (first line of torch's message) and the innermost frame
+    of user code in the traceback."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    lowered = str(error).lower()
+    if "data-dependent" in lowered or "data dependent" in lowered or "guardondatadependent" in type(error).__name__.lower():
+        construct = "data-dependent control flow or a host read of a traced value (.item(), bool(), print)"
+    else:
+        construct = type(error).__name__
+    where = _user_frame(error)
+    return (
+        f"cannot capture the training step as one graph: {construct}"
+        + (f" at {where}" if where else "")
+        + f"\n  torch: {message}"
+    )
+
+
+def _user_frame(error: BaseException) -> str | None:
+    frames = traceback.extract_tb(error.__traceback__)
+    torch_root = os.path.dirname(torch.__file__)
+    this_file = os.path.abspath(__file__)
+    user = [
+        f for f in frames
+        if not f.filename.startswith(torch_root) and os.path.abspath(f.filename) != this_file
+        and "site-packages" not in f.filename and not f.filename.startswith("<")
+    ]
+    if not user:
+        return None
+    frame = user[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
+
+
+@contextlib.contextmanager
+def _tracing_flag() -> Iterator[None]:
+    """``torch.compiler.is_compiling()`` is True while tracing, as under
+    ``torch.compile``: the optimizer then keeps a tensor ``lr`` in the
+    graph and skips its eager-only device checks for ``capturable``."""
+    previous = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = previous
+
+
+@contextlib.contextmanager
+def _optimizer_pointed_at(
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    state: list[dict[str, Any]],
+    lrs: list[torch.Tensor],
+) -> Iterator[None]:
+    """The optimizer works on ``params`` with ``state`` and tensor ``lr``
+    for the duration; everything is put back afterwards."""
+    saved_state = dict(optimizer.state)
+    saved_groups = [dict(group) for group in optimizer.param_groups]
+    try:
+        optimizer.state.clear()
+        position = 0
+        for group, lr in zip(optimizer.param_groups, lrs):
+            count = len(group["params"])
+            group["params"] = params[position:position + count]
+            for p, entries in zip(group["params"], state[position:position + count]):
+                optimizer.state[p] = entries
+            position += count
+            group[LR_KEY] = lr
+            if "capturable" in group:
+                group["capturable"] = True
+        yield
+    finally:
+        optimizer.state.clear()
+        optimizer.state.update(saved_state)
+        for group, saved in zip(optimizer.param_groups, saved_groups):
+            group.clear()
+            group.update(saved)
+
+
+def _check_groups(optimizer: torch.optim.Optimizer) -> None:
+    for index, group in enumerate(optimizer.param_groups):
+        if group.get("fused"):
+            raise TrainingCaptureError(f"param group {index}: fused=True is not supported; use the default foreach")
+        if group.get("differentiable"):
+            raise TrainingCaptureError(f"param group {index}: differentiable=True is not supported")
+        lr = group.get(LR_KEY)
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise TrainingCaptureError(f"param group {index}: lr must be a number or a 1-element tensor")
+
+
+def _lr_value(group: dict[str, Any]) -> float:
+    lr = group[LR_KEY]
+    return float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)
+
+
+def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
+    """The group's settings that are baked into the graph (all but params and lr)."""
+    return {k: _frozen(v) for k, v in group.items() if k not in ("params", LR_KEY)}
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return tuple(value.detach().flatten().tolist())
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _initial_optimizer_state(
+    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]
+) -> list[dict[str, torch.Tensor]]:
+    """Per-parameter optimizer state as tensors (copies), created where the
+    optimizer has none yet and the first step equals a step from zeros."""
+    states: list[dict[str, torch.Tensor]] = []
+    group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+    for index, p in enumerate(params):
+        existing = optimizer.state.get(p, {})
+        group = group_of[id(p)]
+        if existing:
+            entries = {}
+            for key, value in existing.items():
+                if not isinstance(value, torch.Tensor):
+                    if key == "step":
+                        value = torch.tensor(float(value), dtype=torch.float32)
+                    else:
+                        raise TrainingCaptureError(
+                            f"optimizer state '{key}' of parameter {index} is {type(value).__name__}, not a tensor"
+                        )
+                entries[key] = value.detach().clone()
+            states.append(entries)
+            continue
+        states.append(_fresh_state(optimizer, group, p, index))
+    return states
+
+
+def _fresh_state(
+    optimizer: torch.optim.Optimizer, group: dict[str, Any], p: torch.Tensor, index: int
+) -> dict[str, torch.Tensor]:
+    kind = type(optimizer)
+    if kind is torch.optim.SGD:
+        if group.get("momentum", 0) == 0:
+            return {}
+        if group.get("dampening", 0) != 0:
+            raise TrainingCaptureError(
+                "SGD with dampening != 0 starts its momentum from the first gradient, not from zeros: "
+                "run one eager step before compiling"
+            )
+        return {"momentum_buffer": torch.zeros_like(p.detach(), memory_format=torch.contiguous_format)}
+    if kind in (torch.optim.Adam, torch.optim.AdamW):
+        entries = {
+            "step": torch.tensor(0.0, dtype=torch.float32),
+            "exp_avg": torch.zeros_like(p.detach(), memory_format=torch.contiguous_format),
+            "exp_avg_sq": torch.zeros_like(p.detach(), memory_format=torch.contiguous_format),
+        }
+        if group.get("amsgrad"):
+            entries["max_exp_avg_sq"] = torch.zeros_like(p.detach(), memory_format=torch.contiguous_format)
+        return entries
+    raise TrainingCaptureError(
+        f"{kind.__name__} has no state for parameter {index} yet and hloalias does not know its initial "
+        "state: run one eager step before compiling (SGD, Adam and AdamW are initialized here)"
+    )
+
+
+def _drop_profiler_nodes(graph_module: torch.fx.GraphModule) -> None:
+    """``record_function`` markers of the optimizer are not computation."""
+    graph = graph_module.graph
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and str(node.target).startswith("profiler."):
+            for user in list(node.users):
+                graph.erase_node(user)
+            if node in graph.nodes:
+                graph.erase_node(node)
+    graph.lint()
+    graph_module.recompile()
+
+
+_ALPHA_OPS = {
+    torch.ops.aten.add.Tensor: torch.ops.aten.add.Tensor,
+    torch.ops.aten.add_.Tensor: torch.ops.aten.add_.Tensor,
+    torch.ops.aten.sub.Tensor: torch.ops.aten.sub.Tensor,
+    torch.ops.aten.sub_.Tensor: torch.ops.aten.sub_.Tensor,
+}
+
+
+def _scalar_alphas_to_tensors(graph_module: torch.fx.GraphModule) -> None:
+    """``param.add_(grad, alpha=-lr)`` with a tensor ``lr`` reads ``lr`` on
+    the host (``_local_scalar_dense``), which XLA cannot run; it becomes
+    ``param.add_(grad * -lr)``.  Any other host read left in the graph is a
+    :class:`TrainingCaptureError` naming the line."""
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != torch.ops.aten._local_scalar_dense.default:
+            continue
+        (source,) = node.args
+        for user in list(node.users):
+            if user.target in _ALPHA_OPS and user.kwargs.get("alpha") is node and len(user.args) == 2:
+                with graph.inserting_before(user):
+                    scaled = graph.call_function(torch.ops.aten.mul.Tensor, (user.args[1], source))
+                    scaled.meta = dict(user.meta)
+                user.args = (user.args[0], scaled)
+                user.kwargs = {k: v for k, v in user.kwargs.items() if k != "alpha"}
+        if node.users:
+            trace = node.meta.get("stack_trace") or ""
+            raise TrainingCaptureError(
+                "cannot capture the training step as one graph: a traced tensor is read on the host "
+                f"(.item() / float()){_last_user_frame(trace)}"
+            )
+        graph.erase_node(node)
+    graph.lint()
+    graph_module.recompile()
+
+
+def _last_user_frame(stack_trace: str) -> str:
+    torch_root = os.path.dirname(torch.__file__)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', stack_trace)
+    user = [f for f in frames if not f[0].startswith(torch_root) and os.path.abspath(f[0]) != os.path.abspath(__file__)]
+    if not user:
+        return ""
+    file, line, function, code = user[-1]
+    return f" at {file}:{line} in {function}: {code.strip()}"
+
+
+def _views_to_reshapes(graph_module: torch.fx.GraphModule) -> None:
+    """``aten.view`` is valid only for the strides seen while tracing; the
+    exported graph is decomposed again, where a transposed gradient may get
+    other strides and the view would fail.  A view no in-place op reaches
+    (through any chain of aliases) is a reshape: same value, no aliasing
+    observable."""
+    graph = graph_module.graph
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def root(node: torch.fx.Node) -> torch.fx.Node:
+        while node in parent:
+            node = parent[node]
+        return node
+
+    mutated_roots: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        if schema.arguments and node.args and isinstance(node.args[0], torch.fx.Node):
+            first = schema.arguments[0]
+            if first.alias_info is not None:
+                if first.alias_info.is_write:
+                    mutated_roots.add(node.args[0])
+                elif schema.returns and schema.returns[0].alias_info is not None:
+                    parent[node] = node.args[0]  # a view: same storage as its input
+        for argument, value in zip(schema.arguments[1:], node.args[1:]):
+            if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.fx.Node):
+                mutated_roots.add(value)
+    mutated = {root(node) for node in mutated_roots}
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target == torch.ops.aten.view.default and root(node) not in mutated:
+            node.target = torch.ops.aten.reshape.default
+    graph.lint()
+    graph_module.recompile()

@@ -1,0 +1,280 @@
+"""Training steps compiled once: :func:`compile_training_step` and the
+:class:`TrainingStep` it returns.
+
+::
+
+    def step(x, y):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    train = hloalias.compile_training_step(step, model, optimizer, (x, y), donate=[0, 1])
+    for x, y in batches:
+        loss = train(x, y)          # one XLA call; parameters and state stay on the device
+        scheduler.step()            # a new lr is data: no recompile
+    train.write_back()              # model and optimizer hold the trained values again
+
+Parameters, model buffers and optimizer state live on the device inside the
+executable and are aliased in place (inferred donors); batch inputs named in
+``donate`` are explicit donors.  The loss is the only result that comes
+back.  Until :meth:`TrainingStep.write_back`, the model's and the optimizer's
+own tensors keep the values they had at compile time (or at the last
+``write_back``/``reload``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hloalias.errors import DonationError, ExecutionError
+from hloalias.frontend.training import (
+    CapturedTrainingStep,
+    TrainingCaptureError,
+    capture_training_step,
+)
+from hloalias.frontend.training import _hyperparameters as hyperparameters_of
+from hloalias.frontend.training import _initial_optimizer_state as optimizer_state_of
+from hloalias.frontend.training import _lr_value as lr_of
+from hloalias.runtime.executable import DeviceTensor, Executable, compile
+
+#: The default pipeline, then ``order-in-place-updates``: weights the
+#: backward reads for input gradients are updated in place without a copy.
+TRAINING_PIPELINE = (
+    "builtin.module(fold-transpose-into-dot-general, eliminate-view-results, "
+    "alias-donated-buffers, order-in-place-updates)"
+)
+
+
+def compile_training_step(
+    step_fn: Callable[..., Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    example_batch: Sequence[Any],
+    *,
+    donate: Sequence[int] = (),
+    pipeline: str | None = None,
+    device: Any = None,
+) -> "TrainingStep":
+    """Capture ``step_fn(*example_batch)`` — forward, ``backward()``,
+    ``optimizer.step()``, ``optimizer.zero_grad()`` on ``model`` and
+    ``optimizer`` — as one program and compile it (see the module docstring).
+
+    ``donate`` lists batch leaves by position (in ``example_batch`` flattened)
+    whose buffers the step may consume.  Parameters, buffers and optimizer
+    state are donated always (they are updated in place).  ``pipeline``
+    defaults to :data:`TRAINING_PIPELINE`.  The model and the
+    optimizer are not changed.  Raises :class:`TrainingCaptureError` when
+    the step cannot be captured (naming the construct and the line) and
+    :class:`DonationError` for a bad ``donate`` entry."""
+    captured = capture_training_step(step_fn, model, optimizer, example_batch)
+    batch_count = captured.batch_spec.num_leaves
+    positions: list[int] = []
+    for request in donate:
+        if isinstance(request, bool) or not isinstance(request, int):
+            raise DonationError(f"donate lists batch positions (ints), got {request!r}")
+        if not 0 <= request < batch_count:
+            raise DonationError(f"donate names batch input {request}, but the batch has {batch_count} tensors")
+        positions.append(captured.lr_count + request)
+    executable = compile(captured.exported, donate=positions, pipeline=pipeline or TRAINING_PIPELINE, device=device)
+    return TrainingStep(captured, executable, model, optimizer)
+
+
+class TrainingStep:
+    """A compiled training step.  Call it with a batch shaped like the
+    example batch; it returns the loss (a new tensor)."""
+
+    def __init__(
+        self,
+        captured: CapturedTrainingStep,
+        executable: Executable,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
+        self.executable = executable
+        self._captured = captured
+        self._model = model
+        self._optimizer = optimizer
+        self._slots = captured.slots
+        self._lr_cache: list[tuple[float, torch.Tensor]] = []
+
+    # -- calling -----------------------------------------------------------
+    def __call__(self, *batch: Any) -> torch.Tensor:
+        """One training step on ``batch``; returns the loss."""
+        leaves, spec = pytree.tree_flatten(batch)
+        if spec != self._captured.batch_spec:
+            raise ExecutionError(
+                f"the batch does not have the structure the step was compiled for: "
+                f"expected {self._captured.batch_spec}, got {spec}"
+            )
+        return self.executable(*self._lr_inputs(), *leaves)  # type: ignore[no-any-return]
+
+    def _lr_inputs(self) -> list[torch.Tensor]:
+        groups = self._optimizer.param_groups
+        if len(groups) != self._captured.lr_count:
+            raise ExecutionError(
+                f"the optimizer has {len(groups)} param groups, the step was compiled for "
+                f"{self._captured.lr_count}; compile again"
+            )
+        inputs = []
+        for index, group in enumerate(groups):
+            if hyperparameters_of(group) != self._captured.hyperparameters[index]:
+                changed = sorted(
+                    k for k, v in hyperparameters_of(group).items()
+                    if self._captured.hyperparameters[index].get(k) != v
+                ) or ["(keys)"]
+                raise ExecutionError(
+                    f"param group {index}: {', '.join(changed)} changed since compile; only lr is "
+                    "passed as data, other hyperparameters are part of the program: compile again"
+                )
+            lr = lr_of(group)
+            if index < len(self._lr_cache) and self._lr_cache[index][0] == lr:
+                inputs.append(self._lr_cache[index][1])
+                continue
+            tensor = torch.tensor(lr, dtype=torch.float32)
+            if index < len(self._lr_cache):
+                self._lr_cache[index] = (lr, tensor)
+            else:
+                self._lr_cache.append((lr, tensor))
+            inputs.append(tensor)
+        return inputs
+
+    def to_device(self, tensor: torch.Tensor, name: str = "batch") -> DeviceTensor:
+        """A batch tensor on the step's device (donatable for real)."""
+        return self.executable.to_device(tensor, name)
+
+    # -- introspection -----------------------------------------------------
+    @property
+    def memory_stats(self) -> dict[str, int]:
+        """XLA's byte figures for the step."""
+        return self.executable.memory_stats
+
+    @property
+    def aliases(self) -> list[dict[str, Any]]:
+        """Every alias with its argument, result, origin and bytes."""
+        return self.executable.aliases
+
+    def explain(self) -> str:
+        """The passes' decisions and XLA's bytes (also printed)."""
+        return self.executable.explain()
+
+    # -- state -------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Host copies: ``{"model": model.state_dict()-shaped,
+        "optimizer": optimizer.state_dict()-shaped}``; loadable into this
+        step, into the torch model and optimizer, or saved with ``torch.save``."""
+        device_state = self.executable.state_dict()
+        model_state: dict[str, torch.Tensor] = {}
+        for key, name in self._model_keys().items():
+            model_state[key] = device_state[name]
+        optimizer_state: dict[int, dict[str, Any]] = {}
+        for slot in self._slots:
+            if slot.kind == "optimizer":
+                assert slot.param_index is not None and slot.key is not None
+                optimizer_state.setdefault(slot.param_index, {})[slot.key] = device_state[slot.name]
+        groups = copy.deepcopy(self._optimizer.state_dict()["param_groups"])
+        state: dict[str, Any] = {"model": model_state, "optimizer": {"state": optimizer_state, "param_groups": groups}}
+        grads = {slot.fqn: device_state[slot.name] for slot in self._slots if slot.kind == "grad"}
+        if grads:
+            state["grads"] = grads  # kept gradients (the step does not zero them)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Set the device state from a :meth:`state_dict` (or from
+        ``{"model": model.state_dict(), "optimizer": optimizer.state_dict()}``).
+        Every tensor of the step must be present; ``param_groups`` (lr and
+        the rest) are loaded into the torch optimizer."""
+        if not isinstance(state, dict) or "model" not in state or "optimizer" not in state:
+            raise ExecutionError("load_state_dict expects {'model': ..., 'optimizer': ...}")
+        values: dict[str, torch.Tensor] = {}
+        model_state = state["model"]
+        for key, name in self._model_keys().items():
+            if key not in model_state:
+                raise ExecutionError(f"load_state_dict: model state '{key}' is missing")
+            values[name] = model_state[key]
+        optimizer_state = state["optimizer"].get("state", {})
+        for slot in self._slots:
+            if slot.kind == "optimizer":
+                entries = optimizer_state.get(slot.param_index)
+                if entries is None or slot.key not in entries:
+                    raise ExecutionError(
+                        f"load_state_dict: optimizer state '{slot.key}' of parameter {slot.param_index} is missing"
+                    )
+                value = entries[slot.key]
+                if not isinstance(value, torch.Tensor):
+                    value = torch.tensor(float(value), dtype=torch.float32)
+                values[slot.name] = value
+        for slot in self._slots:
+            if slot.kind == "grad" and slot.fqn in state.get("grads", {}):
+                values[slot.name] = state["grads"][slot.fqn]
+        self.executable.load_state_dict(values)
+        groups = state["optimizer"].get("param_groups")
+        if groups is not None:
+            for group, saved in zip(self._optimizer.param_groups, groups):
+                group.update({k: v for k, v in saved.items() if k != "params"})
+
+    def write_back(self) -> None:
+        """Copy the device state into the model's parameters and buffers
+        (in place), kept gradients (``.grad``) and the optimizer's state, so that eager code,
+        ``model.state_dict()`` and ``optimizer.state_dict()`` see it."""
+        device_state = self.executable.state_dict()
+        named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
+        with torch.no_grad():
+            for slot in self._slots:
+                if slot.kind in ("param", "buffer"):
+                    assert slot.fqn is not None
+                    named[slot.fqn].copy_(device_state[slot.name])
+        params = self._captured.parameters
+        for slot in self._slots:
+            if slot.kind == "grad":
+                assert slot.fqn is not None
+                named[slot.fqn].grad = device_state[slot.name]
+            elif slot.kind == "optimizer":
+                assert slot.param_index is not None and slot.key is not None
+                self._optimizer.state[params[slot.param_index]][slot.key] = device_state[slot.name]
+
+    def reload(self) -> None:
+        """Set the device state from the model and the optimizer as they are
+        now (after ``model.load_state_dict`` / ``optimizer.load_state_dict``)."""
+        named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
+        try:
+            optimizer_state = optimizer_state_of(self._optimizer, list(self._captured.parameters))
+        except TrainingCaptureError as error:
+            raise ExecutionError(f"reload: {error}") from None
+        values: dict[str, torch.Tensor] = {}
+        for slot in self._slots:
+            if slot.kind in ("param", "buffer"):
+                assert slot.fqn is not None
+                values[slot.name] = named[slot.fqn].detach()
+            elif slot.kind == "grad":
+                assert slot.fqn is not None
+                grad = named[slot.fqn].grad
+                values[slot.name] = grad.detach() if grad is not None else torch.zeros_like(named[slot.fqn].detach())
+            else:
+                assert slot.param_index is not None and slot.key is not None
+                entries = optimizer_state[slot.param_index]
+                if slot.key not in entries:
+                    raise ExecutionError(
+                        f"reload: optimizer state '{slot.key}' of parameter {slot.param_index} is missing"
+                    )
+                values[slot.name] = entries[slot.key]
+        self.executable.load_state_dict(values)
+
+    def _model_keys(self) -> dict[str, str]:
+        """``model.state_dict()`` key -> state slot name (tied weights map
+        every key to the one slot)."""
+        slot_of = {}
+        named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
+        for slot in self._slots:
+            if slot.fqn is not None:
+                slot_of[id(named[slot.fqn])] = slot.name
+        keys = {}
+        for key, value in self._model.state_dict(keep_vars=True).items():
+            if id(value) in slot_of:
+                keys[key] = slot_of[id(value)]
+        return keys

@@ -1,0 +1,367 @@
+"""Training steps compiled as one executable (issue 13): the PyTorch way of
+writing a step (``loss.backward(); opt.step(); opt.zero_grad()``) against
+eager PyTorch, state in place on the device, donation, checkpoint/resume,
+lr as data and capture errors.
+
+Tolerances: float32 over 5 steps; XLA and eager differ by rounding only
+(the optimizer is traced with ``capturable=True``, which computes Adam's
+bias corrections in float32 tensors instead of Python floats), so
+parameters and state match to ``rtol=1e-5, atol=1e-6`` and losses to
+``1e-5`` relative."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import hloalias
+from hloalias.frontend.training import TrainingCaptureError
+
+STEPS = 5
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _batches(count: int = STEPS, batch: int = 6) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(batch, 8, generator=generator), torch.randn(batch, 4, generator=generator)) for _ in range(count)]
+
+
+def _step_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    return step
+
+
+def _assert_state_equal(eager: dict[str, Any], compiled: dict[str, Any]) -> None:
+    assert eager.keys() == compiled.keys()
+    for key in eager:
+        if isinstance(eager[key], dict):
+            _assert_state_equal(eager[key], compiled[key])
+        elif isinstance(eager[key], torch.Tensor):
+            assert compiled[key].dtype == eager[key].dtype, key
+            torch.testing.assert_close(compiled[key], eager[key], rtol=RTOL, atol=ATOL, msg=key)
+        else:
+            assert compiled[key] == eager[key], key
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-2),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_mlp_five_steps_equal_eager(name: str) -> None:
+    eager_model, model = _mlp(), _mlp()
+    eager_opt, opt = OPTIMIZERS[name](eager_model.parameters()), OPTIMIZERS[name](model.parameters())
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    before = copy.deepcopy(model.state_dict())
+    eager_losses = [_step_fn(eager_model, eager_opt)(x, y) for x, y in batches]
+    losses = [train(x, y) for x, y in batches]
+    # Until write_back the torch model keeps its values: the state is on the device.
+    _assert_state_equal(before, model.state_dict())
+    for eager_loss, loss in zip(eager_losses, losses):
+        assert loss.shape == () and loss.dtype == torch.float32
+        torch.testing.assert_close(loss, eager_loss.detach(), rtol=RTOL, atol=ATOL)
+    train.write_back()
+    _assert_state_equal(eager_model.state_dict(), model.state_dict())
+    _assert_state_equal(eager_opt.state_dict(), opt.state_dict())
+    _assert_state_equal(eager_opt.state_dict(), train.state_dict()["optimizer"])
+
+    # Every parameter and every optimizer state tensor is an inferred donor.
+    origins = {a["argument"]: a["origin"] for a in train.aliases}
+    expected = {f"param.{n}" for n, _ in model.named_parameters()}
+    expected |= {f"optim.{i}.{k}" for i, s in eager_opt.state_dict()["state"].items() for k in s}
+    assert origins == {n: "inferred" for n in expected}
+    # The loss is the one result that is not state, and it is a new tensor.
+    view_report = train.executable.view_report
+    assert view_report is not None
+    assert [key for key in view_report.kept if not key.startswith("mutation:")] == ["output:0"]
+    assert len(view_report.kept) == len(expected) + 1
+    state_bytes = sum(p.numel() * 4 for p in model.parameters()) * (1 + {"sgd_momentum": 1}.get(name, 2))
+    state_bytes += 0 if name == "sgd_momentum" else 4 * len(list(model.parameters()))
+    assert train.memory_stats["alias_bytes"] == state_bytes
+
+
+def test_explicitly_donated_batch_is_reported_and_consumed() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    (x, y), = _batches(1)
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, (x, y), donate=[0, 1])
+    report = train.executable.alias_report
+    assert report is not None
+    print(report.to_text())
+    # The batch has no result of its shape to alias: it stays a donor (XLA
+    # may reuse it for temporaries) and the report says so.
+    batch_donors = {u.arg_name: (u.origin, u.kept_as_donor) for u in report.unused}
+    assert batch_donors == {"inputs_1": ("explicit", True), "inputs_2": ("explicit", True)}
+    dx, dy = train.to_device(x), train.to_device(y)
+    train(dx, dy)
+    with pytest.raises(hloalias.DonatedBufferError):
+        dx.to_torch()
+    with pytest.raises(hloalias.DonationError, match="batch has 2 tensors"):
+        hloalias.compile_training_step(_step_fn(model, opt), model, opt, (x, y), donate=[2])
+
+
+def test_lr_schedule_is_data_not_a_recompile() -> None:
+    eager_model, model = _mlp(), _mlp()
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.2, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    eager_sched = torch.optim.lr_scheduler.StepLR(eager_opt, step_size=1, gamma=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    executable = train.executable
+    for x, y in batches:
+        _step_fn(eager_model, eager_opt)(x, y)
+        eager_sched.step()
+        train(x, y)
+        sched.step()
+    assert train.executable is executable
+    train.write_back()
+    _assert_state_equal(eager_model.state_dict(), model.state_dict())
+    # Other hyperparameters are part of the program.
+    opt.param_groups[0]["momentum"] = 0.5
+    with pytest.raises(hloalias.ExecutionError, match="momentum changed since compile"):
+        train(*batches[0])
+
+
+def test_resume_from_checkpoint_equals_uninterrupted(tmp_path: Any) -> None:
+    batches = _batches(6)
+    straight_model = _mlp()
+    straight_opt = torch.optim.Adam(straight_model.parameters(), lr=1e-2)
+    straight = hloalias.compile_training_step(
+        _step_fn(straight_model, straight_opt), straight_model, straight_opt, batches[0]
+    )
+    straight_losses = [straight(x, y) for x, y in batches]
+
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    first = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    for x, y in batches[:3]:
+        first(x, y)
+    torch.save(first.state_dict(), tmp_path / "checkpoint.pt")
+
+    # A fresh process would build these anew; load the checkpoint eagerly, then compile.
+    resumed_model = _mlp()
+    resumed_opt = torch.optim.Adam(resumed_model.parameters(), lr=1e-2)
+    checkpoint = torch.load(tmp_path / "checkpoint.pt")
+    resumed_model.load_state_dict(checkpoint["model"])
+    resumed_opt.load_state_dict(checkpoint["optimizer"])
+    resumed = hloalias.compile_training_step(
+        _step_fn(resumed_model, resumed_opt), resumed_model, resumed_opt, batches[0]
+    )
+    resumed_losses = [resumed(x, y) for x, y in batches[3:]]
+    for a, b in zip(straight_losses[3:], resumed_losses):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    _assert_state_equal(straight.state_dict(), resumed.state_dict())
+
+    # Loading into a running step works too.
+    first.load_state_dict(checkpoint)
+    again = [first(x, y) for x, y in batches[3:]]
+    for a, b in zip(straight_losses[3:], again):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+class _BatchNormNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.head = torch.nn.Linear(4 * 5 * 5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def test_batchnorm_train_mode_updates_buffers_and_params() -> None:
+    torch.manual_seed(0)
+    eager_model = _BatchNormNet().train()
+    model = copy.deepcopy(eager_model)
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    generator = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(4, 3, 5, 5, generator=generator), torch.randint(0, 3, (4,), generator=generator)) for _ in range(STEPS)]
+
+    def step_of(m: torch.nn.Module, o: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+
+        return step
+
+    train = hloalias.compile_training_step(step_of(model, opt), model, opt, batches[0])
+    for x, y in batches:
+        eager_loss = step_of(eager_model, eager_opt)(x, y)
+        torch.testing.assert_close(train(x, y), eager_loss.detach(), rtol=RTOL, atol=ATOL)
+    train.write_back()
+    _assert_state_equal(eager_model.state_dict(), model.state_dict())
+    tracked = model.bn.num_batches_tracked
+    assert isinstance(tracked, torch.Tensor) and int(tracked) == STEPS
+    names = {a["argument"] for a in train.aliases}
+    assert {"buffer.bn.running_mean", "buffer.bn.running_var", "buffer.bn.num_batches_tracked"} <= names
+
+
+def test_tiny_gpt2_training_step_equals_eager() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    eager_model = transformers.GPT2LMHeadModel(config).train()
+    model = copy.deepcopy(eager_model)
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, 64, (2, 16), generator=generator) for _ in range(3)]
+
+    def step_of(m: Any, o: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
+        def step(ids: torch.Tensor) -> torch.Tensor:
+            loss = m(input_ids=ids, labels=ids).loss
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss  # type: ignore[no-any-return]
+
+        return step
+
+    train = hloalias.compile_training_step(step_of(model, opt), model, opt, (batches[0],))
+    for ids in batches:
+        eager_loss = step_of(eager_model, eager_opt)(ids)
+        torch.testing.assert_close(train(ids), eager_loss.detach(), rtol=1e-5, atol=1e-5)
+    train.write_back()
+    eager_state, state = eager_model.state_dict(), model.state_dict()
+    for key in eager_state:
+        torch.testing.assert_close(state[key], eager_state[key], rtol=1e-4, atol=1e-5, msg=key)
+    # Tied weights (wte and lm_head) are one slot, updated once.
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_data_dependent_control_flow_names_the_line() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if loss > 1.0:  # data-dependent branch
+            loss = loss * 2
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(TrainingCaptureError, match=r"data-dependent.*test_training.py:\d+ in step: if loss > 1.0"):
+        hloalias.compile_training_step(step, model, opt, _batches(1)[0])
+    _assert_state_equal(before, model.state_dict())
+    assert not opt.state
+
+
+def test_host_read_of_a_traced_value_names_the_line() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        scale = 2.0 if loss.item() > 1.0 else 1.0
+        (loss * scale).backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    with pytest.raises(TrainingCaptureError, match=r"test_training.py:\d+ in step: scale = 2.0 if loss.item\(\) > 1.0"):
+        hloalias.compile_training_step(step, model, opt, _batches(1)[0])
+
+
+def test_step_keeping_gradients_accumulates_them_on_the_device() -> None:
+    """Without ``zero_grad`` eager accumulates ``.grad`` across steps; the
+    gradients then become device state (``grad.<fqn>``), aliased in place."""
+    eager_model, model = _mlp(), _mlp()
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step_of(m: torch.nn.Module, o: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            o.step()
+            return loss
+
+        return step
+
+    batches = _batches(3)
+    train = hloalias.compile_training_step(step_of(model, opt), model, opt, batches[0])
+    assert all(p.grad is None for p in model.parameters())
+    for x, y in batches:
+        torch.testing.assert_close(train(x, y), step_of(eager_model, eager_opt)(x, y).detach(), rtol=RTOL, atol=ATOL)
+    train.write_back()
+    _assert_state_equal(eager_model.state_dict(), model.state_dict())
+    for (name, eager_p), p in zip(eager_model.named_parameters(), model.parameters()):
+        assert eager_p.grad is not None and p.grad is not None
+        torch.testing.assert_close(p.grad, eager_p.grad, rtol=RTOL, atol=ATOL, msg=name)
+    grads = {a["argument"]: a["origin"] for a in train.aliases if a["argument"].startswith("grad.")}
+    assert grads == {f"grad.{n}": "inferred" for n, _ in model.named_parameters()}
+    assert set(train.state_dict()["grads"]) == {n for n, _ in model.named_parameters()}
+
+
+def test_unknown_optimizer_without_state_is_rejected() -> None:
+    model = _mlp()
+    opt = torch.optim.RMSprop(model.parameters(), lr=0.1)
+    with pytest.raises(TrainingCaptureError, match="RMSprop has no state"):
+        hloalias.compile_training_step(_step_fn(model, opt), model, opt, _batches(1)[0])
+
+
+def _weight_copies(train: Any, width: int) -> int:
+    text = train.executable._loaded.hlo_modules()[0].to_string()
+    return sum(1 for line in text.splitlines() if " copy(" in line and f"f32[{width},{width}]" in line)
+
+
+def test_order_in_place_updates_removes_weight_copies() -> None:
+    """The backward reads layers 1 and 2's weights for input gradients;
+    without ``order-in-place-updates`` XLA copies both (2 x 64 KiB) before
+    the in-place update, with it none, at the same values."""
+    from hloalias.pipeline import DEFAULT_PIPELINE
+
+    width = 128
+    results = {}
+    for pipeline in (DEFAULT_PIPELINE, None):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+            torch.nn.Linear(width, width),
+        )
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        generator = torch.Generator().manual_seed(4)
+        x, y = torch.randn(8, width, generator=generator), torch.randn(8, width, generator=generator)
+        train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, (x, y), pipeline=pipeline)
+        losses = [train(x, y) for _ in range(3)]
+        results[pipeline] = (train, losses)
+    plain, plain_losses = results[DEFAULT_PIPELINE]
+    ordered, ordered_losses = results[None]
+    assert _weight_copies(plain, width) == 2 and plain.memory_stats["temp_bytes"] == 147456
+    assert _weight_copies(ordered, width) == 0 and ordered.memory_stats["temp_bytes"] == 94720
+    assert ordered.memory_stats["total_bytes"] == 499312
+    assert ordered.memory_stats["alias_bytes"] == plain.memory_stats["alias_bytes"] == 396288
+    for a, b in zip(plain_losses, ordered_losses):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(ordered.state_dict()["model"], plain.state_dict()["model"], rtol=0, atol=0)
