@@ -194,6 +194,7 @@ def import_torch(
         exported = exported.run_decompositions(get_decomposition_table())
     except Exception as error:  # torch raises many types here
         raise TorchImportError(f"torch.export decompositions failed: {error}") from error
+    _clamp_slice_bounds(exported.graph_module.graph)
     signature = _signature(exported)
     state = _state(exported, signature)
 
@@ -359,13 +360,76 @@ def _storage_classes(
 
 
 def _state(exported: ExportedProgram, signature: ProgramSignature) -> dict[str, torch.Tensor]:
+    """Module state by argument name.  Persistent parameters and buffers are
+    in ``state_dict``; non-persistent buffers (``register_buffer(...,
+    persistent=False)``: rotary ``inv_freq``, BERT's ``position_ids``) and
+    lifted tensor constants are in ``constants``."""
     state: dict[str, torch.Tensor] = {}
     for argument in signature.arguments:
-        if argument.kind in ("parameter", "buffer"):
-            state[argument.name] = exported.state_dict[argument.name]
-        elif argument.kind == "constant":
-            state[argument.name] = exported.constants[argument.name]
+        if argument.kind == "user_input":
+            continue
+        if argument.name in exported.state_dict:
+            value = exported.state_dict[argument.name]
+        elif argument.name in exported.constants:
+            value = exported.constants[argument.name]
+        else:
+            raise TorchImportError(
+                f"{argument.kind} '{argument.name}' is neither in the exported program's state_dict "
+                "nor in its constants"
+            )
+        if not isinstance(value, torch.Tensor):
+            raise TorchImportError(
+                f"{argument.kind} '{argument.name}' is {type(value).__name__}, not a tensor"
+            )
+        state[argument.name] = value
     return state
+
+
+# Ops whose (dim, start, end, step) follow the input's tensor (argument 0).
+_SLICE_OPS = {
+    torch.ops.aten.slice.Tensor: 1,  # position of ``dim``
+    torch.ops.aten.slice_scatter.default: 2,
+}
+
+
+def _clamp_slice_bounds(graph: torch.fx.Graph) -> None:
+    """Rewrite every ``slice``/``slice_scatter`` to explicit, in-range
+    ``start``/``end`` as torch computes them (negative counted from the end,
+    then clamped to ``[0, size]``).  ``x[1:]`` exports ``end`` as INT64_MAX,
+    and torch-mlir's StableHLO lowering of ``slice_scatter`` sizes by it:
+    ``std::bad_alloc`` or unbounded allocation at compile time."""
+    for node in graph.nodes:
+        dim_position = _SLICE_OPS.get(node.target) if node.op == "call_function" else None
+        if dim_position is None:
+            continue
+        base = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(base, torch.Tensor):
+            continue
+        names = ("dim", "start", "end", "step")
+        values: list[Any] = [0, None, None, 1]
+        for offset, name in enumerate(names):
+            position = dim_position + offset
+            if position < len(node.args):
+                values[offset] = node.args[position]
+            elif name in node.kwargs:
+                values[offset] = node.kwargs[name]
+        dim, start, end, step = values
+        if not all(isinstance(v, int) or v is None for v in (dim, start, end, step)):
+            continue  # symbolic bounds: leave them to the lowering
+        dim = dim % base.dim()
+        size = base.shape[dim]
+        if not isinstance(size, int):
+            continue
+        start = _clamp_index(0 if start is None else start, size)
+        end = max(start, _clamp_index(size if end is None else end, size))
+        node.args = (*node.args[:dim_position], dim, start, end, 1 if step is None else step)
+        node.kwargs = {}
+
+
+def _clamp_index(index: int, size: int) -> int:
+    if index < 0:
+        index += size
+    return min(max(index, 0), size)
 
 
 def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
