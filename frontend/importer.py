@@ -54,6 +54,10 @@ TORCH_BACKEND_PIPELINE = (
 )
 STABLEHLO_PIPELINE = "builtin.module(torch-backend-to-stablehlo-backend-pipeline)"
 
+# On @main: the static (non-tensor) user inputs baked into the program, as
+# ``{leafN: repr(value)}``; see ProgramSignature.static_inputs.
+STATIC_INPUTS_ATTR = "hloalias.static_inputs"
+
 _MUTATION_OUTPUTS = (
     OutputKind.BUFFER_MUTATION,
     OutputKind.PARAMETER_MUTATION,
@@ -115,6 +119,13 @@ class ProgramSignature:
     # User outputs that are Python constants (None, ints): no result of
     # @main, returned as they are.  Keyed by user output position.
     constant_outputs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # User inputs that are Python values (``use_cache=False``, ints, strings):
+    # no argument of @main, baked into the program as ``torch.export``
+    # specialized on them (as JAX's ``static_argnames``).  Keyed by position
+    # among the flattened ``(args, kwargs)`` leaves; the tensor leaves that
+    # remain are the user-input arguments, in order.  A call must pass the
+    # same values.
+    static_inputs: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""
@@ -191,7 +202,7 @@ def import_torch(
     kwargs = dict(kwargs or {})
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
     try:
-        exported = exported.run_decompositions(get_decomposition_table())
+        exported = exported.run_decompositions(_decomposition_table())
     except Exception as error:  # torch raises many types here
         raise TorchImportError(f"torch.export decompositions failed: {error}") from error
     _clamp_slice_bounds(exported.graph_module.graph)
@@ -220,6 +231,32 @@ def import_torch(
     return program
 
 
+def _decomposition_table() -> dict[Any, Callable[..., Any]]:
+    """torch-mlir's decomposition table with one entry replaced.
+
+    torch's decomposition of ``_scaled_dot_product_flash_attention_for_cpu``
+    (what SDPA becomes on CPU) returns its output in ``[L, B, H, E]``
+    storage order, while the kernel, and so every fake tensor recorded at
+    export, has ``[B, L, H, E]``.  The model's later ``view`` (GPT-2's
+    ``Conv1D``, after ``transpose(1, 2).reshape``) was traced as a view of
+    the kernel's layout and fails on the decomposition's for batch > 1
+    ("Cannot view a tensor with shape [2, 64, 768] ...").  The replacement
+    keeps the math and gives the output the kernel's layout."""
+    table = dict(get_decomposition_table())
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    upstream = table.get(flash)
+    if upstream is not None:
+
+        def flash_attention_for_cpu(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            output, logsumexp = upstream(*args, **kwargs)
+            # [B, H, L, E] values in [B, L, H, E] storage, as the kernel lays them out.
+            output = output.transpose(1, 2).contiguous().transpose(1, 2)
+            return output, logsumexp
+
+        table[flash] = flash_attention_for_cpu
+    return table
+
+
 def _export(
     f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any
 ) -> ExportedProgram:
@@ -227,7 +264,24 @@ def _export(
     try:
         return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as error:
+        unknown = _UNKNOWN_OUTPUT_RE.search(str(error))
+        if unknown is not None:
+            type_name = unknown.group(1)
+            hint = (
+                " It is a transformers cache: pass use_cache=False (a static argument, baked into the "
+                "program), or compile a static-cache module such as "
+                "transformers.integrations.executorch.TorchExportableModuleWithStaticCache, whose "
+                "cache lives in buffers that hloalias keeps on the device and updates in place."
+                if "Cache" in type_name
+                else " Return tensors, or tuples, lists, dicts or dataclasses of them."
+            )
+            raise TorchImportError(
+                f"{_describe(f)} returns a {type_name}, which hloalias cannot return.{hint}"
+            ) from error
         raise TorchImportError(f"torch.export failed for {_describe(f)}: {error}") from error
+
+
+_UNKNOWN_OUTPUT_RE = re.compile(r"Found <class '([^']+)'> in output, which is not a known type")
 
 
 class _FunctionModule(torch.nn.Module):
@@ -262,15 +316,35 @@ def _describe(f: Any) -> str:
 
 def _signature(exported: ExportedProgram) -> ProgramSignature:
     graph_signature = exported.graph_signature
-    placeholders = [n for n in exported.graph_module.graph.nodes if n.op == "placeholder"]
-    arguments = []
+    graph = exported.graph_module.graph
+    all_placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    placeholders: list[torch.fx.Node] = []
+    arguments: list[ArgumentInfo] = []
     index_of_target: dict[str, int] = {}
-    for index, (spec, node) in enumerate(zip(graph_signature.input_specs, placeholders)):
+    static_inputs: dict[int, Any] = {}
+    user_leaf = 0
+    for spec, node in zip(graph_signature.input_specs, all_placeholders):
         if spec.kind not in _KINDS:
             raise TorchImportError(f"input '{node.name}' of kind {spec.kind.name} is not supported")
         kind = _KINDS[spec.kind]
         name = spec.target if spec.target is not None else spec.arg.name
         value = node.meta.get("val")
+        if kind == "user_input":
+            leaf = user_leaf
+            user_leaf += 1
+            if not isinstance(value, torch.Tensor):
+                # A Python value (bool, int, float, str): static, baked into
+                # the program as export specialized on it.
+                if node.users:
+                    raise TorchImportError(
+                        f"input '{name}' is {type(value).__name__}, not a tensor, and the exported "
+                        "graph still reads it: hloalias compiles tensor inputs only"
+                    )
+                static_inputs[leaf] = value if isinstance(value, (bool, int, float, str)) else getattr(
+                    spec.arg, "value", value
+                )
+                graph.erase_node(node)
+                continue
         if not isinstance(value, torch.Tensor):
             raise TorchImportError(
                 f"input '{name}' is {type(value).__name__}, not a tensor: hloalias compiles "
@@ -282,7 +356,9 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
                     f"input '{name}' has dynamic dimension {dim} ({size}): "
                     "hloalias compiles static shapes only"
                 )
+        index = len(arguments)
         arguments.append(ArgumentInfo(index, kind, name))
+        placeholders.append(node)
         index_of_target[name] = index
         if kind == "user_input":
             index_of_target[spec.arg.name] = index
@@ -326,6 +402,7 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
         exported.call_spec.in_spec,
         exported.call_spec.out_spec,
         constant_outputs,
+        static_inputs,
     )
 
 
@@ -454,6 +531,11 @@ def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
                 attrs[A.RESULT_STORAGE] = ir.StringAttr.get(result.storage)
             result_attrs.append(attrs)
         set_result_attr_dicts(main, result_attrs)
+        if signature.static_inputs:
+            # Static values are part of the program's identity (cache key).
+            main.attributes[STATIC_INPUTS_ATTR] = ir.DictAttr.get(
+                {f"leaf{leaf}": ir.StringAttr.get(repr(value)) for leaf, value in signature.static_inputs.items()}
+            )
 
 
 def _lower(
