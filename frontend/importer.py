@@ -201,6 +201,7 @@ def import_torch(
     message holds the ``torch-mlir-opt`` command that replays it."""
     kwargs = dict(kwargs or {})
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
+    _merge_aliased_state(exported)
     try:
         exported = exported.run_decompositions(_decomposition_table())
     except Exception as error:  # torch raises many types here
@@ -229,6 +230,85 @@ def import_torch(
     program = Program(module, stage, signature, state)
     program.verify()
     return program
+
+
+def _state_tensor(exported: ExportedProgram, name: str) -> Any:
+    if name in exported.state_dict:
+        return exported.state_dict[name]
+    return exported.constants.get(name)
+
+
+def _merge_aliased_state(exported: ExportedProgram) -> None:
+    """Make state that is one tensor one argument; reject state that overlaps.
+
+    ``torch.export`` lifts a tensor the module reaches other than as an
+    attribute (HF's ``StaticCache`` layers, also registered as buffers) as a
+    *constant* beside the buffer it is, and a tensor registered twice as two
+    buffers; functionalization then fails on the aliased inputs ("expected
+    compiled_fn to be GraphModule").  Every state input that is exactly
+    another one (same storage, offset, sizes, strides, dtype) is replaced by
+    the first (parameters, then buffers, then constants): one device buffer,
+    and in-place updates through either name update it.  State that shares
+    memory without being the same view is rejected with both names."""
+    signature = exported.graph_signature
+    placeholders = {n.name: n for n in exported.graph_module.graph.nodes if n.op == "placeholder"}
+    state_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    order = {InputKind.PARAMETER: 0, InputKind.BUFFER: 1, InputKind.CONSTANT_TENSOR: 2}
+    specs = sorted(
+        (spec for spec in signature.input_specs if spec.kind in state_kinds and spec.target is not None),
+        key=lambda spec: order[spec.kind],
+    )
+    canonical: dict[tuple[Any, ...], Any] = {}
+    by_storage: dict[StorageWeakRef, tuple[str, torch.Tensor]] = {}
+    merged = []
+    for spec in specs:
+        tensor = _state_tensor(exported, spec.target)
+        if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
+            continue
+        storage = StorageWeakRef(tensor.untyped_storage())
+        view = (storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        first = canonical.get(view)
+        if first is not None:
+            if spec.kind == InputKind.PARAMETER or first.kind != spec.kind and spec.kind != InputKind.CONSTANT_TENSOR:
+                # A parameter and a buffer, or two parameters, that are one tensor.
+                raise TorchImportError(
+                    f"module state '{spec.target}' and '{first.target}' are the same tensor registered "
+                    f"as a {spec.kind.name.lower()} and a {first.kind.name.lower()}: register it once"
+                )
+            merged.append((spec, first))
+            continue
+        if storage in by_storage:
+            other, other_tensor = by_storage[storage]
+            if _overlaps(tensor, other_tensor):
+                raise TorchImportError(
+                    f"module state '{spec.target}' and '{other}' are overlapping views of one tensor: "
+                    "hloalias keeps each state tensor in its own device buffer, so writes through one "
+                    "would not reach the other; register the base tensor once and take the views in forward"
+                )
+        canonical[view] = spec
+        by_storage.setdefault(storage, (spec.target, tensor))
+    if not merged:
+        return
+    graph = exported.graph_module.graph
+    for spec, first in merged:
+        node = placeholders[spec.arg.name]
+        node.replace_all_uses_with(placeholders[first.arg.name])
+        graph.erase_node(node)
+        signature.input_specs.remove(spec)
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            del exported.constants[spec.target]
+    exported.graph_module.recompile()
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two views of one storage may share an element (by byte range)."""
+    def extent(t: torch.Tensor) -> tuple[int, int]:
+        start = t.storage_offset() * t.element_size()
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        return start, start + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = extent(a), extent(b)
+    return a0 < b1 and b0 < a1
 
 
 def _decomposition_table() -> dict[Any, Callable[..., Any]]:
