@@ -248,8 +248,10 @@ def _merge_aliased_state(exported: ExportedProgram) -> None:
     compiled_fn to be GraphModule").  Every state input that is exactly
     another one (same storage, offset, sizes, strides, dtype) is replaced by
     the first (parameters, then buffers, then constants): one device buffer,
-    and in-place updates through either name update it.  State that shares
-    memory without being the same view is rejected with both names."""
+    and in-place updates through either name update it (tied parameters
+    too: the state keeps the first name).  A tensor that is both a
+    parameter and a buffer, and state that shares memory without being the
+    same view, are rejected naming both."""
     signature = exported.graph_signature
     placeholders = {n.name: n for n in exported.graph_module.graph.nodes if n.op == "placeholder"}
     state_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
@@ -269,8 +271,7 @@ def _merge_aliased_state(exported: ExportedProgram) -> None:
         view = (storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
         first = canonical.get(view)
         if first is not None:
-            if spec.kind == InputKind.PARAMETER or first.kind != spec.kind and spec.kind != InputKind.CONSTANT_TENSOR:
-                # A parameter and a buffer, or two parameters, that are one tensor.
+            if {spec.kind, first.kind} == {InputKind.PARAMETER, InputKind.BUFFER}:
                 raise TorchImportError(
                     f"module state '{spec.target}' and '{first.target}' are the same tensor registered "
                     f"as a {spec.kind.name.lower()} and a {first.kind.name.lower()}: register it once"
