@@ -19,10 +19,8 @@ slice writes)."""
 from __future__ import annotations
 
 import copy
-import resource
 import subprocess
 import sys
-import textwrap
 from typing import Any
 
 import pytest
@@ -91,6 +89,9 @@ def check_model(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     eager_state = _state_of(eager)
     compiled_state = exe.state_dict()
     for name, value in compiled_state.items():
+        if name not in eager_state:
+            assert "lifted_tensor" in name, name  # a constant torch.export lifted, no module state
+            continue
         torch.testing.assert_close(value, eager_state[name], rtol=TOL, atol=TOL, msg=f"state {name}")
     inputs = _leaves((args, kwargs))
     minimum = _data_minimum(eager, inputs, _leaves(expected))
@@ -435,24 +436,26 @@ _SLICE_WRITES = {
 }
 
 
-@pytest.mark.parametrize("statement", list(_SLICE_WRITES.values()), ids=list(_SLICE_WRITES))
-def test_open_ended_slice_writes_compile_in_bounded_memory(statement: str) -> None:
-    """Each runs in a child limited to 4 GiB of address space: before the
-    fix the lowering asked for INT64_MAX elements (MemoryError or OOM)."""
-    script = textwrap.dedent(f"""
-        import resource
-        resource.setrlimit(resource.RLIMIT_AS, ({4 << 30}, {4 << 30}))
-        import torch, hloalias
-        def write(x):
-            {statement}
-            return x
-        x = torch.randn(4, 6)
-        expected = write(x.clone())
-        exe = hloalias.compile(write, (x.clone(),))
-        out = exe(x)
-        torch.testing.assert_close(out, expected)
-        torch.testing.assert_close(x, expected)
-        print("ok")
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+def test_open_ended_slice_writes_compile_in_bounded_memory() -> None:
+    """All run in one child limited to 4 GiB of address space: before the
+    fix the StableHLO lowering sized by an INT64_MAX slice end (MemoryError
+    from std::bad_alloc, or allocation until killed)."""
+    bodies = "".join(
+        f"def {name}(x):\n    {statement}\n    return x\n" for name, statement in _SLICE_WRITES.items()
+    )
+    script = f"""
+resource.setrlimit(resource.RLIMIT_AS, ({4 << 30}, {4 << 30}))
+import torch, hloalias
+{bodies}
+for write in ({", ".join(_SLICE_WRITES)},):
+    x = torch.randn(4, 6)
+    expected = write(x.clone())
+    exe = hloalias.compile(write, (x.clone(),))
+    out = exe(x)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, expected)
+    print("ok", write.__name__)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [word for name in _SLICE_WRITES for word in ("ok", name)]
