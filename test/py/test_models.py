@@ -444,6 +444,7 @@ def test_open_ended_slice_writes_compile_in_bounded_memory() -> None:
         f"def {name}(x):\n    {statement}\n    return x\n" for name, statement in _SLICE_WRITES.items()
     )
     script = f"""
+import resource
 resource.setrlimit(resource.RLIMIT_AS, ({4 << 30}, {4 << 30}))
 import torch, hloalias
 {bodies}
