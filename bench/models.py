@@ -78,15 +78,16 @@ class LlamaDecodeStep(torch.nn.Module):
             intermediate_size=config.intermediate_size, num_hidden_layers=config.layers,
             num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
             max_position_embeddings=config.max_cache_len, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-        )).eval()
-        model.generation_config = transformers.GenerationConfig(
+        )).eval()  # type: ignore[no-untyped-call]
+        model.generation_config = transformers.GenerationConfig(  # type: ignore[no-untyped-call]
             use_cache=True, cache_implementation="static",
             cache_config={"batch_size": 1, "max_cache_len": config.max_cache_len},
             bos_token_id=0, eos_token_id=0, pad_token_id=0)
         self.inner = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=config.max_cache_len)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        return self.inner(input_ids=input_ids, cache_position=cache_position)
+        logits: torch.Tensor = self.inner(input_ids=input_ids, cache_position=cache_position)
+        return logits
 
 
 def _no_jax(*_: Any) -> Any:
@@ -119,7 +120,7 @@ def bert_forward_workload(config: BertForwardConfig = BertForwardConfig()) -> wo
     module = transformers.BertModel(transformers.BertConfig(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
         num_hidden_layers=config.layers, num_attention_heads=config.heads, max_position_embeddings=512,
-    )).eval()
+    )).eval()  # type: ignore[no-untyped-call]
     ids = torch.randint(0, config.vocab_size, (config.batch, config.sequence),
                         generator=torch.Generator().manual_seed(1))
     return _workload(

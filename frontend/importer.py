@@ -267,7 +267,7 @@ def _merge_aliased_state(exported: ExportedProgram) -> None:
         tensor = _state_tensor(exported, spec.target)
         if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
             continue
-        storage = StorageWeakRef(tensor.untyped_storage())
+        storage = StorageWeakRef(tensor.untyped_storage())  # type: ignore[no-untyped-call]
         view = (storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
         first = canonical.get(view)
         if first is not None:
@@ -304,8 +304,8 @@ def _merge_aliased_state(exported: ExportedProgram) -> None:
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two views of one storage may share an element (by byte range)."""
     def extent(t: torch.Tensor) -> tuple[int, int]:
-        start = t.storage_offset() * t.element_size()
-        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        start = int(t.storage_offset()) * t.element_size()
+        last = sum((int(size) - 1) * int(stride) for size, stride in zip(t.shape, t.stride()))
         return start, start + (last + 1) * t.element_size()
 
     (a0, a1), (b0, b1) = extent(a), extent(b)

@@ -51,7 +51,7 @@ def _assert_close(actual: Any, expected: Any) -> None:
 
 def _state_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer, persistent or not, by qualified name."""
-    state = dict(module.named_parameters(remove_duplicate=False))
+    state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
     state.update(module.named_buffers(remove_duplicate=False))
     return state
 
@@ -286,6 +286,9 @@ class KVCacheDecoder(torch.nn.Module):
     """A one-head attention step whose KV cache is two buffers written with
     ``index_copy_`` at ``position``."""
 
+    keys: torch.Tensor
+    values: torch.Tensor
+
     def __init__(self, dim: int = 16, length: int = 8) -> None:
         super().__init__()
         self.qkv = torch.nn.Linear(dim, 3 * dim)
@@ -321,6 +324,8 @@ def test_kv_cache_buffers_index_copy_decode(fresh_cache: None) -> None:
 # -- importer failures, smallest programs -------------------------------------------------------
 
 class NonPersistent(torch.nn.Module):
+    scale: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("scale", torch.arange(4.0), persistent=False)
@@ -364,6 +369,9 @@ def test_static_arguments_are_baked_and_checked() -> None:
 
 
 class TwiceRegistered(torch.nn.Module):
+    a: torch.Tensor
+    b: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         shared = torch.zeros(4)
@@ -385,6 +393,9 @@ def test_one_tensor_registered_as_two_buffers_is_one_device_buffer() -> None:
 
 
 class OverlappingViews(torch.nn.Module):
+    head: torch.Tensor
+    tail: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         base = torch.zeros(6)
@@ -411,7 +422,8 @@ class TiedUpdatedInPlace(torch.nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             self.head.weight.mul_(0.5)
-        return self.head(self.embed(ids))
+        logits: torch.Tensor = self.head(self.embed(ids))
+        return logits
 
 
 def test_tied_parameter_updated_in_place() -> None:

@@ -532,7 +532,8 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
             v for v in builder.values.values()
             if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype and v.storage != target.storage
         ]
-        if sources and draw(st.booleans()):
+        from_value: bool = draw(st.booleans())
+        if sources and from_value:
             source = draw(st.sampled_from(sources))
             sim.copy_(source.sim)
             builder.emit_inplace(target, f"{name} = {source.name}", "copy", source)
