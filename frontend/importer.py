@@ -357,7 +357,8 @@ def _export(
                 else " Return tensors, or tuples, lists, dicts or dataclasses of them."
             )
             raise TorchImportError(
-                f"{_describe(f)} returns a {type_name}, which hloalias cannot return.{hint}"
+                f"torch.export failed for {_describe(f)}: it returns a {type_name}, which hloalias "
+                f"cannot return.{hint}"
             ) from error
         raise TorchImportError(f"torch.export failed for {_describe(f)}: {error}") from error
 

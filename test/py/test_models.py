@@ -129,7 +129,7 @@ def test_gpt2_lm_head_tied_sdpa_batch2_with_labels() -> None:
 
 
 def test_gpt2_default_dynamic_cache_says_what_to_do() -> None:
-    with pytest.raises(TorchImportError, match="DynamicCache.*use_cache=False.*TorchExportableModuleWithStaticCache"):
+    with pytest.raises(TorchImportError, match="GPT2LMHeadModel: it returns a .*DynamicCache.*use_cache=False.*TorchExportableModuleWithStaticCache"):
         hloalias.compile(_gpt2(), (_ids(),))
 
 
