@@ -647,7 +647,10 @@ def _without_known_bugs(builder: _Builder, returns: list[str]) -> list[str]:
             if builder.values[other].storage == value.storage
             and _layout(builder.values[other].sim) != _layout(value.sim)
         ]
-        if sharing and storage.argument is None and all(builder.is_view(v) for v in [value, *sharing]):
+        # "The intermediate itself" is the value that created the storage: a
+        # view with the same layout (``v1.view(2, 3)`` of an unsqueezed
+        # ``v0``) is still a view to hloalias, which cannot tell it from v0.
+        if sharing and storage.argument is None and all(v.sim is not storage.base for v in [value, *sharing]):
             continue
         kept.append(name)
     return kept
