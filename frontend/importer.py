@@ -16,6 +16,7 @@ are returned by the runtime as they are)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import inspect
@@ -201,7 +202,7 @@ def import_torch(
     message holds the ``torch-mlir-opt`` command that replays it."""
     kwargs = dict(kwargs or {})
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
-    _merge_aliased_state(exported)
+    exported = _merge_aliased_state(exported, owned=exported is not f)
     try:
         exported = exported.run_decompositions(_decomposition_table())
     except Exception as error:  # torch raises many types here
@@ -238,7 +239,7 @@ def _state_tensor(exported: ExportedProgram, name: str) -> Any:
     return exported.constants.get(name)
 
 
-def _merge_aliased_state(exported: ExportedProgram) -> None:
+def _merge_aliased_state(exported: ExportedProgram, *, owned: bool) -> ExportedProgram:
     """Make state that is one tensor one argument; reject state that overlaps.
 
     ``torch.export`` lifts a tensor the module reaches other than as an
@@ -251,7 +252,9 @@ def _merge_aliased_state(exported: ExportedProgram) -> None:
     and in-place updates through either name update it (tied parameters
     too: the state keeps the first name).  A tensor that is both a
     parameter and a buffer, and state that shares memory without being the
-    same view, are rejected naming both."""
+    same view, are rejected naming both.  A caller's program (not
+    ``owned``) is left as it was: the rewrite goes to a copy of its graph
+    and signature."""
     signature = exported.graph_signature
     placeholders = {n.name: n for n in exported.graph_module.graph.nodes if n.op == "placeholder"}
     state_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
@@ -262,7 +265,7 @@ def _merge_aliased_state(exported: ExportedProgram) -> None:
     )
     canonical: dict[tuple[Any, ...], Any] = {}
     by_storage: dict[StorageWeakRef, tuple[str, torch.Tensor]] = {}
-    merged = []
+    merged: list[tuple[Any, Any]] = []
     for spec in specs:
         tensor = _state_tensor(exported, spec.target)
         if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
@@ -289,7 +292,24 @@ def _merge_aliased_state(exported: ExportedProgram) -> None:
         canonical[view] = spec
         by_storage.setdefault(storage, (spec.target, tensor))
     if not merged:
-        return
+        return exported
+    if not owned:
+        original = exported
+        exported = copy.copy(original)
+        graph_copy = torch.fx.Graph()
+        value_map: dict[torch.fx.Node, torch.fx.Node] = {}
+        output = graph_copy.graph_copy(original.graph_module.graph, value_map)
+        graph_copy.output(output)
+        exported._graph_module = torch.fx.GraphModule(original.graph_module, graph_copy)
+        exported._graph_signature = copy.deepcopy(original.graph_signature)
+        exported._constants = dict(original.constants)
+        signature = exported.graph_signature
+        placeholders = {n.name: n for n in exported.graph_module.graph.nodes if n.op == "placeholder"}
+        merged = [
+            (next(s for s in signature.input_specs if s.arg.name == spec.arg.name),
+             next(s for s in signature.input_specs if s.arg.name == first.arg.name))
+            for spec, first in merged
+        ]
     graph = exported.graph_module.graph
     for spec, first in merged:
         node = placeholders[spec.arg.name]
@@ -299,6 +319,7 @@ def _merge_aliased_state(exported: ExportedProgram) -> None:
         if spec.kind == InputKind.CONSTANT_TENSOR:
             del exported.constants[spec.target]
     exported.graph_module.recompile()
+    return exported
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -562,7 +583,7 @@ def _clamp_slice_bounds(graph: torch.fx.Graph) -> None:
         if dim_position is None:
             continue
         base = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-        if not isinstance(base, torch.Tensor):
+        if not isinstance(base, torch.Tensor) or base.dim() == 0:
             continue
         names = ("dim", "start", "end", "step")
         values: list[Any] = [0, None, None, 1]

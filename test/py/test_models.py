@@ -388,6 +388,16 @@ def test_one_tensor_registered_as_two_buffers_is_one_device_buffer() -> None:
     assert exe.state_dict()["a"].tolist() == eager.a.tolist() == [2.0] * 4
 
 
+def test_callers_exported_program_with_aliased_state_is_left_as_it_was() -> None:
+    exported = torch.export.export(TwiceRegistered(), (torch.ones(4),), strict=False)
+    specs = [str(spec) for spec in exported.graph_signature.input_specs]
+    nodes = [node.name for node in exported.graph.nodes]
+    exe = hloalias.compile(exported, (torch.ones(4),))
+    torch.testing.assert_close(exe(torch.ones(4)), torch.full((4,), 2.0))
+    assert [str(spec) for spec in exported.graph_signature.input_specs] == specs
+    assert [node.name for node in exported.graph.nodes] == nodes
+
+
 class OverlappingViews(torch.nn.Module):
     head: torch.Tensor
     tail: torch.Tensor
