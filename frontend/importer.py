@@ -16,6 +16,7 @@ are returned by the runtime as they are)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import inspect
@@ -54,6 +55,10 @@ TORCH_BACKEND_PIPELINE = (
     "torchdynamo-export-to-torch-backend-pipeline{extra-library=})"
 )
 STABLEHLO_PIPELINE = "builtin.module(torch-backend-to-stablehlo-backend-pipeline)"
+
+# On @main: the static (non-tensor) user inputs baked into the program, as
+# ``{leafN: repr(value)}``; see ProgramSignature.static_inputs.
+STATIC_INPUTS_ATTR = "hloalias.static_inputs"
 
 _MUTATION_OUTPUTS = (
     OutputKind.BUFFER_MUTATION,
@@ -117,6 +122,13 @@ class ProgramSignature:
     # User outputs that are Python constants (None, ints): no result of
     # @main, returned as they are.  Keyed by user output position.
     constant_outputs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # User inputs that are Python values (``use_cache=False``, ints, strings):
+    # no argument of @main, baked into the program as ``torch.export``
+    # specialized on them (as JAX's ``static_argnames``).  Keyed by position
+    # among the flattened ``(args, kwargs)`` leaves; the tensor leaves that
+    # remain are the user-input arguments, in order.  A call must pass the
+    # same values.
+    static_inputs: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""
@@ -192,10 +204,12 @@ def import_torch(
     message holds the ``torch-mlir-opt`` command that replays it."""
     kwargs = dict(kwargs or {})
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
+    exported = _merge_aliased_state(exported, owned=exported is not f)
     try:
-        exported = exported.run_decompositions(get_decomposition_table())
+        exported = exported.run_decompositions(_decomposition_table())
     except Exception as error:  # torch raises many types here
         raise TorchImportError(f"torch.export decompositions failed: {error}") from error
+    _clamp_slice_bounds(exported.graph_module.graph)
     signature = _signature(exported)
     state = _state(exported, signature)
 
@@ -221,6 +235,132 @@ def import_torch(
     return program
 
 
+def _state_tensor(exported: ExportedProgram, name: str) -> Any:
+    if name in exported.state_dict:
+        return exported.state_dict[name]
+    return exported.constants.get(name)
+
+
+def _merge_aliased_state(exported: ExportedProgram, *, owned: bool) -> ExportedProgram:
+    """Make state that is one tensor one argument; reject state that overlaps.
+
+    ``torch.export`` lifts a tensor the module reaches other than as an
+    attribute (HF's ``StaticCache`` layers, also registered as buffers) as a
+    *constant* beside the buffer it is, and a tensor registered twice as two
+    buffers; functionalization then fails on the aliased inputs ("expected
+    compiled_fn to be GraphModule").  Every state input that is exactly
+    another one (same storage, offset, sizes, strides, dtype) is replaced by
+    the first (parameters, then buffers, then constants): one device buffer,
+    and in-place updates through either name update it (tied parameters
+    too: the state keeps the first name).  A tensor that is both a
+    parameter and a buffer, and state that shares memory without being the
+    same view, are rejected naming both.  A caller's program (not
+    ``owned``) is left as it was: the rewrite goes to a copy of its graph
+    and signature."""
+    signature = exported.graph_signature
+    placeholders = {n.name: n for n in exported.graph_module.graph.nodes if n.op == "placeholder"}
+    state_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    order = {InputKind.PARAMETER: 0, InputKind.BUFFER: 1, InputKind.CONSTANT_TENSOR: 2}
+    specs = sorted(
+        (spec for spec in signature.input_specs if spec.kind in state_kinds and spec.target is not None),
+        key=lambda spec: order[spec.kind],
+    )
+    canonical: dict[tuple[Any, ...], Any] = {}
+    by_storage: dict[StorageWeakRef, tuple[str, torch.Tensor]] = {}
+    merged: list[tuple[Any, Any]] = []
+    for spec in specs:
+        tensor = _state_tensor(exported, spec.target)
+        if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
+            continue
+        storage = StorageWeakRef(tensor.untyped_storage())  # type: ignore[no-untyped-call]
+        view = (storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        first = canonical.get(view)
+        if first is not None:
+            if {spec.kind, first.kind} == {InputKind.PARAMETER, InputKind.BUFFER}:
+                raise TorchImportError(
+                    f"module state '{spec.target}' and '{first.target}' are the same tensor registered "
+                    f"as a {spec.kind.name.lower()} and a {first.kind.name.lower()}: register it once"
+                )
+            merged.append((spec, first))
+            continue
+        if storage in by_storage:
+            other, other_tensor = by_storage[storage]
+            if _overlaps(tensor, other_tensor):
+                raise TorchImportError(
+                    f"module state '{spec.target}' and '{other}' are overlapping views of one tensor: "
+                    "hloalias keeps each state tensor in its own device buffer, so writes through one "
+                    "would not reach the other; register the base tensor once and take the views in forward"
+                )
+        canonical[view] = spec
+        by_storage.setdefault(storage, (spec.target, tensor))
+    if not merged:
+        return exported
+    if not owned:
+        original = exported
+        exported = copy.copy(original)
+        graph_copy = torch.fx.Graph()
+        value_map: dict[torch.fx.Node, torch.fx.Node] = {}
+        output = graph_copy.graph_copy(original.graph_module.graph, value_map)
+        graph_copy.output(output)
+        exported._graph_module = torch.fx.GraphModule(original.graph_module, graph_copy)
+        exported._graph_signature = copy.deepcopy(original.graph_signature)
+        exported._constants = dict(original.constants)
+        signature = exported.graph_signature
+        placeholders = {n.name: n for n in exported.graph_module.graph.nodes if n.op == "placeholder"}
+        merged = [
+            (next(s for s in signature.input_specs if s.arg.name == spec.arg.name),
+             next(s for s in signature.input_specs if s.arg.name == first.arg.name))
+            for spec, first in merged
+        ]
+    graph = exported.graph_module.graph
+    for spec, first in merged:
+        node = placeholders[spec.arg.name]
+        node.replace_all_uses_with(placeholders[first.arg.name])
+        graph.erase_node(node)
+        signature.input_specs.remove(spec)
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            del exported.constants[spec.target]
+    exported.graph_module.recompile()
+    return exported
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two views of one storage may share an element (by byte range)."""
+    def extent(t: torch.Tensor) -> tuple[int, int]:
+        start = int(t.storage_offset()) * t.element_size()
+        last = sum((int(size) - 1) * int(stride) for size, stride in zip(t.shape, t.stride()))
+        return start, start + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = extent(a), extent(b)
+    return a0 < b1 and b0 < a1
+
+
+def _decomposition_table() -> dict[Any, Callable[..., Any]]:
+    """torch-mlir's decomposition table with one entry replaced.
+
+    torch's decomposition of ``_scaled_dot_product_flash_attention_for_cpu``
+    (what SDPA becomes on CPU) returns its output in ``[L, B, H, E]``
+    storage order, while the kernel, and so every fake tensor recorded at
+    export, has ``[B, L, H, E]``.  The model's later ``view`` (GPT-2's
+    ``Conv1D``, after ``transpose(1, 2).reshape``) was traced as a view of
+    the kernel's layout and fails on the decomposition's for batch > 1
+    ("Cannot view a tensor with shape [2, 64, 768] ...").  The replacement
+    keeps the math and gives the output the kernel's layout."""
+    table = dict(get_decomposition_table())
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    upstream = table.get(flash)
+    if upstream is not None:
+
+        def flash_attention_for_cpu(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            output, logsumexp = upstream(*args, **kwargs)
+            # [B, H, L, E] values in [B, L, H, E] storage, as the kernel lays them out.
+            output = output.transpose(1, 2).contiguous().transpose(1, 2)
+            return output, logsumexp
+
+        table[flash] = flash_attention_for_cpu
+    return table
+
+
 def _export(
     f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any
 ) -> ExportedProgram:
@@ -228,7 +368,25 @@ def _export(
     try:
         return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as error:
+        unknown = _UNKNOWN_OUTPUT_RE.search(str(error))
+        if unknown is not None:
+            type_name = unknown.group(1)
+            hint = (
+                " It is a transformers cache: pass use_cache=False (a static argument, baked into the "
+                "program), or compile a static-cache module such as "
+                "transformers.integrations.executorch.TorchExportableModuleWithStaticCache, whose "
+                "cache lives in buffers that hloalias keeps on the device and updates in place."
+                if "Cache" in type_name
+                else " Return tensors, or tuples, lists, dicts or dataclasses of them."
+            )
+            raise TorchImportError(
+                f"torch.export failed for {_describe(f)}: it returns a {type_name}, which hloalias "
+                f"cannot return.{hint}"
+            ) from error
         raise TorchImportError(f"torch.export failed for {_describe(f)}: {error}") from error
+
+
+_UNKNOWN_OUTPUT_RE = re.compile(r"Found <class '([^']+)'> in output, which is not a known type")
 
 
 class _FunctionModule(torch.nn.Module):
@@ -264,15 +422,35 @@ def _describe(f: Any) -> str:
 
 def _signature(exported: ExportedProgram) -> ProgramSignature:
     graph_signature = exported.graph_signature
-    placeholders = [n for n in exported.graph_module.graph.nodes if n.op == "placeholder"]
-    arguments = []
+    graph = exported.graph_module.graph
+    all_placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    placeholders: list[torch.fx.Node] = []
+    arguments: list[ArgumentInfo] = []
     index_of_target: dict[str, int] = {}
-    for index, (spec, node) in enumerate(zip(graph_signature.input_specs, placeholders)):
+    static_inputs: dict[int, Any] = {}
+    user_leaf = 0
+    for spec, node in zip(graph_signature.input_specs, all_placeholders):
         if spec.kind not in _KINDS:
             raise TorchImportError(f"input '{node.name}' of kind {spec.kind.name} is not supported")
         kind = _KINDS[spec.kind]
         name = spec.target if spec.target is not None else spec.arg.name
         value = node.meta.get("val")
+        if kind == "user_input":
+            leaf = user_leaf
+            user_leaf += 1
+            if not isinstance(value, torch.Tensor):
+                # A Python value (bool, int, float, str): static, baked into
+                # the program as export specialized on it.
+                if node.users:
+                    raise TorchImportError(
+                        f"input '{name}' is {type(value).__name__}, not a tensor, and the exported "
+                        "graph still reads it: hloalias compiles tensor inputs only"
+                    )
+                static_inputs[leaf] = value if isinstance(value, (bool, int, float, str)) else getattr(
+                    spec.arg, "value", value
+                )
+                graph.erase_node(node)
+                continue
         if not isinstance(value, torch.Tensor):
             raise TorchImportError(
                 f"input '{name}' is {type(value).__name__}, not a tensor: hloalias compiles "
@@ -284,7 +462,9 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
                     f"input '{name}' has dynamic dimension {dim} ({size}): "
                     "hloalias compiles static shapes only"
                 )
+        index = len(arguments)
         arguments.append(ArgumentInfo(index, kind, name))
+        placeholders.append(node)
         index_of_target[name] = index
         if kind == "user_input":
             index_of_target[spec.arg.name] = index
@@ -328,6 +508,7 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
         exported.call_spec.in_spec,
         exported.call_spec.out_spec,
         constant_outputs,
+        static_inputs,
     )
 
 
@@ -362,13 +543,76 @@ def _storage_classes(
 
 
 def _state(exported: ExportedProgram, signature: ProgramSignature) -> dict[str, torch.Tensor]:
+    """Module state by argument name.  Persistent parameters and buffers are
+    in ``state_dict``; non-persistent buffers (``register_buffer(...,
+    persistent=False)``: rotary ``inv_freq``, BERT's ``position_ids``) and
+    lifted tensor constants are in ``constants``."""
     state: dict[str, torch.Tensor] = {}
     for argument in signature.arguments:
-        if argument.kind in ("parameter", "buffer"):
-            state[argument.name] = exported.state_dict[argument.name]
-        elif argument.kind == "constant":
-            state[argument.name] = exported.constants[argument.name]
+        if argument.kind == "user_input":
+            continue
+        if argument.name in exported.state_dict:
+            value = exported.state_dict[argument.name]
+        elif argument.name in exported.constants:
+            value = exported.constants[argument.name]
+        else:
+            raise TorchImportError(
+                f"{argument.kind} '{argument.name}' is neither in the exported program's state_dict "
+                "nor in its constants"
+            )
+        if not isinstance(value, torch.Tensor):
+            raise TorchImportError(
+                f"{argument.kind} '{argument.name}' is {type(value).__name__}, not a tensor"
+            )
+        state[argument.name] = value
     return state
+
+
+# Ops whose (dim, start, end, step) follow the input's tensor (argument 0).
+_SLICE_OPS = {
+    torch.ops.aten.slice.Tensor: 1,  # position of ``dim``
+    torch.ops.aten.slice_scatter.default: 2,
+}
+
+
+def _clamp_slice_bounds(graph: torch.fx.Graph) -> None:
+    """Rewrite every ``slice``/``slice_scatter`` to explicit, in-range
+    ``start``/``end`` as torch computes them (negative counted from the end,
+    then clamped to ``[0, size]``).  ``x[1:]`` exports ``end`` as INT64_MAX,
+    and torch-mlir's StableHLO lowering of ``slice_scatter`` sizes by it:
+    ``std::bad_alloc`` or unbounded allocation at compile time."""
+    for node in graph.nodes:
+        dim_position = _SLICE_OPS.get(node.target) if node.op == "call_function" else None
+        if dim_position is None:
+            continue
+        base = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(base, torch.Tensor) or base.dim() == 0:
+            continue
+        names = ("dim", "start", "end", "step")
+        values: list[Any] = [0, None, None, 1]
+        for offset, name in enumerate(names):
+            position = dim_position + offset
+            if position < len(node.args):
+                values[offset] = node.args[position]
+            elif name in node.kwargs:
+                values[offset] = node.kwargs[name]
+        dim, start, end, step = values
+        if not all(isinstance(v, int) or v is None for v in (dim, start, end, step)):
+            continue  # symbolic bounds: leave them to the lowering
+        dim = dim % base.dim()
+        size = base.shape[dim]
+        if not isinstance(size, int):
+            continue
+        start = _clamp_index(0 if start is None else start, size)
+        end = max(start, _clamp_index(size if end is None else end, size))
+        node.args = (*node.args[:dim_position], dim, start, end, 1 if step is None else step)
+        node.kwargs = {}
+
+
+def _clamp_index(index: int, size: int) -> int:
+    if index < 0:
+        index += size
+    return min(max(index, 0), size)
 
 
 def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
@@ -378,6 +622,11 @@ def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
             main, [ArgRecord(kind=a.kind, name=a.name).to_attrs({}) for a in signature.arguments]
         )
         set_result_attr_dicts(main, [result.record.to_attrs({}) for result in signature.results])
+        if signature.static_inputs:
+            # Static values are part of the program's identity (cache key).
+            main.attributes[STATIC_INPUTS_ATTR] = ir.DictAttr.get(
+                {f"leaf{leaf}": ir.StringAttr.get(repr(value)) for leaf, value in signature.static_inputs.items()}
+            )
 
 
 def _lower(

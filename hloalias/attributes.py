@@ -46,6 +46,12 @@ On ``@main``'s results (``res_attrs``):
 
 On ``@main`` itself:
 
+``hloalias.static_inputs``  (dictionary)
+    Written by the importer: the non-tensor user inputs baked into the
+    program (``{leafN: repr(value)}``, N the position among the flattened
+    ``(args, kwargs)`` leaves).  Part of the module, so of its cache key;
+    the runtime rejects a call with another value.
+
 ``hloalias.removed_results``  (array of dictionaries)
     One entry per result the ``eliminate-view-results`` pass took out of the
     function, in the order they were removed.  Each has ``result`` (the

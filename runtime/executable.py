@@ -365,6 +365,8 @@ class Executable:
                     f"inputs do not have the structure the program was compiled for: "
                     f"expected {self._signature.in_spec}, got {spec}"
                 )
+            if self._signature.static_inputs:
+                leaves = self._without_static_inputs(leaves)
         else:
             leaves = list(args)
         self._calls += 1
@@ -458,6 +460,18 @@ class Executable:
         if self._flat_outputs:
             return flat[0] if self._single_output else tuple(flat)
         return pytree.tree_unflatten(flat, self._signature.out_spec)
+
+    def _without_static_inputs(self, leaves: list[Any]) -> list[Any]:
+        """The tensor leaves; each static leaf must equal the compiled value."""
+        static = self._signature.static_inputs
+        for leaf, expected in static.items():
+            given = leaves[leaf]
+            if type(given) is not type(expected) or given != expected:
+                raise ExecutionError(
+                    f"input leaf {leaf} is {given!r}, but the program was compiled with the static "
+                    f"value {expected!r}; compile again for the new value"
+                )
+        return [value for leaf, value in enumerate(leaves) if leaf not in static]
 
     def _state_array(self, name: str) -> jax.Array:
         array = self._state[name]

@@ -445,7 +445,7 @@ IMPORT_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any
         {"dynamic_shapes": ({0: torch.export.Dim("batch", min=2)}, {0: torch.export.Dim("batch", min=2)})},
         "input 'x' has dynamic dimension 0",
     ),
-    "non_tensor_input": (lambda x, n: x * n, (torch.randn(2, 3), 3), {}, "input 'n' is int, not a tensor"),
+    # A non-tensor input (int, bool, str) is static since issue 12: test_models.py tests it.
     "scalar_output": (lambda x: x.sum().item(), (torch.randn(2, 3),), {}, "result output:0 is SymFloat, not a tensor"),
     "data_dependent_output_shape": (
         lambda x: torch.nonzero(x), (torch.randn(2, 3),), {}, "result output:0 has dynamic dimension 0"

@@ -5,13 +5,17 @@ or, when it has a buffer, an ``nn.Module`` ``Program`` whose ``forward``
 starts with ``b = self.buf``.  Its body is a list of statements built from
 an op list:
 
-- views: slices with steps, integer indexing, ``view``/``reshape``,
+- views: slices with steps, open-ended and negative slices (``x[1:]``,
+  ``x[:-1]``, ``x[-2:]``, ``x[1::2]``), ``narrow``, integer indexing and
+  ``select``, ``view``/``reshape``,
   ``transpose``/``t``/``permute``, ``expand``, ``unsqueeze``/``squeeze``,
   ``view(torch.int32)`` on f32 (and ``view(torch.float32)`` on i32),
   ``contiguous``;
 - computations: ``v + c``, ``v * c``, ``v + w``, ``v.neg()``, ``v.clone()``;
 - in-place updates of inputs, of the buffer, of intermediates and through
-  views of any of them: ``add_``, ``mul_``, ``copy_``, ``fill_``;
+  views of any of them: ``add_``, ``mul_``, ``copy_``, ``fill_``,
+  ``masked_fill_``, ``index_put_``, ``index_copy_`` and slice assignment
+  (``x[1:] = c``, ``x[:, ::2] = y``);
 
 and it returns a tuple mixing views of inputs, of the buffer and of
 computed values, inputs unchanged and the same tensor more than once.
@@ -366,8 +370,37 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
     if ndim >= 1:
         kinds.insert(0, "select")
     if any(size >= 2 for size in shape):
-        kinds[:0] = ["slice", "slice"]
+        kinds[:0] = ["slice", "slice", "open_slice", "open_slice", "narrow"]
+    if ndim >= 1:
+        kinds.insert(0, "select_method")
     kind = draw(st.sampled_from(kinds))
+    if kind == "open_slice":
+        dim = draw(st.sampled_from([d for d, size in enumerate(shape) if size >= 2]))
+        size = shape[dim]
+        form = draw(st.sampled_from(("start", "negative_stop", "negative_start", "step", "start_step")))
+        if form == "start":
+            start = draw(st.integers(1, size - 1))
+            text, chosen = f"{start}:", slice(start, None)
+        elif form == "negative_stop":
+            stop = -draw(st.integers(1, size - 1))
+            text, chosen = f":{stop}", slice(None, stop)
+        elif form == "negative_start":
+            start = -draw(st.integers(1, size - 1))
+            text, chosen = f"{start}:", slice(start, None)
+        elif form == "step":
+            text, chosen = "::2", slice(None, None, 2)
+        else:
+            text, chosen = "1::2", slice(1, None, 2)
+        return f"{name}{_index_text(dim, text)}", sim[(slice(None),) * dim + (chosen,)], "slice"
+    if kind == "narrow":
+        dim = draw(st.sampled_from([d for d, size in enumerate(shape) if size >= 2]))
+        start = draw(st.integers(0, shape[dim] - 1))
+        length = draw(st.integers(1, shape[dim] - start))
+        return f"{name}.narrow({dim}, {start}, {length})", sim.narrow(dim, start, length), kind
+    if kind == "select_method":
+        dim = draw(st.integers(0, ndim - 1))
+        item = draw(st.integers(-shape[dim], shape[dim] - 1))
+        return f"{name}.select({dim}, {item})", sim.select(dim, item), kind
     if kind == "slice":
         dim = draw(st.sampled_from([d for d, size in enumerate(shape) if size >= 2]))
         start = draw(st.integers(0, shape[dim] - 1))
@@ -449,19 +482,66 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
 
 @st.composite
 def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
+    subscript = False  # the target is written ``name[...]``: slice assignment applies
     if draw(st.sampled_from((False, False, True))):
         # Through a view written inline: x0[1:3].add_(1.0), x0.t().mul_(2.0)
-        expression, sim, _kind = draw(_view_expression(target))
+        expression, sim, view_kind = draw(_view_expression(target))
         if sim.untyped_storage().data_ptr() != target.sim.untyped_storage().data_ptr():
             return False  # eager copied: the update would go nowhere
         target = _Value(expression, sim, target.storage, target.view_root)
+        subscript = view_kind in ("slice", "select")
     sim = target.sim
     name = target.name
     if any(stride == 0 and size > 1 for size, stride in zip(sim.shape, sim.stride())):
         return False  # eager refuses in-place writes to expanded tensors
     is_float = sim.dtype == torch.float32
-    kinds = ["add", "fill", "copy"] + (["mul"] if is_float else [])
+    kinds = ["add", "fill", "copy", "masked_fill"] + (["mul"] if is_float else [])
+    if sim.dim() >= 1:
+        kinds += ["index_put", "index_copy"]
+    if subscript:
+        kinds += ["setitem"] * 4
     kind = draw(st.sampled_from(kinds))
+    fills = F32_FILL_CONSTANTS if is_float else I32_FILL_CONSTANTS
+    dtype_text = f"torch.{str(sim.dtype).removeprefix('torch.')}"
+    if kind == "masked_fill":
+        constant = draw(st.sampled_from(fills))
+        sim.masked_fill_(sim > 0, constant)
+        builder.emit_inplace(target, f"{name}.masked_fill_({name} > 0, {constant!r})", "masked_fill")
+        return True
+    if kind in ("index_put", "index_copy"):
+        dim = 0 if kind == "index_put" else draw(st.integers(0, sim.dim() - 1))
+        positions = draw(st.lists(st.integers(0, sim.shape[dim] - 1), min_size=1, max_size=sim.shape[dim], unique=True))
+        constant = draw(st.sampled_from(fills))
+        index = torch.tensor(positions)
+        if kind == "index_put":
+            sim.index_put_((index,), torch.tensor(constant, dtype=sim.dtype))
+            statement = (
+                f"{name}.index_put_((torch.tensor({positions!r}),), torch.tensor({constant!r}, dtype={dtype_text}))"
+            )
+        else:
+            source_shape = (*sim.shape[:dim], len(positions), *sim.shape[dim + 1 :])
+            sim.index_copy_(dim, index, torch.full(source_shape, constant, dtype=sim.dtype))
+            statement = (
+                f"{name}.index_copy_({dim}, torch.tensor({positions!r}), "
+                f"torch.full({source_shape!r}, {constant!r}, dtype={dtype_text}))"
+            )
+        builder.emit_inplace(target, statement, kind)
+        return True
+    if kind == "setitem":
+        sources = [
+            v for v in builder.values.values()
+            if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype and v.storage != target.storage
+        ]
+        from_value: bool = draw(st.booleans())
+        if sources and from_value:
+            source = draw(st.sampled_from(sources))
+            sim.copy_(source.sim)
+            builder.emit_inplace(target, f"{name} = {source.name}", "copy", source)
+            return True
+        constant = draw(st.sampled_from(fills))
+        sim.fill_(constant)
+        builder.emit_inplace(target, f"{name} = {constant!r}", "fill")
+        return True
     if kind == "add":
         constant = draw(st.sampled_from(F32_ADD_CONSTANTS if is_float else I32_ADD_CONSTANTS))
         sim.add_(constant)
@@ -567,7 +647,10 @@ def _without_known_bugs(builder: _Builder, returns: list[str]) -> list[str]:
             if builder.values[other].storage == value.storage
             and _layout(builder.values[other].sim) != _layout(value.sim)
         ]
-        if sharing and storage.argument is None and all(builder.is_view(v) for v in [value, *sharing]):
+        # "The intermediate itself" is the value that created the storage: a
+        # view with the same layout (``v1.view(2, 3)`` of an unsqueezed
+        # ``v0``) is still a view to hloalias, which cannot tell it from v0.
+        if sharing and storage.argument is None and all(v.sim is not storage.base for v in [value, *sharing]):
             continue
         kept.append(name)
     return kept
