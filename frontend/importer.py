@@ -272,7 +272,7 @@ def _merge_aliased_state(exported: ExportedProgram, *, owned: bool) -> ExportedP
         tensor = _state_tensor(exported, spec.target)
         if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
             continue
-        storage = StorageWeakRef(tensor.untyped_storage())  # type: ignore[no-untyped-call]
+        storage = StorageWeakRef(tensor.untyped_storage())
         view = (storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
         first = canonical.get(view)
         if first is not None:
