@@ -1,0 +1,327 @@
+"""Runtime trust (issue 11): one device copy of module state, live views of
+state, a failed call changes nothing, overlapping inputs, names and calling
+convention, errors that are ours.  One case (or more) per numbered item."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+import hloalias
+from hloalias.errors import DonationError, ExecutionError, HloaliasError, TorchImportError
+
+
+# -- 1: overlapping inputs ------------------------------------------------------
+
+
+def add_one_to_a(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a.add_(1)
+    return b * 2
+
+
+@pytest.mark.parametrize(
+    "make_pair",
+    [
+        lambda t: (t[0:4], t[0:4]),
+        lambda t: (t[0:4], t[2:6]),
+    ],
+    ids=["same_tensor_twice", "overlapping_views"],
+)
+def test_1_overlapping_written_inputs_are_refused_before_running(make_pair: Any) -> None:
+    exe = hloalias.compile(add_one_to_a, (torch.zeros(4), torch.zeros(4)))
+    t = torch.zeros(8)
+    a, b = make_pair(t)
+    with pytest.raises(ExecutionError, match="'a' and 'b' share memory"):
+        exe(a, b)
+    assert torch.equal(t, torch.zeros(8))
+
+
+def test_1_disjoint_views_of_one_tensor_are_accepted() -> None:
+    exe = hloalias.compile(add_one_to_a, (torch.zeros(4), torch.zeros(4)))
+    t = torch.arange(8.0)
+    got = exe(t[0::2], t[1::2])  # interleaved, no element in common
+    assert torch.equal(got, torch.tensor([2.0, 6.0, 10.0, 14.0]))
+    assert torch.equal(t[0::2], torch.tensor([1.0, 3.0, 5.0, 7.0]))
+
+
+def test_1_read_only_inputs_may_share_memory() -> None:
+    exe = hloalias.compile(lambda a, b: a + b, (torch.zeros(4), torch.zeros(4)))
+    t = torch.ones(4)
+    assert torch.equal(exe(t, t), torch.full((4,), 2.0))
+
+
+# -- 5: a failed call changes nothing --------------------------------------------
+
+
+class CountAndWrite(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)
+        x.mul_(2)
+        return x + self.count
+
+
+def test_5_requires_grad_leaf_written_in_place_changes_nothing() -> None:
+    exe = hloalias.compile(CountAndWrite(), (torch.ones(3),))
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(ExecutionError, match="'x' is a leaf tensor that requires grad"):
+        exe(x)
+    assert torch.equal(exe.state_dict()["count"], torch.zeros(3))
+    assert torch.equal(x.detach(), torch.ones(3))
+
+
+def test_5_expanded_input_written_in_place_changes_nothing() -> None:
+    exe = hloalias.compile(CountAndWrite(), (torch.ones(3),))
+    x = torch.ones(1).expand(3)
+    with pytest.raises(ExecutionError, match="share memory"):
+        exe(x)
+    assert torch.equal(exe.state_dict()["count"], torch.zeros(3))
+
+
+# -- 10: errors are ours ------------------------------------------------------------
+
+
+def test_10_single_tensor_example_args_is_refused() -> None:
+    with pytest.raises(TorchImportError, match=r"example_args is a single tensor.*\(x,\)"):
+        hloalias.compile(lambda x: x * 2, torch.ones(3, 2))
+
+
+@pytest.mark.parametrize(
+    ("call", "culprit"),
+    [
+        (lambda: hloalias.compile(lambda x: x * 2, (torch.ones(2),), kwargs=[1]), "kwargs"),
+        (lambda: hloalias.compile(lambda x: x * 2, (torch.ones(2),), donate="x"), r"donate=\['x'\]"),
+        (lambda: hloalias.compile(lambda x: x * 2, (torch.ones(2),), pipeline=3), "pipeline"),
+        (lambda: hloalias.to_device([1, 2]), "to_device"),
+        (lambda: hloalias.to_device(torch.ones(2, device="meta")), "meta"),
+    ],
+    ids=["kwargs_list", "donate_string", "pipeline_int", "to_device_list", "to_device_meta"],
+)
+def test_10_malformed_arguments_are_hloalias_errors(call: Any, culprit: str) -> None:
+    with pytest.raises(HloaliasError, match=culprit):
+        call()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [torch.ones(2, 3, device="meta"), "not a tensor"],
+    ids=["meta", "string"],
+)
+def test_10_load_state_dict_is_all_or_nothing(bad: Any) -> None:
+    layer = torch.nn.Linear(3, 2)
+    exe = hloalias.compile(layer, (torch.randn(1, 3),))
+    before = exe.state_dict()
+    with pytest.raises(ExecutionError, match="'weight'"):
+        exe.load_state_dict({"bias": torch.full((2,), 9.0), "weight": bad})
+    after = exe.state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_10_load_state_dict_takes_a_device_tensor() -> None:
+    layer = torch.nn.Linear(3, 2)
+    exe = hloalias.compile(layer, (torch.randn(1, 3),))
+    exe.load_state_dict({"bias": exe.to_device(torch.full((2,), 9.0))})
+    assert torch.equal(exe.state_dict()["bias"], torch.full((2,), 9.0))
+
+
+# -- 8: names -----------------------------------------------------------------------
+
+
+class WeightInput(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * self.weight
+
+
+def test_8_a_name_of_both_an_input_and_state_is_ambiguous() -> None:
+    with pytest.raises(DonationError, match=r"ambiguous.*donate_argnames=\['weight'\].*donate_state=\['weight'\]"):
+        hloalias.compile(WeightInput(), (torch.ones(3),), donate=["weight"])
+
+
+def test_8_inputs_and_state_are_named_apart() -> None:
+    by_input = hloalias.compile(WeightInput(), (torch.ones(3),), donate_argnames=["weight"])
+    assert [a["argument"] for a in by_input.aliases] in ([], ["weight"])
+    assert "hloalias.donation" in by_input.mlir or "jax.buffer_donor" in by_input.mlir
+    donor_lines = [line for line in by_input.mlir.splitlines() if "func.func @main" in line][0]
+    assert 'hloalias.kind = "user_input", hloalias.name = "weight"' in donor_lines
+    by_state = hloalias.compile(WeightInput(), (torch.ones(3),), donate_state=["weight"])
+    assert by_state.mlir != by_input.mlir
+    with pytest.raises(DonationError, match="unknown module state 'nope'"):
+        hloalias.compile(WeightInput(), (torch.ones(3),), donate_state=["nope"])
+
+
+# -- 9: calling convention ---------------------------------------------------------------
+
+
+def keywords(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return a * 100 + b * 10 + c
+
+
+def test_9_calls_bind_like_the_eager_function() -> None:
+    exe = hloalias.compile(keywords, (torch.ones(2),), {"b": torch.ones(2), "c": torch.ones(2)})
+    a, b, c = torch.full((2,), 1.0), torch.full((2,), 2.0), torch.full((2,), 3.0)
+    expected = keywords(a, b, c)
+    assert torch.equal(exe(a, b=b, c=c), expected)
+    assert torch.equal(exe(a, c=c, b=b), expected)
+    assert torch.equal(exe(c=c, b=b, a=a), expected)
+    assert torch.equal(exe(a, b, c), expected)
+
+
+def test_9_mismatch_is_explained_in_words() -> None:
+    exe = hloalias.compile(keywords, (torch.ones(2), torch.ones(2), torch.ones(2)))
+    with pytest.raises(ExecutionError, match="missing a required argument: 'c'"):
+        exe(torch.ones(2), torch.ones(2))
+    with pytest.raises(ExecutionError, match=r"input 'c' should be a tensor, got a tuple of 2"):
+        exe(torch.ones(2), torch.ones(2), c=(torch.ones(2), torch.ones(2)))
+    with pytest.raises(ExecutionError, match=r"input 'b' is list, expected a torch.Tensor"):
+        exe(torch.ones(2), [torch.ones(2), torch.ones(2)], torch.ones(2))
+
+
+# -- 2: views of state stay live -------------------------------------------------------
+
+
+class Accumulate(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.buf.add_(x)
+        return self.buf[0:4]
+
+
+def test_2_a_returned_view_of_state_stays_live() -> None:
+    eager, module = Accumulate(), Accumulate()
+    exe = hloalias.compile(module, (torch.ones(8),))
+    first, eager_first = exe(torch.ones(8)), eager(torch.ones(8))
+    second, eager_second = exe(torch.ones(8)), eager(torch.ones(8))
+    assert torch.equal(first, eager_first) and torch.equal(first, torch.full((4,), 2.0))
+    assert torch.equal(second, eager_second)
+    assert exe.host_copies == {"buf": 1}  # the held view forced one copy, reported
+    exe.load_state_dict({"buf": torch.full((8,), 5.0)})
+    assert torch.equal(first, torch.full((4,), 5.0))
+
+
+def test_2_device_tensor_view_stays_live() -> None:
+    exe = hloalias.compile(lambda x: x.add_(1), (torch.zeros(4),))
+    d = exe.to_device(torch.zeros(4))
+    view = d.to_torch()
+    exe(d)
+    assert torch.equal(view, torch.ones(4))
+    assert torch.equal(d.to_torch(), torch.ones(4))
+
+
+# -- 3: one copy of module state ----------------------------------------------------------
+
+
+def test_3_two_executables_of_one_module_share_its_state() -> None:
+    module = Accumulate()
+    small = hloalias.compile(module, (torch.ones(8),))
+    other = hloalias.compile(module, (torch.ones(8, dtype=torch.float32) * 2,), pipeline=None)
+    assert small._slots["buf"] is other._slots["buf"]
+    small(torch.ones(8))
+    assert torch.equal(other.state_dict()["buf"], torch.ones(8))
+
+
+class Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(ids))
+
+
+def test_3_tied_parameters_are_one_buffer_counted_once() -> None:
+    module = Tied()
+    exe = hloalias.compile(module, (torch.tensor([1, 2]),))
+    assert exe._slots["emb.weight"] is exe._slots["head.weight"]
+    assert exe.tied_state == {"head.weight": "emb.weight"}
+    weight_bytes = 10 * 4 * 4
+    ids_bytes = 2 * 8
+    assert exe.memory_stats["argument_bytes"] == weight_bytes + ids_bytes
+    with torch.no_grad():
+        torch.testing.assert_close(exe(torch.tensor([3, 4])), module(torch.tensor([3, 4])))
+
+
+# -- 7: threads ------------------------------------------------------------------------------
+
+
+class Counter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("n", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.n.add_(1)
+        return x + 1
+
+
+def test_7_eight_threads_lose_no_update() -> None:
+    exe = hloalias.compile(Counter(), (torch.zeros(2),))
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(25):
+                exe(torch.zeros(2))
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert int(exe.state_dict()["n"]) == 200
+
+
+# -- 6: lazy conjugate and negative bits --------------------------------------------------------
+
+
+def test_6_conjugate_and_negative_bits_are_resolved() -> None:
+    z = torch.tensor([1 + 2j, 3 - 4j, 5j], dtype=torch.complex64)
+    assert z.conj().imag.is_neg()
+    real = hloalias.compile(lambda x: x + 0, (torch.zeros(3),))
+    assert torch.equal(real(z.conj().imag), z.conj().imag.clone())
+    assert torch.equal(real(torch._neg_view(torch.arange(3.0))), -torch.arange(3.0))
+
+
+# -- 13: detach of a requires-grad input ---------------------------------------------------------
+
+
+def test_13_detach_returns_a_new_tensor_without_grad() -> None:
+    exe = hloalias.compile(lambda x: x.detach(), (torch.ones(3),))
+    x = torch.ones(3, requires_grad=True)
+    out = exe(x)
+    eager = x.detach()
+    assert out is not x and not out.requires_grad and out.requires_grad == eager.requires_grad
+    assert out.data_ptr() == x.data_ptr()
+    out.add_(1)  # eager allows this; it writes x's storage
+    assert torch.equal(x.detach(), torch.full((3,), 2.0))
+
+
+# -- 4: real memory: explain names the inputs that cost a copy ------------------------------------
+
+
+def test_4_explain_names_mutated_torch_inputs_that_cost_a_copy(capsys: pytest.CaptureFixture[str]) -> None:
+    def write_row(cache: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        cache[0].copy_(row)
+        return row * 2
+
+    exe = hloalias.compile(write_row, (torch.zeros(4, 8), torch.zeros(8)))
+    text = exe.explain()
+    assert "'cache' (128 bytes): mutated torch input" in text
+    assert [c.name for c in exe.host_copy_plan()] == ["cache"]
