@@ -325,3 +325,48 @@ def test_4_explain_names_mutated_torch_inputs_that_cost_a_copy(capsys: pytest.Ca
     text = exe.explain()
     assert "'cache' (128 bytes): mutated torch input" in text
     assert [c.name for c in exe.host_copy_plan()] == ["cache"]
+
+
+# -- 12: whole-buffer copy_ of an input into state --------------------------------------------
+
+
+class CopyIntoState(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.buf.copy_(x)
+        return self.buf
+
+
+def test_12_copy_into_state_returns_the_buffer_not_the_input() -> None:
+    exe = hloalias.compile(CopyIntoState(), (torch.zeros(4),))
+    x = torch.ones(4)
+    out = exe(x)
+    assert out is not x and out.data_ptr() != x.data_ptr()
+    out.add_(1)  # eager: writes the buffer, not x
+    assert torch.equal(x, torch.ones(4))
+    assert torch.equal(exe.state_dict()["buf"], torch.full((4,), 2.0))
+
+
+# -- 14: .contiguous() of a view of a mutated non-contiguous input -----------------------------
+
+
+def contiguous_of_mutated(x0: torch.Tensor) -> tuple[torch.Tensor]:
+    x0.add_(1.0)
+    v1 = x0.squeeze(1).contiguous()
+    x0.fill_(1.5)
+    return (v1,)
+
+
+def test_14_contiguous_copy_follows_the_callers_strides() -> None:
+    def make() -> torch.Tensor:
+        return torch.arange(24.0).reshape(4, 1, 6)[..., ::2]
+
+    exe = hloalias.compile(contiguous_of_mutated, (make(),))
+    eager_x, x = make(), make()
+    (expected,) = contiguous_of_mutated(eager_x)
+    (got,) = exe(x)
+    assert torch.equal(got, expected)
+    assert torch.equal(x, eager_x)
