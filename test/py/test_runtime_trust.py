@@ -370,3 +370,36 @@ def test_14_contiguous_copy_follows_the_callers_strides() -> None:
     (got,) = exe(x)
     assert torch.equal(got, expected)
     assert torch.equal(x, eager_x)
+
+
+# -- 11: x.view(dtype) to another width -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "example"),
+    [
+        (torch.int8, torch.arange(6.0)),
+        (torch.float16, torch.arange(6.0)),
+    ],
+    ids=["f32_to_i8", "f32_to_f16"],
+)
+def test_11_view_dtype_of_another_width_is_a_view(dtype: torch.dtype, example: torch.Tensor) -> None:
+    def program(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x.view(dtype)
+
+    exe = hloalias.compile(program, (example.clone(),))
+    x = example.clone()
+    got_x, got_view = exe(x)
+    eager_x, eager_view = program(example.clone())
+    assert got_view.dtype == dtype and got_view.shape == eager_view.shape
+    assert torch.equal(got_view.view(torch.uint8), eager_view.view(torch.uint8))
+    assert got_view.data_ptr() == x.data_ptr()
+    got_view.view(torch.uint8).fill_(0)  # a write through the view reaches x, as in eager
+    assert torch.equal(x.view(torch.uint8), torch.zeros_like(x.view(torch.uint8)))
+
+
+def test_11_view_dtype_to_a_wider_type_is_a_named_import_limit() -> None:
+    """torch-mlir cannot lower a widening view(dtype); the error says which
+    op (the pass's layout rule for it is covered in lit)."""
+    with pytest.raises(TorchImportError, match="aten.view.dtype"):
+        hloalias.compile(lambda x: x.view(torch.float32), (torch.zeros(16, dtype=torch.int8),))
