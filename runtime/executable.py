@@ -64,10 +64,12 @@ from hloalias.passes.alias_donated_buffers import AliasReport
 from hloalias.passes.eliminate_view_results import ViewReport
 from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, run_pipeline
 from hloalias.runtime.pjrt import (
+    HostBacking,
     MemoryStats,
     array_to_torch,
     compile_module,
     device_for,
+    host_backed_tensor,
     memory_stats,
     torch_to_device,
 )
@@ -594,6 +596,12 @@ class Executable:
         #: Host copies made by calls so far: name -> count (see ``explain()``).
         self.host_copies: dict[str, int] = {}
         self._statics: dict[int, Any] = dict(getattr(self._signature, "static_inputs", {}) or {})
+        # Mutated inputs aliased to their own new value: a torch tensor
+        # backed by a runtime-owned buffer is updated in place for them.
+        self._self_aliased = {
+            index for index, result in self._aliases.items()
+            if self._result_keys[result] == A.mutation_key(index) and index in self._user_indices
+        }
         self._writes = {
             index for index in self._user_indices
             if self._mutation_keys[index] is not None or index in self._donated_args
@@ -691,14 +699,23 @@ class Executable:
                 continue
             shape, dtype = self._arg_types[index]
             nbytes = _numel(shape) * _itemsize(dtype)
-            plan.append(HostCopy(
-                self._names[index], nbytes,
-                "mutated torch input: PJRT cannot reuse memory it does not own, so XLA writes the "
-                "new value to a fresh buffer and it is copied back into the caller's tensor "
-                "(pass a DeviceTensor to update in place)",
-            ))
+            if index in self._self_aliased:
+                reason = (
+                    "mutated torch input: PJRT cannot reuse memory it does not own; a contiguous tensor "
+                    "that nothing else views is moved onto the runtime-owned result on its first call "
+                    "(no copy) and updated in place after that; any other is copied back each call "
+                    f"({self.host_copies.get(self._names[index], 0)} so far)"
+                )
+            else:
+                reason = (
+                    "mutated torch input not aliased to its new value (see alias-donated-buffers): "
+                    "XLA writes a fresh buffer and it is copied back each call"
+                )
+            plan.append(HostCopy(self._names[index], nbytes, reason))
         for name, count in sorted(self.host_copies.items()):
             slot = self._slots.get(name)
+            if slot is None:
+                continue  # an input: listed above
             plan.append(HostCopy(
                 name, slot.nbytes if slot is not None else 0,
                 f"{count} call(s) so far: a held view of its buffer kept XLA from updating it in place, "
@@ -888,6 +905,7 @@ class Executable:
     def _run(self, inputs: dict[int, Any]) -> Any:
         arrays: list[jax.Array] = []
         bases: dict[int, torch.Tensor] = {}
+        backings: dict[int, HostBacking] = {}
         donated_slots: dict[int, int] = {}
         for index, state_name in self._arg_plan:
             if state_name is not None:
@@ -905,6 +923,12 @@ class Executable:
             value = inputs[index]
             if isinstance(value, DeviceTensor):
                 arrays.append(value.array)
+                continue
+            backing = _backing_of(value) if index in self._self_aliased else None
+            if backing is not None:
+                backings[index] = backing
+                bases[index] = value
+                arrays.append(backing.array)
             else:
                 tensor = _resolved(value)
                 tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -917,13 +941,21 @@ class Executable:
             raise ExecutionError(f"XLA execution failed: {error}") from None
         self._calls += 1
         produced = dict(zip(self._result_keys, outputs))
+        # Drop the zero-copy imports of caller tensors: they hold a reference
+        # to the caller's storage, which would block re-seating it.
+        kept = {
+            index: array for index, array in enumerate(arrays)
+            if self._arg_plan[index][1] is not None or not isinstance(inputs.get(index), torch.Tensor)
+        }
+        arrays.clear()
+        del results
         call_name = f"in call {self._calls}"
         # Commit: nothing below can fail on valid inputs (checked above).
         for index in self._donated_args:
             state_name = self._arg_plan[index][1]
             if state_name is not None:
                 slot = self._slots[state_name]
-                if self._mutation_keys[index] is None and arrays[index].is_deleted():
+                if self._mutation_keys[index] is None and kept[index].is_deleted():
                     slot.array = None
                     slot.consumed_by = call_name
             elif isinstance(inputs[index], DeviceTensor) and self._mutation_keys[index] is None:
@@ -935,24 +967,54 @@ class Executable:
             if state_name is not None:
                 if new_value is not None:
                     slot = self._slots[state_name]
-                    slot.array = self._commit(state_name, arrays[index], new_value)
+                    slot.array = self._commit(state_name, kept[index], new_value)
                     slot.consumed_by = None
                 continue
             value = inputs[index]
             if isinstance(value, DeviceTensor):
                 if new_value is not None:
-                    value._rebind(self._commit(None, arrays[index], new_value))
+                    value._rebind(self._commit(None, kept[index], new_value))
                 continue
             if new_value is None:
                 arg_tensors[index] = bases[index]
                 continue
-            with torch.no_grad():
-                value.copy_(array_to_torch(new_value))
+            self._update_caller_tensor(index, value, new_value, backings.get(index))
             # Views of the new value share the caller's tensor, as in eager;
             # a non-contiguous caller's tensor cannot be the base of the
             # recorded row-major layouts, so they view the new value instead.
             arg_tensors[index] = value if value.is_contiguous() and not value.is_conj() and not value.is_neg() else array_to_torch(new_value)
         return self._assemble_outputs(inputs, arg_tensors, produced)
+
+    def _update_caller_tensor(
+        self, index: int, value: torch.Tensor, new_value: jax.Array, backing: HostBacking | None
+    ) -> None:
+        """Give the caller's tensor its new value, as cheaply as is correct:
+        nothing to do when XLA wrote it in place (it is backed by a runtime
+        buffer that was donated); re-seat it onto the new buffer when nothing
+        else views its storage (no copy; later calls then update in place);
+        else copy the new value back (counted in ``host_copies``)."""
+        if backing is not None:
+            if backing.array.is_deleted() and backing.rebind(new_value):
+                return
+            if not backing.array.is_deleted():
+                with torch.no_grad():
+                    value.copy_(array_to_torch(new_value))
+                self._count_copy(self._names[index])
+                return
+            # Donated but written elsewhere (never for an input aliased to
+            # its own result): the tensor moves to the new buffer.
+        if index in self._self_aliased and _can_reseat(value) and _writable_on_host(new_value):
+            tensor, fresh = host_backed_tensor(new_value, value.dtype, tuple(value.shape))
+            with torch.no_grad():
+                value.set_(tensor)
+            _BACKINGS[fresh.address] = weakref.ref(fresh)
+            return
+        with torch.no_grad():
+            value.copy_(array_to_torch(new_value))
+        self._count_copy(self._names[index])
+
+    def _count_copy(self, name: str) -> None:
+        self.host_copies[name] = self.host_copies.get(name, 0) + 1
 
     def _commit(self, state_name: str | None, old: jax.Array, new: jax.Array) -> jax.Array:
         """The buffer that holds an updated argument after a call.  When XLA
@@ -964,7 +1026,7 @@ class Executable:
             return new
         array_to_torch(old).copy_(array_to_torch(new))
         if state_name is not None:
-            self.host_copies[state_name] = self.host_copies.get(state_name, 0) + 1
+            self._count_copy(state_name)
         return old
 
     def _assemble_outputs(
@@ -1047,6 +1109,36 @@ class Executable:
                 f"input '{name}' is {dtype} {list(shape)}, but the program was compiled for "
                 f"{expected_dtype} {list(expected_shape)}; compile again for the new signature"
             )
+
+
+_BACKINGS: dict[int, "weakref.ref[HostBacking]"] = {}
+
+
+def _backing_of(tensor: torch.Tensor) -> HostBacking | None:
+    """The runtime buffer backing all of ``tensor`` (re-seated by an earlier
+    call), or None."""
+    if tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
+        return None
+    found = _BACKINGS.get(tensor.untyped_storage().data_ptr())
+    backing = found() if found is not None else None
+    if backing is None or backing.array.is_deleted():
+        return None
+    if backing.nbytes != tensor.untyped_storage().nbytes() or backing.nbytes != tensor.numel() * tensor.element_size():
+        return None
+    return backing
+
+
+def _can_reseat(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` may move to another storage without anyone seeing
+    it: it covers its whole storage, and no other tensor (view) or storage
+    object shares that storage."""
+    storage = tensor.untyped_storage()
+    return (
+        tensor.storage_offset() == 0 and tensor.is_contiguous() and not tensor.requires_grad
+        and tensor._base is None and not tensor.is_conj() and not tensor.is_neg()
+        and storage.nbytes() == tensor.numel() * tensor.element_size() and tensor.numel() > 0
+        and torch._C._storage_Use_Count(storage._cdata) <= 2  # the tensor and this `storage`
+    )
 
 
 def _writable_on_host(array: jax.Array | None) -> bool:

@@ -403,3 +403,31 @@ def test_11_view_dtype_to_a_wider_type_is_a_named_import_limit() -> None:
     op (the pass's layout rule for it is covered in lit)."""
     with pytest.raises(TorchImportError, match="aten.view.dtype"):
         hloalias.compile(lambda x: x.view(torch.float32), (torch.zeros(16, dtype=torch.int8),))
+
+
+def write_first_row(cache: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+    cache[0].copy_(row)
+    return row * 2
+
+
+def test_4_mutated_torch_input_is_updated_in_place_after_its_first_call() -> None:
+    exe = hloalias.compile(write_first_row, (torch.zeros(4, 8), torch.zeros(8)))
+    cache = torch.zeros(4, 8)
+    exe(cache, torch.ones(8))
+    address = cache.data_ptr()  # re-seated onto the runtime's buffer, no copy
+    for step in range(2, 5):
+        exe(cache, torch.full((8,), float(step)))
+        assert cache.data_ptr() == address  # XLA wrote in place
+        assert torch.equal(cache[0], torch.full((8,), float(step)))
+        assert torch.equal(cache[1:], torch.zeros(3, 8))
+    assert exe.host_copies == {}
+
+
+def test_4_a_viewed_input_is_copied_back_and_counted() -> None:
+    exe = hloalias.compile(write_first_row, (torch.zeros(4, 8), torch.zeros(8)))
+    cache = torch.zeros(4, 8)
+    row_view = cache[0]  # shares cache's storage: cache must stay where it is
+    exe(cache, torch.ones(8))
+    exe(cache, torch.full((8,), 2.0))
+    assert torch.equal(row_view, torch.full((8,), 2.0))
+    assert exe.host_copies == {"cache": 2}
