@@ -1003,6 +1003,10 @@ class Executable:
                 return
             # Donated but written elsewhere (never for an input aliased to
             # its own result): the tensor moves to the new buffer.
+        if index in self._self_aliased and _writable_on_host(new_value):
+            # Once the result is ready the execution is done and has released
+            # its zero-copy import of the caller's storage.
+            new_value.block_until_ready()
         if index in self._self_aliased and _can_reseat(value) and _writable_on_host(new_value):
             tensor, fresh = host_backed_tensor(new_value, value.dtype, tuple(value.shape))
             with torch.no_grad():
