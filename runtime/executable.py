@@ -503,7 +503,7 @@ def _resolve_donations(program: Program, requests: list[_DonationRequest]) -> li
                     f"(donate_argnames=['{target}'] or donate_argnums=[{user_inputs.index(as_input)}]) "
                     f"and {arguments[as_state].kind} '{target}' (donate_state=['{target}'])"
                 )
-            index = as_input if as_input is not None else as_state  # type: ignore[assignment]
+            index = as_input if as_input is not None else as_state
             if index is None:
                 known = {"any": [a.name for a in arguments], "argname": list(user_names), "state": list(state_names)}
                 what = {"any": "tensor", "argname": "user input", "state": "module state"}[request.kind]
@@ -600,7 +600,8 @@ class Executable:
         # backed by a runtime-owned buffer is updated in place for them.
         self._self_aliased = {
             index for index, result in self._aliases.items()
-            if self._result_keys[result] == A.mutation_key(index) and index in self._user_indices
+            if result is not None and self._result_keys[result] == A.mutation_key(index)
+            and index in self._user_indices
         }
         self._writes = {
             index for index in self._user_indices
@@ -771,17 +772,17 @@ class Executable:
         if not isinstance(state, dict):
             raise ExecutionError(f"load_state_dict: expected a dict from state name to tensor, got {type(state).__name__}")
         staged: dict[str, torch.Tensor | jax.Array] = {}
-        for name, value in state.items():
+        for name, entry in state.items():
             if name not in self._slots:
                 raise ExecutionError(
                     f"load_state_dict: unknown state '{name}' (known: {', '.join(self._slots)})"
                 )
             index = self._names.index(name)
-            if isinstance(value, DeviceTensor):
-                self._check_input(index, value)
-                staged[name] = value.array
+            if isinstance(entry, DeviceTensor):
+                self._check_input(index, entry)
+                staged[name] = entry.array
                 continue
-            checked = _tensor_for_device(value, f"load_state_dict: '{name}'")
+            checked = _tensor_for_device(entry, f"load_state_dict: '{name}'")
             self._check_input(index, checked)
             staged[name] = checked
         with self._group.lock:
@@ -1166,8 +1167,8 @@ def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
     """First and one-past-last byte of ``tensor``'s elements in memory."""
     size = tensor.element_size()
     start = tensor.untyped_storage().data_ptr() + tensor.storage_offset() * size
-    extent = sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride()))
-    return start, start + (extent + 1) * size
+    extent = sum((int(n) - 1) * abs(int(s)) for n, s in zip(tensor.shape, tensor.stride()))
+    return int(start), int(start + (extent + 1) * size)
 
 
 _EXACT_OVERLAP_LIMIT = 1 << 20

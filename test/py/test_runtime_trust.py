@@ -57,6 +57,8 @@ def test_1_read_only_inputs_may_share_memory() -> None:
 
 
 class CountAndWrite(torch.nn.Module):
+    count: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("count", torch.zeros(3))
@@ -190,6 +192,8 @@ def test_9_mismatch_is_explained_in_words() -> None:
 
 
 class Accumulate(torch.nn.Module):
+    buf: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("buf", torch.zeros(8))
@@ -240,7 +244,8 @@ class Tied(torch.nn.Module):
         self.head.weight = self.emb.weight
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.emb(ids))
+        result: torch.Tensor = self.head(self.emb(ids))
+        return result
 
 
 def test_3_tied_parameters_are_one_buffer_counted_once() -> None:
@@ -259,6 +264,8 @@ def test_3_tied_parameters_are_one_buffer_counted_once() -> None:
 
 
 class Counter(torch.nn.Module):
+    n: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("n", torch.zeros((), dtype=torch.int64))
@@ -331,6 +338,8 @@ def test_4_explain_names_mutated_torch_inputs_that_cost_a_copy(capsys: pytest.Ca
 
 
 class CopyIntoState(torch.nn.Module):
+    buf: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("buf", torch.zeros(4))
