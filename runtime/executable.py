@@ -603,6 +603,13 @@ class Executable:
             if result is not None and self._result_keys[result] == A.mutation_key(index)
             and index in self._user_indices
         }
+        # Donated inputs aliased to a user output: a torch tensor backed by
+        # a runtime-owned buffer (an earlier result) is donated for real.
+        self._donor_aliased = {
+            index: self._result_keys[result] for index, result in self._aliases.items()
+            if result is not None and index in self._user_indices and index not in self._self_aliased
+            and A.parse_key(self._result_keys[result])[0] == "output"
+        }
         self._writes = {
             index for index in self._user_indices
             if self._mutation_keys[index] is not None or index in self._donated_args
@@ -925,7 +932,8 @@ class Executable:
             if isinstance(value, DeviceTensor):
                 arrays.append(value.array)
                 continue
-            backing = _backing_of(value) if index in self._self_aliased else None
+            aliased = index in self._self_aliased or index in self._donor_aliased
+            backing = _backing_of(value) if aliased else None
             if backing is not None:
                 backings[index] = backing
                 bases[index] = value
@@ -972,6 +980,10 @@ class Executable:
                     slot.consumed_by = None
                 continue
             value = inputs[index]
+            if index in self._donor_aliased and index in backings and backings[index].array.is_deleted():
+                # XLA wrote the aliased output into the donated buffer: that
+                # output now owns the memory the consumed tensor still shows.
+                backings[index].rebind(produced[self._donor_aliased[index]])
             if isinstance(value, DeviceTensor):
                 if new_value is not None:
                     value._rebind(self._commit(None, kept[index], new_value))
@@ -1053,7 +1065,7 @@ class Executable:
             if key in torch_results:
                 return torch_results[key]
             if key in produced:
-                value = array_to_torch(produced[key])
+                value = _result_tensor(produced[key])
             elif key in self._constant_outputs:
                 value = self._constant_outputs[key]
             else:
@@ -1131,6 +1143,17 @@ def _backing_of(tensor: torch.Tensor) -> HostBacking | None:
     if backing.nbytes != tensor.untyped_storage().nbytes() or backing.nbytes != tensor.numel() * tensor.element_size():
         return None
     return backing
+
+
+def _result_tensor(array: jax.Array) -> torch.Tensor:
+    """A result for the caller: on CPU a tensor backed by the runtime-owned
+    buffer without a DLPack export, so that donating it to a later call
+    (``y = exe(y)``) lets XLA reuse the buffer in place."""
+    if not _writable_on_host(array) or array.nbytes == 0:
+        return array_to_torch(array)
+    tensor, backing = host_backed_tensor(array, _torch_dtype_of_jax(array.dtype), tuple(array.shape))
+    _BACKINGS[backing.address] = weakref.ref(backing)
+    return tensor
 
 
 def _can_reseat(tensor: torch.Tensor) -> bool:

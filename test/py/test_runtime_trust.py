@@ -440,3 +440,13 @@ def test_4_a_viewed_input_is_copied_back_and_counted() -> None:
     exe(cache, torch.full((8,), 2.0))
     assert torch.equal(row_view, torch.full((8,), 2.0))
     assert exe.host_copies == {"cache": 2}
+
+
+def test_4_donating_a_result_to_the_next_call_reuses_its_buffer() -> None:
+    exe = hloalias.compile(lambda x: x * 2 + 1, (torch.zeros(64),), donate_argnums=[0])
+    y = exe(torch.zeros(64))
+    address = y.data_ptr()
+    for step in range(3):
+        y = exe(y)
+        assert y.data_ptr() == address  # XLA wrote in place into the donated result
+    assert torch.equal(y, torch.full((64,), 15.0))
