@@ -914,6 +914,7 @@ class Executable:
         arrays: list[jax.Array] = []
         bases: dict[int, torch.Tensor] = {}
         backings: dict[int, HostBacking] = {}
+        reseatable: set[int] = set()
         donated_slots: dict[int, int] = {}
         for index, state_name in self._arg_plan:
             if state_name is not None:
@@ -939,6 +940,10 @@ class Executable:
                 bases[index] = value
                 arrays.append(backing.array)
             else:
+                if index in self._self_aliased and _can_reseat(value):
+                    # Decided before the zero-copy export below adds a
+                    # reference to the storage (released asynchronously).
+                    reseatable.add(index)
                 tensor = _resolved(value)
                 tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
                 bases[index] = tensor
@@ -991,7 +996,7 @@ class Executable:
             if new_value is None:
                 arg_tensors[index] = bases[index]
                 continue
-            self._update_caller_tensor(index, value, new_value, backings.get(index))
+            self._update_caller_tensor(index, value, new_value, backings.get(index), index in reseatable)
             # Views of the new value share the caller's tensor, as in eager;
             # a non-contiguous caller's tensor cannot be the base of the
             # recorded row-major layouts, so they view the new value instead.
@@ -999,7 +1004,8 @@ class Executable:
         return self._assemble_outputs(inputs, arg_tensors, produced)
 
     def _update_caller_tensor(
-        self, index: int, value: torch.Tensor, new_value: jax.Array, backing: HostBacking | None
+        self, index: int, value: torch.Tensor, new_value: jax.Array, backing: HostBacking | None,
+        reseatable: bool,
     ) -> None:
         """Give the caller's tensor its new value, as cheaply as is correct:
         nothing to do when XLA wrote it in place (it is backed by a runtime
@@ -1016,11 +1022,7 @@ class Executable:
                 return
             # Donated but written elsewhere (never for an input aliased to
             # its own result): the tensor moves to the new buffer.
-        if index in self._self_aliased and _writable_on_host(new_value):
-            # Once the result is ready the execution is done and has released
-            # its zero-copy import of the caller's storage.
-            new_value.block_until_ready()
-        if index in self._self_aliased and _can_reseat(value) and _writable_on_host(new_value):
+        if reseatable and _writable_on_host(new_value):
             tensor, fresh = host_backed_tensor(new_value, value.dtype, tuple(value.shape))
             with torch.no_grad():
                 value.set_(tensor)
