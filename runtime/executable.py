@@ -12,10 +12,15 @@
   view of it across calls and ``load_state_dict``; while such a view is
   held PJRT cannot reuse the buffer, so XLA writes elsewhere and the runtime
   copies the new value back into it (counted in :attr:`Executable.host_copies`).
-- A mutated user input is updated in place (``copy_``), as eager would.  A
-  torch CPU tensor is memory PJRT does not own, so XLA writes its new value
-  to a fresh buffer and the runtime copies it back: one copy per call,
-  named by ``explain()``; pass a :class:`DeviceTensor` to update in place.
+- A mutated user input is updated in place, as eager would.  A torch CPU
+  tensor is memory PJRT does not own, so on its first call XLA writes the
+  new value to a fresh buffer and the caller's tensor is moved onto it (no
+  copy; only when nothing else views its storage); later calls donate that
+  buffer and XLA writes in place.  Otherwise the new value is copied back
+  each call (``host_copies``, named by ``explain()``).
+- Results on CPU are runtime-owned buffers lent to torch without a DLPack
+  export, so a result donated to a later call (``y = exe(y)``) is reused in
+  place.
 - Donated inputs are consumed.  A :class:`DeviceTensor` that was donated
   raises :class:`DonatedBufferError` when used again.  A donated torch
   tensor is left untouched: on the CPU client PJRT cannot reuse memory it
