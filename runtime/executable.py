@@ -1031,7 +1031,7 @@ class Executable:
             tensor, fresh = host_backed_tensor(new_value, value.dtype, tuple(value.shape))
             with torch.no_grad():
                 value.set_(tensor)
-            _BACKINGS[fresh.address] = weakref.ref(fresh)
+            _register_backing(fresh)
             return
         with torch.no_grad():
             value.copy_(array_to_torch(new_value))
@@ -1138,6 +1138,17 @@ class Executable:
 _BACKINGS: dict[int, "weakref.ref[HostBacking]"] = {}
 
 
+def _register_backing(backing: HostBacking) -> None:
+    """Index ``backing`` by address; the entry goes when the backing does."""
+    address = backing.address
+
+    def forget(reference: "weakref.ref[HostBacking]") -> None:
+        if _BACKINGS.get(address) is reference:
+            del _BACKINGS[address]
+
+    _BACKINGS[address] = weakref.ref(backing, forget)
+
+
 def _backing_of(tensor: torch.Tensor) -> HostBacking | None:
     """The runtime buffer backing all of ``tensor`` (re-seated by an earlier
     call), or None."""
@@ -1159,7 +1170,7 @@ def _result_tensor(array: jax.Array) -> torch.Tensor:
     if not _writable_on_host(array) or array.nbytes == 0:
         return array_to_torch(array)
     tensor, backing = host_backed_tensor(array, _torch_dtype_of_jax(array.dtype), tuple(array.shape))
-    _BACKINGS[backing.address] = weakref.ref(backing)
+    _register_backing(backing)
     return tensor
 
 
