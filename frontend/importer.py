@@ -205,12 +205,15 @@ def import_torch(
     kwargs = dict(kwargs or {})
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
     exported = _merge_aliased_state(exported, owned=exported is not f)
+    if not isinstance(f, ExportedProgram):
+        _pin_eager_copies(exported)
+    eager_storage = _eager_output_storage(exported)
     try:
         exported = exported.run_decompositions(_decomposition_table())
     except Exception as error:  # torch raises many types here
         raise TorchImportError(f"torch.export decompositions failed: {error}") from error
     _clamp_slice_bounds(exported.graph_module.graph)
-    signature = _signature(exported)
+    signature = _with_eager_storage(_signature(exported), eager_storage)
     state = _state(exported, signature)
 
     context = new_context()
@@ -540,6 +543,99 @@ def _storage_classes(
         storage = A.arg_key(result.mutates) if result.mutates is not None else storage_class[reference]
         classified.append(dataclasses.replace(result, storage=storage))
     return classified
+
+
+_COPY_OR_VIEW_OPS = ("contiguous", "reshape", "flatten")
+
+
+def _pin_eager_copies(exported: ExportedProgram) -> None:
+    """Make each ``contiguous``/``reshape``/``flatten`` that copies in eager
+    (for the example inputs' strides: its result has a storage of its own)
+    an explicit ``clone`` (then ``view``), in place.  Functionalization
+    re-derives those ops on functional intermediates whose strides differ
+    from eager's (``x.add_(1)`` on a non-contiguous ``x`` becomes a
+    contiguous ``add``), decides "view" where eager copied, and then replays
+    later mutations of ``x`` into the result; a clone is a copy in every
+    graph."""
+    graph = exported.graph_module.graph
+    changed = False
+    for node in list(graph.nodes):
+        name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
+        if node.op != "call_function" or name not in _COPY_OR_VIEW_OPS or not node.args:
+            continue
+        source, result = node.args[0], node.meta.get("val")
+        operand = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        if not isinstance(result, torch.Tensor) or not isinstance(operand, torch.Tensor):
+            continue
+        if StorageWeakRef(result.untyped_storage()) == StorageWeakRef(operand.untyped_storage()):
+            continue  # a view in eager: functionalization agrees
+        with graph.inserting_before(node):
+            copy = graph.call_function(
+                torch.ops.aten.clone.default, (source,), {"memory_format": torch.contiguous_format}
+            )
+            copy.meta = dict(node.meta)
+            replacement = copy
+            if tuple(result.shape) != tuple(operand.shape):
+                replacement = graph.call_function(torch.ops.aten.view.default, (copy, list(result.shape)))
+                replacement.meta = dict(node.meta)
+        node.replace_all_uses_with(replacement)
+        graph.erase_node(node)
+        changed = True
+    if changed:
+        exported.graph_module.recompile()
+
+
+def _eager_output_storage(exported: ExportedProgram) -> list[str | None] | None:
+    """Each user output's eager storage class, read from the graph *before*
+    functionalization, where in-place ops are still in place and every
+    node's fake tensor has the strides and storage eager PyTorch gives it:
+    ``buf.copy_(x); return buf`` is ``buf``'s storage (the functional graph
+    returns ``x``), ``x.detach()`` shares ``x``'s, and ``.contiguous()`` of
+    a non-contiguous view is a new storage even where functionalization made
+    its operand contiguous.  None where the graph lacks fake tensors."""
+    graph = exported.graph_module.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    output_node = next(n for n in graph.nodes if n.op == "output")
+    storage_class: dict[StorageWeakRef, str] = {}
+    index = 0  # @main's argument number: static (non-tensor) inputs are no arguments
+    for node in placeholders:
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue  # a non-tensor input (static value): no storage
+        storage_class.setdefault(StorageWeakRef(value.untyped_storage()), A.arg_key(index))
+        index += 1
+    classes: list[str | None] = []
+    fresh = 0
+    values = list(output_node.args[0])
+    specs = exported.graph_signature.output_specs
+    if len(values) != len(specs):
+        return None
+    for spec, value in zip(specs, values):
+        if spec.kind != OutputKind.USER_OUTPUT:
+            continue
+        meta = getattr(value, "meta", {}).get("val") if isinstance(value, torch.fx.Node) else None
+        if not isinstance(meta, torch.Tensor):
+            classes.append(None)
+            continue
+        reference = StorageWeakRef(meta.untyped_storage())
+        if reference not in storage_class:
+            storage_class[reference] = f"new:{fresh}"
+            fresh += 1
+        classes.append(storage_class[reference])
+    return classes
+
+
+def _with_eager_storage(signature: ProgramSignature, eager_storage: list[str | None] | None) -> ProgramSignature:
+    """``signature`` with each user output's storage class taken from
+    :func:`_eager_output_storage` where that is known."""
+    if eager_storage is None:
+        return signature
+    results = []
+    for result in signature.results:
+        if result.output is not None and result.output < len(eager_storage) and eager_storage[result.output]:
+            result = dataclasses.replace(result, storage=eager_storage[result.output])
+        results.append(result)
+    return dataclasses.replace(signature, results=tuple(results))
 
 
 def _state(exported: ExportedProgram, signature: ProgramSignature) -> dict[str, torch.Tensor]:

@@ -4,7 +4,8 @@ A :class:`Layout` says where a view's elements sit in its base's storage
 (sizes, strides and offset in elements, as ``Tensor.as_strided`` takes them).
 ``apply_view_op`` pushes a layout through one StableHLO op, or answers None
 when PyTorch could not represent the op's result as a view of the same
-storage (a reshape of non-contiguous data, a bitcast between widths)."""
+storage (a reshape of non-contiguous data, a bitcast to a wider type of
+misaligned data)."""
 
 from __future__ import annotations
 
@@ -81,12 +82,41 @@ def apply_view_op(layout: Layout, op: ir.Operation) -> Layout | None:
         source = ir.RankedTensorType(op.operands[0].type)
         old_bits = element_bits(source.element_type)
         new_bits = element_bits(result.element_type)
-        # PyTorch's view(dtype) keeps sizes only between equal widths; i1 is
-        # stored as a byte by both, which a bitcast does not respect.
-        if old_bits != new_bits or old_bits == 1 or tuple(source.shape) != tuple(result.shape):
+        # i1 is stored as a byte by both, which a bitcast does not respect.
+        if old_bits == 1 or new_bits == 1:
             return None
-        return dataclasses.replace(layout, element_type=result.element_type)
+        if old_bits == new_bits:
+            if tuple(source.shape) != tuple(result.shape):
+                return None
+            return dataclasses.replace(layout, element_type=result.element_type)
+        return _bitcast_width(layout, old_bits, new_bits, result.element_type)
     return None
+
+
+def _bitcast_width(layout: Layout, old_bits: int, new_bits: int, element_type: ir.Type) -> Layout | None:
+    """A bitcast between widths, as StableHLO shapes it: to a narrower type
+    a trailing dimension of the width ratio appears, to a wider one the
+    trailing dimension (of the ratio) goes.  Sizes, strides and offset are
+    counted in elements of the new type, which is how ``x.view(torch.int8)``
+    of a float32 ``x`` is a view of the same bytes."""
+    if old_bits % new_bits == 0:
+        ratio = old_bits // new_bits
+        return Layout(
+            layout.sizes + (ratio,),
+            tuple(stride * ratio for stride in layout.strides) + (1,),
+            layout.offset * ratio,
+            element_type,
+        )
+    if new_bits % old_bits:
+        return None
+    ratio = new_bits // old_bits
+    if not layout.sizes or layout.sizes[-1] != ratio or layout.strides[-1] != 1:
+        return None
+    if layout.offset % ratio or any(stride % ratio for stride in layout.strides[:-1]):
+        return None
+    return Layout(
+        layout.sizes[:-1], tuple(stride // ratio for stride in layout.strides[:-1]), layout.offset // ratio, element_type
+    )
 
 
 def _i64s(op: ir.Operation, name: str) -> tuple[int, ...]:

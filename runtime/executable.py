@@ -4,24 +4,46 @@
 - Results the ``eliminate-view-results`` pass removed come back as real
   torch views (``as_strided``) of their base: the input tensor, the module
   state or another result; no device memory and no copy.
-- Module state (parameters, buffers, constants) lives on the device inside
-  the executable.  A mutated buffer is aliased to its new value: XLA writes
-  in place and the executable rebinds it.
-- A mutated user input is updated in place (``copy_``), as eager would.
+- Module state (parameters, buffers, constants) lives on the device once
+  per module: every executable compiled from the same ``nn.Module`` shares
+  one device buffer per state tensor, and a tensor reachable under several
+  names (tied weights) is one buffer.  A mutated buffer is aliased to its
+  new value: XLA writes in place.  A returned view of state stays a live
+  view of it across calls and ``load_state_dict``; while such a view is
+  held PJRT cannot reuse the buffer, so XLA writes elsewhere and the runtime
+  copies the new value back into it (counted in :attr:`Executable.host_copies`).
+- A mutated user input is updated in place, as eager would.  A torch CPU
+  tensor is memory PJRT does not own, so on its first call XLA writes the
+  new value to a fresh buffer and the caller's tensor is moved onto it (no
+  copy; only when nothing else views its storage); later calls donate that
+  buffer and XLA writes in place.  Otherwise the new value is copied back
+  each call (``host_copies``, named by ``explain()``).
+- Results on CPU are runtime-owned buffers lent to torch without a DLPack
+  export, so a result donated to a later call (``y = exe(y)``) is reused in
+  place.
 - Donated inputs are consumed.  A :class:`DeviceTensor` that was donated
   raises :class:`DonatedBufferError` when used again.  A donated torch
   tensor is left untouched: on the CPU client PJRT cannot reuse memory it
   does not own, so XLA writes the result elsewhere; treat it as consumed.
 - Inputs must match the example inputs' shapes and dtypes; anything else is
-  an :class:`ExecutionError` (compile again for another signature).
-- Non-contiguous user inputs are copied to contiguous memory first; views
-  rebuilt from them are views of that copy."""
+  an :class:`ExecutionError` (compile again for another signature).  Calls
+  bind like the eager function: positional or keyword, in any order.
+- Non-contiguous user inputs, and inputs with a lazy conjugate or negative
+  bit, are copied first; views rebuilt from them are views of that copy.
+- Two inputs that share memory where the program writes or donates either
+  are refused before anything runs (eager would let one see the other's
+  update mid-program; XLA cannot).
+- A call that fails leaves the module state and every caller tensor as they
+  were.  Calls of executables that share module state are serialized."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import threading
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -31,7 +53,7 @@ from torch.export import ExportedProgram
 from torch_mlir import ir
 
 from hloalias import attributes as A
-from hloalias.errors import DonatedBufferError, DonationError, ExecutionError
+from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, TorchImportError
 from hloalias.frontend.importer import Program, Stage, import_torch
 from hloalias.contract import Signature, verify
 from hloalias.mlir import find_main, print_module
@@ -39,10 +61,12 @@ from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasRepo
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, parse_pipeline, run_pipeline
 from hloalias.runtime.pjrt import (
+    HostBacking,
     MemoryStats,
     array_to_torch,
     compile_module,
     device_for,
+    host_backed_tensor,
     memory_stats,
     torch_to_device,
 )
@@ -72,7 +96,8 @@ class DeviceTensor:
         return self._array
 
     def to_torch(self) -> torch.Tensor:
-        """The value as a torch tensor (zero-copy on CPU)."""
+        """The value as a torch tensor: on CPU a live view of the device
+        buffer (zero-copy; later in-place updates by calls show through it)."""
         return array_to_torch(self.array)
 
     def _consume(self, where: str) -> None:
@@ -83,9 +108,31 @@ class DeviceTensor:
         self._array = array
 
 
+def _tensor_for_device(tensor: Any, what: str) -> torch.Tensor:
+    """``tensor`` checked as a torch tensor that can be copied to a device."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ExecutionError(f"{what} is {type(tensor).__name__}, expected a torch.Tensor")
+    if tensor.device.type == "meta":
+        raise ExecutionError(f"{what} is a meta tensor: it has no data to copy to the device")
+    if tensor.layout is not torch.strided:
+        raise ExecutionError(f"{what} has layout {tensor.layout}; only dense (strided) tensors are supported")
+    return _resolved(tensor)
+
+
+def _resolved(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` without lazy conjugate/negative bits (a copy when set):
+    DLPack would export the raw memory without them."""
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    return tensor
+
+
 def to_device(tensor: torch.Tensor, device: Any = None, name: str = "tensor") -> DeviceTensor:
     """Copy ``tensor`` into a PJRT-owned buffer on ``device`` (default CPU)."""
-    return DeviceTensor(torch_to_device(tensor, device_for(device), owned=True), name)
+    checked = _tensor_for_device(tensor, f"to_device: '{name}'")
+    return DeviceTensor(torch_to_device(checked, device_for(device), owned=True), name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,28 +172,227 @@ def clear_cache() -> None:
         _CACHE_STATS.hits = _CACHE_STATS.misses = 0
 
 
+# -- module state shared by executables ---------------------------------------------
+
+
+class _StateSlot:
+    """One state tensor of a module on one device: the single device buffer
+    every executable compiled from that module reads and updates."""
+
+    def __init__(self, source: torch.Tensor, device: Any) -> None:
+        self.source: weakref.ref[torch.Tensor] = weakref.ref(source)
+        self.version = source._version
+        self.device = device
+        self.array: jax.Array | None = torch_to_device(_resolved(source), device, owned=True)
+        self.consumed_by: str | None = None
+        self.nbytes = source.numel() * source.element_size()
+
+
+class _StateGroup:
+    """The device state of one module (or of one function's constants) and
+    the lock that serializes calls reading or writing it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._slots: dict[tuple[int, str, int], weakref.ref[_StateSlot]] = {}
+
+    def slot(self, source: torch.Tensor, device: Any) -> _StateSlot:
+        """The slot of ``source`` on ``device``, created (copied to the
+        device) on first use; re-read when torch changed ``source`` since."""
+        key = (id(source), device.platform, device.id)
+        found = self._slots.get(key)
+        slot = found() if found is not None else None
+        if slot is None or slot.source() is not source:
+            slot = _StateSlot(source, device)
+            self._slots[key] = weakref.ref(slot)
+        elif source._version != slot.version:
+            slot.array = torch_to_device(_resolved(source), device, owned=True)
+            slot.version = source._version
+            slot.consumed_by = None
+        return slot
+
+
+_GROUPS: "weakref.WeakKeyDictionary[Any, _StateGroup]" = weakref.WeakKeyDictionary()
+_GROUPS_LOCK = threading.Lock()
+
+
+def _state_group(f: Any) -> _StateGroup:
+    """The state group of ``f``: one per ``nn.Module`` / ``ExportedProgram``
+    (shared by all its executables), a fresh one for a plain function."""
+    if not isinstance(f, (torch.nn.Module, ExportedProgram)):
+        return _StateGroup()
+    with _GROUPS_LOCK:
+        group = _GROUPS.get(f)
+        if group is None:
+            group = _StateGroup()
+            _GROUPS[f] = group
+        return group
+
+
+# -- calling convention ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallConvention:
+    """How a call's ``(args, kwargs)`` map onto the compiled ``(args, kwargs)``.
+
+    ``positional[i]`` is the parameter the i-th compiled positional argument
+    bound to (with its index into ``*args`` when it went there);
+    ``keywords`` lists each compiled keyword and the parameter it bound to
+    (``**kwargs`` when ``via_var_keyword``)."""
+
+    signature: inspect.Signature | None
+    positional: tuple[tuple[str, int | None], ...]
+    keywords: tuple[tuple[str, str, bool], ...]
+
+    @staticmethod
+    def of(f: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> "_CallConvention":
+        signature: inspect.Signature | None = None
+        if not isinstance(f, ExportedProgram):
+            try:
+                signature = inspect.signature(f.forward if isinstance(f, torch.nn.Module) else f)
+                signature.bind(*args, **kwargs)
+            except (TypeError, ValueError):
+                signature = None
+        if signature is None:
+            return _CallConvention(
+                None,
+                tuple((f"argument {i}", None) for i in range(len(args))),
+                tuple((key, key, False) for key in kwargs),
+            )
+        parameters = list(signature.parameters.values())
+        by_position = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        var_positional = next((p.name for p in parameters if p.kind is p.VAR_POSITIONAL), "*args")
+        var_keyword = next((p.name for p in parameters if p.kind is p.VAR_KEYWORD), "**kwargs")
+        positional = tuple(
+            (by_position[i].name, None) if i < len(by_position) else (var_positional, i - len(by_position))
+            for i in range(len(args))
+        )
+        keywords = []
+        for key in kwargs:
+            parameter = signature.parameters.get(key)
+            named = parameter is not None and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+            keywords.append((key, key if named else var_keyword, not named))
+        return _CallConvention(signature, positional, tuple(keywords))
+
+    def expected(self) -> str:
+        """What a call must pass, in words."""
+        names = [name if sub is None else f"{name}[{sub}]" for name, sub in self.positional]
+        parts = []
+        if names:
+            parts.append("positional " + ", ".join(f"'{n}'" for n in names))
+        if self.keywords:
+            parts.append("keyword " + ", ".join(f"'{k}'" for k, _, _ in self.keywords))
+        return " and ".join(parts) or "no inputs"
+
+    def arrange(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's inputs in the compiled order; ExecutionError in words
+        when the call does not bind the inputs the program was compiled with."""
+        if self.signature is None:
+            if len(args) != len(self.positional) or set(kwargs) != {k for k, _, _ in self.keywords}:
+                raise ExecutionError(
+                    f"inputs do not have the structure the program was compiled for: expected "
+                    f"{self.expected()}; got {len(args)} positional and keyword(s) {sorted(kwargs)}"
+                )
+            return args, {key: kwargs[key] for key, _, _ in self.keywords}
+        try:
+            bound = self.signature.bind(*args, **kwargs).arguments
+        except TypeError as error:
+            raise ExecutionError(
+                f"inputs do not have the structure the program was compiled for: {error} "
+                f"(expected {self.expected()})"
+            ) from None
+        compiled = {name for name, _ in self.positional} | {name for _, name, _ in self.keywords}
+        for name in bound:
+            if name not in compiled:
+                raise ExecutionError(
+                    f"inputs do not have the structure the program was compiled for: input '{name}' "
+                    f"was not passed at compile time (expected {self.expected()}); compile again with it"
+                )
+        for name in compiled:
+            if name not in bound:
+                raise ExecutionError(
+                    f"inputs do not have the structure the program was compiled for: missing input "
+                    f"'{name}' (expected {self.expected()})"
+                )
+        new_args = []
+        for name, sub in self.positional:
+            if sub is None:
+                new_args.append(bound[name])
+                continue
+            extra = bound[name]
+            count = sum(1 for n, s in self.positional if n == name and s is not None)
+            if len(extra) != count:
+                raise ExecutionError(
+                    f"inputs do not have the structure the program was compiled for: {count} "
+                    f"extra positional input(s) in '*{name}', got {len(extra)}"
+                )
+            new_args.append(extra[sub])
+        new_kwargs: dict[str, Any] = {}
+        var_keys = {key for key, _, via in self.keywords if via}
+        for key, name, via in self.keywords:
+            if via:
+                given = bound[name]
+                if set(given) != var_keys:
+                    raise ExecutionError(
+                        f"inputs do not have the structure the program was compiled for: keywords "
+                        f"{sorted(given)} in '**{name}', expected {sorted(var_keys)}"
+                    )
+                new_kwargs[key] = given[key]
+            else:
+                new_kwargs[key] = bound[name]
+        return tuple(new_args), new_kwargs
+
+
+def _describe_spec(spec: Any) -> str:
+    """A pytree spec in words: ``tensor``, ``list of 2 (tensor, tensor)``."""
+    if spec.is_leaf():
+        return "a tensor"
+    children = spec.children()
+    kind = getattr(spec.type, "__name__", str(spec.type))
+    if spec.type is dict:
+        inner = ", ".join(f"'{k}': {_describe_spec(c)}" for k, c in zip(spec.context, children))
+        return f"a dict {{{inner}}}"
+    if not children:
+        return "None" if spec.type is type(None) else f"an empty {kind}"
+    return f"a {kind} of {len(children)} ({', '.join(_describe_spec(c) for c in children)})"
+
+
 def compile(  # noqa: A001 - the name users expect
     f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
     example_args: Sequence[Any] = (),
     kwargs: dict[str, Any] | None = None,
     *,
     donate: Sequence[int | str] = (),
+    donate_argnums: Sequence[int] = (),
+    donate_argnames: Sequence[str] = (),
+    donate_state: Sequence[str] = (),
     pipeline: str | None = None,
     device: Any = None,
 ) -> "Executable":
     """Import ``f`` on the example inputs, run the pass pipeline, compile it
     with XLA through PJRT and return an :class:`Executable`.
 
-    ``donate`` names user inputs by position (int) or argument name, and
-    parameters/buffers by fully qualified name; each may appear once.
-    ``pipeline`` is a textual pipeline (default
+    ``example_args`` is a tuple or list of the positional inputs (a single
+    tensor is refused: write ``(x,)``); ``kwargs`` a dict of keyword inputs.
+
+    What to donate, as JAX separates ``donate_argnums``/``donate_argnames``:
+    ``donate_argnums`` names user inputs by flattened position,
+    ``donate_argnames`` user inputs by argument name, ``donate_state``
+    parameters/buffers by fully qualified name.  ``donate`` takes positions
+    and names of either kind; a name that is both a user input and module
+    state there is a :class:`DonationError` listing both.  Each tensor may
+    be donated once.  ``pipeline`` is a textual pipeline (default
     :data:`hloalias.pipeline.DEFAULT_PIPELINE`); ``device`` is a platform name
     or a jax device (default: the first CPU device).  XLA executables are
     cached by the final module's key, so equivalent configurations share
-    one compile."""
-    program = import_torch(f, example_args, kwargs)
+    one compile; module state is shared by every executable compiled from
+    the same module."""
+    example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
+    requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
     target = device_for(device)
-    donated = _resolve_donations(program, donate)
+    program = import_torch(f, example_args, kwargs)
+    donated = _resolve_donations(program, requests)
     _mark_donors(program, donated)
     run_pipeline(program.torch_mlir_module, pipeline or DEFAULT_PIPELINE)
     # The contract of the module XLA gets, checked once: a violation is an
@@ -175,6 +421,8 @@ def compile(  # noqa: A001 - the name users expect
         ViewReport.from_module(module) if EliminateViewResults.name in ran else None,
         AliasReport.from_module(module) if AliasDonatedBuffers.name in ran else None,
         cache_hit=hit,
+        convention=_CallConvention.of(f, example_args, kwargs),
+        state_group=_state_group(f),
     )
 
 
@@ -182,25 +430,93 @@ def _passes_in(pipeline: str) -> set[str]:
     return {element.name for element in parse_pipeline(pipeline)}
 
 
-def _resolve_donations(program: Program, donate: Sequence[int | str]) -> list[int]:
+def _checked_compile_arguments(
+    example_args: Any, kwargs: Any, pipeline: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``compile``'s example inputs as a tuple and a dict, or TorchImportError
+    naming the malformed argument (nothing is guessed: a single tensor is
+    not split into rows)."""
+    if isinstance(example_args, torch.Tensor):
+        raise TorchImportError(
+            "compile: example_args is a single tensor; pass a tuple or list of the inputs, "
+            "e.g. example_args=(x,)"
+        )
+    if not isinstance(example_args, (tuple, list)):
+        raise TorchImportError(
+            f"compile: example_args is {type(example_args).__name__}; pass a tuple or list of the inputs"
+        )
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise TorchImportError(
+            f"compile: kwargs is {type(kwargs).__name__}; pass a dict from argument name to input"
+        )
+    if pipeline is not None and not isinstance(pipeline, str):
+        raise PipelineError(f"compile: pipeline is {type(pipeline).__name__}; pass the textual pipeline as a str")
+    return tuple(example_args), dict(kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DonationRequest:
+    """One donation request: ``kind`` is ``any`` (from ``donate``),
+    ``argnum``, ``argname`` or ``state``."""
+
+    kind: str
+    target: int | str
+
+
+def _donation_requests(
+    donate: Any, argnums: Any, argnames: Any, state: Any
+) -> list[_DonationRequest]:
+    requests: list[_DonationRequest] = []
+    for option, kind, allowed in (
+        ("donate", "any", (int, str)), ("donate_argnums", "argnum", (int,)),
+        ("donate_argnames", "argname", (str,)), ("donate_state", "state", (str,)),
+    ):
+        value = {"donate": donate, "donate_argnums": argnums, "donate_argnames": argnames, "donate_state": state}[option]
+        if isinstance(value, (str, int)) or not isinstance(value, (tuple, list)):
+            raise DonationError(
+                f"{option} must be a list or tuple, got {type(value).__name__} {value!r}"
+                + (f"; write {option}=[{value!r}]" if isinstance(value, (str, int)) else "")
+            )
+        for entry in value:
+            if isinstance(entry, bool) or not isinstance(entry, allowed):
+                what = "positions or names" if kind == "any" else ("positions" if kind == "argnum" else "names")
+                raise DonationError(f"{option} entries are {what}, got {entry!r}")
+            requests.append(_DonationRequest(kind, entry))
+    return requests
+
+
+def _resolve_donations(program: Program, requests: list[_DonationRequest]) -> list[int]:
     arguments = program.signature.arguments
     user_inputs = program.signature.user_input_indices()
+    user_names = {arguments[i].name: i for i in user_inputs}
+    state_names = {a.name: a.index for a in arguments if a.kind != "user_input"}
     chosen: list[int] = []
-    for request in donate:
-        if isinstance(request, bool) or not isinstance(request, (int, str)):
-            raise DonationError(f"donate entries are positions or names, got {request!r}")
-        if isinstance(request, int):
-            if not 0 <= request < len(user_inputs):
+    for request in requests:
+        target = request.target
+        if isinstance(target, int):
+            if not 0 <= target < len(user_inputs):
                 raise DonationError(
-                    f"donate names user input {request}, but the program has {len(user_inputs)} user inputs"
+                    f"donate names user input {target}, but the program has {len(user_inputs)} user inputs"
                 )
-            index = user_inputs[request]
+            index = user_inputs[target]
         else:
-            matches = [a.index for a in arguments if a.name == request]
-            if not matches:
-                names = ", ".join(a.name for a in arguments)
-                raise DonationError(f"donate names unknown tensor '{request}' (known: {names})")
-            index = matches[0]
+            as_input = user_names.get(target) if request.kind in ("any", "argname") else None
+            as_state = state_names.get(target) if request.kind in ("any", "state") else None
+            if as_input is not None and as_state is not None:
+                raise DonationError(
+                    f"donate name '{target}' is ambiguous: it is user input '{target}' "
+                    f"(donate_argnames=['{target}'] or donate_argnums=[{user_inputs.index(as_input)}]) "
+                    f"and {arguments[as_state].kind} '{target}' (donate_state=['{target}'])"
+                )
+            index = as_input if as_input is not None else as_state
+            if index is None:
+                known = {"any": [a.name for a in arguments], "argname": list(user_names), "state": list(state_names)}
+                what = {"any": "tensor", "argname": "user input", "state": "module state"}[request.kind]
+                raise DonationError(
+                    f"donate names unknown {what} '{target}' (known: {', '.join(known[request.kind]) or 'none'})"
+                )
         if index in chosen:
             raise DonationError(f"'{arguments[index].name}' is donated twice")
         if arguments[index].kind == "constant":
@@ -223,6 +539,15 @@ def _mark_donors(program: Program, donated: list[int]) -> None:
         dataclasses.replace(contract, args=args).write(main)
 
 
+@dataclasses.dataclass(frozen=True)
+class HostCopy:
+    """A host-side copy the runtime makes on a call, and why."""
+
+    name: str
+    nbytes: int
+    reason: str
+
+
 class Executable:
     """A compiled torch program.  Call it like the original function."""
 
@@ -237,6 +562,8 @@ class Executable:
         alias_report: AliasReport | None,
         *,
         cache_hit: bool,
+        convention: _CallConvention | None = None,
+        state_group: _StateGroup | None = None,
     ) -> None:
         assert program.stage is Stage.STABLEHLO
         self._signature = program.signature
@@ -247,13 +574,55 @@ class Executable:
         self.cache_hit = cache_hit
         self.view_report = view_report
         self.alias_report = alias_report
-        self.memory_stats = memory_stats(loaded).as_dict()
         self._calls = 0
         self._read_final_module(program)
-        self._state: dict[str, jax.Array | None] = {
-            name: torch_to_device(value, device, owned=True) for name, value in program.state.items()
+        self._convention = convention or _CallConvention(
+            None,
+            tuple((self._names[i], None) for i in self._user_indices),
+            (),
+        )
+        self._group = state_group or _StateGroup()
+        self._slots: dict[str, _StateSlot] = {
+            name: self._group.slot(value, device) for name, value in program.state.items()
         }
-        self._state_consumed: dict[str, str] = {}
+        # A tensor reachable under several names (tied weights) is one
+        # buffer: XLA counts each argument, the device holds it once.
+        seen: set[int] = set()
+        self.tied_state: dict[str, str] = {}
+        first_name: dict[int, str] = {}
+        duplicate_bytes = 0
+        for name, slot in self._slots.items():
+            if id(slot) in seen:
+                self.tied_state[name] = first_name[id(slot)]
+                duplicate_bytes += slot.nbytes
+            else:
+                seen.add(id(slot))
+                first_name[id(slot)] = name
+        stats = memory_stats(loaded).as_dict()
+        stats["argument_bytes"] -= duplicate_bytes
+        stats["total_bytes"] -= duplicate_bytes
+        self.memory_stats = stats
+        #: Host copies made by calls so far: name -> count (see ``explain()``).
+        self.host_copies: dict[str, int] = {}
+        self._statics: dict[int, Any] = dict(getattr(self._signature, "static_inputs", {}) or {})
+        # Mutated inputs aliased to their own new value: a torch tensor
+        # backed by a runtime-owned buffer is updated in place for them.
+        self._self_aliased = {
+            index for index, result in self._aliases.items()
+            if result is not None and self._result_keys[result] == A.mutation_key(index)
+            and index in self._user_indices
+        }
+        # Donated inputs aliased to a user output: a torch tensor backed by
+        # a runtime-owned buffer (an earlier result) is donated for real.
+        self._donor_aliased = {
+            index: self._result_keys[result] for index, result in self._aliases.items()
+            if result is not None and index in self._user_indices and index not in self._self_aliased
+            and A.parse_key(self._result_keys[result])[0] == "output"
+        }
+        self._writes = {
+            index for index in self._user_indices
+            if self._mutation_keys[index] is not None or index in self._donated_args
+        }
 
     # -- final module facts ------------------------------------------------
     def _read_final_module(self, program: Program) -> None:
@@ -320,6 +689,41 @@ class Executable:
             for a in self.alias_report.aliases
         ]
 
+    def host_copy_plan(self) -> list[HostCopy]:
+        """The copies a call makes on the host beyond XLA's figures: each
+        mutated torch input (PJRT cannot write into memory it does not own,
+        so its new value is copied back) and the copies held references of
+        state have forced so far."""
+        plan = []
+        for index in self._user_indices:
+            if self._mutation_keys[index] is None:
+                continue
+            shape, dtype = self._arg_types[index]
+            nbytes = _numel(shape) * _itemsize(dtype)
+            if index in self._self_aliased:
+                reason = (
+                    "mutated torch input: PJRT cannot reuse memory it does not own; a contiguous tensor "
+                    "that nothing else views is moved onto the runtime-owned result on its first call "
+                    "(no copy) and updated in place after that; any other is copied back each call "
+                    f"({self.host_copies.get(self._names[index], 0)} so far)"
+                )
+            else:
+                reason = (
+                    "mutated torch input not aliased to its new value (see alias-donated-buffers): "
+                    "XLA writes a fresh buffer and it is copied back each call"
+                )
+            plan.append(HostCopy(self._names[index], nbytes, reason))
+        for name, count in sorted(self.host_copies.items()):
+            slot = self._slots.get(name)
+            if slot is None:
+                continue  # an input: listed above
+            plan.append(HostCopy(
+                name, slot.nbytes if slot is not None else 0,
+                f"{count} call(s) so far: a held view of its buffer kept XLA from updating it in place, "
+                "so the new value was copied back into it",
+            ))
+        return plan
+
     def explain(self) -> str:
         """Both passes' decisions (from the final module) and XLA's byte
         figures, as text.  Returns the text; prints nothing."""
@@ -334,55 +738,199 @@ class Executable:
             "XLA memory: argument {argument_bytes} + output {output_bytes} - alias {alias_bytes} "
             "+ temp {temp_bytes} = {total_bytes} bytes".format(**stats)
         )
+        lines.extend(self._host_copy_lines())
         return "\n".join(lines)
+
+    def _host_copy_lines(self) -> list[str]:
+        lines = []
+        for tied, first in self.tied_state.items():
+            lines.append(f"state '{tied}' is '{first}' (tied): one device buffer, counted once")
+        plan = self.host_copy_plan()
+        lines.append("host copies per call:" + ("" if plan else " none"))
+        lines.extend(f"  '{c.name}' ({c.nbytes} bytes): {c.reason}" for c in plan)
+        return lines
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Current parameters, buffers and constants (host copies)."""
-        return {name: array_to_torch(self._state_array(name)).clone() for name in self._state}
+        with self._group.lock:
+            return {name: array_to_torch(self._state_array(name)).clone() for name in self._slots}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Replace module state; every name must be known and shapes/dtypes match."""
-        for name, value in state.items():
-            if name not in self._state:
-                raise ExecutionError(f"load_state_dict: unknown state '{name}' (known: {', '.join(self._state)})")
+        """Set module state.  Every entry is checked (known name, torch tensor
+        or DeviceTensor with data, matching shape and dtype) and copied to the
+        device before any is replaced; on CPU the values are written into the
+        existing buffers, so returned views of state see them.  The state is
+        shared by every executable compiled from the same module."""
+        if not isinstance(state, dict):
+            raise ExecutionError(f"load_state_dict: expected a dict from state name to tensor, got {type(state).__name__}")
+        staged: dict[str, torch.Tensor | jax.Array] = {}
+        for name, entry in state.items():
+            if name not in self._slots:
+                raise ExecutionError(
+                    f"load_state_dict: unknown state '{name}' (known: {', '.join(self._slots)})"
+                )
             index = self._names.index(name)
-            self._check_input(index, value)
-        for name, value in state.items():
-            self._state[name] = torch_to_device(value, self.device, owned=True)
-            self._state_consumed.pop(name, None)
+            if isinstance(entry, DeviceTensor):
+                self._check_input(index, entry)
+                staged[name] = entry.array
+                continue
+            checked = _tensor_for_device(entry, f"load_state_dict: '{name}'")
+            self._check_input(index, checked)
+            staged[name] = checked
+        with self._group.lock:
+            fresh: dict[str, jax.Array] = {}
+            for name, value in staged.items():
+                slot = self._slots[name]
+                if isinstance(value, torch.Tensor) and _writable_on_host(slot.array):
+                    continue  # written in place below
+                if isinstance(value, torch.Tensor):
+                    fresh[name] = torch_to_device(value, self.device, owned=True)
+                else:
+                    fresh[name] = jax.device_put(value, self.device, may_alias=False)
+            for name, value in staged.items():
+                slot = self._slots[name]
+                if name in fresh:
+                    slot.array = fresh[name]
+                else:
+                    assert slot.array is not None and isinstance(value, torch.Tensor)
+                    array_to_torch(slot.array).copy_(value)
+                slot.consumed_by = None
 
     def to_device(self, tensor: torch.Tensor, name: str = "tensor") -> DeviceTensor:
         """``tensor`` copied onto this executable's device (donatable for real)."""
-        return DeviceTensor(torch_to_device(tensor, self.device, owned=True), name)
+        checked = _tensor_for_device(tensor, f"to_device: '{name}'")
+        return DeviceTensor(torch_to_device(checked, self.device, owned=True), name)
 
     # -- calling -----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program; see the module docstring for the semantics."""
-        if kwargs or len(args) != len(self._user_indices) or not self._flat_inputs:
-            leaves, spec = pytree.tree_flatten((args, kwargs))
-            if spec != self._signature.in_spec:
-                raise ExecutionError(
-                    f"inputs do not have the structure the program was compiled for: "
-                    f"expected {self._signature.in_spec}, got {spec}"
-                )
-            if self._signature.static_inputs:
-                leaves = self._without_static_inputs(leaves)
-        else:
+        if not kwargs and self._flat_inputs and len(args) == len(self._user_indices) and not self._convention.keywords:
             leaves = list(args)
-        self._calls += 1
+        else:
+            leaves = self._user_leaves(args, kwargs)
         inputs: dict[int, Any] = dict(zip(self._user_indices, leaves))
+        for index, value in inputs.items():
+            self._check_input(index, value)
+        self._check_writes(inputs)
+        lock = self._group.lock if self._slots else contextlib.nullcontext()
+        with lock:
+            return self._run(inputs)
+
+    def _user_leaves(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """The tensor inputs of a call, in ``@main``'s user-input order."""
+        new_args, new_kwargs = self._convention.arrange(args, kwargs)
+        leaves, spec = pytree.tree_flatten((new_args, new_kwargs))
+        if spec != self._signature.in_spec:
+            raise ExecutionError(self._structure_mismatch(new_args, new_kwargs))
+        tensors = []
+        for position, leaf in enumerate(leaves):
+            if position not in self._statics:
+                tensors.append(leaf)
+                continue
+            expected = self._statics[position]
+            if type(leaf) is not type(expected) or leaf != expected:
+                path = pytree.keystr(pytree.tree_flatten_with_path((new_args, new_kwargs))[0][position][0])
+                raise ExecutionError(
+                    f"compiled for static value {expected!r} of input {path}; got {leaf!r}: compile again"
+                )
+        return tensors
+
+    def _structure_mismatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        expected_args, expected_kwargs = self._signature.in_spec.children()
+        names = [name if sub is None else f"{name}[{sub}]" for name, sub in self._convention.positional]
+        pairs = list(zip(names, expected_args.children(), args))
+        pairs += [(key, spec, kwargs.get(key)) for key, spec in zip(expected_kwargs.context, expected_kwargs.children())]
+        for name, spec, value in pairs:
+            got = pytree.tree_structure(value)
+            if got != spec:
+                return (
+                    f"inputs do not have the structure the program was compiled for: input '{name}' "
+                    f"should be {_describe_spec(spec)}, got {_describe_spec(got)}"
+                )
+        return (
+            f"inputs do not have the structure the program was compiled for: expected "
+            f"{self._convention.expected()}"
+        )
+
+    def _check_writes(self, inputs: dict[int, Any]) -> None:
+        """Refuse, before anything runs, a call eager PyTorch would refuse or
+        XLA cannot reproduce: a written input that requires grad (leaf) or is
+        an inference tensor, one whose elements overlap each other, and two
+        inputs sharing memory where either is written or donated."""
+        for index in self._writes:
+            value = inputs[index]
+            if not isinstance(value, torch.Tensor) or self._mutation_keys[index] is None:
+                continue
+            name = self._names[index]
+            if value.requires_grad and value.is_leaf and torch.is_grad_enabled():
+                raise ExecutionError(
+                    f"input '{name}' is a leaf tensor that requires grad and the program writes to it in "
+                    "place (eager PyTorch refuses this too); pass x.detach() or call under torch.no_grad()"
+                )
+            if value.is_inference() and not torch.is_inference_mode_enabled():
+                raise ExecutionError(
+                    f"input '{name}' is an inference tensor and the program writes to it in place "
+                    "outside inference mode (eager PyTorch refuses this too)"
+                )
+            if any(stride == 0 and size > 1 for size, stride in zip(value.shape, value.stride())):
+                raise ExecutionError(
+                    f"input '{name}' has elements that share memory (an expanded tensor) and the "
+                    "program writes to it in place (eager PyTorch refuses this too); pass a clone"
+                )
+        if not self._writes:
+            return
+        indices = list(inputs)
+        for position, first in enumerate(indices):
+            for second in indices[position + 1:]:
+                if first not in self._writes and second not in self._writes:
+                    continue
+                if _share_memory(inputs[first], inputs[second]):
+                    writer = first if first in self._writes else second
+                    other = second if writer == first else first
+                    verb = "writes to" if self._mutation_keys[writer] is not None else "donates"
+                    raise ExecutionError(
+                        f"inputs '{self._names[writer]}' and '{self._names[other]}' share memory and the "
+                        f"program {verb} '{self._names[writer]}'; XLA cannot reproduce what eager "
+                        f"PyTorch would do (one input seeing the other's update); pass separate "
+                        f"tensors, e.g. '{self._names[other]}'.clone()"
+                    )
+
+    def _run(self, inputs: dict[int, Any]) -> Any:
         arrays: list[jax.Array] = []
         bases: dict[int, torch.Tensor] = {}
+        backings: dict[int, HostBacking] = {}
+        reseatable: set[int] = set()
+        donated_slots: dict[int, int] = {}
         for index, state_name in self._arg_plan:
             if state_name is not None:
-                arrays.append(self._state_array(state_name))
+                array = self._state_array(state_name)
+                if index in self._donated_args:
+                    if id(array) in donated_slots:
+                        raise ExecutionError(
+                            f"module state '{state_name}' is the same buffer as "
+                            f"'{self._names[donated_slots[id(array)]]}' (tied) and the program writes or "
+                            "donates it; XLA cannot take one buffer twice as a donor"
+                        )
+                    donated_slots[id(array)] = index
+                arrays.append(array)
                 continue
             value = inputs[index]
-            self._check_input(index, value)
             if isinstance(value, DeviceTensor):
                 arrays.append(value.array)
+                continue
+            aliased = index in self._self_aliased or index in self._donor_aliased
+            backing = _backing_of(value) if aliased else None
+            if backing is not None:
+                backings[index] = backing
+                bases[index] = value
+                arrays.append(backing.array)
             else:
-                tensor = value if value.is_contiguous() else value.contiguous()
+                if index in self._self_aliased and _can_reseat(value):
+                    # Decided before the zero-copy export below adds a
+                    # reference to the storage (released asynchronously).
+                    reseatable.add(index)
+                tensor = _resolved(value)
+                tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
                 bases[index] = tensor
                 arrays.append(torch_to_device(tensor, self.device, owned=False))
         try:
@@ -390,14 +938,26 @@ class Executable:
             outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
         except Exception as error:
             raise ExecutionError(f"XLA execution failed: {error}") from None
+        self._calls += 1
         produced = dict(zip(self._result_keys, outputs))
+        # Drop the zero-copy imports of caller tensors: they hold a reference
+        # to the caller's storage, which would block re-seating it.
+        kept = {
+            index: array for index, array in enumerate(arrays)
+            if self._arg_plan[index][1] is not None or not isinstance(inputs.get(index), torch.Tensor)
+        }
+        arrays.clear()
+        del results
         call_name = f"in call {self._calls}"
+        # Commit: nothing below can fail on valid inputs (checked above).
         for index in self._donated_args:
             state_name = self._arg_plan[index][1]
             if state_name is not None:
-                self._state[state_name] = None
-                self._state_consumed[state_name] = call_name
-            elif isinstance(inputs[index], DeviceTensor):
+                slot = self._slots[state_name]
+                if self._mutation_keys[index] is None and kept[index].is_deleted():
+                    slot.array = None
+                    slot.consumed_by = call_name
+            elif isinstance(inputs[index], DeviceTensor) and self._mutation_keys[index] is None:
                 inputs[index]._consume(call_name)
         arg_tensors: dict[int, Any] = {}
         for index, state_name in self._arg_plan:
@@ -405,23 +965,73 @@ class Executable:
             new_value = produced.get(mutation_key) if mutation_key is not None else None
             if state_name is not None:
                 if new_value is not None:
-                    self._state[state_name] = new_value
-                    self._state_consumed.pop(state_name, None)
+                    slot = self._slots[state_name]
+                    slot.array = self._commit(state_name, kept[index], new_value)
+                    slot.consumed_by = None
                 continue
             value = inputs[index]
+            if index in self._donor_aliased and index in backings and backings[index].array.is_deleted():
+                # XLA wrote the aliased output into the donated buffer: that
+                # output now owns the memory the consumed tensor still shows.
+                backings[index].rebind(produced[self._donor_aliased[index]])
             if isinstance(value, DeviceTensor):
                 if new_value is not None:
-                    value._rebind(new_value)
+                    value._rebind(self._commit(None, kept[index], new_value))
                 continue
             if new_value is None:
                 arg_tensors[index] = bases[index]
                 continue
-            value.copy_(array_to_torch(new_value))
+            self._update_caller_tensor(index, value, new_value, backings.get(index), index in reseatable)
             # Views of the new value share the caller's tensor, as in eager;
             # a non-contiguous caller's tensor cannot be the base of the
             # recorded row-major layouts, so they view the new value instead.
-            arg_tensors[index] = value if value.is_contiguous() else array_to_torch(new_value)
+            arg_tensors[index] = value if value.is_contiguous() and not value.is_conj() and not value.is_neg() else array_to_torch(new_value)
         return self._assemble_outputs(inputs, arg_tensors, produced)
+
+    def _update_caller_tensor(
+        self, index: int, value: torch.Tensor, new_value: jax.Array, backing: HostBacking | None,
+        reseatable: bool,
+    ) -> None:
+        """Give the caller's tensor its new value, as cheaply as is correct:
+        nothing to do when XLA wrote it in place (it is backed by a runtime
+        buffer that was donated); re-seat it onto the new buffer when nothing
+        else views its storage (no copy; later calls then update in place);
+        else copy the new value back (counted in ``host_copies``)."""
+        if backing is not None:
+            if backing.array.is_deleted() and backing.rebind(new_value):
+                return
+            if not backing.array.is_deleted():
+                with torch.no_grad():
+                    value.copy_(array_to_torch(new_value))
+                self._count_copy(self._names[index])
+                return
+            # Donated but written elsewhere (never for an input aliased to
+            # its own result): the tensor moves to the new buffer.
+        if reseatable and _writable_on_host(new_value):
+            tensor, fresh = host_backed_tensor(new_value, value.dtype, tuple(value.shape))
+            with torch.no_grad():
+                value.set_(tensor)
+            _register_backing(fresh)
+            return
+        with torch.no_grad():
+            value.copy_(array_to_torch(new_value))
+        self._count_copy(self._names[index])
+
+    def _count_copy(self, name: str) -> None:
+        self.host_copies[name] = self.host_copies.get(name, 0) + 1
+
+    def _commit(self, state_name: str | None, old: jax.Array, new: jax.Array) -> jax.Array:
+        """The buffer that holds an updated argument after a call.  When XLA
+        wrote in place (the old buffer was donated) that is ``new``; when the
+        old buffer is still alive (a torch view of it is held, or it was not
+        aliased) the new value is copied into it on the host so that every
+        view of it stays live, as eager's would."""
+        if old.is_deleted() or not _writable_on_host(old):
+            return new
+        array_to_torch(old).copy_(array_to_torch(new))
+        if state_name is not None:
+            self._count_copy(state_name)
+        return old
 
     def _assemble_outputs(
         self, inputs: dict[int, Any], arg_tensors: dict[int, Any], produced: dict[str, jax.Array]
@@ -442,7 +1052,7 @@ class Executable:
             if key in torch_results:
                 return torch_results[key]
             if key in produced:
-                value = array_to_torch(produced[key])
+                value = _result_tensor(produced[key])
             elif key in self._constant_outputs:
                 value = self._constant_outputs[key]
             else:
@@ -453,6 +1063,10 @@ class Executable:
                     base = base_tensor(rebuild.base)
                     same = rebuild.identity and base.dtype == rebuild.dtype
                     value = base if same else _as_view(base, rebuild)
+                    if value.requires_grad:
+                        # Compiled results never carry autograd history:
+                        # a pass-through of a grad input is its detach().
+                        value = value.detach()
             torch_results[key] = value
             return value
 
@@ -461,38 +1075,37 @@ class Executable:
             return flat[0] if self._single_output else tuple(flat)
         return pytree.tree_unflatten(flat, self._signature.out_spec)
 
-    def _without_static_inputs(self, leaves: list[Any]) -> list[Any]:
-        """The tensor leaves; each static leaf must equal the compiled value."""
-        static = self._signature.static_inputs
-        for leaf, expected in static.items():
-            given = leaves[leaf]
-            if type(given) is not type(expected) or given != expected:
-                raise ExecutionError(
-                    f"input leaf {leaf} is {given!r}, but the program was compiled with the static "
-                    f"value {expected!r}; compile again for the new value"
-                )
-        return [value for leaf, value in enumerate(leaves) if leaf not in static]
-
     def _state_array(self, name: str) -> jax.Array:
-        array = self._state[name]
+        slot = self._slots[name]
+        array = slot.array
         if array is None or array.is_deleted():
             raise DonatedBufferError(
-                f"module state '{name}' was donated {self._state_consumed.get(name, 'earlier')} "
+                f"module state '{name}' was donated {slot.consumed_by or 'earlier'} "
                 "and its buffer has been consumed; load_state_dict() to set it again"
             )
         return array
 
     def _check_input(self, index: int, value: Any) -> None:
         expected_shape, expected_dtype = self._arg_types[index]
-        if isinstance(value, torch.Tensor) and value.dtype == expected_dtype and value.shape == expected_shape:
+        if (
+            isinstance(value, torch.Tensor) and value.dtype == expected_dtype and value.shape == expected_shape
+            and value.device.type == "cpu" and value.layout is torch.strided
+        ):
             return
         name = self._names[index]
         if isinstance(value, DeviceTensor):
             if value.dtype == expected_dtype and value.shape == expected_shape:
+                value.array  # DonatedBufferError now, before anything runs
                 return
             shape, dtype = tuple(value.shape), value.dtype
         elif isinstance(value, torch.Tensor):
             shape, dtype = tuple(value.shape), value.dtype
+            if value.device.type != "cpu":
+                raise ExecutionError(
+                    f"input '{name}' is on device '{value.device}'; pass a CPU tensor or a DeviceTensor"
+                )
+            if value.layout is not torch.strided:
+                raise ExecutionError(f"input '{name}' has layout {value.layout}; only dense tensors are supported")
         else:
             raise ExecutionError(f"input '{name}' is {type(value).__name__}, expected a torch.Tensor or DeviceTensor")
         if shape != expected_shape or dtype != expected_dtype:
@@ -502,10 +1115,126 @@ class Executable:
             )
 
 
+_BACKINGS: dict[int, "weakref.ref[HostBacking]"] = {}
+
+
+def _register_backing(backing: HostBacking) -> None:
+    """Index ``backing`` by address; the entry goes when the backing does."""
+    address = backing.address
+
+    def forget(reference: "weakref.ref[HostBacking]") -> None:
+        if _BACKINGS.get(address) is reference:
+            del _BACKINGS[address]
+
+    _BACKINGS[address] = weakref.ref(backing, forget)
+
+
+def _backing_of(tensor: torch.Tensor) -> HostBacking | None:
+    """The runtime buffer backing all of ``tensor`` (re-seated by an earlier
+    call), or None."""
+    if tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
+        return None
+    found = _BACKINGS.get(tensor.untyped_storage().data_ptr())
+    backing = found() if found is not None else None
+    if backing is None or backing.array.is_deleted():
+        return None
+    if backing.nbytes != tensor.untyped_storage().nbytes() or backing.nbytes != tensor.numel() * tensor.element_size():
+        return None
+    return backing
+
+
+def _result_tensor(array: jax.Array) -> torch.Tensor:
+    """A result for the caller: on CPU a tensor backed by the runtime-owned
+    buffer without a DLPack export, so that donating it to a later call
+    (``y = exe(y)``) lets XLA reuse the buffer in place."""
+    if not _writable_on_host(array) or array.nbytes == 0:
+        return array_to_torch(array)
+    tensor, backing = host_backed_tensor(array, _torch_dtype_of_jax(array.dtype), tuple(array.shape))
+    _register_backing(backing)
+    return tensor
+
+
+def _can_reseat(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` may move to another storage without anyone seeing
+    it: it covers its whole storage, and no other tensor (view) or storage
+    object shares that storage."""
+    storage = tensor.untyped_storage()
+    return (
+        tensor.storage_offset() == 0 and tensor.is_contiguous() and not tensor.requires_grad
+        and tensor._base is None and not tensor.is_conj() and not tensor.is_neg()
+        and storage.nbytes() == tensor.numel() * tensor.element_size() and tensor.numel() > 0
+        and torch._C._storage_Use_Count(storage._cdata) <= 2  # the tensor and this `storage`
+    )
+
+
+def _writable_on_host(array: jax.Array | None) -> bool:
+    """Whether ``array``'s buffer can be written through a zero-copy torch
+    view (CPU buffers: DLPack shares their memory)."""
+    return array is not None and not array.is_deleted() and array.platform() == "cpu"
+
+
+def _numel(shape: Sequence[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """First and one-past-last byte of ``tensor``'s elements in memory."""
+    size = tensor.element_size()
+    start = tensor.untyped_storage().data_ptr() + tensor.storage_offset() * size
+    extent = sum((int(n) - 1) * abs(int(s)) for n, s in zip(tensor.shape, tensor.stride()))
+    return int(start), int(start + (extent + 1) * size)
+
+
+_EXACT_OVERLAP_LIMIT = 1 << 20
+
+
+def _share_memory(first: Any, second: Any) -> bool:
+    """Whether two inputs have a byte in common (the same DeviceTensor
+    twice, or torch tensors whose elements overlap)."""
+    if isinstance(first, DeviceTensor) or isinstance(second, DeviceTensor):
+        return first is second
+    if first.numel() == 0 or second.numel() == 0:
+        return False
+    a_start, a_end = _byte_span(first)
+    b_start, b_end = _byte_span(second)
+    if a_end <= b_start or b_end <= a_start:
+        return False
+    if first.numel() > _EXACT_OVERLAP_LIMIT or second.numel() > _EXACT_OVERLAP_LIMIT:
+        return True  # ranges overlap: assume the elements do
+    return bool(torch.isin(_element_bytes(first), _element_bytes(second)).any())
+
+
+def _element_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The address of every byte of ``tensor``'s elements."""
+    size = tensor.element_size()
+    offsets = torch.tensor([tensor.storage_offset()], dtype=torch.int64)
+    for n, s in zip(tensor.shape, tensor.stride()):
+        offsets = (offsets[:, None] + torch.arange(n, dtype=torch.int64) * s).reshape(-1)
+    base = tensor.untyped_storage().data_ptr()
+    return (base + offsets[:, None] * size + torch.arange(size, dtype=torch.int64)).reshape(-1)
+
+
 def _as_view(base: torch.Tensor, rebuild: _Rebuild) -> torch.Tensor:
+    """The removed result as a view of ``base``'s storage; offset, sizes and
+    strides are in elements of the result's dtype (which may differ from
+    the base's in width: ``x.view(torch.int8)``)."""
     assert rebuild.dtype is not None  # only dead results lack one
-    typed = base if base.dtype == rebuild.dtype else base.view(rebuild.dtype)
-    return typed.as_strided(rebuild.sizes, rebuild.strides, typed.storage_offset() + rebuild.offset)
+    if base.dtype == rebuild.dtype:
+        return base.as_strided(rebuild.sizes, rebuild.strides, base.storage_offset() + rebuild.offset)
+    itemsize = _itemsize(rebuild.dtype)
+    start = base.storage_offset() * base.element_size()
+    if start % itemsize:
+        raise ExecutionError(f"cannot rebuild a {rebuild.dtype} view at byte {start} of its base")
+    view = torch.empty(0, dtype=rebuild.dtype, device=base.device)
+    view.set_(base.untyped_storage(), start // itemsize + rebuild.offset, rebuild.sizes, rebuild.strides)
+    return view
 
 
 _TORCH_DTYPES = {

@@ -180,3 +180,47 @@ def array_to_torch(array: jax.Array) -> torch.Tensor:
             return torch.utils.dlpack.from_dlpack(_buffer_to_dlpack(array))
         return torch.utils.dlpack.from_dlpack(array)
     return torch.utils.dlpack.from_dlpack(np.asarray(array).copy())
+
+
+class HostBacking:
+    """A PJRT-owned CPU buffer lent to torch *without* a DLPack export, so
+    PJRT still sees itself as the buffer's only owner and can donate it
+    (XLA then writes the aliased result into the same memory).
+
+    The torch tensor from :meth:`tensor` keeps this object alive (through a
+    numpy array whose base it is), and this object keeps the buffer alive:
+    after a call donated ``array`` in place, :meth:`rebind` hands ownership
+    to the result, which lives at the same address.  Only for buffers
+    aliased to their own new value: a donated buffer XLA did not write in
+    place would be freed under the tensor."""
+
+    def __init__(self, array: jax.Array) -> None:
+        # Execution and transfers are asynchronous: the raw pointer is only
+        # safe to read once the buffer is ready (DLPack would wait too).
+        array.block_until_ready()
+        self.array = array
+        self.address = array.unsafe_buffer_pointer()
+        self.nbytes = array.nbytes
+        self.__array_interface__ = {
+            "data": (self.address, False), "shape": (self.nbytes,), "typestr": "|u1", "version": 3,
+        }
+
+    def tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """A torch tensor over the buffer's memory (no copy)."""
+        raw = torch.from_numpy(np.asarray(self))
+        return raw.view(dtype).view(shape)
+
+    def rebind(self, array: jax.Array) -> bool:
+        """Take ``array`` as the owner of the memory; False (nothing changed)
+        unless it lives at the same address."""
+        if array.unsafe_buffer_pointer() != self.address or array.nbytes != self.nbytes:
+            return False
+        array.block_until_ready()
+        self.array = array
+        return True
+
+
+def host_backed_tensor(array: jax.Array, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[torch.Tensor, HostBacking]:
+    """A torch tensor backed by the CPU buffer ``array`` (see :class:`HostBacking`)."""
+    backing = HostBacking(array)
+    return backing.tensor(dtype, shape), backing

@@ -357,6 +357,12 @@ PASSING = {
     # torch.export returns x0 itself as the buffer's new value (no copy
     # node); x0 must still come back as the caller's x0, not as the buffer.
     "buffer_copied_from_input_returns_the_buffer": _program([f"{BUFFER_LOCAL}.copy_(x0)"], ["x0"], ["x0"], buffer=BUFFER),
+    # Fixed by issue 11 (storage classes read before functionalization):
+    # v0's storage was filed under the buffer's, so v0 came back as the
+    # buffer's new state and shared it with the returned buffer.
+    "buffer_copied_from_intermediate_shares_it": _program(
+        ["v0 = x0 * 2.0", f"{BUFFER_LOCAL}.copy_(v0)"], ["v0", BUFFER_LOCAL], ["v0", BUFFER_LOCAL], buffer=BUFFER
+    ),
     # eliminate-view-results sees the functional program, where clone() is
     # gone: the clone is returned as the caller's own tensor.
     "clone_returned_as_input": _program(["v0 = x0.clone()"], ["v0"], ["v0"]),
@@ -407,25 +413,14 @@ KNOWN_BUGS = {
         ["v0 = x0 + 1.0", "v1 = v0[0:2]", "v2 = v0[1:3]"], ["v1", "v2"], ["v0", "v0"],
         [TensorSpec("x0", (3, 4), "float32")],
     ),
-    # The same with an intermediate: v0's storage is filed under the
-    # buffer's, so v0 comes back as the buffer's new state and shares it
-    # with the returned buffer, where eager keeps them apart.
-    "buffer_copied_from_intermediate_shares_it": _program(
-        ["v0 = x0 * 2.0", f"{BUFFER_LOCAL}.copy_(v0)"], ["v0", BUFFER_LOCAL], ["v0", BUFFER_LOCAL], buffer=BUFFER
-    ),
 }
 
 
 _COPIED = "hloalias bug: a view of a constant-folded update comes back as a copy"
 _UNRETURNED = "hloalias limitation: views of an intermediate that is not returned do not share its storage"
-_BUFFER_COPY = (
-    "hloalias bug: when copy_ overwrites the whole buffer, the copied tensor's storage is classed "
-    "as the buffer's (importer._storage_classes), so it comes back as the module state"
-)
 KNOWN_BUG_REASONS = {
     "view_of_filled_input_is_a_copy": _COPIED,
     "overlapping_views_of_unreturned_intermediate": _UNRETURNED,
-    "buffer_copied_from_intermediate_shares_it": _BUFFER_COPY,
 }
 
 

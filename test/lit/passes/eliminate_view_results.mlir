@@ -83,16 +83,43 @@ func.func @main(%arg0: tensor<4x8xf32>) -> tensor<4x8xi32> {
 
 // -----
 
-// A bitcast to a narrower type changes the shape (f32 -> 2 x f16): not a
-// same-size view, so the result stays and nothing is recorded.
+// A bitcast to a narrower type (f32 -> 2 x f16) is x.view(torch.float16)
+// before its reshape: a trailing dimension of the width ratio, strides and
+// offset counted in f16 elements.
 func.func @main(%arg0: tensor<4x8xf32>) -> tensor<4x8x2xf16> {
   %0 = stablehlo.bitcast_convert %arg0 : (tensor<4x8xf32>) -> tensor<4x8x2xf16>
   return %0 : tensor<4x8x2xf16>
 }
 
-// CHECK-LABEL: func.func @main(%arg0: tensor<4x8xf32>) -> (tensor<4x8x2xf16> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
-// CHECK-NEXT:    %0 = stablehlo.bitcast_convert %arg0 : (tensor<4x8xf32>) -> tensor<4x8x2xf16>
-// CHECK-NEXT:    return %0 : tensor<4x8x2xf16>
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x8xf32>) attributes {hloalias.removed_results = [
+// CHECK-SAME:    {base = "arg:0", chain = ["view dtype f16"], dtype = f16, offset = 0 : i64, reason = "view", result = "output:0", sizes = array<i64: 4, 8, 2>, strides = array<i64: 16, 2, 1>}]} {
+// CHECK-NEXT:    return{{$}}
+
+// -----
+
+// A bitcast to a wider type (4 x i8 -> f32) drops the trailing dimension of
+// the ratio: a view when that dimension is dense and aligned.
+func.func @main(%arg0: tensor<4x8x4xi8>) -> tensor<4x8xf32> {
+  %0 = stablehlo.bitcast_convert %arg0 : (tensor<4x8x4xi8>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x8x4xi8>) attributes {hloalias.removed_results = [
+// CHECK-SAME:    {base = "arg:0", chain = ["view dtype f32"], dtype = f32, offset = 0 : i64, reason = "view", result = "output:0", sizes = array<i64: 4, 8>, strides = array<i64: 8, 1>}]} {
+// CHECK-NEXT:    return{{$}}
+
+// -----
+
+// ... and not a view when the bytes are misaligned for the wider type
+// (offset 1 byte): the result stays and nothing is recorded.
+func.func @main(%arg0: tensor<4x9xi8>) -> tensor<4xf32> {
+  %0 = stablehlo.slice %arg0 [0:4, 1:5] : (tensor<4x9xi8>) -> tensor<4x4xi8>
+  %1 = stablehlo.bitcast_convert %0 : (tensor<4x4xi8>) -> tensor<4xf32>
+  return %1 : tensor<4xf32>
+}
+
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x9xi8>) -> (tensor<4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
+// CHECK:         stablehlo.bitcast_convert
 
 // -----
 

@@ -1,0 +1,131 @@
+"""Differential testing of state across calls (issue 11): generated modules
+(``differential/stateful.py``) called several times eagerly and through
+one or two executables of the same module, results held across calls,
+inputs sometimes overlapping views of one tensor, a tied parameter.
+
+``HLOALIAS_STATEFUL_EXAMPLES`` (default 25) sets the number of programs;
+``HLOALIAS_DIFF_SEED=N`` searches from seed ``N`` (``scripts/fuzz.sh``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, note, seed, settings
+
+import hloalias
+from differential.stateful import StatefulProgram, stateful_programs
+
+EXAMPLES = int(os.environ.get("HLOALIAS_STATEFUL_EXAMPLES", "25"))
+SEED = os.environ.get("HLOALIAS_DIFF_SEED")
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.detach().contiguous().view(torch.uint8), b.detach().contiguous().view(torch.uint8)
+    )
+
+
+def stateful_problems(program: StatefulProgram) -> list[str]:
+    """What differs between eager and hloalias over ``program.calls`` calls."""
+    eager = program.build()
+    compiled_from = program.build()
+    example = program.inputs(0)
+    executables = [hloalias.compile(compiled_from, (example[0].clone(), example[1].clone()))]
+    if program.two_executables:
+        executables.append(hloalias.compile(compiled_from, (example[0].clone(), example[1].clone())))
+    problems: list[str] = []
+    held_eager: list[torch.Tensor] = []
+    held_ours: list[torch.Tensor] = []
+    for call in range(1, program.calls + 1):
+        exe = executables[call % len(executables)]
+        e0, e1, _ = program.inputs(call)
+        x0, x1, base = program.inputs(call)
+        overlapping = program.overlap is not None and program.overlap < 4
+        if overlapping and program.writes_input:
+            state_before = exe.state_dict()
+            before = base.clone() if base is not None else None
+            try:
+                exe(x0, x1)
+            except hloalias.ExecutionError as error:
+                if "share memory" not in str(error):
+                    problems.append(f"call {call}: wrong refusal: {error}")
+            else:
+                problems.append(f"call {call}: overlapping written inputs were not refused")
+            if base is not None and before is not None and not same_bits(base, before):
+                problems.append(f"call {call}: a refused call changed the inputs")
+            after = exe.state_dict()
+            if any(not same_bits(after[k], state_before[k]) for k in state_before):
+                problems.append(f"call {call}: a refused call changed the state")
+            continue
+        with torch.no_grad():
+            expected = eager(e0, e1)
+        got = exe(x0, x1)
+        if len(got) != len(expected):
+            problems.append(f"call {call}: {len(got)} results, eager {len(expected)}")
+            continue
+        held_eager.extend(expected)
+        held_ours.extend(got)
+        for name, a, b in (("x0", e0, x0), ("x1", e1, x1)):
+            if not same_bits(a, b):
+                problems.append(f"call {call}: input {name} {b.tolist()} != eager {a.tolist()}")
+        state = exe.state_dict()
+        for name, value in eager.state_dict().items():
+            if not same_bits(state[name], value):
+                problems.append(f"call {call}: state {name} {state[name].tolist()} != eager {value.tolist()}")
+    for position, (a, b) in enumerate(zip(held_eager, held_ours)):
+        if not same_bits(a, b):
+            problems.append(f"held result {position} after the last call: {b.tolist()} != eager {a.tolist()}")
+    for exe in executables:
+        if exe.memory_stats["argument_bytes"] > 2 * 4 * 24 * 4:  # buf + w once + x0 + x1
+            problems.append(f"state counted more than once: {exe.memory_stats}")
+    if program.two_executables and executables[0]._slots["buf"] is not executables[1]._slots["buf"]:
+        problems.append("two executables of one module hold two copies of its buffer")
+    return problems
+
+
+def check_stateful(program: StatefulProgram) -> None:
+    problems = stateful_problems(program)
+    assert not problems, "\n".join(problems) + "\n" + program.describe()
+
+
+def _search_seed(test):  # type: ignore[no-untyped-def]
+    return test if SEED is None else seed(int(SEED))(test)
+
+
+@_search_seed
+@settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    phases=(Phase.explicit, Phase.generate, Phase.shrink),
+    suppress_health_check=(HealthCheck.too_slow, HealthCheck.filter_too_much),
+)
+@given(stateful_programs())
+def test_stateful_programs_match_eager(program: StatefulProgram) -> None:
+    """Every generated stateful program agrees with eager across calls."""
+    note(program.describe())
+    check_stateful(program)
+
+
+FIXED = {
+    "held_view_of_buffer_across_calls": StatefulProgram(
+        ("self.buf.add_(x0)",), ("self.buf[1:3]", "self.buf.t()"), 3, False, None, False
+    ),
+    "two_executables_share_the_buffer": StatefulProgram(
+        ("self.buf.mul_(0.5)", "c0 = x0 + self.w", "self.buf.add_(self.w2)"), ("self.buf", "c0"), 3, True, None, False
+    ),
+    "overlapping_inputs_written_are_refused": StatefulProgram(
+        ("x0.add_(self.buf)",), ("x1[:, 1]",), 2, False, 2, True
+    ),
+    "overlapping_inputs_read_only_agree": StatefulProgram(
+        ("self.buf.add_(x0)", "self.buf[1].copy_(x1[2])"), ("self.buf", "x1[:, 1]"), 2, False, 2, False
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXED))
+def test_fixed_stateful_program(name: str) -> None:
+    check_stateful(FIXED[name])

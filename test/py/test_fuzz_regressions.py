@@ -1,0 +1,42 @@
+"""Every failure the long generator run (``scripts/fuzz.sh``) ever found,
+as a fixed program, so that CI keeps it fixed.  Add each new find here with
+the seed and example count that found it."""
+
+from __future__ import annotations
+
+import pytest
+
+from differential.programs import BUFFER_LOCAL, BUFFER_NAME, TensorSpec
+from test_differential import _program, check_program
+
+NON_CONTIGUOUS_4x1x3 = TensorSpec("x0", (4, 1, 3), "float32", contiguous=False)
+BUFFER = TensorSpec(BUFFER_NAME, (2, 3), "float32")
+
+REGRESSIONS = {
+    # Issue 11 item 14 (2,000 programs, fresh seed): functionalization made
+    # x0's update contiguous, so .contiguous() of its squeeze became a view
+    # and the later fill_ was replayed into it.  Fixed by the importer
+    # pinning eager copies as clones.
+    "contiguous_of_view_of_mutated_non_contiguous_input": _program(
+        ["x0.add_(1.0)", "v1 = x0.squeeze(1).contiguous()", "x0.fill_(1.5)"], ["v1"], ["v1"],
+        [NON_CONTIGUOUS_4x1x3],
+    ),
+    "reshape_of_mutated_non_contiguous_input": _program(
+        ["x0.mul_(2.0)", "v1 = x0.reshape(12)", "x0.add_(1.0)"], ["v1", "x0"], ["v1", "x0"],
+        [NON_CONTIGUOUS_4x1x3],
+    ),
+    # Issue 11 item 12 in the shapes the same run re-found it: a whole-buffer
+    # copy_ from an input or an intermediate, the buffer returned.
+    "buffer_copied_from_input_buffer_returned": _program(
+        [f"{BUFFER_LOCAL}.copy_(x0)"], [BUFFER_LOCAL, "x0"], [BUFFER_LOCAL, "x0"], buffer=BUFFER
+    ),
+    "buffer_copied_from_intermediate_buffer_returned": _program(
+        ["v0 = x0 * 2.0", f"{BUFFER_LOCAL}.copy_(v0)"], [BUFFER_LOCAL], [BUFFER_LOCAL], buffer=BUFFER
+    ),
+}
+
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_fuzz_regression(name: str) -> None:
+    check_program(REGRESSIONS[name])
