@@ -191,7 +191,7 @@ def import_torch(
     kwargs = dict(kwargs or {})
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
     try:
-        exported = exported.run_decompositions(get_decomposition_table())
+        exported = decompose(exported)
     except Exception as error:  # torch raises many types here
         raise TorchImportError(f"torch.export decompositions failed: {error}") from error
     signature = _signature(exported)
@@ -217,6 +217,66 @@ def import_torch(
     program = Program(module, stage, signature, state)
     program.verify()
     return program
+
+
+_SplitTable = tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]
+_SPLIT_CACHE: dict[Any, _SplitTable] = {}
+
+
+def decompose(exported: ExportedProgram) -> ExportedProgram:
+    """``exported.run_decompositions(get_decomposition_table())`` (torch-mlir's
+    table), the same program, without its fixed per-call cost.
+
+    ``run_decompositions`` first splits the table into composite-implicit
+    (CIA) ops, which it overrides in the dispatcher during the retrace, and
+    Python decompositions; finding the CIA ops walks every registered
+    operator (~0.1-0.5 s a call, independent of the program).  The split
+    depends only on the table and on which operators are registered, so it
+    is cached under a key of: the table's (op, decomposition) pairs, the C++
+    dispatcher's CompositeImplicitAutograd registrations, the ``torch.ops``
+    namespaces and the operators each non-aten namespace holds.  Registering
+    a custom op (which adds a registration or an operator) changes the key
+    and the split is recomputed, as torch would.  The retrace itself is
+    torch's own ``_decompose_exported_program``, under the same
+    fake-mode guard as ``run_decompositions``; a torch without these
+    private entries falls back to ``run_decompositions``."""
+    from torch.export import exported_program as torch_ep
+
+    split = getattr(torch_ep, "_split_decomp_table_to_cia_and_python_decomp", None)
+    retrace = getattr(torch_ep, "_decompose_exported_program", None)
+    guard = getattr(torch_ep, "_disable_prexisiting_fake_mode", None)
+    table = get_decomposition_table()
+    if split is None or retrace is None or guard is None:
+        return exported.run_decompositions(table)
+    cached = _SPLIT_CACHE.get(_operator_registry_key(table))
+    if cached is None:
+        cached = split(dict(table))
+        # Keyed after the split: it materializes operators into torch.ops.
+        _SPLIT_CACHE.clear()  # one live entry: the registry only grows
+        _SPLIT_CACHE[_operator_registry_key(table)] = cached
+    cia_to_decomp, python_table = cached
+
+    @guard  # type: ignore[untyped-decorator,misc]
+    def run() -> ExportedProgram:
+        result: ExportedProgram = retrace(
+            exported,
+            cia_to_decomp=dict(cia_to_decomp),
+            python_decomp_table=dict(python_table),
+            joint_loss_index=None,
+            decompose_custom_triton_ops=False,
+        )
+        return result
+
+    return run()
+
+
+def _operator_registry_key(table: dict[Any, Callable[..., Any]]) -> Any:
+    cia_registrations = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+    namespaces = tuple(
+        (name, () if name == "aten" else tuple(getattr(torch.ops, name, ())))
+        for name in sorted(torch.ops._dir)
+    )
+    return frozenset(table.items()), tuple(cia_registrations), namespaces
 
 
 def _export(

@@ -46,6 +46,7 @@ from hloalias.mlir import (
 from hloalias.passes.alias_donated_buffers import AliasReport
 from hloalias.passes.eliminate_view_results import ViewReport
 from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, run_pipeline
+from hloalias.runtime.export_cache import import_cached
 from hloalias.runtime.pjrt import (
     MemoryStats,
     array_to_torch,
@@ -151,8 +152,12 @@ def compile(  # noqa: A001 - the name users expect
     :data:`hloalias.pipeline.DEFAULT_PIPELINE`); ``device`` is a platform name
     or a jax device (default: the first CPU device).  XLA executables are
     cached by the final module's key, so equivalent configurations share
-    one compile."""
-    program = import_torch(f, example_args, kwargs)
+    one compile, in this process and across processes (the disk cache,
+    :mod:`hloalias.runtime.disk_cache`); importing the same program object
+    on inputs of the same shapes, dtypes and static values again reuses the
+    import (:mod:`hloalias.runtime.export_cache`)."""
+    args, kwargs = tuple(example_args), dict(kwargs or {})
+    program = import_cached(f, args, kwargs, lambda: import_torch(f, args, kwargs))
     target = device_for(device)
     donated = _resolve_donations(program, donate)
     _mark_donors(program, donated)
