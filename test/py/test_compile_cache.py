@@ -73,10 +73,10 @@ def _run_child(directory: str) -> list[int]:
 
 def test_a_fresh_process_compiling_a_known_program_never_reaches_xla(cache_dir: str) -> None:
     first = _run_child(cache_dir)
-    assert first == [1, 0, 1, 4096]  # one XLA compile, written to the cache
+    assert first == [1, 0, 1, 16384]  # one XLA compile, written to the cache
     assert len(_entries(cache_dir)) == 1
     second = _run_child(cache_dir)
-    assert second == [0, 1, 0, 4096]  # a new process: loaded, no XLA compile
+    assert second == [0, 1, 0, 16384]  # a new process: loaded, no XLA compile
 
 
 def test_corrupt_entry_warns_and_recompiles(cache_dir: str) -> None:
