@@ -109,7 +109,7 @@ def measure_torchax(workload: workloads.Workload, calls: int, variant: str) -> d
     with env:
         module = module.to("jax")
         args = [a.to("jax") for a in workload.args]
-    base_args = [a.clone() for a in args] if donated else args
+    base_args = args
     jittable = interop.JittableModule(module)
     user_donate = tuple(2 + i for i in donated)
     if variant == "documented":
@@ -143,7 +143,7 @@ def measure_torchax(workload: workloads.Workload, calls: int, variant: str) -> d
         if not donated:
             return args
         with env:
-            return [a.clone() if i in donated else a for i, a in enumerate(base_args)]
+            return [workload.args[i].to("jax") if i in donated else a for i, a in enumerate(base_args)]
 
     current: list[Any] = fresh_args()
 
@@ -198,29 +198,39 @@ def measure_torch_xla(workload: workloads.Workload, calls: int, variant: str) ->
     device = torch_xla.device()
     module = workload.module.to(device)
     donated = _donated_positions(workload)
+    if donated:  # peers.md: buffer-donor config, then mark and drop the tensor before the sync
+        torch_xla._XLAC._xla_set_enable_alias_with_buffer_donor_config(True)
     base_args = [a.to(device) for a in workload.args]
     torch_xla.sync()
-    current = list(base_args)
+    current: list[Any] | None = None
+
+    def prepare() -> None:
+        nonlocal current
+        current = [a.clone().to(device) if i in donated else base_args[i] for i, a in enumerate(workload.args)]
+        torch_xla.sync()
+        for i in donated:
+            torch_xla._XLAC._set_buffer_donation(current[i], True)
+        xm.wait_device_ops()
 
     def call() -> None:
+        nonlocal current
+        call_args, current = current, None
+        assert call_args is not None
         with torch.no_grad():
-            out = module(*current)
+            out = module(*call_args)
+        del call_args
         torch_xla.sync()
         xm.wait_device_ops()
         del out
 
-    def prepare() -> None:
-        nonlocal current
-        current = [a.clone() if i in donated else a for i, a in enumerate(base_args)]
-        torch_xla.sync()
-        xm.wait_device_ops()
+    prepare()
 
     start = time.perf_counter()
     call()
     first = time.perf_counter() - start
     state_now = {k: v.detach().cpu() for k, v in module.state_dict().items()}
     state_error = _max_state_error(expected_state, state_now)
-    steady = _median(call, calls, prepare if donated else None)
+    steady = _median(call, calls, prepare)
     alias_count = metrics.metric_data("InputOutputAliasCount")
     return {
         "first_call_s": first, "steady_s": steady, "state_max_error": state_error,
