@@ -117,7 +117,7 @@ def _instrument(timer: StageTimer) -> None:
     disk_cache._read = timer.wrap("disk_load", disk_cache._read)
     disk_cache._write = timer.wrap("disk_load", disk_cache._write)
     init = executable.Executable.__init__
-    executable.Executable.__init__ = timer.wrap("executable_init", init)  # type: ignore[method-assign]
+    executable.Executable.__init__ = timer.wrap("executable_init", init)
 
 
 def _build(key: str, gpt2_layers: int) -> Any:
@@ -223,7 +223,8 @@ def run_child(key: str, cache_dir: str, gpt2_layers: int, calls: int, first_only
     lines = [line for line in done.stdout.splitlines() if line.startswith("LATENCY ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"latency child for {key} failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("LATENCY "):])
+    data: dict[str, Any] = json.loads(lines[-1][len("LATENCY "):])
+    return data
 
 
 def overheads() -> dict[str, Any]:

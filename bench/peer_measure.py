@@ -150,7 +150,7 @@ def measure_torchax(workload: workloads.Workload, calls: int, variant: str) -> d
     def call() -> None:
         with torch.no_grad():
             out = step_torch(*current)
-        jax.block_until_ready(interop.jax_view(pytree.tree_leaves(out)))
+        jax.block_until_ready(interop.jax_view(pytree.tree_leaves(out)))  # type: ignore[no-untyped-call]
 
     def prepare() -> None:
         nonlocal current
@@ -168,7 +168,7 @@ def measure_torchax(workload: workloads.Workload, calls: int, variant: str) -> d
     # Bytes of the function actually called (jax.jit of the same callable).
     jax_fn = jax.jit(interop.jax_view(inner), donate_argnums=donate_argnums)
     lowered_args = interop.jax_view((jittable.params, jittable.buffers, *fresh_args()))
-    stats = jax_fn.lower(*lowered_args).compile().memory_analysis()
+    stats: Any = jax_fn.lower(*lowered_args).compile().memory_analysis()
     argument, output, alias, temp = (stats.argument_size_in_bytes, stats.output_size_in_bytes,
                                      stats.alias_size_in_bytes, stats.temp_size_in_bytes)
     del expected_outputs
@@ -282,7 +282,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     options = parser.parse_args()
     torch.manual_seed(0)
-    versions = {"torch": torch.__version__}
+    versions: dict[str, str] = {"torch": str(torch.__version__)}
     if options.peer == "torchax":
         import jax
         import torchax

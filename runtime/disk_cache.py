@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jaxlib
+import jaxlib.version
 
 MAGIC = b"HLOALIAS-XLA-EXECUTABLE-1\n"
 DEFAULT_MAX_BYTES = 2 * 1024**3
@@ -102,7 +102,7 @@ def cache_key(module_text: str, options: Any, device: Any) -> str:
     digest = hashlib.sha256()
     for part in (
         MAGIC.decode(),
-        f"jax={jax.__version__} jaxlib={jaxlib.__version__}",
+        f"jax={jax.__version__} jaxlib={jaxlib.version.__version__}",
         f"platform={client.platform} version={client.platform_version} runtime={client.runtime_type}",
         f"device_kind={device.device_kind} devices=1",
     ):

@@ -229,6 +229,8 @@ def test_unfingerprintable_module_is_not_cached(cache_dir: str) -> None:
 
 def test_decompose_equals_run_decompositions() -> None:
     class Mixed(torch.nn.Module):
+        count: torch.Tensor
+
         def __init__(self) -> None:
             super().__init__()
             self.linear = torch.nn.Linear(8, 4)
