@@ -148,7 +148,7 @@ def measure_torchax(workload: workloads.Workload, calls: int, variant: str) -> d
     current: list[Any] = fresh_args()
 
     def call() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), env, torch.device("jax"):  # factory calls in forward (torch.arange)
             out = step_torch(*current)
         jax.block_until_ready(interop.jax_view(pytree.tree_leaves(out)))  # type: ignore[no-untyped-call]
 
@@ -168,7 +168,8 @@ def measure_torchax(workload: workloads.Workload, calls: int, variant: str) -> d
     # Bytes of the function actually called (jax.jit of the same callable).
     jax_fn = jax.jit(interop.jax_view(inner), donate_argnums=donate_argnums)
     lowered_args = interop.jax_view((jittable.params, jittable.buffers, *fresh_args()))
-    stats: Any = jax_fn.lower(*lowered_args).compile().memory_analysis()
+    with env, torch.device("jax"):
+        stats: Any = jax_fn.lower(*lowered_args).compile().memory_analysis()
     argument, output, alias, temp = (stats.argument_size_in_bytes, stats.output_size_in_bytes,
                                      stats.alias_size_in_bytes, stats.temp_size_in_bytes)
     del expected_outputs
@@ -216,7 +217,9 @@ def measure_torch_xla(workload: workloads.Workload, calls: int, variant: str) ->
         nonlocal current
         call_args, current = current, None
         assert call_args is not None
-        with torch.no_grad():
+        # Factory calls in forward (torch.arange in the GPT-2 mask) follow
+        # the default device, as they would for a model written for XLA.
+        with torch.no_grad(), torch.device(device):
             out = module(*call_args)
         del call_args
         torch_xla.sync()
