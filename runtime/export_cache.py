@@ -36,7 +36,9 @@ the same module object is the one way to get the earlier program back;
 Entries hold the imported program's text (printed before any pass ran)
 and signature; a hit parses a fresh module, so the passes that run on it
 in place never touch the cached one.  At most
-``MAX_ENTRIES`` programs are kept, least recently used dropped first."""
+``MAX_ENTRIES`` programs are kept, least recently used dropped first, and
+an entry goes when its program object is garbage-collected (the entry
+holds the state tensors the import captured)."""
 
 from __future__ import annotations
 
@@ -165,6 +167,14 @@ def fingerprint(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return None
 
 
+def _forget(dead: weakref.ref[Any]) -> None:
+    """Drop the entries of a collected program object, so the cache never
+    keeps its state tensors alive."""
+    with _LOCK:
+        for key in [k for k, entry in _ENTRIES.items() if entry[0] is dead]:
+            del _ENTRIES[key]
+
+
 def import_cached(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                   do_import: Callable[[], Program]) -> Program:
     """A program for ``f`` on ``(args, kwargs)``: a clone of the cached
@@ -192,7 +202,7 @@ def import_cached(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         return Program(module, template.stage, template.signature, template.state)
     program = do_import()
     try:
-        reference = weakref.ref(f)
+        reference = weakref.ref(f, _forget)
     except TypeError:
         return program
     with _LOCK:

@@ -203,6 +203,17 @@ def test_changed_module_or_inputs_are_imported_again(cache_dir: str) -> None:
     assert stats["hits"] == 0 and stats["misses"] == 6
 
 
+def test_entries_die_with_their_module(cache_dir: str) -> None:
+    import gc
+
+    module = _Scaled()
+    hloalias.compile(module, (torch.randn(8),))
+    assert len(export_cache._ENTRIES) == 1
+    del module
+    gc.collect()
+    assert len(export_cache._ENTRIES) == 0
+
+
 def test_closure_values_are_part_of_the_key(cache_dir: str) -> None:
     x = torch.randn(8)
 
