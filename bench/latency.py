@@ -371,7 +371,7 @@ def write_report(path: str, ours: dict[str, dict[str, Any]], peer_results: list[
     for failure in failures:
         lines.append(f"- {failure}")
     lines.append("")
-    notes_path = os.path.join(os.path.dirname(path), "latency_notes.md")
+    notes_path = os.path.join(REPO, "bench", "latency_notes.md")
     if os.path.exists(notes_path):
         with open(notes_path) as handle:
             lines += [handle.read()]
