@@ -60,6 +60,7 @@ from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, parse_pipeline, run_pipeline
+from hloalias.runtime.export_cache import import_cached
 from hloalias.runtime.pjrt import (
     HostBacking,
     MemoryStats,
@@ -386,12 +387,15 @@ def compile(  # noqa: A001 - the name users expect
     :data:`hloalias.pipeline.DEFAULT_PIPELINE`); ``device`` is a platform name
     or a jax device (default: the first CPU device).  XLA executables are
     cached by the final module's key, so equivalent configurations share
-    one compile; module state is shared by every executable compiled from
-    the same module."""
+    one compile, in this process and across processes (the disk cache,
+    :mod:`hloalias.runtime.disk_cache`); importing the same program object
+    on inputs of the same shapes, dtypes and static values again reuses the
+    import (:mod:`hloalias.runtime.export_cache`).  Module state is shared
+    by every executable compiled from the same module."""
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
     target = device_for(device)
-    program = import_torch(f, example_args, kwargs)
+    program = import_cached(f, example_args, kwargs, lambda: import_torch(f, example_args, kwargs))
     donated = _resolve_donations(program, requests)
     _mark_donors(program, donated)
     run_pipeline(program.torch_mlir_module, pipeline or DEFAULT_PIPELINE)

@@ -42,6 +42,7 @@ from hloalias.mlir import (
     set_result_attr_dicts,
 )
 from hloalias.repro import write_repro
+from hloalias.runtime import disk_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,13 +120,17 @@ def _without_host_metadata(attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attri
 
 def compile_module(module_text: str, device: Any) -> Any:
     """Compile final StableHLO ``module_text`` for ``device``; return the
-    loaded executable.  Raises :class:`CompileError` (with a repro file)."""
+    loaded executable, from the persistent cache when it holds the same
+    program for the same device and XLA (:mod:`hloalias.runtime.disk_cache`).  Raises :class:`CompileError` (with a repro file)."""
     try:
         stripped = prepare_for_xla(module_text)
         artifact = _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
         options = xla_client.CompileOptions()
-        return device.client.compile_and_load(
-            artifact, xla_client.DeviceList((device,)), options
+        devices = xla_client.DeviceList((device,))
+        return disk_cache.load_or_compile(
+            stripped, options, device,
+            lambda: device.client.compile_and_load(artifact, devices, options),
+            lambda payload: device.client.deserialize_executable(payload, devices, options),
         )
     except Exception as error:
         path = write_repro(module_text, "xla-compile")

@@ -1,0 +1,424 @@
+"""Compile latency and per-call cost of hloalias beside torch_xla and torchax;
+writes ``bench/RESULTS-latency.md``.
+
+From the repository root::
+
+    .venv/bin/python -m bench.latency                 # every workload, peers if built
+    .venv/bin/python -m bench.latency --workloads seed,donate --no-peers
+
+Per workload, hloalias runs in two fresh processes sharing an empty disk
+cache directory:
+
+1. **cold**: the first compile in the process (imports excluded; the disk
+   cache is empty, so XLA compiles and the entry is written); then, with
+   every cache off (``HLOALIAS_CACHE=0``, in-process caches cleared), a
+   **warm** compile of a new instance of the workload (a new program
+   object: the whole pipeline runs again, torch and XLA already warm); then
+   a **repeat** compile of that same object (import and executable caches
+   hit); then per-call times.
+2. **fresh process, disk cache**: the first compile in a new process when
+   the disk cache holds the executable (``xla_compiles`` must be 0).
+
+Every compile is broken down by stage by wrapping the functions each stage
+calls (inclusive times; ``other`` is the remainder: signature, annotation,
+verification, donation marking, fingerprints).  Peers run through
+:mod:`bench.peers`.  Times move with machine load: one run, one machine."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import gc
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKLOADS = ("seed", "sgd_mlp", "gpt2_decode", "many_views", "donate")
+STAGES = ("export", "decompose", "fx_import", "lower_torch", "lower_stablehlo", "passes",
+          "print_and_key", "prepare_for_xla", "serialize", "xla_compile", "disk_load",
+          "executable_init", "other")
+
+
+# -- child side: runs inside a fresh process -----------------------------------
+
+_TORCH_LAZY_IMPORTS = (
+    "torch._dynamo", "torch.export._trace", "torch._export", "torch._functorch.aot_autograd",
+    "torch._inductor.decomposition", "torch.distributed", "torch.onnx", "networkx",
+    "torch._functorch._aot_autograd.graph_compile", "torch._subclasses.fake_tensor",
+)
+
+
+class StageTimer:
+    """Inclusive wall time per stage, collected by wrapped functions."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def wrap(self, name: str | Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self.stage(name(*args, **kwargs) if callable(name) else name):
+                return fn(*args, **kwargs)
+        return timed
+
+
+def _instrument(timer: StageTimer) -> None:
+    """Wrap the functions each compile stage calls (bench-only patching)."""
+    from hloalias.frontend import importer
+    from hloalias.runtime import disk_cache, executable, pjrt
+
+    importer._export = timer.wrap("export", importer._export)
+    importer.decompose = timer.wrap("decompose", importer.decompose)
+    base_importer = importer.FxImporter
+
+    class TimedImporter(base_importer):  # type: ignore[misc,valid-type]
+        def import_stateless_graph(self, *args: Any, **kwargs: Any) -> Any:
+            with timer.stage("fx_import"):
+                return super().import_stateless_graph(*args, **kwargs)
+
+    importer.FxImporter = TimedImporter
+    importer._lower = timer.wrap(
+        lambda module, pipeline, *rest: "lower_stablehlo" if pipeline == importer.STABLEHLO_PIPELINE
+        else "lower_torch", importer._lower)
+    executable.run_pipeline = timer.wrap("passes", executable.run_pipeline)
+    executable.print_module = timer.wrap("print_and_key", executable.print_module)
+    executable.module_cache_key = timer.wrap("print_and_key", executable.module_cache_key)
+    pjrt.prepare_for_xla = timer.wrap("prepare_for_xla", pjrt.prepare_for_xla)
+    stablehlo = pjrt._stablehlo
+
+    class TimedStablehlo:
+        def __getattr__(self, name: str) -> Any:
+            value = getattr(stablehlo, name)
+            return timer.wrap("serialize", value) if name == "serialize_portable_artifact_str" else value
+
+    pjrt._stablehlo = TimedStablehlo()
+    disk_cache._count_compile = timer.wrap("xla_compile", disk_cache._count_compile)
+    disk_cache._read = timer.wrap("disk_load", disk_cache._read)
+    disk_cache._write = timer.wrap("disk_load", disk_cache._write)
+    init = executable.Executable.__init__
+    executable.Executable.__init__ = timer.wrap("executable_init", init)
+
+
+def _build(key: str, gpt2_layers: int) -> Any:
+    from bench import workloads
+
+    builders: dict[str, Callable[[], Any]] = {
+        "seed": workloads.seed_workload,
+        "sgd_mlp": lambda: workloads.sgd_workload(workloads.MLPConfig()),
+        "gpt2_decode": lambda: workloads.gpt2_workload(workloads.GPT2Config(layers=gpt2_layers)),
+        "many_views": workloads.views_workload,
+        "donate": workloads.donate_workload,
+    }
+    return builders[key]()
+
+
+def _timed_compile(timer: StageTimer, workload: Any) -> tuple[Any, dict[str, float]]:
+    import hloalias
+
+    timer.seconds = {}
+    gc.collect()
+    start = time.perf_counter()
+    exe = hloalias.compile(workload.module, workload.args, donate=workload.donate)
+    total = time.perf_counter() - start
+    stages = dict(timer.seconds)
+    stages["other"] = max(0.0, total - sum(stages.values()))
+    stages["total"] = total
+    return exe, stages
+
+
+def _median_call(fn: Callable[[], Any], calls: int) -> float:
+    fn()
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def child(key: str, gpt2_layers: int, calls: int) -> dict[str, Any]:
+    """Measurements of one workload in this (fresh) process."""
+    start = time.perf_counter()
+    import torch
+
+    import hloalias
+    from hloalias.runtime import disk_cache, export_cache
+    from hloalias.runtime.pjrt import torch_to_device
+
+    imports = time.perf_counter() - start
+    # Modules torch imports lazily on the first torch.export (dynamo,
+    # functorch, inductor pieces, networkx, ...): import cost, timed apart
+    # so "cold" can be read with imports excluded.
+    start = time.perf_counter()
+    for name in _TORCH_LAZY_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+    lazy_imports = time.perf_counter() - start
+    timer = StageTimer()
+    _instrument(timer)
+    result: dict[str, Any] = {"workload": key, "imports_s": imports, "torch_lazy_imports_s": lazy_imports}
+    workload = _build(key, gpt2_layers)
+    compiles_before = disk_cache.disk_cache_stats().xla_compiles
+    exe, result["first"] = _timed_compile(timer, workload)
+    result["first_xla_compiles"] = disk_cache.disk_cache_stats().xla_compiles - compiles_before
+    result["memory"] = exe.memory_stats
+    if os.environ.get("HLOALIAS_LATENCY_FIRST_ONLY"):
+        return result
+    os.environ["HLOALIAS_CACHE"] = "0"
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    del exe
+    workload = _build(key, gpt2_layers)  # a new program object
+    exe, result["warm"] = _timed_compile(timer, workload)
+    _, result["repeat"] = _timed_compile(timer, workload)
+    result["repeat_export_hits"] = export_cache.export_cache_stats()["hits"]
+    with torch.no_grad():
+        result["call_s"] = _median_call(lambda: exe(*workload.args), calls)
+    # Raw PJRT on the same buffers, where no argument is donated (a donated
+    # buffer is consumed by the first raw call).
+    if not exe._donated_args:
+        arrays = [exe._state_array(name) if name is not None else
+                  torch_to_device(workload.args[exe._user_indices.index(index)], exe.device, owned=False)
+                  for index, name in exe._arg_plan]
+        loaded = exe._loaded
+
+        def raw() -> None:  # execute, unpack, wait: execute_sharded alone only dispatches
+            for shards in loaded.execute_sharded(arrays).disassemble_into_single_device_arrays():
+                shards[0].block_until_ready()
+
+        result["raw_call_s"] = _median_call(raw, calls)
+    return result
+
+
+# -- parent side ---------------------------------------------------------------
+
+
+def run_child(key: str, cache_dir: str, gpt2_layers: int, calls: int, first_only: bool) -> dict[str, Any]:
+    """Run :func:`child` in a fresh interpreter with ``cache_dir`` as the disk cache."""
+    env = dict(os.environ, HLOALIAS_CACHE_DIR=cache_dir, PYTHONPATH=REPO)
+    env.pop("HLOALIAS_CACHE", None)
+    if first_only:
+        env["HLOALIAS_LATENCY_FIRST_ONLY"] = "1"
+    command = [sys.executable, "-m", "bench.latency", "--child", key, "--gpt2-layers", str(gpt2_layers),
+               "--calls", str(calls)]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("LATENCY ")]
+    if not lines:
+        raise RuntimeError(f"latency child for {key} failed:\n{done.stderr[-3000:]}")
+    data: dict[str, Any] = json.loads(lines[-1][len("LATENCY "):])
+    # The figures are complete once the line is printed; an abort at
+    # interpreter exit afterwards ("terminate called without an active
+    # exception", seen with the disk cache off too) is recorded, not fatal.
+    data["exit_code"] = done.returncode
+    return data
+
+
+def overheads() -> dict[str, Any]:
+    """Per-call host overhead against raw PJRT: the small graph of
+    :func:`bench.scaling.measure_overhead` and a module with 600 state arrays."""
+    import torch
+
+    import hloalias
+    from bench import scaling
+
+    small = scaling.measure_overhead(calls=2000, rounds=5)
+
+    class ManyState(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(4)) for _ in range(600))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            total = x
+            for weight in self.weights:
+                total = total + weight
+            return total
+
+    module = ManyState()
+    x = torch.randn(4)
+    exe = hloalias.compile(module, (x,))
+    device_x = exe.to_device(x)
+    arrays = [exe._state_array(name) if name is not None else device_x.array for _, name in exe._arg_plan]
+    loaded = exe._loaded
+    def raw() -> None:
+        for shards in loaded.execute_sharded(arrays).disassemble_into_single_device_arrays():
+            shards[0].block_until_ready()
+
+    many = {"call_s": _median_call(lambda: exe(device_x), 500), "raw_s": _median_call(raw, 500)}
+    return {"small": dataclasses.asdict(small) | {"ratio": small.ratio}, "state600": many}
+
+
+def _fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
+
+
+def write_report(path: str, ours: dict[str, dict[str, Any]], peer_results: list[Any],
+                 over: dict[str, Any] | None, gpt2_layers: int) -> None:
+    """Write the markdown report."""
+    from bench import peers
+
+    lines = ["# Compile latency and per-call cost: hloalias, torch_xla, torchax", "",
+             "Written by `.venv/bin/python -m bench.latency` "
+             f"({time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.1f} on "
+             f"{os.cpu_count()} cores; times move with load, ratios less).", ""]
+    if gpt2_layers != 12:
+        lines += [f"GPT-2 decode shrunk to {gpt2_layers} layers for this run.", ""]
+    versions: dict[str, str] = {}
+    for result in peer_results:
+        if result.measured:
+            versions.update(result.data["versions"])
+    lines += ["Peers: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) if versions
+              else "Peers: none measured (build them with `bash bench/peers_setup.sh`).", ""]
+    lines += ["## Compile and per-call time", "",
+              "hloalias columns: **cold** = first compile in a process (imports excluded, empty disk cache); "
+              "**warm** = a new program object compiled later in the same process with every cache off; "
+              "**repeat** = the same object again (import cache + executable cache); "
+              "**disk** = first compile in a fresh process with the executable in the disk cache. "
+              "Peers: first call (trace + compile + run, fresh process) / steady call (median of 20).", ""]
+    lines += ["Cold excludes importing hloalias, torch, jax and torch-mlir, and the modules torch imports "
+              "lazily on its first `torch.export` (dynamo, functorch, networkx, ...; timed separately, "
+              "column *lazy imports*).", ""]
+    header = "| workload | lazy imports | hloalias cold | warm | repeat | disk (fresh proc.) | hloalias call |"
+    separator = "|---|---:|---:|---:|---:|---:|---:|"
+    for system in peers.SYSTEMS:
+        header += f" {system.label} first / call |"
+        separator += "---:|"
+    lines += [header, separator]
+    by_key = {(r.system, r.workload): r for r in peer_results}
+    for key, data in ours.items():
+        row = (f"| {key} | {_fmt(data['torch_lazy_imports_s'])} | {_fmt(data['first']['total'])} | {_fmt(data['warm']['total'])} | "
+               f"{_fmt(data['repeat']['total'])} | {_fmt(data['disk']['first']['total'])}"
+               f"{'' if data['disk']['first_xla_compiles'] == 0 else ' (XLA ran!)'} | {_fmt(data['call_s'])} |")
+        for system in peers.SYSTEMS:
+            result = by_key.get((system, key))
+            if result is None or not result.measured:
+                row += " not measured |"
+            else:
+                row += f" {_fmt(result.data['first_call_s'])} / {_fmt(result.data['steady_s'])} |"
+        lines.append(row)
+    lines += ["", "## Device bytes (XLA's figures; total = argument + output − alias + temp)", "",
+              "| workload | hloalias | " + " | ".join(s.label for s in peers.SYSTEMS) + " |",
+              "|---|---:|" + "---:|" * len(peers.SYSTEMS)]
+    for key, data in ours.items():
+        row = f"| {key} | {data['memory']['total_bytes']:,} |"
+        for system in peers.SYSTEMS:
+            result = by_key.get((system, key))
+            figures = result.data.get("bytes") if result is not None and result.measured else None
+            row += f" {figures['total']:,} |" if figures else " not measured |"
+        lines.append(row)
+    lines += ["", "## State after one call (max |error| against eager PyTorch)", "",
+              "| workload | " + " | ".join(s.label for s in peers.SYSTEMS) + " |",
+              "|---|" + "---:|" * len(peers.SYSTEMS)]
+    for key in ours:
+        row = f"| {key} |"
+        for system in peers.SYSTEMS:
+            result = by_key.get((system, key))
+            if result is None or not result.measured:
+                row += " not measured |"
+            else:
+                error = result.data["state_max_error"]
+                row += f" {error:.2g}{' **state updates lost**' if error > 1e-3 else ''} |"
+        lines.append(row)
+    lines += ["", "## Where hloalias's compile time goes (ms; inclusive per stage)", "",
+              "| workload | kind | " + " | ".join(STAGES) + " | total |",
+              "|---|---|" + "---:|" * (len(STAGES) + 1)]
+    for key, data in ours.items():
+        for kind, stages in (("cold", data["first"]), ("warm", data["warm"]), ("repeat", data["repeat"]),
+                             ("disk", data["disk"]["first"])):
+            lines.append(f"| {key} | {kind} | " + " | ".join(
+                f"{stages.get(stage, 0.0) * 1e3:,.0f}" for stage in STAGES) + f" | {stages['total'] * 1e3:,.0f} |")
+    if over is not None:
+        small, many = over["small"], over["state600"]
+        lines += ["", "## Per-call host overhead against raw PJRT `execute_sharded` on the same buffers", "",
+                  "| program | `Executable.__call__` | raw execute | ratio |", "|---|---:|---:|---:|",
+                  f"| x*2+1 on 256 floats (DeviceTensor input) | {small['executable_call'] * 1e6:,.1f} µs | "
+                  f"{small['raw_execute'] * 1e6:,.1f} µs | {small['ratio']:.2f}× |",
+                  f"| 600 parameters of 4 floats | {many['call_s'] * 1e6:,.1f} µs | {many['raw_s'] * 1e6:,.1f} µs | "
+                  f"{many['call_s'] / many['raw_s']:.2f}× |"]
+        for key, data in ours.items():
+            if "raw_call_s" in data:
+                lines.append(f"| {key} (torch inputs) | {data['call_s'] * 1e6:,.1f} µs | "
+                             f"{data['raw_call_s'] * 1e6:,.1f} µs | {data['call_s'] / data['raw_call_s']:.2f}× |")
+    lines += ["", "## Peers' notes", ""]
+    for system in peers.SYSTEMS:
+        lines.append(f"- **{system.label}**: {system.note}.")
+    failures = sorted({r.error for r in peer_results if not r.measured and r.error})
+    for failure in failures:
+        lines.append(f"- {failure}")
+    lines.append("")
+    notes_path = os.path.join(REPO, "bench", "latency_notes.md")
+    if os.path.exists(notes_path):
+        with open(notes_path) as handle:
+            lines += [handle.read()]
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--gpt2-layers", type=int, default=12)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--out", default=os.path.join(REPO, "bench", "RESULTS-latency.md"))
+    options = parser.parse_args()
+    if options.child:
+        import warnings
+
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
+        print("LATENCY " + json.dumps(child(options.child, options.gpt2_layers, options.calls)), flush=True)
+        return
+    keys = options.workloads.split(",")
+    ours: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        with tempfile.TemporaryDirectory(prefix="hloalias-latency-cache-") as cache_dir:
+            print(f"hloalias {key}: cold/warm/repeat/calls", file=sys.stderr, flush=True)
+            data = run_child(key, cache_dir, options.gpt2_layers, options.calls, first_only=False)
+            print(f"hloalias {key}: fresh process, disk cache", file=sys.stderr, flush=True)
+            data["disk"] = run_child(key, cache_dir, options.gpt2_layers, options.calls, first_only=True)
+        ours[key] = data
+        print(json.dumps(data), file=sys.stderr, flush=True)
+    print("per-call overhead", file=sys.stderr, flush=True)
+    over = overheads()
+    peer_results: list[Any] = []
+    if not options.no_peers:
+        from bench import peers
+
+        peer_results = peers.measure_all(keys, options.calls,
+                                         log=lambda m: print(m, file=sys.stderr, flush=True))
+    write_report(options.out, ours, peer_results, over, options.gpt2_layers)
+    with open(options.out.replace(".md", ".json"), "w") as handle:
+        json.dump({"hloalias": ours, "overhead": over,
+                   "peers": [{"peer": r.system.peer, "variant": r.system.variant, "workload": r.workload,
+                              "data": r.data, "error": r.error} for r in peer_results]}, handle, indent=1)
+    print(f"wrote {options.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

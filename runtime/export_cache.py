@@ -1,0 +1,213 @@
+"""In-process cache of imported programs: compiling the same torch program
+on inputs of the same kind twice reuses the first import (``torch.export``,
+decompositions, FX import, lowering to StableHLO), not only the executable.
+
+What the key holds, and why each part is there (an entry may be returned
+only when a fresh import would produce the same program):
+
+- **The callable's identity**: the ``nn.Module``, function or
+  ``ExportedProgram`` object itself, held by a weak reference; a lookup
+  checks that the reference still points at the same object, so a new
+  object that reuses a dead one's ``id`` never matches.
+- **The code**: for every submodule (``named_modules``, duplicates kept),
+  its name, class, the code object of its class's ``forward`` and of an
+  instance-level ``forward`` override, its ``training`` flag, and the
+  identities of its forward hooks and pre-hooks; for a plain function its
+  code object and, for each closure cell, the cell's fingerprint below.
+- **The state**: every parameter, buffer and other tensor attribute of
+  every submodule by name with its identity, shape, dtype, strides,
+  storage pointer, ``requires_grad`` and version counter (bumped by every
+  in-place write), so new values, replaced tensors, changed shapes or
+  dtypes all miss; every plain Python attribute (``bool``, ``int``,
+  ``float``, ``str``, ``None``, tuples and frozen dataclasses of these) by
+  value, since forward may read it as a static value.
+- **The inputs**: the pytree structure of ``(args, kwargs)``, and per leaf
+  either the tensor's shape, dtype, strides and ``requires_grad`` (the
+  values are not part of an exported program) or the static value itself.
+- **Process settings export reads**: grad mode and the default dtype.
+
+Not in the key, so not reused: a callable with a closure cell, attribute
+or input leaf of any other type (a list, a dict, an object) makes the
+program uncacheable: :func:`fingerprint` returns ``None``.  Module-level
+globals a forward reads are not seen: changing one between two compiles of
+the same module object is the one way to get the earlier program back;
+``HLOALIAS_EXPORT_CACHE=0`` turns this cache off.
+
+Entries hold the imported program's text (printed before any pass ran)
+and signature; a hit parses a fresh module, so the passes that run on it
+in place never touch the cached one.  At most
+``MAX_ENTRIES`` programs are kept, least recently used dropped first, and
+an entry goes when its program object is garbage-collected (the entry
+holds the state tensors the import captured)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+
+from hloalias.frontend.importer import Program
+from hloalias.mlir import new_context, parse_module, print_module
+
+MAX_ENTRIES = 32
+_SCALARS = (bool, int, float, str, type(None))
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+_ENTRIES: collections.OrderedDict[Any, tuple[weakref.ref[Any], str, Program]] = collections.OrderedDict()
+_LOCK = threading.Lock()
+_STATS = {"hits": 0, "misses": 0, "uncacheable": 0}
+
+
+def export_cache_stats() -> dict[str, int]:
+    """Counters: ``hits``, ``misses`` and ``uncacheable`` compiles (live)."""
+    return _STATS
+
+
+def clear_export_cache() -> None:
+    """Drop every cached import and reset the counters."""
+    with _LOCK:
+        _ENTRIES.clear()
+        for name in _STATS:
+            _STATS[name] = 0
+
+
+def enabled() -> bool:
+    """False when ``HLOALIAS_EXPORT_CACHE`` is 0/off/false/no."""
+    return os.environ.get("HLOALIAS_EXPORT_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def _static(value: Any) -> Any:
+    if isinstance(value, _SCALARS):
+        return (type(value).__name__, value)
+    if isinstance(value, tuple):
+        return ("tuple", tuple(_static(v) for v in value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        return (type(value), tuple((field.name, _static(getattr(value, field.name)))
+                                   for field in dataclasses.fields(value)))
+    raise _Uncacheable
+
+
+def _tensor(tensor: torch.Tensor) -> Any:
+    return (id(tensor), tuple(tensor.shape), str(tensor.dtype), tuple(tensor.stride()),
+            tensor.data_ptr(), tensor.requires_grad, tensor._version, type(tensor).__name__)
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", _tensor(value))
+    return _static(value)
+
+
+def _module_print(module: torch.nn.Module) -> Any:
+    parts: list[Any] = []
+    for name, sub in module.named_modules(remove_duplicate=False):
+        forward = type(sub).forward
+        own_forward = sub.__dict__.get("forward")
+        parts.append((
+            name, type(sub), getattr(forward, "__code__", forward),
+            None if own_forward is None else getattr(own_forward, "__code__", id(own_forward)),
+            sub.training,
+            tuple(id(h) for h in sub._forward_hooks.values()),
+            tuple(id(h) for h in sub._forward_pre_hooks.values()),
+        ))
+        for attr, value in sorted(sub.__dict__.items()):
+            if attr in ("_parameters", "_buffers"):
+                for tensor_name, tensor in sorted(value.items()):
+                    parts.append((attr, tensor_name, None if tensor is None else _tensor(tensor)))
+            elif attr.startswith("_") or attr in ("training", "forward") or isinstance(value, torch.nn.Module):
+                continue  # torch's bookkeeping (hooks above), submodules (own entries)
+            else:
+                parts.append((attr, _value(value)))
+    return tuple(parts)
+
+
+def _function_print(fn: Callable[..., Any]) -> Any:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        raise _Uncacheable
+    cells = tuple(_value(cell.cell_contents) for cell in (getattr(fn, "__closure__", None) or ()))
+    defaults = tuple(_value(v) for v in (getattr(fn, "__defaults__", None) or ()))
+    return (code, cells, defaults)
+
+
+def fingerprint(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The cache key of importing ``f`` on ``(args, kwargs)``, or ``None``
+    when some part cannot be fingerprinted (see the module docstring)."""
+    try:
+        if isinstance(f, ExportedProgram):
+            program_print: Any = ("exported",)  # immutable once built; identity suffices
+        elif isinstance(f, torch.nn.Module):
+            program_print = ("module", _module_print(f))
+        elif callable(f):
+            program_print = ("function", _function_print(f))
+        else:
+            return None
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        inputs = tuple(
+            ("tensor", tuple(leaf.shape), str(leaf.dtype), tuple(leaf.stride()), leaf.requires_grad)
+            if isinstance(leaf, torch.Tensor) else _static(leaf)
+            for leaf in leaves
+        )
+        return (id(f), program_print, str(spec), inputs, torch.is_grad_enabled(), str(torch.get_default_dtype()))
+    except _Uncacheable:
+        return None
+    except TypeError:  # unhashable or odd attribute values
+        return None
+
+
+def _forget(dead: weakref.ref[Any]) -> None:
+    """Drop the entries of a collected program object, so the cache never
+    keeps its state tensors alive."""
+    with _LOCK:
+        for key in [k for k, entry in _ENTRIES.items() if entry[0] is dead]:
+            del _ENTRIES[key]
+
+
+def import_cached(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  do_import: Callable[[], Program]) -> Program:
+    """A program for ``f`` on ``(args, kwargs)``: a clone of the cached
+    import when the fingerprint matches, else ``do_import()`` (cached)."""
+    key = fingerprint(f, args, kwargs) if enabled() else None
+    if key is None:
+        with _LOCK:
+            _STATS["uncacheable"] += 1
+        return do_import()
+    try:
+        hash(key)
+    except TypeError:
+        return do_import()
+    with _LOCK:
+        entry = _ENTRIES.get(key)
+        if entry is not None and entry[0]() is f:
+            _ENTRIES.move_to_end(key)
+            _STATS["hits"] += 1
+            cached: tuple[str, Program] | None = (entry[1], entry[2])
+        else:
+            cached = None
+    if cached is not None:
+        text, template = cached
+        module = parse_module(text, new_context())
+        return Program(module, template.stage, template.signature, template.state)
+    program = do_import()
+    try:
+        reference = weakref.ref(f, _forget)
+    except TypeError:
+        return program
+    with _LOCK:
+        _STATS["misses"] += 1
+        _ENTRIES[key] = (reference, print_module(program.torch_mlir_module, debug_info=True), program)
+        while len(_ENTRIES) > MAX_ENTRIES:
+            _ENTRIES.popitem(last=False)
+    return program

@@ -1,0 +1,265 @@
+"""The persistent XLA executable cache (runtime/disk_cache.py), the
+in-process import cache (runtime/export_cache.py) and the cached
+decomposition split (frontend/importer.decompose).  Compiles are counted
+through the caches' hooks, never timed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
+import hloalias
+from hloalias.frontend.importer import decompose
+from hloalias.runtime import disk_cache, export_cache
+from hloalias.runtime.disk_cache import CacheWarning, disk_cache_stats
+
+
+@pytest.fixture
+def cache_dir(tmp_path: "os.PathLike[str]", monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A private, empty disk cache; in-process caches emptied around the test."""
+    directory = os.path.join(str(tmp_path), "xla-cache")
+    monkeypatch.setenv("HLOALIAS_CACHE_DIR", directory)
+    monkeypatch.delenv("HLOALIAS_CACHE", raising=False)
+    monkeypatch.delenv("HLOALIAS_CACHE_MAX_BYTES", raising=False)
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    yield directory
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+
+
+def _entries(directory: str) -> list[str]:
+    if not os.path.isdir(directory):
+        return []
+    return sorted(name for name in os.listdir(directory) if name.endswith(".xla"))
+
+
+def _affine(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1
+
+
+_CHILD = textwrap.dedent(
+    """
+    import warnings, torch, hloalias
+    from hloalias.runtime.disk_cache import disk_cache_stats
+    warnings.simplefilter("error", hloalias.runtime.disk_cache.CacheWarning)
+    def seed(x):
+        return x, x[0:1024].view(2, 512)
+    x = torch.arange(4096, dtype=torch.float32)
+    exe = hloalias.compile(seed, (x,))
+    same, view = exe(x)
+    assert torch.equal(view, x[0:1024].view(2, 512)) and same is x
+    stats = disk_cache_stats()
+    print("STATS", stats.xla_compiles, stats.hits, stats.misses, exe.memory_stats["total_bytes"])
+    """
+)
+
+
+def _run_child(directory: str) -> list[int]:
+    env = dict(os.environ, HLOALIAS_CACHE_DIR=directory)
+    env.pop("HLOALIAS_CACHE", None)
+    done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    line = [line for line in done.stdout.splitlines() if line.startswith("STATS")][0]
+    return [int(part) for part in line.split()[1:]]
+
+
+def test_a_fresh_process_compiling_a_known_program_never_reaches_xla(cache_dir: str) -> None:
+    first = _run_child(cache_dir)
+    assert first == [1, 0, 1, 16384]  # one XLA compile, written to the cache
+    assert len(_entries(cache_dir)) == 1
+    second = _run_child(cache_dir)
+    assert second == [0, 1, 0, 16384]  # a new process: loaded, no XLA compile
+
+
+def test_corrupt_entry_warns_and_recompiles(cache_dir: str) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    (name,) = _entries(cache_dir)
+    path = os.path.join(cache_dir, name)
+    for damage in ("truncate", "flip", "garbage"):
+        with open(path, "rb") as handle:
+            data = handle.read()
+        if damage == "truncate":
+            data = data[: len(data) // 2]
+        elif damage == "flip":
+            data = data[:-10] + bytes([data[-10] ^ 0xFF]) + data[-9:]
+        else:
+            data = b"not a cache entry"
+        with open(path, "wb") as handle:
+            handle.write(data)
+        hloalias.clear_cache()
+        export_cache.clear_export_cache()
+        compiles = disk_cache_stats().xla_compiles
+        with pytest.warns(CacheWarning, match="ignoring entry"):
+            exe = hloalias.compile(_affine, (x,))
+        assert disk_cache_stats().xla_compiles == compiles + 1
+        assert torch.equal(exe(x), x * 2 + 1)
+        assert _entries(cache_dir) == [name]  # rewritten whole
+
+
+def test_an_entry_for_another_key_is_never_loaded(cache_dir: str) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    hloalias.compile(lambda t: t - 3, (x,))
+    first, second = (os.path.join(cache_dir, n) for n in _entries(cache_dir))
+    with open(second, "rb") as handle:
+        foreign = handle.read()
+    with open(first, "wb") as handle:  # another program's bytes under this key
+        handle.write(foreign)
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    with pytest.warns(CacheWarning, match="another key"):
+        exe = hloalias.compile(_affine, (x,))
+    assert torch.equal(exe(x), x * 2 + 1)
+
+
+def test_different_aliasing_is_a_different_entry(cache_dir: str) -> None:
+    x = torch.randn(1024)
+    plain = hloalias.compile(_affine, (x,))
+    donated = hloalias.compile(_affine, (x,), donate=[0])
+    assert len(_entries(cache_dir)) == 2
+    assert plain.memory_stats["alias_bytes"] == 0
+    assert donated.memory_stats["alias_bytes"] == 4096
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    compiles = disk_cache_stats().xla_compiles
+    again = hloalias.compile(_affine, (x,), donate=[0])
+    assert disk_cache_stats().xla_compiles == compiles  # from disk
+    assert again.memory_stats == donated.memory_stats
+    assert torch.equal(again(x.clone()), x * 2 + 1)
+
+
+def test_disabled_by_environment(cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HLOALIAS_CACHE", "0")
+    x = torch.randn(64)
+    compiles = disk_cache_stats().xla_compiles
+    hloalias.compile(_affine, (x,))
+    assert _entries(cache_dir) == []
+    assert disk_cache_stats().xla_compiles == compiles + 1
+
+
+def test_size_bound_evicts_least_recently_used(cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    (oldest,) = _entries(cache_dir)
+    size = os.path.getsize(os.path.join(cache_dir, oldest))
+    os.utime(os.path.join(cache_dir, oldest), (1, 1))
+    monkeypatch.setenv("HLOALIAS_CACHE_MAX_BYTES", str(size + size // 2))
+    hloalias.compile(lambda t: t - 3, (x,))
+    remaining = _entries(cache_dir)
+    assert len(remaining) == 1 and oldest not in remaining
+
+
+# -- in-process import cache ---------------------------------------------------
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8))
+        self.factor = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight * self.factor
+
+
+def test_same_module_same_inputs_reuses_the_import(cache_dir: str) -> None:
+    module = _Scaled()
+    x = torch.randn(8)
+    hloalias.compile(module, (x,))
+    again = hloalias.compile(module, (torch.randn(8),))
+    assert export_cache.export_cache_stats()["hits"] == 1
+    assert torch.allclose(again(x), module(x))
+
+
+def test_changed_module_or_inputs_are_imported_again(cache_dir: str) -> None:
+    module = _Scaled()
+    x = torch.randn(8)
+    hloalias.compile(module, (x,))
+    stats = export_cache.export_cache_stats()
+    module.factor = 3.0  # a static value forward reads
+    exe = hloalias.compile(module, (x,))
+    assert torch.allclose(exe(x), module(x))
+    with torch.no_grad():
+        module.weight.mul_(-1)  # new parameter values (version counter)
+    exe = hloalias.compile(module, (x,))
+    assert torch.allclose(exe(x), module(x))
+    module.weight = torch.nn.Parameter(torch.randn(8))  # replaced tensor
+    exe = hloalias.compile(module, (x,))
+    assert torch.allclose(exe(x), module(x))
+    module.train(False)
+    exe = hloalias.compile(module, (x,))
+    y = torch.randn(2, 8)  # another input shape
+    exe = hloalias.compile(module, (y,))
+    assert torch.allclose(exe(y), module(y))
+    assert stats["hits"] == 0 and stats["misses"] == 6
+
+
+def test_entries_die_with_their_module(cache_dir: str) -> None:
+    import gc
+
+    module = _Scaled()
+    hloalias.compile(module, (torch.randn(8),))
+    assert len(export_cache._ENTRIES) == 1
+    del module
+    gc.collect()
+    assert len(export_cache._ENTRIES) == 0
+
+
+def test_closure_values_are_part_of_the_key(cache_dir: str) -> None:
+    x = torch.randn(8)
+
+    def make(offset: float):  # type: ignore[no-untyped-def]
+        def shifted(t: torch.Tensor) -> torch.Tensor:
+            return t + offset
+        return shifted
+
+    first = hloalias.compile(make(1.0), (x,))
+    second = hloalias.compile(make(5.0), (x,))
+    assert torch.allclose(first(x), x + 1) and torch.allclose(second(x), x + 5)
+    assert export_cache.export_cache_stats()["hits"] == 0
+
+
+def test_unfingerprintable_module_is_not_cached(cache_dir: str) -> None:
+    module = _Scaled()
+    module.table = [1, 2]  # type: ignore[assignment]  # a list: no key, no reuse
+    x = torch.randn(8)
+    hloalias.compile(module, (x,))
+    hloalias.compile(module, (x,))
+    stats = export_cache.export_cache_stats()
+    assert stats["hits"] == 0 and stats["uncacheable"] == 2
+
+
+def test_decompose_equals_run_decompositions() -> None:
+    class Mixed(torch.nn.Module):
+        count: torch.Tensor
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 4)
+            self.register_buffer("count", torch.zeros(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.count.add_(1)
+            return torch.nn.functional.gelu(self.linear(x)).softmax(-1) + self.count
+
+    exported = torch.export.export(Mixed(), (torch.randn(2, 8),), strict=False)
+    for _ in range(2):  # the second call uses the cached split
+        ours = decompose(exported)
+        theirs = exported.run_decompositions(get_decomposition_table())
+        assert str(ours.graph) == str(theirs.graph)
+        assert ours.graph_signature == theirs.graph_signature
+
+
+def test_disk_cache_default_location(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HLOALIAS_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
+    assert disk_cache.cache_dir() == "/somewhere/hloalias/xla"
