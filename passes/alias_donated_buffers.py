@@ -14,6 +14,12 @@ The rule, in one place (after JAX's ``_set_up_aliases``):
 4. Never: an argument of an excluded kind, or one whose old value the
    runtime still needs after the call: the base of a rebuilt view, or an
    argument returned unchanged (a removed pass-through result).
+5. On a device mesh, an argument and a result are partners only when their
+   ``mhlo.sharding`` is the same (as torch_xla and JAX require): a buffer
+   holds one shard, so it can only be reused for the same shard.  A result
+   without a sharding is placed by the partitioner and is no partner of a
+   sharded argument; an explicit donor left without a partner stays a
+   ``jax.buffer_donor``, which XLA uses if the shardings turn out equal.
 
 Both sources are a set union: an argument that is both counts once, with
 origin ``"both"``."""
@@ -142,6 +148,8 @@ class _State:
     arg_names: list[str]
     arg_kinds: list[str | None]
     result_types: list[ir.Type]
+    arg_shardings: list[str | None]
+    result_shardings: list[str | None]
     mutation_result: dict[int, int]  # arg -> result holding its new value
     existing: dict[int, int]  # arg -> result, from tf.aliasing_output
     existing_origin: dict[int, str]
@@ -163,8 +171,11 @@ class _State:
                     f"(kinds: {', '.join(A.ARG_KINDS)})"
                 )
         result_types = [v.type for v in return_op(main).operands]
+        result_dicts = result_attr_dicts(main)
+        arg_shardings = [_sharding(a) for a in arg_attrs]
+        result_shardings = [_sharding(a) for a in result_dicts]
         mutation_result: dict[int, int] = {}
-        for position, attrs in enumerate(result_attr_dicts(main)):
+        for position, attrs in enumerate(result_dicts):
             _, arg = result_key(attrs, position, len(arg_attrs))
             if arg is not None:
                 mutation_result[arg] = position
@@ -189,6 +200,12 @@ class _State:
                     raise PassError(
                         f"{what}: {A.ALIASING_OUTPUT} = {alias} pairs {arg_types[index]} "
                         f"with result of type {result_types[alias]}"
+                    )
+                if arg_shardings[index] != result_shardings[alias]:
+                    raise PassError(
+                        f"{what}: {A.ALIASING_OUTPUT} = {alias} pairs sharding "
+                        f"{_placement_text(arg_shardings[index])} with result sharding "
+                        f"{_placement_text(result_shardings[alias])}"
                     )
                 if alias in holder:
                     other = holder[alias]
@@ -244,7 +261,8 @@ class _State:
                     f"but {blocked[index]}"
                 )
         return _State(
-            arg_attrs, arg_types, names, kinds, result_types, mutation_result,
+            arg_attrs, arg_types, names, kinds, result_types, arg_shardings, result_shardings,
+            mutation_result,
             existing, existing_origin, explicit, blocked,
         )
 
@@ -273,6 +291,13 @@ class _State:
                         f"its new value (result {result}, {self.result_types[result]}) "
                         f"differs in type from {self.arg_types[arg]}",
                     )
+                elif self.arg_shardings[arg] != self.result_shardings[result]:
+                    unusable(
+                        arg, origin,
+                        f"its new value (result {result}) is placed as "
+                        f"{_placement_text(self.result_shardings[result])}, the argument as "
+                        f"{_placement_text(self.arg_shardings[arg])}",
+                    )
                 else:
                     aliases[arg] = (result, origin)
                     taken[result] = arg
@@ -287,19 +312,25 @@ class _State:
             if arg in self.blocked:
                 unusable(arg, ORIGIN_EXPLICIT, self.blocked[arg])
                 continue
+            same_type = [
+                r for r, t in enumerate(self.result_types) if r not in taken and t == self.arg_types[arg]
+            ]
             partner = next(
-                (
-                    r for r, t in enumerate(self.result_types)
-                    if r not in taken and t == self.arg_types[arg]
-                ),
-                None,
+                (r for r in same_type if self.result_shardings[r] == self.arg_shardings[arg]), None
             )
             if partner is None:
                 self.donors.add(arg)
-                unusable(
-                    arg, ORIGIN_EXPLICIT,
-                    f"no free result of type {self.arg_types[arg]}", keep=True,
-                )
+                if same_type:
+                    placed = ", ".join(
+                        f"result {r}: {_placement_text(self.result_shardings[r])}" for r in same_type
+                    )
+                    reason = (
+                        f"no free result of type {self.arg_types[arg]} with its sharding "
+                        f"{_placement_text(self.arg_shardings[arg])} ({placed})"
+                    )
+                else:
+                    reason = f"no free result of type {self.arg_types[arg]}"
+                unusable(arg, ORIGIN_EXPLICIT, reason, keep=True)
             else:
                 aliases[arg] = (partner, ORIGIN_EXPLICIT)
                 taken[partner] = arg
@@ -337,3 +368,13 @@ def _resolve(request: str, names: list[str], pass_name: str) -> int:
             f"{pass_name}: donate names unknown argument '{request}' (arguments: {', '.join(names)})"
         )
     return matches[0]
+
+
+def _sharding(attrs: dict[str, ir.Attribute]) -> str | None:
+    """The ``mhlo.sharding`` of ``attrs`` without blanks, None when absent."""
+    text = string_attr(attrs, A.SHARDING)
+    return None if text is None else "".join(text.split())
+
+
+def _placement_text(sharding: str | None) -> str:
+    return sharding if sharding is not None else "chosen by the partitioner"

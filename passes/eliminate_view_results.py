@@ -11,7 +11,9 @@ transposes and broadcasts) are folded everywhere first, since
 Correctness before memory: a view of the *old* value of an argument the
 program overwrites (it has a mutation result, ``tf.aliasing_output`` or
 ``jax.buffer_donor``) stays a real result, because that storage will hold
-something else after the call."""
+something else after the call.  On a device mesh, a view of module state
+placed by ``mhlo.sharding`` stays a result too: the state lives in shards
+on the devices, and the host has no storage it could be a view of."""
 
 from __future__ import annotations
 
@@ -94,6 +96,7 @@ class ViewReport:
 
     removed: tuple[Removal, ...]
     kept: tuple[str, ...]
+    notes: tuple[str, ...] = ()  # why results that look like views were kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +123,12 @@ class EliminateViewResults(ModulePass):
             dead = self._check_dead(signature)
             _fold_identity_views(module)
             signature = _Signature.read(main)  # folding can change returned values
-            removals = _plan(signature, dead)
+            notes: list[str] = []
+            removals = _plan(signature, dead, notes)
             _rewrite_results(main, signature, removals)
             _erase_dead_code(main)
             kept = tuple(k for k in signature.keys if k not in {r.key for r in removals})
-            return ViewReport(tuple(removals), kept)
+            return ViewReport(tuple(removals), kept, tuple(notes))
 
     def _check_dead(self, signature: "_Signature") -> set[int]:
         count = len(signature.values)
@@ -167,6 +171,7 @@ class _Signature:
     aliased_by: dict[int, int]  # result position -> argument whose buffer holds it
     arg_attrs: list[dict[str, ir.Attribute]]
     storage: list[str | None]  # eager storage class per result (hloalias.storage)
+    on_mesh: set[int]  # state arguments placed by mhlo.sharding: no host storage
 
     def storage_of_base(self, base_key: str) -> str | None:
         """The eager storage class a view of ``base_key`` would have."""
@@ -211,9 +216,13 @@ class _Signature:
                     )
                 aliased_by[target] = index
         storage = [string_attr(attrs, A.RESULT_STORAGE) for attrs in result_attrs]
+        on_mesh = {
+            index for index, attrs in enumerate(arg_attrs)
+            if A.SHARDING in attrs and string_attr(attrs, A.ARG_KIND) != "user_input"
+        }
         return _Signature(
             main, values, keys, mutates, result_attrs, arg_names, overwritten, aliased_by,
-            arg_attrs, storage,
+            arg_attrs, storage, on_mesh,
         )
 
 
@@ -279,7 +288,7 @@ class _Kept:
 _KEEP = _Kept()
 
 
-def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
+def _plan(signature: _Signature, dead: set[int], notes: list[str]) -> list[Removal]:
     """Decide, for every result, whether it stays or how it is rebuilt."""
     values = signature.values
     live = [p for p in range(len(values)) if p not in dead]
@@ -338,6 +347,12 @@ def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
             if isinstance(current, ir.BlockArgument):
                 arg = ir.BlockArgument(current).arg_number
                 if arg in signature.overwritten:
+                    return _KEEP
+                if arg in signature.on_mesh:
+                    notes.append(
+                        f"{key}: kept on the devices: it views state '{signature.arg_names[arg]}', "
+                        "which lives in shards on the mesh (no host storage to view)"
+                    )
                     return _KEEP
                 reason = A.REASON_VIEW if steps else A.REASON_PASS_THROUGH
                 layout = _layout_through(Layout.contiguous(current.type), steps)

@@ -14,5 +14,6 @@ from hloalias.runtime.executable import (
     to_device,
 )
 from hloalias.runtime.pjrt import MemoryStats
+from hloalias.runtime.sharding import Mesh
 
-__all__ = ["CacheStats", "DeviceTensor", "Executable", "MemoryStats", "cache_stats", "clear_cache", "compile", "to_device"]
+__all__ = ["CacheStats", "DeviceTensor", "Executable", "MemoryStats", "Mesh", "cache_stats", "clear_cache", "compile", "to_device"]

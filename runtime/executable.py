@@ -31,7 +31,7 @@ from torch.export import ExportedProgram
 from torch_mlir import ir
 
 from hloalias import attributes as A
-from hloalias.errors import DonatedBufferError, DonationError, ExecutionError
+from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, ShardingError
 from hloalias.frontend.importer import Program, Stage, import_torch
 from hloalias.mlir import (
     arg_attr_dicts,
@@ -54,6 +54,7 @@ from hloalias.runtime.pjrt import (
     memory_stats,
     torch_to_device,
 )
+from hloalias.runtime.sharding import Mesh, Placement, gather, plan_shardings, result_shardings
 
 
 class DeviceTensor:
@@ -141,6 +142,8 @@ def compile(  # noqa: A001 - the name users expect
     donate: Sequence[int | str] = (),
     pipeline: str | None = None,
     device: Any = None,
+    mesh: Mesh | None = None,
+    shardings: dict[str | int, Any] | None = None,
 ) -> "Executable":
     """Import ``f`` on the example inputs, run the pass pipeline, compile it
     with XLA through PJRT and return an :class:`Executable`.
@@ -151,22 +154,42 @@ def compile(  # noqa: A001 - the name users expect
     :data:`hloalias.pipeline.DEFAULT_PIPELINE`); ``device`` is a platform name
     or a jax device (default: the first CPU device).  XLA executables are
     cached by the final module's key, so equivalent configurations share
-    one compile."""
+    one compile.
+
+    ``mesh`` (an :class:`~hloalias.runtime.sharding.Mesh`) runs the program
+    on several devices with XLA's SPMD partitioner; ``shardings`` maps state
+    names (FQNs), user-input names or positions to partition specs over the
+    mesh's axes (one entry per dimension: axis name, tuple of names, or None;
+    unnamed tensors are replicated).  Errors in either are
+    :class:`ShardingError`, raised before anything is compiled."""
+    if shardings is not None and mesh is None:
+        raise ShardingError("shardings were given without a mesh: pass mesh=hloalias.Mesh(...)")
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise ShardingError(f"mesh must be an hloalias.Mesh, got {type(mesh).__name__}")
+    if shardings is not None and not isinstance(shardings, dict):
+        raise ShardingError(f"shardings must be a dict of name -> partition spec, got {type(shardings).__name__}")
+    if mesh is not None:
+        mesh.devices()  # a mesh larger than the platform fails before the import
     program = import_torch(f, example_args, kwargs)
-    target = device_for(device)
+    target = device_for(mesh.platform if mesh is not None else device)
+    placement = plan_shardings(program, mesh, shardings, target) if mesh is not None else Placement(target)
     donated = _resolve_donations(program, donate)
     _mark_donors(program, donated)
     reports = run_pipeline(program.torch_mlir_module, pipeline or DEFAULT_PIPELINE)
     final_text = print_module(program.torch_mlir_module)
     key = module_cache_key(program.torch_mlir_module)
-    cache_slot = (key, f"{target.platform}:{target.id}")
+    cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices))
     with _CACHE_LOCK:
         loaded = _CACHE.get(cache_slot)
         hit = loaded is not None
         if hit:
             _CACHE_STATS.hits += 1
     if not hit:
-        loaded = compile_module(final_text, target)
+        options = None
+        if placement.spmd:
+            sharded = result_shardings(program.torch_mlir_module)
+            options = placement.compile_options(len(sharded), sharded)
+        loaded = compile_module(final_text, target, options=options, devices=placement.devices)
         with _CACHE_LOCK:
             _CACHE[cache_slot] = loaded
             _CACHE_STATS.misses += 1
@@ -177,6 +200,7 @@ def compile(  # noqa: A001 - the name users expect
         view_reports[-1] if view_reports else None,
         alias_reports[-1] if alias_reports else None,
         cache_hit=hit,
+        placement=placement,
     )
 
 
@@ -233,8 +257,10 @@ class Executable:
         alias_report: AliasReport | None,
         *,
         cache_hit: bool,
+        placement: Placement | None = None,
     ) -> None:
         assert program.stage is Stage.STABLEHLO
+        self._placement = placement if placement is not None else Placement(device)
         self._signature = program.signature
         self._loaded = loaded
         self.device = device
@@ -243,11 +269,16 @@ class Executable:
         self.cache_hit = cache_hit
         self.view_report = view_report
         self.alias_report = alias_report
-        self.memory_stats = memory_stats(loaded).as_dict()
+        per_device = memory_stats(loaded).as_dict()
+        devices = self._placement.devices
+        # XLA reports one partition's figures; every device holds the same.
+        self.memory_stats_per_device = {f"{d.platform}:{d.id}": dict(per_device) for d in devices}
+        self.memory_stats = {name: value * len(devices) for name, value in per_device.items()}
         self._calls = 0
         self._read_final_module(program)
+        state_index = {a.name: a.index for a in program.signature.arguments}
         self._state: dict[str, jax.Array | None] = {
-            name: torch_to_device(value, device, owned=True) for name, value in program.state.items()
+            name: self._put(value, state_index[name], owned=True) for name, value in program.state.items()
         }
         self._state_consumed: dict[str, str] = {}
 
@@ -289,6 +320,8 @@ class Executable:
                         identity=reason in (A.REASON_PASS_THROUGH, A.REASON_DUPLICATE)
                         and not list(ir.ArrayAttr(record["chain"])),
                     )
+        function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+        self._result_shapes = [tuple(ir.RankedTensorType(t).shape) for t in function_type.results]
         arguments = self._signature.arguments
         self._arg_types = [
             (tuple(ir.RankedTensorType(t).shape), _torch_dtype(ir.RankedTensorType(t).element_type))
@@ -346,7 +379,23 @@ class Executable:
                     chain = " -> ".join(removal.chain) or "itself"
                     lines.append(f"  {removal.key}: rebuilt as a view of {removal.base} ({removal.reason}: {chain})")
             lines.append(f"  kept on device: {', '.join(self.view_report.kept) or 'nothing'}")
+            lines.extend(f"  {note}" for note in self.view_report.notes)
         lines.append(self.alias_report.to_text() if self.alias_report else "alias-donated-buffers: (not run)")
+        placement = self._placement
+        if placement.mesh is not None:
+            mesh = placement.mesh
+            axes = ", ".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.mesh_shape))
+            lines.append(f"mesh: {axes} on {', '.join(f'{d.platform}:{d.id}' for d in placement.devices)}")
+            for index, sharding in sorted(placement.arguments.items()):
+                spec = "replicated" if sharding.replicated else str(sharding.spec)
+                lines.append(
+                    f"  arg {index} '{sharding.name}': {spec}, {sharding.bytes_per_device(mesh)} bytes per device"
+                )
+            per_device = next(iter(self.memory_stats_per_device.values()))
+            lines.append(
+                "XLA memory per device: argument {argument_bytes} + output {output_bytes} - alias "
+                "{alias_bytes} + temp {temp_bytes} = {total_bytes} bytes".format(**per_device)
+            )
         stats = self.memory_stats
         lines.append(
             "XLA memory: argument {argument_bytes} + output {output_bytes} - alias {alias_bytes} "
@@ -358,7 +407,7 @@ class Executable:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Current parameters, buffers and constants (host copies)."""
-        return {name: array_to_torch(self._state_array(name)).clone() for name in self._state}
+        return {name: self._to_torch(self._state_array(name)).clone() for name in self._state}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Replace module state; every name must be known and shapes/dtypes match."""
@@ -368,12 +417,31 @@ class Executable:
             index = self._names.index(name)
             self._check_input(index, value)
         for name, value in state.items():
-            self._state[name] = torch_to_device(value, self.device, owned=True)
+            self._state[name] = self._put(value, self._names.index(name), owned=True)
             self._state_consumed.pop(name, None)
 
     def to_device(self, tensor: torch.Tensor, name: str = "tensor") -> DeviceTensor:
         """``tensor`` copied onto this executable's device (donatable for real)."""
+        if self._placement.spmd:
+            raise ExecutionError(
+                "to_device: a program on a mesh takes torch tensors as inputs and places them "
+                "by its shardings; DeviceTensor inputs are single-device"
+            )
         return DeviceTensor(torch_to_device(tensor, self.device, owned=True), name)
+
+    # -- placement ---------------------------------------------------------
+    def _put(self, tensor: torch.Tensor, arg_index: int, *, owned: bool) -> jax.Array:
+        """``tensor`` as the device array of argument ``arg_index``."""
+        if self._placement.spmd:
+            return self._placement.put(tensor, arg_index)
+        return torch_to_device(tensor, self.device, owned=owned)
+
+    def _to_torch(self, array: jax.Array) -> torch.Tensor:
+        """A device array as a torch tensor: zero-copy for one CPU device,
+        gathered from its shards on a mesh."""
+        if self._placement.spmd:
+            return array_to_torch(gather(array, self.device))
+        return array_to_torch(array)
 
     # -- calling -----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -398,14 +466,22 @@ class Executable:
             value = inputs[index]
             self._check_input(index, value)
             if isinstance(value, DeviceTensor):
+                if self._placement.spmd:
+                    raise ExecutionError(
+                        f"input '{self._names[index]}' is a DeviceTensor; a program on a mesh takes "
+                        "torch tensors and places them by its shardings"
+                    )
                 arrays.append(value.array)
             else:
                 tensor = value if value.is_contiguous() else value.contiguous()
                 bases[index] = tensor
-                arrays.append(torch_to_device(tensor, self.device, owned=False))
+                arrays.append(self._put(tensor, index, owned=False))
         try:
             results = self._loaded.execute_sharded(arrays)
-            outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
+            if self._placement.spmd:
+                outputs = self._placement.assemble_outputs(self._loaded, results, self._result_shapes)
+            else:
+                outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
         except Exception as error:
             raise ExecutionError(f"XLA execution failed: {error}") from None
         produced = dict(zip(self._result_keys, outputs))
@@ -434,11 +510,11 @@ class Executable:
             if new_value is None:
                 arg_tensors[index] = bases[index]
                 continue
-            value.copy_(array_to_torch(new_value))
+            value.copy_(self._to_torch(new_value))
             # Views of the new value share the caller's tensor, as in eager;
             # a non-contiguous caller's tensor cannot be the base of the
             # recorded row-major layouts, so they view the new value instead.
-            arg_tensors[index] = value if value.is_contiguous() else array_to_torch(new_value)
+            arg_tensors[index] = value if value.is_contiguous() else self._to_torch(new_value)
         return self._assemble_outputs(inputs, arg_tensors, produced)
 
     def _assemble_outputs(
@@ -452,7 +528,7 @@ class Executable:
                 return result(key)
             state_name = self._arg_plan[index][1]
             if state_name is not None:
-                return array_to_torch(self._state_array(state_name))
+                return self._to_torch(self._state_array(state_name))
             value = inputs[index]
             return value.to_torch() if isinstance(value, DeviceTensor) else arg_tensors[index]
 
@@ -460,7 +536,7 @@ class Executable:
             if key in torch_results:
                 return torch_results[key]
             if key in produced:
-                value = array_to_torch(produced[key])
+                value = self._to_torch(produced[key])
             elif key in self._constant_outputs:
                 value = self._constant_outputs[key]
             else:

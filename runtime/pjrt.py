@@ -115,15 +115,20 @@ def _without_host_metadata(attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attri
     return {name: value for name, value in attrs.items() if not name.startswith("hloalias.")}
 
 
-def compile_module(module_text: str, device: Any) -> Any:
-    """Compile final StableHLO ``module_text`` for ``device``; return the
-    loaded executable.  Raises :class:`CompileError` (with a repro file)."""
+def compile_module(
+    module_text: str, device: Any, *, options: Any = None, devices: Any = None
+) -> Any:
+    """Compile final StableHLO ``module_text`` for ``device`` (or, with SPMD
+    ``options``, for ``devices``); return the loaded executable.  Raises
+    :class:`CompileError` (with a repro file)."""
     try:
         stripped = prepare_for_xla(module_text)
         artifact = _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
-        options = xla_client.CompileOptions()
+        targets = tuple(devices) if devices is not None else (device,)
         return device.client.compile_and_load(
-            artifact, xla_client.DeviceList((device,)), options
+            artifact,
+            xla_client.DeviceList(targets),
+            options if options is not None else xla_client.CompileOptions(),
         )
     except Exception as error:
         path = write_repro(module_text, "xla-compile")
