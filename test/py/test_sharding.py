@@ -62,12 +62,14 @@ def test_data_parallel_mlp_equals_eager(platform: str, devices: int) -> None:
     assert exe.memory_stats["argument_bytes"] == devices * per_device["argument_bytes"]
 
 
-def test_tensor_parallel_mlp_equals_eager_and_splits_weights(platform: str) -> None:
-    if _device_count(platform) < 4:
-        pytest.skip(f"fewer than 4 {platform} devices")
+@pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)])
+def test_tensor_parallel_mlp_equals_eager_and_splits_weights(platform: str, mesh_shape: tuple[int, int]) -> None:
+    if _device_count(platform) < math.prod(mesh_shape):
+        pytest.skip(f"fewer than {math.prod(mesh_shape)} {platform} devices")
     model = MLP().eval()
     x = torch.randn(4, 16)
-    mesh = Mesh((2, 2), ("dp", "tp"), platform=platform)
+    dp, tp = mesh_shape
+    mesh = Mesh(mesh_shape, ("dp", "tp"), platform=platform)
     shardings = {
         "fc1.weight": ("tp", None),  # column parallel: output features split
         "fc1.bias": ("tp",),
@@ -77,11 +79,11 @@ def test_tensor_parallel_mlp_equals_eager_and_splits_weights(platform: str) -> N
     exe = hloalias.compile(model, (x,), mesh=mesh, shardings=shardings)
     torch.testing.assert_close(exe(x), model(x).detach())
     per_device = next(iter(exe.memory_stats_per_device.values()))
-    expected = (32 * 16 + 32 + 16 * 32) * 4 // 2 + 16 * 4 + 4 * 16 * 4 // 2
+    expected = (32 * 16 + 32 + 16 * 32) * 4 // tp + 16 * 4 + 4 * 16 * 4 // dp
     assert per_device["argument_bytes"] == expected
     text = exe.explain()
-    assert "mesh: dp=2, tp=2" in text
-    assert "arg 0 'fc1.weight': ('tp', None), 1024 bytes per device" in text
+    assert f"mesh: dp={dp}, tp={tp}" in text
+    assert f"arg 0 'fc1.weight': ('tp', None), {32 * 16 * 4 // tp} bytes per device" in text
 
 
 class Decode(torch.nn.Module):
@@ -108,12 +110,13 @@ class Decode(torch.nn.Module):
         return (scores.softmax(-1) @ self.v_cache).reshape(1, -1)
 
 
-def test_decode_step_keeps_sharded_cache_aliased_in_place(platform: str) -> None:
-    if _device_count(platform) < 2:
-        pytest.skip(f"fewer than 2 {platform} devices")
+@pytest.mark.parametrize("devices", [2, 4])
+def test_decode_step_keeps_sharded_cache_aliased_in_place(platform: str, devices: int) -> None:
+    if _device_count(platform) < devices:
+        pytest.skip(f"fewer than {devices} {platform} devices")
     eager, compiled = Decode(), Decode()
     token, position = torch.randn(1, 32), torch.tensor([0])
-    mesh = Mesh((2,), ("tp",), platform=platform)
+    mesh = Mesh((devices,), ("tp",), platform=platform)
     shardings = {"k_cache": ("tp", None, None), "v_cache": ("tp", None, None)}
     exe = hloalias.compile(compiled, (token, position), mesh=mesh, shardings=shardings)
     aliases = {a["argument"]: a for a in exe.aliases}
@@ -121,7 +124,7 @@ def test_decode_step_keeps_sharded_cache_aliased_in_place(platform: str) -> None
     assert all(a["origin"] == "inferred" for a in aliases.values())
     per_device = next(iter(exe.memory_stats_per_device.values()))
     cache_bytes = 4 * 8 * 8 * 4
-    assert per_device["alias_bytes"] == 2 * cache_bytes // 2
+    assert per_device["alias_bytes"] == 2 * cache_bytes // devices
     for step in range(4):
         token = torch.randn(1, 32)
         position = torch.tensor([step])
@@ -131,8 +134,8 @@ def test_decode_step_keeps_sharded_cache_aliased_in_place(platform: str) -> None
     torch.testing.assert_close(state["v_cache"], eager.v_cache)
     # The state stayed sharded on the devices between calls.
     k_cache = exe._state["k_cache"]
-    assert k_cache is not None and len(k_cache.sharding.device_set) == 2
-    assert k_cache.addressable_shards[0].data.shape == (2, 8, 8)
+    assert k_cache is not None and len(k_cache.sharding.device_set) == devices
+    assert k_cache.addressable_shards[0].data.shape == (4 // devices, 8, 8)
 
 
 def test_donation_across_placements_is_reported_not_made() -> None:
