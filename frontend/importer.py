@@ -34,6 +34,7 @@ from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
 from hloalias import attributes as A
+from hloalias.contract import ArgRecord, ResultRecord
 from hloalias.errors import TorchImportError
 from hloalias.legalize import legalize_tensor_constants
 from hloalias.mlir import (
@@ -95,13 +96,14 @@ class ResultInfo:
     storage: str | None = None  # eager storage class, see attributes.RESULT_STORAGE
 
     @property
+    def record(self) -> ResultRecord:
+        """The IR contract's record of this result."""
+        return ResultRecord(self.role, self.output, self.mutates, self.storage)
+
+    @property
     def key(self) -> str:
         """The result key (``output:N`` / ``mutation:I``)."""
-        if self.role == A.ROLE_MUTATION:
-            assert self.mutates is not None
-            return A.mutation_key(self.mutates)
-        assert self.output is not None
-        return A.output_key(self.output)
+        return self.record.key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +254,8 @@ class _FunctionModule(torch.nn.Module):
         except (TypeError, ValueError):
             pass
         wrapper_type.forward = forward  # type: ignore[attr-defined]
-        return wrapper_type(fn)
+        wrapper: _FunctionModule = wrapper_type(fn)
+        return wrapper
 
 
 def _describe(f: Any) -> str:
@@ -372,24 +375,9 @@ def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
     with module.context:
         main = find_main(module)
         set_arg_attr_dicts(
-            main,
-            [
-                {A.ARG_KIND: ir.StringAttr.get(a.kind), A.ARG_NAME: ir.StringAttr.get(a.name)}
-                for a in signature.arguments
-            ],
+            main, [ArgRecord(kind=a.kind, name=a.name).to_attrs({}) for a in signature.arguments]
         )
-        i64 = ir.IntegerType.get_signless(64)
-        result_attrs = []
-        for result in signature.results:
-            attrs: dict[str, ir.Attribute] = {A.RESULT_ROLE: ir.StringAttr.get(result.role)}
-            if result.output is not None:
-                attrs[A.RESULT_OUTPUT] = ir.IntegerAttr.get(i64, result.output)
-            if result.mutates is not None:
-                attrs[A.RESULT_MUTATES] = ir.IntegerAttr.get(i64, result.mutates)
-            if result.storage is not None:
-                attrs[A.RESULT_STORAGE] = ir.StringAttr.get(result.storage)
-            result_attrs.append(attrs)
-        set_result_attr_dicts(main, result_attrs)
+        set_result_attr_dicts(main, [result.record.to_attrs({}) for result in signature.results])
 
 
 def _lower(
@@ -422,7 +410,7 @@ def _unlowered_op(module: ir.Module) -> str | None:
     """The first torch op a failed partial conversion left behind."""
     for op in walk_ops(module.operation):
         if op.name.startswith("torch.aten.") or op.name.startswith("torch.prims."):
-            return op.name
+            return str(op.name)
     return None
 
 

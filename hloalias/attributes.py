@@ -21,12 +21,19 @@ On ``@main``'s arguments (``arg_attrs``):
 ``mhlo.sharding``  (string)
     XLA: the argument's placement on a device mesh (an HloSharding, e.g.
     ``"{devices=[2,1]<=[2]}"``).  Absent on single-device programs.
+``hloalias.unused_donation``  (string)
+    Written by ``alias-donated-buffers`` when a donation (of the origin in
+    ``hloalias.donation``) was not turned into an alias: why not.  With it
+    the pass's whole report can be rebuilt from the final module.
 
 On ``@main``'s results (``res_attrs``):
 
 ``hloalias.role``  (string)
-    ``"user_output"`` or ``"mutation"``.  A result without a role is a user
-    output numbered by its position.
+    ``"user_output"`` or ``"mutation"``.  A result without a role is a
+    mutation when it has ``hloalias.mutates`` only, else a user output; a user
+    output without ``hloalias.output`` is numbered by its position.  Every
+    hloalias pass writes both attributes on every result it keeps, so later
+    renumbering never changes which output a result is.
 ``hloalias.output``  (i64)
     For a user output: its position in the user's flattened outputs.
 ``hloalias.mutates``  (i64)
@@ -53,6 +60,9 @@ On ``@main`` itself:
     ``strides`` and ``offset`` (in elements, relative to a contiguous
     row-major base) and ``chain`` (the view ops, for people).
 
+The records, their reader and writer and ``verify`` live in
+:mod:`hloalias.contract`; nothing else parses these attributes.
+
 A *result key* names a result independently of its position, which changes
 as results are removed: ``"output:N"`` for user output N, ``"mutation:I"``
 for the new value of argument I.
@@ -65,6 +75,7 @@ from typing import Final
 ARG_KIND: Final = "hloalias.kind"
 ARG_NAME: Final = "hloalias.name"
 ARG_DONATION: Final = "hloalias.donation"
+ARG_UNUSED_DONATION: Final = "hloalias.unused_donation"
 RESULT_ROLE: Final = "hloalias.role"
 RESULT_OUTPUT: Final = "hloalias.output"
 RESULT_MUTATES: Final = "hloalias.mutates"

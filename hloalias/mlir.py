@@ -12,7 +12,6 @@ from torch_mlir._mlir_libs import _stablehlo
 from torch_mlir.dialects import func
 from torch_mlir.dialects import torch as torch_dialect
 
-from hloalias import attributes as A
 from hloalias.dialects import register_search_prefix
 from hloalias.errors import IRError
 
@@ -33,7 +32,9 @@ def new_context() -> ir.Context:
     return context
 
 
-_LOC_RE = re.compile(r'loc\("(?P<file>[^"]*)":(?P<line>\d+):(?P<col>\d+)\)')
+# The first file position in a location: a plain ``loc("f":l:c)``, or the
+# callee of a ``callsite(...)`` / first of a ``fused[...]`` (as mlir-opt prints).
+_LOC_RE = re.compile(r'"(?P<file>[^"]*)":(?P<line>\d+):(?P<col>\d+)')
 
 
 def format_diagnostics(
@@ -53,7 +54,7 @@ def format_diagnostics(
     return "\n".join(lines) if lines else str(error)
 
 
-def _format_one(diagnostic, source_name: str, line_offset: int, severity: str) -> str:
+def _format_one(diagnostic: ir.DiagnosticInfo, source_name: str, line_offset: int, severity: str) -> str:
     location = str(diagnostic.location)
     match = _LOC_RE.search(location)
     message = diagnostic.message.strip()
@@ -66,6 +67,58 @@ def _format_one(diagnostic, source_name: str, line_offset: int, severity: str) -
             return f"{source_name}: {severity}: {message}"
         file, line = source_name, line + line_offset
     return f"{file}:{line}:{match['col']}: {severity}: {message}"
+
+
+def location_prefix(location: ir.Location, source_name: str = "-", line_offset: int = 0) -> str:
+    """``file:line:col`` of ``location`` (``-`` meaning ``source_name``);
+    just ``source_name`` when the location has no position."""
+    match = _LOC_RE.search(str(location))
+    if not match:
+        return source_name
+    file, line = match["file"], int(match["line"])
+    if file == "-":
+        if line == 0:
+            return source_name
+        file, line = source_name, line + line_offset
+    return f"{file}:{line}:{match['col']}"
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def check_static_extents(module: ir.Module | ir.Operation, source_name: str = "-", line_offset: int = 0) -> None:
+    """IRError (``file:line:col: error:``) for a static tensor whose element
+    count or byte size does not fit in 64 bits: XLA aborts the process on
+    those instead of reporting an error."""
+    operation = module.operation if isinstance(module, ir.Module) else module
+
+    def check(value_type: ir.Type, op: ir.Operation, what: str) -> None:
+        if not isinstance(value_type, ir.RankedTensorType):
+            return
+        tensor = ir.RankedTensorType(value_type)
+        if not tensor.has_static_shape:
+            return
+        count = 1
+        for size in tensor.shape:
+            count *= size
+        try:
+            bits = element_bits(tensor.element_type)
+        except IRError:
+            bits = 8
+        if count > _INT64_MAX or count * max(8, bits) // 8 > _INT64_MAX:
+            where = location_prefix(op.location, source_name, line_offset)
+            raise IRError(
+                f"{where}: error: {what} of '{op.name}' has type {value_type}, whose size "
+                "overflows 64 bits: XLA cannot hold it"
+            )
+
+    for op in [operation, *walk_ops(operation)]:
+        for index, result in enumerate(op.results):
+            check(result.type, op, f"result {index}")
+        for region in op.regions:
+            for block in region.blocks:
+                for index, argument in enumerate(block.arguments):
+                    check(argument.type, op, f"block argument {index}")
 
 
 def parse_module(
@@ -151,58 +204,6 @@ def _set_attr_dicts(main: func.FuncOp, key: str, dicts: Sequence[dict[str, ir.At
     )
 
 
-def string_attr(attrs: dict[str, ir.Attribute], name: str) -> str | None:
-    """The string value of ``attrs[name]``, None if absent; IRError if not a string."""
-    if name not in attrs:
-        return None
-    try:
-        return ir.StringAttr(attrs[name]).value
-    except ValueError:
-        raise IRError(f"'{name}' must be a string, got {attrs[name]}") from None
-
-
-def int_attr(attrs: dict[str, ir.Attribute], name: str) -> int | None:
-    """The integer value of ``attrs[name]``, None if absent; IRError if not an integer."""
-    if name not in attrs:
-        return None
-    try:
-        return ir.IntegerAttr(attrs[name]).value
-    except ValueError:
-        raise IRError(f"'{name}' must be an integer, got {attrs[name]}") from None
-
-
-def bool_attr(attrs: dict[str, ir.Attribute], name: str) -> bool | None:
-    """The value of a ``BoolAttr`` (or ``unit``) at ``attrs[name]``, None if absent."""
-    if name not in attrs:
-        return None
-    attr = attrs[name]
-    if isinstance(attr, ir.BoolAttr):
-        return ir.BoolAttr(attr).value
-    if isinstance(attr, ir.UnitAttr):
-        return True
-    raise IRError(f"'{name}' must be a boolean, got {attr}")
-
-
-def result_key(attrs: dict[str, ir.Attribute], position: int, arg_count: int) -> tuple[str, int | None]:
-    """``(result key, mutated argument or None)`` of @main's result at
-    ``position`` from its attributes (see :mod:`hloalias.attributes`; a
-    result without a role is user output ``position``).  IRError when the
-    attributes make no sense."""
-    role = string_attr(attrs, A.RESULT_ROLE) or A.ROLE_USER_OUTPUT
-    if role == A.ROLE_USER_OUTPUT:
-        output = int_attr(attrs, A.RESULT_OUTPUT)
-        return A.output_key(position if output is None else output), None
-    if role == A.ROLE_MUTATION:
-        arg = int_attr(attrs, A.RESULT_MUTATES)
-        if arg is None or not 0 <= arg < arg_count:
-            raise IRError(
-                f"result {position} of @main is a mutation but '{A.RESULT_MUTATES}' "
-                f"is {arg}; @main has {arg_count} arguments"
-            )
-        return A.mutation_key(arg), arg
-    raise IRError(f"result {position} of @main has unknown role '{role}'")
-
-
 def ranked_tensor(value_type: ir.Type, what: str) -> ir.RankedTensorType:
     """``value_type`` as a statically shaped ranked tensor, else IRError naming ``what``."""
     if not isinstance(value_type, ir.RankedTensorType):
@@ -218,9 +219,9 @@ def element_bits(element_type: ir.Type) -> int:
     if isinstance(element_type, ir.ComplexType):
         return 2 * element_bits(ir.ComplexType(element_type).element_type)
     if isinstance(element_type, ir.IntegerType):
-        return ir.IntegerType(element_type).width
+        return int(ir.IntegerType(element_type).width)
     if isinstance(element_type, ir.FloatType):
-        return ir.FloatType(element_type).width
+        return int(ir.FloatType(element_type).width)
     if isinstance(element_type, ir.IndexType):
         return 64
     raise IRError(f"unsupported element type {element_type}")
@@ -247,4 +248,4 @@ def walk_ops(root: ir.Operation) -> Iterator[ir.Operation]:
 def print_module(module: ir.Module | ir.Operation, debug_info: bool = False) -> str:
     """The module's text; without locations unless ``debug_info``."""
     operation = module.operation if isinstance(module, ir.Module) else module
-    return operation.get_asm(enable_debug_info=debug_info)
+    return str(operation.get_asm(enable_debug_info=debug_info))

@@ -8,6 +8,7 @@ from hloalias._layers import alias_bare_import
 alias_bare_import(__name__, "hloalias.passes")
 
 from collections.abc import Callable
+from typing import Any
 
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.base import ModulePass
@@ -15,7 +16,7 @@ from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewRep
 from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
 
 
-def get_all_passes() -> dict[str, Callable[[str], ModulePass]]:
+def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
     """Pass name -> factory taking the pass's option text (``"a=1 b=2"``)."""
     return {
         AliasDonatedBuffers.name: AliasDonatedBuffers.from_options,

@@ -31,23 +31,13 @@ import warnings
 from typing import ClassVar
 
 from torch_mlir import ir
+from torch_mlir.dialects import func
 
 from hloalias import attributes as A
+from hloalias.contract import Signature, placement_text, verify
 from hloalias.errors import PassError
-from hloalias.mlir import (
-    arg_attr_dicts,
-    bool_attr,
-    find_main,
-    int_attr,
-    ranked_tensor,
-    result_attr_dicts,
-    result_key,
-    return_op,
-    set_arg_attr_dicts,
-    string_attr,
-    tensor_bytes,
-)
-from hloalias.passes.base import ModulePass, as_module_like
+from hloalias.mlir import find_main, ranked_tensor, tensor_bytes
+from hloalias.passes.base import ModuleLike, ModulePass, as_module_like
 
 ORIGIN_INFERRED = "inferred"
 ORIGIN_EXPLICIT = "explicit"
@@ -88,6 +78,32 @@ class AliasReport:
         """Device bytes the aliases save (sum of aliased buffers)."""
         return sum(alias.bytes for alias in self.aliases)
 
+    @staticmethod
+    def from_module(module: ModuleLike) -> AliasReport:
+        """The report of a module's final state, from its IR records
+        (``tf.aliasing_output``, ``jax.buffer_donor``, ``hloalias.donation``,
+        ``hloalias.unused_donation``): right after any pipeline."""
+        module = as_module_like(module)
+        with module.context:
+            signature = verify(find_main(module))
+        aliases = []
+        unused = []
+        for index, arg in enumerate(signature.args):
+            name = arg.display_name(index)
+            if arg.aliasing_output is not None:
+                aliases.append(
+                    Alias(
+                        index, name, arg.aliasing_output, tensor_bytes(signature.arg_types[index]),
+                        arg.donation or ORIGIN_EXPLICIT,
+                    )
+                )
+            elif arg.unused_donation is not None or arg.buffer_donor:
+                reason = arg.unused_donation or "no result was paired with it"
+                unused.append(
+                    UnusedDonation(index, name, arg.donation or ORIGIN_EXPLICIT, reason, arg.buffer_donor)
+                )
+        return AliasReport(tuple(aliases), tuple(unused))
+
     def to_text(self) -> str:
         """The report as people read it (also printed by ``hloalias-opt``)."""
         lines = [f"alias-donated-buffers: {len(self.aliases)} aliases, {self.bytes_saved} bytes saved"]
@@ -103,7 +119,7 @@ class AliasReport:
 
 
 @dataclasses.dataclass(frozen=True)
-class AliasDonatedBuffers(ModulePass):
+class AliasDonatedBuffers(ModulePass[AliasReport]):
     """Attach ``tf.aliasing_output`` / ``jax.buffer_donor`` to ``@main``'s arguments."""
 
     name: ClassVar[str] = "alias-donated-buffers"
@@ -123,7 +139,7 @@ class AliasDonatedBuffers(ModulePass):
         metadata={"help": "argument kinds never donated: parameter, buffer, constant, user_input"},
     )
 
-    def apply(self, module: ir.Module) -> AliasReport:  # type: ignore[override]
+    def apply(self, module: ModuleLike) -> AliasReport:
         """Set the aliasing attributes on ``module``'s ``@main`` and return
         the report.  Raises :class:`PassError` for bad options or aliasing
         attributes that make no sense; the module is unchanged then.  Warns
@@ -133,7 +149,8 @@ class AliasDonatedBuffers(ModulePass):
             main = find_main(module)
             state = _State.read(main, self)
             report = state.decide(self)
-            state.write(main)
+            state.write(main, report)
+            verify(main)
         unusable = [u for u in report.unused if u.origin != ORIGIN_INFERRED]
         if unusable:
             names = ", ".join(f"'{u.arg_name}' ({u.reason})" for u in unusable)
@@ -143,13 +160,11 @@ class AliasDonatedBuffers(ModulePass):
 
 @dataclasses.dataclass
 class _State:
-    arg_attrs: list[dict[str, ir.Attribute]]
+    contract: Signature
     arg_types: list[ir.Type]
     arg_names: list[str]
     arg_kinds: list[str | None]
     result_types: list[ir.Type]
-    arg_shardings: list[str | None]
-    result_shardings: list[str | None]
     mutation_result: dict[int, int]  # arg -> result holding its new value
     existing: dict[int, int]  # arg -> result, from tf.aliasing_output
     existing_origin: dict[int, str]
@@ -159,64 +174,40 @@ class _State:
     donors: set[int] = dataclasses.field(default_factory=set)  # explicit donors left unpaired
 
     @staticmethod
-    def read(main, options: AliasDonatedBuffers) -> "_State":
-        arg_attrs = arg_attr_dicts(main)
-        arg_types = [arg.type for arg in main.arguments]
-        names = [string_attr(a, A.ARG_NAME) or f"arg{i}" for i, a in enumerate(arg_attrs)]
-        kinds = [string_attr(a, A.ARG_KIND) for a in arg_attrs]
+    def read(main: func.FuncOp, options: AliasDonatedBuffers) -> _State:
+        contract = verify(main)
+        arg_types = list(contract.arg_types)
+        names = [a.display_name(i) for i, a in enumerate(contract.args)]
+        kinds = [a.kind for a in contract.args]
         for kind in options.exclude_kinds:
             if kind not in A.ARG_KINDS:
                 raise PassError(
                     f"{options.name}: exclude-kinds has unknown kind '{kind}' "
                     f"(kinds: {', '.join(A.ARG_KINDS)})"
                 )
-        result_types = [v.type for v in return_op(main).operands]
-        result_dicts = result_attr_dicts(main)
-        arg_shardings = [_sharding(a) for a in arg_attrs]
-        result_shardings = [_sharding(a) for a in result_dicts]
-        mutation_result: dict[int, int] = {}
-        for position, attrs in enumerate(result_dicts):
-            _, arg = result_key(attrs, position, len(arg_attrs))
-            if arg is not None:
-                mutation_result[arg] = position
+        result_types = list(contract.result_types)
+        mutation_result: dict[int, int] = {
+            r.mutates: position for position, r in enumerate(contract.results) if r.mutates is not None
+        }
 
         existing: dict[int, int] = {}
         existing_origin: dict[int, str] = {}
-        holder: dict[int, int] = {}
         explicit: list[int] = []
-        for index, attrs in enumerate(arg_attrs):
+        for index, arg in enumerate(contract.args):
             what = f"argument {index} ('{names[index]}')"
-            alias = int_attr(attrs, A.ALIASING_OUTPUT)
-            donor = bool_attr(attrs, A.BUFFER_DONOR)
-            if alias is not None or donor:
+            alias = arg.aliasing_output
+            if alias is not None or arg.buffer_donor:
                 ranked_tensor(arg_types[index], what)
             if alias is not None:
-                if not 0 <= alias < len(result_types):
-                    raise PassError(
-                        f"{what}: {A.ALIASING_OUTPUT} = {alias} is out of range; "
-                        f"@main has {len(result_types)} results"
-                    )
-                if arg_types[index] != result_types[alias]:
-                    raise PassError(
-                        f"{what}: {A.ALIASING_OUTPUT} = {alias} pairs {arg_types[index]} "
-                        f"with result of type {result_types[alias]}"
-                    )
-                if arg_shardings[index] != result_shardings[alias]:
-                    raise PassError(
-                        f"{what}: {A.ALIASING_OUTPUT} = {alias} pairs sharding "
-                        f"{_placement_text(arg_shardings[index])} with result sharding "
-                        f"{_placement_text(result_shardings[alias])}"
-                    )
-                if alias in holder:
-                    other = holder[alias]
-                    raise PassError(
-                        f"{what}: {A.ALIASING_OUTPUT} = {alias}, but argument {other} "
-                        f"('{names[other]}') already aliases result {alias}"
-                    )
-                holder[alias] = index
+                # Range, type and uniqueness are checked by verify().
                 existing[index] = alias
-                existing_origin[index] = string_attr(attrs, A.ARG_DONATION) or ORIGIN_EXPLICIT
-            if donor and options.explicit:
+                existing_origin[index] = arg.donation or ORIGIN_EXPLICIT
+            # A donation an earlier run could not use stays requested, so a
+            # rerun decides (and records) the same.
+            offered = arg.buffer_donor or (
+                arg.unused_donation is not None and arg.donation in (ORIGIN_EXPLICIT, ORIGIN_BOTH)
+            )
+            if offered and options.explicit:
                 explicit.append(index)
 
         requested: set[int] = set()
@@ -235,20 +226,17 @@ class _State:
         # The runtime rebuilds removed results from an argument's buffer
         # after the call: that buffer must survive it.  (An argument still
         # returned by @main itself needs nothing: XLA copies if it must.)
-        if A.REMOVED_RESULTS in main.attributes:
-            for entry in ir.ArrayAttr(main.attributes[A.REMOVED_RESULTS]):
-                record = ir.DictAttr(entry)
-                if "base" not in record:
-                    continue
-                kind, index = A.parse_key(ir.StringAttr(record["base"]).value)
-                if kind != "arg":
-                    continue
-                result = ir.StringAttr(record["result"]).value
-                if ir.StringAttr(record["reason"]).value == A.REASON_PASS_THROUGH:
-                    why = f"it is returned unchanged ({result}, rebuilt from its buffer after the call)"
-                else:
-                    why = f"its old value is the base of rebuilt view {result}"
-                blocked.setdefault(index, why)
+        for record in contract.removed:
+            if record.base is None:
+                continue
+            kind, index = A.parse_key(record.base)
+            if kind != "arg":
+                continue
+            if record.reason == A.REASON_PASS_THROUGH:
+                why = f"it is returned unchanged ({record.key}, rebuilt from its buffer after the call)"
+            else:
+                why = f"its old value is the base of rebuilt view {record.key}"
+            blocked.setdefault(index, why)
         # Every argument that may be donated must have a static size.
         for index in sorted(set(mutation_result) | set(explicit) | set(existing)):
             ranked_tensor(arg_types[index], f"argument {index} ('{names[index]}')")
@@ -261,10 +249,17 @@ class _State:
                     f"but {blocked[index]}"
                 )
         return _State(
-            arg_attrs, arg_types, names, kinds, result_types, arg_shardings, result_shardings,
-            mutation_result,
+            contract, arg_types, names, kinds, result_types, mutation_result,
             existing, existing_origin, explicit, blocked,
         )
+
+    def arg_sharding(self, arg: int) -> str | None:
+        """Argument ``arg``'s ``mhlo.sharding`` (None on one device)."""
+        return self.contract.args[arg].sharding
+
+    def result_sharding(self, result: int) -> str | None:
+        """Result ``result``'s ``mhlo.sharding`` (None: the partitioner's choice)."""
+        return self.contract.results[result].sharding
 
     def decide(self, options: AliasDonatedBuffers) -> AliasReport:
         taken = {result: arg for arg, result in self.existing.items()}
@@ -291,12 +286,12 @@ class _State:
                         f"its new value (result {result}, {self.result_types[result]}) "
                         f"differs in type from {self.arg_types[arg]}",
                     )
-                elif self.arg_shardings[arg] != self.result_shardings[result]:
+                elif self.arg_sharding(arg) != self.result_sharding(result):
                     unusable(
                         arg, origin,
                         f"its new value (result {result}) is placed as "
-                        f"{_placement_text(self.result_shardings[result])}, the argument as "
-                        f"{_placement_text(self.arg_shardings[arg])}",
+                        f"{placement_text(self.result_sharding(result))}, the argument as "
+                        f"{placement_text(self.arg_sharding(arg))}",
                     )
                 else:
                     aliases[arg] = (result, origin)
@@ -315,21 +310,13 @@ class _State:
             same_type = [
                 r for r, t in enumerate(self.result_types) if r not in taken and t == self.arg_types[arg]
             ]
-            partner = next(
-                (r for r in same_type if self.result_shardings[r] == self.arg_shardings[arg]), None
-            )
+            partner = next((r for r in same_type if self.result_sharding(r) == self.arg_sharding(arg)), None)
             if partner is None:
                 self.donors.add(arg)
+                reason = f"no free result of type {self.arg_types[arg]}"
                 if same_type:
-                    placed = ", ".join(
-                        f"result {r}: {_placement_text(self.result_shardings[r])}" for r in same_type
-                    )
-                    reason = (
-                        f"no free result of type {self.arg_types[arg]} with its sharding "
-                        f"{_placement_text(self.arg_shardings[arg])} ({placed})"
-                    )
-                else:
-                    reason = f"no free result of type {self.arg_types[arg]}"
+                    placed = ", ".join(f"result {r}: {placement_text(self.result_sharding(r))}" for r in same_type)
+                    reason += f" with its sharding {placement_text(self.arg_sharding(arg))} ({placed})"
                 unusable(arg, ORIGIN_EXPLICIT, reason, keep=True)
             else:
                 aliases[arg] = (partner, ORIGIN_EXPLICIT)
@@ -342,18 +329,25 @@ class _State:
             tuple(sorted(unused, key=lambda u: u.arg_index)),
         )
 
-    def write(self, main) -> None:
-        for index, attrs in enumerate(self.arg_attrs):
-            # One dict per argument, filled by independent rules, assigned once.
-            for name in (A.ALIASING_OUTPUT, A.BUFFER_DONOR, A.ARG_DONATION):
-                attrs.pop(name, None)
-            if index in self.aliases:
-                result, origin = self.aliases[index]
-                attrs[A.ALIASING_OUTPUT] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), result)
-                attrs[A.ARG_DONATION] = ir.StringAttr.get(origin)
-            if index in self.donors:
-                attrs[A.BUFFER_DONOR] = ir.BoolAttr.get(True)
-        set_arg_attr_dicts(main, self.arg_attrs)
+    def write(self, main: func.FuncOp, report: AliasReport) -> None:
+        """Every argument's aliasing attributes, decided by independent
+        rules, written once through the contract's records."""
+        unused = {u.arg_index: u for u in report.unused}
+        args = []
+        for index, arg in enumerate(self.contract.args):
+            result, origin = self.aliases.get(index, (None, None))
+            if index in unused:
+                origin = unused[index].origin
+            args.append(
+                dataclasses.replace(
+                    arg,
+                    aliasing_output=result,
+                    buffer_donor=index in self.donors,
+                    donation=origin,
+                    unused_donation=unused[index].reason if index in unused else None,
+                )
+            )
+        dataclasses.replace(self.contract, args=tuple(args)).write(main)
 
 
 def _resolve(request: str, names: list[str], pass_name: str) -> int:
@@ -368,13 +362,3 @@ def _resolve(request: str, names: list[str], pass_name: str) -> int:
             f"{pass_name}: donate names unknown argument '{request}' (arguments: {', '.join(names)})"
         )
     return matches[0]
-
-
-def _sharding(attrs: dict[str, ir.Attribute]) -> str | None:
-    """The ``mhlo.sharding`` of ``attrs`` without blanks, None when absent."""
-    text = string_attr(attrs, A.SHARDING)
-    return None if text is None else "".join(text.split())
-
-
-def _placement_text(sharding: str | None) -> str:
-    return sharding if sharding is not None else "chosen by the partitioner"

@@ -9,28 +9,44 @@ import re
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, Union
 
 from torch_mlir import ir, passmanager
+from torch_mlir.dialects import func
 
+from hloalias.contract import verify
 from hloalias.errors import IRError, PassError
+
+ReportT = TypeVar("ReportT", covariant=True)
+
+
+class _HasTorchMlirModule(Protocol):
+    """An hloalias ``Program`` (or anything holding a torch-mlir module)."""
+
+    @property
+    def torch_mlir_module(self) -> ir.Module: ...
+
+
+ModuleLike = Union[ir.Module, ir.Operation, "_ModuleView", _HasTorchMlirModule]
+"""What a pass's ``apply`` takes: a module, a module operation or a Program."""
 
 
 @dataclasses.dataclass(frozen=True)
-class ModulePass(ABC):
-    """A pass over a whole ``builtin.module``.
+class ModulePass(ABC, Generic[ReportT]):
+    """A pass over a whole ``builtin.module`` whose runs return ``ReportT``.
 
     Subclasses are frozen dataclasses: each field is an option, spelt in
     kebab case in pipelines (``dead_results`` is ``dead-results``), documented
     by ``field(metadata={"help": ...})``.  ``apply`` validates everything it
     reads before it changes anything, so a failing pass leaves the module as
-    it was."""
+    it was.  In a pipeline, the IR contract (:func:`hloalias.contract.verify`)
+    is checked before and after every hloalias pass."""
 
     name: ClassVar[str]
 
     @abstractmethod
-    def apply(self, module: ir.Module) -> Any:
-        """Run the pass on ``module`` in place and return its report (or None).
+    def apply(self, module: ModuleLike) -> ReportT:
+        """Run the pass on ``module`` in place and return its report.
         Raises :class:`PassError` (naming the culprit) on bad input."""
 
     # -- options ---------------------------------------------------------
@@ -44,7 +60,7 @@ class ModulePass(ABC):
         }
 
     @classmethod
-    def from_options(cls, text: str) -> "ModulePass":
+    def from_options(cls, text: str) -> ModulePass[Any]:
         """Build the pass from MLIR option text: ``a=1 b=x,y flag``."""
         fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls) if f.init}
         hints = typing.get_type_hints(cls)
@@ -59,7 +75,7 @@ class ModulePass(ABC):
 
     def option_text(self) -> str:
         """This pass as it would be written in a pipeline."""
-        parts = []
+        parts: list[str] = []
         for field in dataclasses.fields(self):
             if not field.init:
                 continue
@@ -79,13 +95,16 @@ class ModulePass(ABC):
     def add_to(self, pm: passmanager.PassManager, reports: list[Any] | None = None) -> None:
         """Append this pass to a torch-mlir ``PassManager`` anchored on
         ``builtin.module``.  Each run's report is appended to ``reports``.
-        A :class:`PassError` becomes an MLIR error diagnostic at the
-        offending location and fails the pipeline."""
+        An :class:`IRError` (a rejected input, or a module that breaks the
+        IR contract before or after the pass) becomes an MLIR error
+        diagnostic at the offending location and fails the pipeline."""
 
         def run(op: ir.Operation, pass_: Any) -> None:
             module = _ModuleView(op)
             try:
-                report = self.apply(module)  # type: ignore[arg-type]
+                verify_contract(module)
+                report = self.apply(module)
+                verify_contract(module)
             except IRError as error:
                 _main_location(op).emit_error(str(error))
                 pass_.signal_pass_failure()
@@ -94,6 +113,17 @@ class ModulePass(ABC):
                 reports.append(report)
 
         pm.add(run, name=self.name, argument=self.name)
+
+
+def verify_contract(module: ModuleLike) -> None:
+    """:func:`hloalias.contract.verify` on the module's ``@main``, if it has
+    one (a pass such as fold-transpose-into-dot-general needs none)."""
+    view = as_module_like(module)
+    with view.context:
+        for op in view.body.operations:
+            if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+                verify(op if isinstance(op, func.FuncOp) else func.FuncOp(op.operation))
+                return
 
 
 def _main_location(module_op: ir.Operation) -> ir.Location:
@@ -114,7 +144,7 @@ class _ModuleView:
         self.context = op.context
 
 
-def as_module_like(module: Any) -> Any:
+def as_module_like(module: ModuleLike) -> Any:
     """Accept an ``ir.Module``, a module ``ir.Operation`` or an hloalias
     ``Program``; return what passes operate on."""
     if hasattr(module, "torch_mlir_module"):
@@ -131,7 +161,7 @@ _OPTION_RE = re.compile(r"\s*([A-Za-z0-9_-]+)(?:=(\S*))?")
 
 
 def _split_options(text: str) -> list[tuple[str, str | None]]:
-    pairs = []
+    pairs: list[tuple[str, str | None]] = []
     position = 0
     text = text.strip()
     while position < len(text):
@@ -173,4 +203,4 @@ def _convert(pass_name: str, key: str, raw: str | None, hint: Any) -> Any:
     raise TypeError(f"unsupported option type {hint!r}")
 
 
-PassFactory = Callable[[str], ModulePass]
+PassFactory = Callable[[str], ModulePass[Any]]

@@ -11,9 +11,7 @@ transposes and broadcasts) are folded everywhere first, since
 Correctness before memory: a view of the *old* value of an argument the
 program overwrites (it has a mutation result, ``tf.aliasing_output`` or
 ``jax.buffer_donor``) stays a real result, because that storage will hold
-something else after the call.  On a device mesh, a view of module state
-placed by ``mhlo.sharding`` stays a result too: the state lives in shards
-on the devices, and the host has no storage it could be a view of."""
+something else after the call."""
 
 from __future__ import annotations
 
@@ -24,83 +22,60 @@ from torch_mlir import ir, rewrite
 from torch_mlir.dialects import func
 
 from hloalias import attributes as A
-from hloalias.errors import IRError, PassError
+from hloalias.contract import RemovedResult, Signature, verify
+from hloalias.errors import PassError
 from hloalias.mlir import (
-    arg_attr_dicts,
-    body_ops,
-    bool_attr,
     find_main,
-    int_attr,
     ranked_tensor,
     result_attr_dicts,
-    result_key,
     return_op,
-    set_arg_attr_dicts,
     set_result_attr_dicts,
-    string_attr,
 )
-from hloalias.passes.base import ModulePass, as_module_like
+from hloalias.passes.base import ModuleLike, ModulePass, as_module_like
 from hloalias.passes.view_layout import VIEW_OPS, Layout, apply_view_op, describe_view_op
 
-_PURE_DIALECT_PREFIXES = ("stablehlo.", "chlo.", "arith.constant")
-
-# Ops of those dialects with effects beyond their results: never erased.
-_EFFECTFUL_OPS = frozenset(
-    {
-        "stablehlo.custom_call",
-        "stablehlo.send",
-        "stablehlo.recv",
-        "stablehlo.infeed",
-        "stablehlo.outfeed",
-        "stablehlo.after_all",
-        "stablehlo.all_reduce",
-        "stablehlo.all_gather",
-        "stablehlo.all_to_all",
-        "stablehlo.reduce_scatter",
-        "stablehlo.collective_permute",
-        "stablehlo.collective_broadcast",
-        "stablehlo.optimization_barrier",
-        "func.call",
-    }
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Removal:
-    """Why a result left ``@main`` and how to rebuild it (None for dead)."""
-
-    key: str
-    reason: str
-    base: str | None = None
-    layout: Layout | None = None
-    chain: tuple[str, ...] = ()
-
-    def to_attr(self) -> ir.Attribute:
-        entries: dict[str, ir.Attribute] = {
-            "result": ir.StringAttr.get(self.key),
-            "reason": ir.StringAttr.get(self.reason),
-        }
-        if self.base is not None and self.layout is not None:
-            entries["base"] = ir.StringAttr.get(self.base)
-            entries["dtype"] = ir.TypeAttr.get(self.layout.element_type)
-            entries["sizes"] = ir.DenseI64ArrayAttr.get(list(self.layout.sizes))
-            entries["strides"] = ir.DenseI64ArrayAttr.get(list(self.layout.strides))
-            entries["offset"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), self.layout.offset)
-            entries["chain"] = ir.ArrayAttr.get([ir.StringAttr.get(c) for c in self.chain])
-        return ir.DictAttr.get(entries)
+Removal = RemovedResult
+"""A removed result's record (:class:`hloalias.contract.RemovedResult`)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ViewReport:
-    """What one run removed (in order) and what it kept."""
+    """Removed results (in order) and the keys of the results kept.  From a
+    pass run: what that run removed.  From :meth:`from_module`: every removal
+    the module records, i.e. the effect of all runs together."""
 
     removed: tuple[Removal, ...]
     kept: tuple[str, ...]
-    notes: tuple[str, ...] = ()  # why results that look like views were kept
+    notes: tuple[str, ...] = ()  # why results that are views were kept
+
+    @staticmethod
+    def from_module(module: ModuleLike) -> ViewReport:
+        """The report of a module's final state, from its IR records."""
+        module = as_module_like(module)
+        with module.context:
+            main = find_main(module)
+            signature = verify(main)
+            notes = _mesh_view_notes(main, signature)
+        return ViewReport(signature.removed, signature.keys, notes)
+
+    def to_text(self) -> str:
+        """The report as people read it."""
+        lines = [f"{EliminateViewResults.name}: {len(self.removed)} results removed"]
+        for removal in self.removed:
+            if removal.base is None:
+                lines.append(f"  {removal.key}: removed ({removal.reason})")
+            else:
+                chain = " -> ".join(removal.chain) or "itself"
+                lines.append(
+                    f"  {removal.key}: rebuilt as a view of {removal.base} ({removal.reason}: {chain})"
+                )
+        lines.append(f"  kept on device: {', '.join(self.kept) or 'nothing'}")
+        lines.extend(f"  {note}" for note in self.notes)
+        return "\n".join(lines)
 
 
 @dataclasses.dataclass(frozen=True)
-class EliminateViewResults(ModulePass):
+class EliminateViewResults(ModulePass[ViewReport]):
     """Remove view, pass-through, duplicate and dead results from ``@main``."""
 
     name: ClassVar[str] = "eliminate-view-results"
@@ -113,9 +88,10 @@ class EliminateViewResults(ModulePass):
         },
     )
 
-    def apply(self, module: ir.Module) -> ViewReport:  # type: ignore[override]
-        """Rewrite ``module``'s ``@main`` in place; return the removals.
-        Raises :class:`PassError` for a bad option or a malformed signature."""
+    def apply(self, module: ModuleLike) -> ViewReport:
+        """Rewrite ``module``'s ``@main`` in place; return this run's removals.
+        Raises :class:`PassError` for a bad option and :class:`IRError` for
+        a module that breaks the IR contract (checked on entry and exit)."""
         module = as_module_like(module)
         with module.context, ir.Location.unknown():
             main = find_main(module)
@@ -123,14 +99,14 @@ class EliminateViewResults(ModulePass):
             dead = self._check_dead(signature)
             _fold_identity_views(module)
             signature = _Signature.read(main)  # folding can change returned values
-            notes: list[str] = []
-            removals = _plan(signature, dead, notes)
+            removals = _plan(signature, dead)
             _rewrite_results(main, signature, removals)
-            _erase_dead_code(main)
+            _erase_trivially_dead(module)
+            final = verify(main)
             kept = tuple(k for k in signature.keys if k not in {r.key for r in removals})
-            return ViewReport(tuple(removals), kept, tuple(notes))
+            return ViewReport(tuple(removals), kept, _mesh_view_notes(main, final))
 
-    def _check_dead(self, signature: "_Signature") -> set[int]:
+    def _check_dead(self, signature: _Signature) -> set[int]:
         count = len(signature.values)
         dead = set()
         for position in self.dead_results:
@@ -153,6 +129,12 @@ class EliminateViewResults(ModulePass):
                     f"{self.name}: result {position} is the new value of mutated argument "
                     f"{arg} ('{signature.arg_names[arg]}') and cannot be dead"
                 )
+            key = signature.keys[position]
+            if key in signature.recorded_bases:
+                raise PassError(
+                    f"{self.name}: result {position} ({key}) cannot be dead: an earlier run "
+                    f"recorded it as the base of {signature.recorded_bases[key]}"
+                )
             dead.add(position)
         return dead
 
@@ -162,15 +144,15 @@ class _Signature:
     """@main's results and arguments as the pass sees them."""
 
     main: func.FuncOp
+    contract: Signature
     values: list[ir.Value]
     keys: list[str]
     mutates: list[int | None]
-    result_attrs: list[dict[str, ir.Attribute]]
     arg_names: list[str]
     overwritten: set[int]
     aliased_by: dict[int, int]  # result position -> argument whose buffer holds it
-    arg_attrs: list[dict[str, ir.Attribute]]
     storage: list[str | None]  # eager storage class per result (hloalias.storage)
+    recorded_bases: dict[str, str]  # kept key -> a removed result recorded on it
     on_mesh: set[int]  # state arguments placed by mhlo.sharding: no host storage
 
     def storage_of_base(self, base_key: str) -> str | None:
@@ -181,49 +163,60 @@ class _Signature:
         return self.storage[self.keys.index(base_key)]
 
     @staticmethod
-    def read(main: func.FuncOp) -> "_Signature":
+    def read(main: func.FuncOp) -> _Signature:
+        contract = verify(main)
         values = list(return_op(main).operands)
         for position, value in enumerate(values):
             ranked_tensor(value.type, f"result {position} of @main")
-        result_attrs = result_attr_dicts(main)
-        arg_attrs = arg_attr_dicts(main)
-        keys: list[str] = []
-        mutates: list[int | None] = []
-        for position, attrs in enumerate(result_attrs):
-            key, arg = result_key(attrs, position, len(arg_attrs))
-            if A.RESULT_ROLE not in attrs:
-                # Write the implied role down: positions change as results leave.
-                attrs[A.RESULT_ROLE] = ir.StringAttr.get(A.ROLE_USER_OUTPUT)
-                attrs[A.RESULT_OUTPUT] = _i64(position)
-            keys.append(key)
-            mutates.append(arg)
-        if len(set(keys)) != len(keys):
-            raise IRError(f"@main's results name the same output twice: {keys}")
-        arg_names = [
-            string_attr(attrs, A.ARG_NAME) or f"arg{i}" for i, attrs in enumerate(arg_attrs)
-        ]
+        keys = list(contract.keys)
+        mutates = [r.mutates for r in contract.results]
+        arg_names = [a.display_name(i) for i, a in enumerate(contract.args)]
         overwritten = {arg for arg in mutates if arg is not None}
         aliased_by: dict[int, int] = {}
-        for index, attrs in enumerate(arg_attrs):
-            if A.ALIASING_OUTPUT in attrs or bool_attr(attrs, A.BUFFER_DONOR):
+        for index, arg in enumerate(contract.args):
+            if arg.overwritten:
                 overwritten.add(index)
-            target = int_attr(attrs, A.ALIASING_OUTPUT)
-            if target is not None:
-                if not 0 <= target < len(values):
-                    raise IRError(
-                        f"argument {index} ('{arg_names[index]}'): {A.ALIASING_OUTPUT} = {target} "
-                        f"is out of range; @main has {len(values)} results"
-                    )
-                aliased_by[target] = index
-        storage = [string_attr(attrs, A.RESULT_STORAGE) for attrs in result_attrs]
-        on_mesh = {
-            index for index, attrs in enumerate(arg_attrs)
-            if A.SHARDING in attrs and string_attr(attrs, A.ARG_KIND) != "user_input"
+            if arg.aliasing_output is not None:
+                aliased_by[arg.aliasing_output] = index
+        storage = [r.storage for r in contract.results]
+        recorded_bases = {
+            r.base: r.key for r in contract.removed if r.base is not None and r.base in keys
         }
         return _Signature(
-            main, values, keys, mutates, result_attrs, arg_names, overwritten, aliased_by,
-            arg_attrs, storage, on_mesh,
+            main, contract, values, keys, mutates, arg_names, overwritten, aliased_by,
+            storage, recorded_bases, _state_on_mesh(contract),
         )
+
+
+def _state_on_mesh(contract: Signature) -> set[int]:
+    """Module-state arguments placed on a device mesh (``mhlo.sharding``):
+    they live in shards on the devices, so the host has no storage a view
+    of them could share.  (A user input's base is the caller's tensor.)"""
+    return {
+        index for index, arg in enumerate(contract.args)
+        if arg.sharding is not None and arg.kind not in (None, "user_input")
+    }
+
+
+def _mesh_view_notes(main: func.FuncOp, contract: Signature) -> tuple[str, ...]:
+    """For each kept result that views state on a device mesh: why it stayed."""
+    on_mesh = _state_on_mesh(contract)
+    if not on_mesh:
+        return ()
+    notes = []
+    for position, value in enumerate(return_op(main).operands):
+        if contract.results[position].mutates is not None:
+            continue
+        while not isinstance(value, ir.BlockArgument) and value.owner.name in VIEW_OPS:
+            value = value.owner.operands[0]
+        if isinstance(value, ir.BlockArgument) and ir.BlockArgument(value).arg_number in on_mesh:
+            arg = ir.BlockArgument(value).arg_number
+            notes.append(
+                f"{contract.keys[position]}: kept on the devices: it views state "
+                f"'{contract.args[arg].display_name(arg)}', which lives in shards on the mesh "
+                "(no host storage to view)"
+            )
+    return tuple(notes)
 
 
 # -- identity folding ------------------------------------------------------
@@ -288,7 +281,7 @@ class _Kept:
 _KEEP = _Kept()
 
 
-def _plan(signature: _Signature, dead: set[int], notes: list[str]) -> list[Removal]:
+def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
     """Decide, for every result, whether it stays or how it is rebuilt."""
     values = signature.values
     live = [p for p in range(len(values)) if p not in dead]
@@ -313,9 +306,14 @@ def _plan(signature: _Signature, dead: set[int], notes: list[str]) -> list[Remov
         value = values[position]
         key = signature.keys[position]
         earlier = result_at(value, before=position, wanted=signature.storage[position])
-        if position in signature.aliased_by or signature.mutates[position] is not None:
-            # XLA writes it into an argument's buffer, or the runtime writes
-            # it back into the mutated argument: it must stay a result.
+        if (
+            position in signature.aliased_by
+            or signature.mutates[position] is not None
+            or key in signature.recorded_bases
+        ):
+            # XLA writes it into an argument's buffer, the runtime writes it
+            # back into the mutated argument, or an earlier run rebuilds a
+            # removed result from it: it must stay a result.
             decision: Removal | _Kept = _KEEP
         elif earlier is not None:
             decision = _rebase(key, A.REASON_DUPLICATE, earlier, decide(earlier), [])
@@ -346,13 +344,7 @@ def _plan(signature: _Signature, dead: set[int], notes: list[str]) -> list[Remov
                     return _rebase(key, A.REASON_VIEW, other, decide(other), steps)
             if isinstance(current, ir.BlockArgument):
                 arg = ir.BlockArgument(current).arg_number
-                if arg in signature.overwritten:
-                    return _KEEP
-                if arg in signature.on_mesh:
-                    notes.append(
-                        f"{key}: kept on the devices: it views state '{signature.arg_names[arg]}', "
-                        "which lives in shards on the mesh (no host storage to view)"
-                    )
+                if arg in signature.overwritten or arg in signature.on_mesh:
                     return _KEEP
                 reason = A.REASON_VIEW if steps else A.REASON_PASS_THROUGH
                 layout = _layout_through(Layout.contiguous(current.type), steps)
@@ -407,6 +399,8 @@ def _rewrite_results(main: func.FuncOp, signature: _Signature, removals: list[Re
     keep = [p for p, key in enumerate(signature.keys) if key not in removed_keys]
     terminator = return_op(main)
     new_values = [signature.values[p] for p in keep]
+    # Attributes outside the contract travel with their result.
+    old_attrs = result_attr_dicts(main)
     with ir.InsertionPoint(terminator):
         func.ReturnOp(new_values, loc=terminator.location)
     terminator.erase()
@@ -414,36 +408,27 @@ def _rewrite_results(main: func.FuncOp, signature: _Signature, removals: list[Re
     main.attributes["function_type"] = ir.TypeAttr.get(
         ir.FunctionType.get(function_type.inputs, [v.type for v in new_values])
     )
-    set_result_attr_dicts(main, [signature.result_attrs[p] for p in keep])
+    set_result_attr_dicts(main, [old_attrs[p] for p in keep])
+    contract = signature.contract
     # Aliasing indices name positions, which shift as results leave.
     new_position = {old: new for new, old in enumerate(keep)}
-    for attrs in signature.arg_attrs:
-        target = int_attr(attrs, A.ALIASING_OUTPUT)
-        if target is not None and target != new_position[target]:
-            attrs[A.ALIASING_OUTPUT] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), new_position[target])
-    set_arg_attr_dicts(main, signature.arg_attrs)
-    if removals:
-        existing = list(ir.ArrayAttr(main.attributes[A.REMOVED_RESULTS])) if A.REMOVED_RESULTS in main.attributes else []
-        main.attributes[A.REMOVED_RESULTS] = ir.ArrayAttr.get(existing + [r.to_attr() for r in removals])
+    args = tuple(
+        arg if arg.aliasing_output is None
+        else dataclasses.replace(arg, aliasing_output=new_position[arg.aliasing_output])
+        for arg in contract.args
+    )
+    # Written back canonically (role and output number on every result), so
+    # positions can change without changing which output a result is.
+    dataclasses.replace(
+        contract,
+        args=args,
+        results=tuple(contract.results[p] for p in keep),
+        removed=contract.removed + tuple(removals),
+    ).write(main)
 
 
-def _erase_dead_code(main: func.FuncOp) -> None:
-    for op in reversed(body_ops(main)):
-        # Only ops whose dialects we know are pure; anything else may have
-        # effects MLIR cannot see (unregistered ops never are erased upstream).
-        if not op.name.startswith(_PURE_DIALECT_PREFIXES) or op.name in _EFFECTFUL_OPS:
-            continue
-        if not len(op.results):
-            continue
-        if all(not _has_uses(result) for result in op.results):
-            op.erase()
-
-
-def _has_uses(value: ir.Value) -> bool:
-    for _ in value.uses:
-        return True
-    return False
-
-
-def _i64(value: int) -> ir.IntegerAttr:
-    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+def _erase_trivially_dead(module: ir.Module) -> None:
+    """Erase what only removed results needed, through MLIR's greedy driver:
+    it erases an op only when its side-effect interfaces say it is trivially
+    dead (a ``case`` whose branch has a ``custom_call`` stays)."""
+    rewrite.apply_patterns_and_fold_greedily(module.operation, rewrite.RewritePatternSet().freeze())

@@ -16,7 +16,7 @@ from typing import ClassVar
 from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
-from hloalias.passes.base import ModulePass, as_module_like
+from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,22 +25,28 @@ class FoldReport:
 
     folded: int
 
+    def to_text(self) -> str:
+        """The report as people read it."""
+        return f"fold-transpose-into-dot-general: {self.folded} transposes folded"
+
 
 @dataclasses.dataclass(frozen=True)
-class FoldTransposeIntoDotGeneral(ModulePass):
+class FoldTransposeIntoDotGeneral(ModulePass[FoldReport]):
     """Absorb transposes of ``dot_general`` operands into its dimension numbers."""
 
     name: ClassVar[str] = "fold-transpose-into-dot-general"
 
-    def apply(self, module: ir.Module) -> FoldReport:  # type: ignore[override]
+    def apply(self, module: ModuleLike) -> FoldReport:
         """Rewrite every foldable ``dot_general`` in ``module`` in place;
         transposes left without users are erased."""
         module = as_module_like(module)
+        verify_contract(module)
         counter = _Counter()
         with module.context, ir.Location.unknown():
             patterns = rewrite.RewritePatternSet()
             patterns.add("stablehlo.dot_general", counter.fold_transposed_operand)
             rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
+        verify_contract(module)
         return FoldReport(counter.folded)
 
 
@@ -75,12 +81,13 @@ class _Counter:
             operands[side] = producer.operands[0]
             attributes = {name: op.attributes[name] for name in op.attributes}
             attributes["dot_dimension_numbers"] = _stablehlo.DotDimensionNumbers.get(**dims)
-            with ir.InsertionPoint(op), op.location:
+            with rewriter.ip:
                 replacement = ir.Operation.create(
                     "stablehlo.dot_general",
                     results=[op.results[0].type],
                     operands=operands,
                     attributes=attributes,
+                    loc=op.location,
                 )
             rewriter.replace_op(op, replacement.results)
             self.folded += 1

@@ -13,6 +13,8 @@ import math
 
 from torch_mlir import ir
 
+from hloalias.contract import Layout as Layout
+from hloalias.contract import row_major_strides as _row_major_strides
 from hloalias.mlir import element_bits
 
 VIEW_OPS = frozenset(
@@ -26,32 +28,6 @@ VIEW_OPS = frozenset(
         "stablehlo.real_dynamic_slice",
     }
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Where a view's elements lie in its base: ``as_strided(sizes, strides, offset)``."""
-
-    sizes: tuple[int, ...]
-    strides: tuple[int, ...]
-    offset: int
-    element_type: ir.Type
-
-    @staticmethod
-    def contiguous(tensor_type: ir.Type) -> "Layout":
-        """Row-major layout of a whole tensor of ``tensor_type``."""
-        tensor = ir.RankedTensorType(tensor_type)
-        sizes = tuple(tensor.shape)
-        return Layout(sizes, _row_major_strides(sizes), 0, tensor.element_type)
-
-
-def _row_major_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
-    strides = []
-    running = 1
-    for size in reversed(sizes):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def describe_view_op(op: ir.Operation) -> str:

@@ -14,6 +14,7 @@ alias_bare_import(__name__, "hloalias.pipeline")
 
 import dataclasses
 import hashlib
+import re
 from typing import Any
 
 from torch_mlir import ir, passmanager
@@ -30,70 +31,147 @@ DEFAULT_PIPELINE = (
 
 @dataclasses.dataclass(frozen=True)
 class PipelineElement:
-    """One top-level element: ``name{options}`` or ``name(nested)``."""
+    """One top-level element: ``name``, ``name{options}`` or ``name(nested)``.
+    ``text`` is the element as written (handed to MLIR for upstream passes)."""
 
     name: str
     options: str
     text: str
+    nested: bool = dataclasses.field(default=False, compare=False)
+
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+class _PipelineParser:
+    """A recursive-descent reader of MLIR's textual pipeline syntax:
+
+        pipeline := NAME '(' [element (',' element)*] ')'
+        element  := NAME ['{' options '}'] ['(' [element (',' element)*] ')']
+
+    ``options`` may nest braces and hold quoted strings.  Anything else
+    where a ``,``, ``)`` or the end is due is an error naming it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.position = 0
+
+    def fail(self, message: str) -> PipelineError:
+        return PipelineError(f"{message} in pipeline '{self.text}'")
+
+    def skip_space(self) -> None:
+        while self.position < len(self.text) and self.text[self.position].isspace():
+            self.position += 1
+
+    def peek(self) -> str:
+        self.skip_space()
+        return self.text[self.position] if self.position < len(self.text) else ""
+
+    def rest(self) -> str:
+        return self.text[self.position:]
+
+    def offending(self) -> str:
+        """The token at the cursor: a word, or one bracket character."""
+        self.skip_space()
+        match = re.compile(r"[^\s,(){}]+").match(self.text, self.position)
+        return match[0] if match else self.text[self.position:self.position + 1]
+
+    def name(self) -> str:
+        self.skip_space()
+        match = _NAME_RE.match(self.text, self.position)
+        if not match:
+            found = self.rest() or "the end"
+            raise self.fail(f"expected a pass name at '{found}'")
+        self.position = match.end()
+        return match[0]
+
+    def options(self) -> str:
+        """The text between ``{`` (at the cursor) and its matching ``}``."""
+        start = self.position + 1
+        depth = 0
+        quote = ""
+        for index in range(self.position, len(self.text)):
+            char = self.text[index]
+            if quote:
+                if char == quote:
+                    quote = ""
+            elif char in "\"'":
+                quote = char
+            elif char == "{":
+                depth += 1
+            elif char == "}":
+                depth -= 1
+                if depth == 0:
+                    self.position = index + 1
+                    return self.text[start:index]
+        raise self.fail(f"unbalanced '{{' in '{self.text[start - 1:]}'")
+
+    def element(self) -> tuple[PipelineElement, list[PipelineElement] | None]:
+        self.skip_space()
+        start = self.position
+        name = self.name()
+        options = ""
+        if self.peek() == "{":
+            options = self.options()
+        nested = None
+        if self.peek() == "(":
+            nested = self.nested_list()
+        text = self.text[start:self.position].strip()
+        return PipelineElement(name, options, text, nested is not None), nested
+
+    def nested_list(self) -> list[PipelineElement]:
+        """``( element, ... )`` at the cursor."""
+        assert self.peek() == "("
+        self.position += 1
+        elements: list[PipelineElement] = []
+        if self.peek() == ")":
+            self.position += 1
+            return elements
+        while True:
+            element, _ = self.element()
+            elements.append(element)
+            follow = self.peek()
+            if follow == ",":
+                self.position += 1
+                continue
+            if follow == ")":
+                self.position += 1
+                return elements
+            if not follow:
+                raise self.fail(f"unbalanced '(': missing ')' after '{element.text}'")
+            raise self.fail(f"unexpected '{self.offending()}' after '{element.text}'")
 
 
 def parse_pipeline(text: str) -> list[PipelineElement]:
-    """Split ``builtin.module(a, b{x=1}, func.func(c))`` into its elements.
-    Raises :class:`PipelineError` for unbalanced or unanchored text."""
-    stripped = text.strip()
-    if not (stripped.startswith("builtin.module(") and stripped.endswith(")")):
-        raise PipelineError(
-            f"pipeline must have the form 'builtin.module(...)', got '{text}'"
-        )
-    inner = stripped[len("builtin.module(") : -1]
-    elements = []
-    for part in _split_top_level(inner, text):
-        part = part.strip()
-        if not part:
-            continue
-        name_end = len(part)
-        for index, char in enumerate(part):
-            if char in "{(":
-                name_end = index
-                break
-        name = part[:name_end].strip()
-        rest = part[name_end:].strip()
-        options = rest[1:-1] if rest.startswith("{") and rest.endswith("}") else ""
-        elements.append(PipelineElement(name, options, part))
+    """The top-level elements of ``builtin.module(a, b{x=1}, func.func(c))``.
+    Raises :class:`PipelineError` naming the offending text: unbalanced
+    brackets, text after an element (``pass{a=1}junk``), a missing anchor."""
+    parser = _PipelineParser(text)
+    if not parser.peek():
+        raise PipelineError(f"pipeline must have the form 'builtin.module(...)', got '{text}'")
+    anchor, elements = parser.element()
+    if anchor.name != "builtin.module" or elements is None or anchor.options:
+        raise PipelineError(f"pipeline must have the form 'builtin.module(...)', got '{text}'")
+    if parser.peek():
+        raise parser.fail(f"unexpected '{parser.offending()}' after 'builtin.module(...)'")
     return elements
-
-
-def _split_top_level(inner: str, whole: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    closing = {")": "(", "}": "{"}
-    stack: list[str] = []
-    for index, char in enumerate(inner):
-        if char in "({":
-            stack.append(char)
-        elif char in ")}":
-            if not stack or stack.pop() != closing[char]:
-                raise PipelineError(f"unbalanced '{char}' in pipeline '{whole}'")
-        elif char == "," and not stack:
-            parts.append(inner[start:index])
-            start = index + 1
-        depth = len(stack)
-    if depth:
-        raise PipelineError(f"unbalanced brackets in pipeline '{whole}'")
-    parts.append(inner[start:])
-    return parts
 
 
 def build_pass_manager(
     text: str, context: ir.Context, reports: list[Any] | None = None
-) -> tuple[passmanager.PassManager, list[ModulePass]]:
+) -> tuple[passmanager.PassManager, list[ModulePass[Any]]]:
     """A ``PassManager`` for pipeline ``text`` and the hloalias passes in it.
     Each hloalias pass run appends its report to ``reports``."""
     registry = get_all_passes()
-    instances: list[ModulePass] = []
+    instances: list[ModulePass[Any]] = []
     with context:
         pm = passmanager.PassManager("builtin.module")
         for element in parse_pipeline(text):
             if element.name in registry:
+                if element.nested:
+                    raise PipelineError(
+                        f"pass '{element.name}' takes no nested pipeline: '{element.text}'"
+                    )
                 instance = registry[element.name](element.options)
                 instance.add_to(pm, reports)
                 instances.append(instance)
@@ -131,11 +209,28 @@ def run_pipeline(
     return reports
 
 
+# Attributes that only explain decisions (for reports): neither XLA nor the
+# runtime reads them, so they do not distinguish executables.  Removed from
+# the printed attribute dictionaries (sorted by name): after another entry,
+# before another entry, or alone.
+_REPORT_ONLY = r'hloalias\.(?:donation|unused_donation) = "(?:[^"\\]|\\.)*"'
+_REPORT_ONLY_RES = (
+    re.compile(", " + _REPORT_ONLY),
+    re.compile(_REPORT_ONLY + ", "),
+    re.compile(r" \{" + _REPORT_ONLY + r"\}"),
+)
+
+
 def module_cache_key(module: ir.Module) -> str:
-    """Key of a final module: SHA-256 of its text without locations.  Two
-    configurations that produce the same module (same aliasing, same
-    removed results) share it; any difference in aliasing changes it."""
-    return hashlib.sha256(print_module(module).encode()).hexdigest()
+    """Key of a final module: SHA-256 of its text without locations and
+    without report-only attributes (``hloalias.donation``,
+    ``hloalias.unused_donation``).  Two configurations that produce the same
+    module (same aliasing, same removed results) share it; any difference
+    in aliasing changes it."""
+    text = print_module(module)
+    for pattern in _REPORT_ONLY_RES:
+        text = pattern.sub("", text)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 __all__ = [

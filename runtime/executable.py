@@ -33,19 +33,12 @@ from torch_mlir import ir
 from hloalias import attributes as A
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, ShardingError
 from hloalias.frontend.importer import Program, Stage, import_torch
-from hloalias.mlir import (
-    arg_attr_dicts,
-    bool_attr,
-    find_main,
-    int_attr,
-    print_module,
-    result_attr_dicts,
-    result_key,
-    set_arg_attr_dicts,
-)
-from hloalias.passes.alias_donated_buffers import AliasReport
-from hloalias.passes.eliminate_view_results import ViewReport
-from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, run_pipeline
+from hloalias.contract import Signature, verify
+from hloalias.mlir import find_main, print_module
+from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
+from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
+from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, parse_pipeline, run_pipeline
+from hloalias.runtime.sharding import Mesh, Placement, gather, plan_shardings, result_shardings
 from hloalias.runtime.pjrt import (
     MemoryStats,
     array_to_torch,
@@ -54,7 +47,6 @@ from hloalias.runtime.pjrt import (
     memory_stats,
     torch_to_device,
 )
-from hloalias.runtime.sharding import Mesh, Placement, gather, plan_shardings, result_shardings
 
 
 class DeviceTensor:
@@ -162,20 +154,17 @@ def compile(  # noqa: A001 - the name users expect
     mesh's axes (one entry per dimension: axis name, tuple of names, or None;
     unnamed tensors are replicated).  Errors in either are
     :class:`ShardingError`, raised before anything is compiled."""
-    if shardings is not None and mesh is None:
-        raise ShardingError("shardings were given without a mesh: pass mesh=hloalias.Mesh(...)")
-    if mesh is not None and not isinstance(mesh, Mesh):
-        raise ShardingError(f"mesh must be an hloalias.Mesh, got {type(mesh).__name__}")
-    if shardings is not None and not isinstance(shardings, dict):
-        raise ShardingError(f"shardings must be a dict of name -> partition spec, got {type(shardings).__name__}")
-    if mesh is not None:
-        mesh.devices()  # a mesh larger than the platform fails before the import
+    _check_mesh_arguments(mesh, shardings)
     program = import_torch(f, example_args, kwargs)
     target = device_for(mesh.platform if mesh is not None else device)
     placement = plan_shardings(program, mesh, shardings, target) if mesh is not None else Placement(target)
     donated = _resolve_donations(program, donate)
     _mark_donors(program, donated)
-    reports = run_pipeline(program.torch_mlir_module, pipeline or DEFAULT_PIPELINE)
+    run_pipeline(program.torch_mlir_module, pipeline or DEFAULT_PIPELINE)
+    # The contract of the module XLA gets, checked once: a violation is an
+    # IRError now, not a KeyError in some later call.
+    with program.torch_mlir_module.context:
+        verify(find_main(program.torch_mlir_module))
     final_text = print_module(program.torch_mlir_module)
     key = module_cache_key(program.torch_mlir_module)
     cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices))
@@ -193,15 +182,33 @@ def compile(  # noqa: A001 - the name users expect
         with _CACHE_LOCK:
             _CACHE[cache_slot] = loaded
             _CACHE_STATS.misses += 1
-    view_reports = [r for r in reports if isinstance(r, ViewReport)]
-    alias_reports = [r for r in reports if isinstance(r, AliasReport)]
+    # Reports of the final module (all runs of each pass together), not
+    # of the last run; None when the pipeline did not run the pass.
+    ran = _passes_in(pipeline or DEFAULT_PIPELINE)
+    module = program.torch_mlir_module
     return Executable(
         program, loaded, target, key, final_text,
-        view_reports[-1] if view_reports else None,
-        alias_reports[-1] if alias_reports else None,
+        ViewReport.from_module(module) if EliminateViewResults.name in ran else None,
+        AliasReport.from_module(module) if AliasDonatedBuffers.name in ran else None,
         cache_hit=hit,
         placement=placement,
     )
+
+
+def _passes_in(pipeline: str) -> set[str]:
+    return {element.name for element in parse_pipeline(pipeline)}
+
+
+def _check_mesh_arguments(mesh: Any, shardings: Any) -> None:
+    """Bad ``mesh``/``shardings`` arguments: ShardingError before any work."""
+    if shardings is not None and mesh is None:
+        raise ShardingError("shardings were given without a mesh: pass mesh=hloalias.Mesh(...)")
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise ShardingError(f"mesh must be an hloalias.Mesh, got {type(mesh).__name__}")
+    if shardings is not None and not isinstance(shardings, dict):
+        raise ShardingError(f"shardings must be a dict of name -> partition spec, got {type(shardings).__name__}")
+    if mesh is not None:
+        mesh.devices()  # a mesh larger than the platform fails before the import
 
 
 def _resolve_donations(program: Program, donate: Sequence[int | str]) -> list[int]:
@@ -237,10 +244,12 @@ def _mark_donors(program: Program, donated: list[int]) -> None:
     module = program.torch_mlir_module
     with module.context:
         main = find_main(module)
-        dicts = arg_attr_dicts(main)
-        for index in donated:
-            dicts[index][A.BUFFER_DONOR] = ir.BoolAttr.get(True)
-        set_arg_attr_dicts(main, dicts)
+        contract = Signature.read(main)
+        args = tuple(
+            dataclasses.replace(arg, buffer_donor=True) if index in donated else arg
+            for index, arg in enumerate(contract.args)
+        )
+        dataclasses.replace(contract, args=args).write(main)
 
 
 class Executable:
@@ -287,39 +296,23 @@ class Executable:
         module = program.torch_mlir_module
         with module.context:
             main = find_main(module)
-            arg_attrs = arg_attr_dicts(main)
-            self._donated_args = {
-                i for i, attrs in enumerate(arg_attrs)
-                if A.ALIASING_OUTPUT in attrs or bool_attr(attrs, A.BUFFER_DONOR)
-            }
+            contract = Signature.read(main)  # verified once, by compile()
+            self._donated_args = {i for i, arg in enumerate(contract.args) if arg.overwritten}
             self._aliases = {
-                i: int_attr(attrs, A.ALIASING_OUTPUT) for i, attrs in enumerate(arg_attrs)
-                if A.ALIASING_OUTPUT in attrs
+                i: arg.aliasing_output for i, arg in enumerate(contract.args)
+                if arg.aliasing_output is not None
             }
-            self._result_keys = [
-                result_key(attrs, position, len(arg_attrs))[0]
-                for position, attrs in enumerate(result_attr_dicts(main))
-            ]
+            self._result_keys = list(contract.keys)
             self._rebuilds: dict[str, _Rebuild] = {}
-            if A.REMOVED_RESULTS in main.attributes:
-                for entry in ir.ArrayAttr(main.attributes[A.REMOVED_RESULTS]):
-                    record = ir.DictAttr(entry)
-                    key = ir.StringAttr(record["result"]).value
-                    if "base" not in record:
-                        self._rebuilds[key] = _Rebuild(None)
-                        continue
-                    element_type = ir.TypeAttr(record["dtype"]).value
-                    sizes = tuple(ir.DenseI64ArrayAttr(record["sizes"]))
-                    strides = tuple(ir.DenseI64ArrayAttr(record["strides"]))
-                    offset = ir.IntegerAttr(record["offset"]).value
-                    reason = ir.StringAttr(record["reason"]).value
-                    self._rebuilds[key] = _Rebuild(
-                        ir.StringAttr(record["base"]).value,
-                        _torch_dtype(element_type),
-                        sizes, strides, offset,
-                        identity=reason in (A.REASON_PASS_THROUGH, A.REASON_DUPLICATE)
-                        and not list(ir.ArrayAttr(record["chain"])),
-                    )
+            for record in contract.removed:
+                if record.base is None or record.layout is None:
+                    self._rebuilds[record.key] = _Rebuild(None)
+                    continue
+                layout = record.layout
+                self._rebuilds[record.key] = _Rebuild(
+                    record.base, _torch_dtype(layout.element_type),
+                    layout.sizes, layout.strides, layout.offset, identity=record.is_identity,
+                )
         function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
         self._result_shapes = [tuple(ir.RankedTensorType(t).shape) for t in function_type.results]
         arguments = self._signature.arguments
@@ -366,44 +359,21 @@ class Executable:
         ]
 
     def explain(self) -> str:
-        """Both passes' decisions and XLA's byte figures, as text (also printed)."""
+        """Both passes' decisions (from the final module) and XLA's byte
+        figures, as text.  Returns the text; prints nothing."""
         lines = [f"hloalias executable {self.cache_key[:16]} on {self.device.platform}:{self.device.id}"]
-        lines.append("eliminate-view-results:")
         if self.view_report is None:
-            lines.append("  (not run)")
+            lines.append("eliminate-view-results: (not run)")
         else:
-            for removal in self.view_report.removed:
-                if removal.base is None:
-                    lines.append(f"  {removal.key}: removed ({removal.reason})")
-                else:
-                    chain = " -> ".join(removal.chain) or "itself"
-                    lines.append(f"  {removal.key}: rebuilt as a view of {removal.base} ({removal.reason}: {chain})")
-            lines.append(f"  kept on device: {', '.join(self.view_report.kept) or 'nothing'}")
-            lines.extend(f"  {note}" for note in self.view_report.notes)
+            lines.append(self.view_report.to_text())
         lines.append(self.alias_report.to_text() if self.alias_report else "alias-donated-buffers: (not run)")
-        placement = self._placement
-        if placement.mesh is not None:
-            mesh = placement.mesh
-            axes = ", ".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.mesh_shape))
-            lines.append(f"mesh: {axes} on {', '.join(f'{d.platform}:{d.id}' for d in placement.devices)}")
-            for index, sharding in sorted(placement.arguments.items()):
-                spec = "replicated" if sharding.replicated else str(sharding.spec)
-                lines.append(
-                    f"  arg {index} '{sharding.name}': {spec}, {sharding.bytes_per_device(mesh)} bytes per device"
-                )
-            per_device = next(iter(self.memory_stats_per_device.values()))
-            lines.append(
-                "XLA memory per device: argument {argument_bytes} + output {output_bytes} - alias "
-                "{alias_bytes} + temp {temp_bytes} = {total_bytes} bytes".format(**per_device)
-            )
+        lines.extend(self._placement.describe(self.memory_stats_per_device))
         stats = self.memory_stats
         lines.append(
             "XLA memory: argument {argument_bytes} + output {output_bytes} - alias {alias_bytes} "
             "+ temp {temp_bytes} = {total_bytes} bytes".format(**stats)
         )
-        text = "\n".join(lines)
-        print(text)
-        return text
+        return "\n".join(lines)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Current parameters, buffers and constants (host copies)."""

@@ -32,6 +32,7 @@ from hloalias.errors import CompileError, ExecutionError
 from hloalias.legalize import inline_dense_resources, legalize_tensor_constants
 from hloalias.mlir import (
     arg_attr_dicts,
+    check_static_extents,
     find_main,
     new_context,
     parse_module,
@@ -88,7 +89,7 @@ def target_stablehlo_version() -> str:
     """The StableHLO version both torch-mlir and jaxlib speak."""
     ours = _stablehlo.get_current_version()
     theirs = jaxlib_stablehlo.get_current_version()
-    return min(ours, theirs, key=_version_tuple)
+    return str(min(ours, theirs, key=_version_tuple))
 
 
 def prepare_for_xla(module_text: str) -> str:
@@ -97,6 +98,7 @@ def prepare_for_xla(module_text: str) -> str:
     ``stablehlo.constant`` and ``dense_resource`` literals inlined
     (:mod:`hloalias.legalize`)."""
     module = parse_module(module_text, new_context())
+    check_static_extents(module)  # XLA aborts the process on these
     with module.context:
         main = find_main(module)
         for read, write in (
@@ -181,5 +183,5 @@ def array_to_torch(array: jax.Array) -> torch.Tensor:
         if _buffer_to_dlpack is not None:
             # jaxlib's direct entry: skips jax's Python-level __dlpack__.
             return torch.utils.dlpack.from_dlpack(_buffer_to_dlpack(array))
-        return torch.from_dlpack(array)
-    return torch.from_dlpack(np.asarray(array).copy())
+        return torch.utils.dlpack.from_dlpack(array)
+    return torch.utils.dlpack.from_dlpack(np.asarray(array).copy())

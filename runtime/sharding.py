@@ -32,17 +32,9 @@ from jax._src.lib import xla_client
 from jax.sharding import NamedSharding, PartitionSpec
 from torch_mlir import ir
 
-from hloalias import attributes as A
+from hloalias.contract import Signature
 from hloalias.errors import ShardingError
-from hloalias.mlir import (
-    arg_attr_dicts,
-    element_bits,
-    find_main,
-    result_attr_dicts,
-    result_key,
-    set_arg_attr_dicts,
-    set_result_attr_dicts,
-)
+from hloalias.mlir import element_bits, find_main
 
 SpecEntry: TypeAlias = "str | tuple[str, ...] | None"
 PartitionSpecLike: TypeAlias = "Sequence[str | tuple[str, ...] | None] | None"
@@ -207,6 +199,26 @@ class Placement:
         """True when the program is partitioned over several devices."""
         return self.mesh is not None
 
+    def describe(self, stats_per_device: Mapping[str, Mapping[str, int]]) -> list[str]:
+        """Lines for ``Executable.explain()``: the mesh, each argument's
+        sharding and bytes per device, XLA's figures per device (none on
+        one device)."""
+        if self.mesh is None:
+            return []
+        mesh = self.mesh
+        axes = ", ".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.mesh_shape))
+        lines = [f"mesh: {axes} on {', '.join(f'{d.platform}:{d.id}' for d in self.devices)}"]
+        for index, sharding in sorted(self.arguments.items()):
+            spec = "replicated" if sharding.replicated else str(sharding.spec)
+            lines.append(f"  arg {index} '{sharding.name}': {spec}, {sharding.bytes_per_device(mesh)} bytes per device")
+        lines.append("  results that view sharded state stay on the devices (the host has no storage to view)")
+        per_device = next(iter(stats_per_device.values()))
+        lines.append(
+            "XLA memory per device: argument {argument_bytes} + output {output_bytes} - alias "
+            "{alias_bytes} + temp {temp_bytes} = {total_bytes} bytes".format(**per_device)
+        )
+        return lines
+
     def named_sharding(self, arg_index: int) -> NamedSharding:
         """The jax sharding of argument ``arg_index``."""
         assert self._jax_mesh is not None
@@ -305,20 +317,19 @@ def plan_shardings(
             hlo = str(NamedSharding(placement._jax_mesh, PartitionSpec(*spec))._to_xla_hlo_sharding(len(shape)))
             element_bytes = max(8, element_bits(tensor_type.element_type)) // 8
             placement.arguments[argument.index] = ArgumentSharding(argument.name, spec, hlo, shape, element_bytes)
-        arg_dicts = arg_attr_dicts(main)
-        for index, sharding in placement.arguments.items():
-            arg_dicts[index][A.SHARDING] = ir.StringAttr.get(sharding.hlo)
-        set_arg_attr_dicts(main, arg_dicts)
-        result_dicts = result_attr_dicts(main)
-        for position, attrs in enumerate(result_dicts):
-            _, mutated = result_key(attrs, position, len(arguments))
-            if mutated is not None:
-                attrs[A.SHARDING] = ir.StringAttr.get(placement.arguments[mutated].hlo)
-        set_result_attr_dicts(main, result_dicts)
+        # Through the contract's records: they write mhlo.sharding canonically.
+        contract = Signature.read(main)
+        hlo = {index: "".join(sharding.hlo.split()) for index, sharding in placement.arguments.items()}
+        args = tuple(dataclasses.replace(arg, sharding=hlo[i]) for i, arg in enumerate(contract.args))
+        results = tuple(
+            dataclasses.replace(result, sharding=hlo[result.mutates]) if result.mutates is not None else result
+            for result in contract.results
+        )
+        dataclasses.replace(contract, args=args, results=results).write(main)
     return placement
 
 
 def result_shardings(module: Any) -> list[bool]:
     """For each result of the final ``@main``: whether it has a sharding."""
     with module.context:
-        return [A.SHARDING in attrs for attrs in result_attr_dicts(find_main(module))]
+        return [r.sharding is not None for r in Signature.read(find_main(module)).results]

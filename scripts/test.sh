@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: lit (FileCheck on IR, Python-driven import tests)
-# then pytest (PJRT byte counts, runtime, differential and hostile tests).
+# The whole test suite: lit (FileCheck on IR, Python-driven import tests),
+# pytest (PJRT byte counts, runtime, differential and hostile tests), then
+# mypy --strict on the package (scripts/mypy.sh).  Fails if any step fails.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
 cd "$repo_root"
@@ -8,4 +9,5 @@ status=0
 # lit has no __main__ module: call its entry point.
 "$HLOALIAS_PYTHON" -c 'import sys; from lit.main import main; sys.exit(main())' -sv test/lit </dev/null || status=1
 "$HLOALIAS_PYTHON" -m pytest -q test/py </dev/null || status=1
+"$repo_root/scripts/mypy.sh" </dev/null || status=1
 exit $status

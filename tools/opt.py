@@ -3,7 +3,8 @@ the upstream passes torch-mlir's bindings register.
 
     hloalias-opt [FILE|-] --pass-pipeline='builtin.module(...)' [-o OUT]
                  [--split-input-file] [--mlir-print-ir-after-all]
-                 [--print-alias-report] [--xla-compile] [--list-passes]
+                 [--print-alias-report] [--print-reports] [--xla-compile]
+                 [--list-passes]
 
 Exit codes: 0 on success, 1 when the input or the pipeline is bad (the
 diagnostic, ``file:line:col: error: ...``, goes to stderr; never a Python
@@ -15,6 +16,8 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
+
+from torch_mlir import ir
 
 from hloalias.errors import HloaliasError, PassError, PipelineError
 from hloalias.mlir import new_context, parse_module, print_module
@@ -35,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="print the IR after every pass (to stderr)")
     parser.add_argument("--print-alias-report", action="store_true",
                         help="print alias-donated-buffers' report (to stderr)")
+    parser.add_argument("--print-reports", action="store_true",
+                        help="print the report of every hloalias pass run, in run order (to stderr)")
     parser.add_argument("--xla-compile", action="store_true",
                         help="compile each result with XLA (PJRT CPU) and print its memory figures to stderr")
     parser.add_argument("--list-passes", action="store_true", help="list hloalias's passes and options")
@@ -47,12 +52,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list_passes:
         _list_passes()
         return 0
+    source_name = "<stdin>" if args.input == "-" else args.input
     try:
-        text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+        data = sys.stdin.buffer.read() if args.input == "-" else _read_bytes(args.input)
     except OSError as error:
         print(f"hloalias-opt: cannot read '{args.input}': {error.strerror}", file=sys.stderr)
         return 1
-    source_name = "<stdin>" if args.input == "-" else args.input
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        print(
+            f"{source_name}:{line}:{column}: error: input is not UTF-8 text "
+            f"(byte 0x{data[error.start]:02x})",
+            file=sys.stderr,
+        )
+        return 1
     chunks = _split(text) if args.split_input_file else [(text, 0)]
     outputs = []
     failed = False
@@ -72,9 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output == "-":
         sys.stdout.write(result)
     else:
-        with open(args.output, "w") as handle:
-            handle.write(result)
+        try:
+            with open(args.output, "w", encoding="utf-8") as handle:
+                handle.write(result)
+        except OSError as error:
+            print(f"hloalias-opt: cannot write '{args.output}': {error.strerror}", file=sys.stderr)
+            return 1
     return 1 if failed else 0
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
 
 
 def _split(text: str) -> list[tuple[str, int]]:
@@ -109,17 +134,49 @@ def _process(chunk: str, line_offset: int, source_name: str, args: argparse.Name
                 source_name=source_name,
                 line_offset=line_offset,
             )
-        if args.print_alias_report:
-            for report in reports:
-                if isinstance(report, AliasReport):
-                    print(report.to_text(), file=sys.stderr)
+        for report in reports:
+            if args.print_reports or (args.print_alias_report and isinstance(report, AliasReport)):
+                print(_report_text(report), file=sys.stderr)
     text = print_module(module)
     if args.xla_compile:
-        from hloalias.runtime.pjrt import compile_module, device_for, memory_stats
-
-        stats = memory_stats(compile_module(text, device_for("cpu"))).as_dict()
-        print("xla: " + " ".join(f"{k}={v}" for k, v in stats.items()), file=sys.stderr)
+        _xla_compile(module, text, source_name, line_offset)
     return text
+
+
+def _report_text(report: object) -> str:
+    to_text = getattr(report, "to_text", None)
+    return str(to_text()) if callable(to_text) else repr(report)
+
+
+def _xla_compile(module: ir.Module, text: str, source_name: str, line_offset: int) -> None:
+    """Compile ``module`` as the runtime would, after the checks that turn
+    what XLA would abort on (or what would fail at call time) into
+    diagnostics: the IR contract and 64-bit tensor extents."""
+    from hloalias.errors import CompileError, IRError
+    from hloalias.mlir import check_static_extents, location_prefix
+    from hloalias.passes.base import verify_contract
+    from hloalias.runtime.pjrt import compile_module, device_for, memory_stats
+
+    check_static_extents(module, source_name, line_offset)
+    where = location_prefix(_main_location(module), source_name, line_offset)
+    try:
+        verify_contract(module)
+    except IRError as error:
+        raise IRError(f"{where}: error: {error}") from None
+    try:
+        loaded = compile_module(text, device_for("cpu"))
+    except CompileError as error:
+        raise CompileError(f"{where}: error: {error}", error.repro_path) from None
+    stats = memory_stats(loaded).as_dict()
+    print("xla: " + " ".join(f"{k}={v}" for k, v in stats.items()), file=sys.stderr)
+
+
+def _main_location(module: ir.Module) -> ir.Location:
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and "sym_name" in op.attributes:
+            if ir.StringAttr(op.attributes["sym_name"]).value == "main":
+                return op.location
+    return module.operation.location
 
 
 def _list_passes() -> None:

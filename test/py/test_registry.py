@@ -218,6 +218,33 @@ def test_parse_pipeline_rejects_unbalanced_brackets(unbalanced: str) -> None:
     assert unbalanced in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("pipeline", "offending"),
+    [
+        ("builtin.module(alias-donated-buffers{donate=x}junk)", "unexpected 'junk' after 'alias-donated-buffers{donate=x}'"),
+        ("builtin.module(canonicalize cse)", "unexpected 'cse' after 'canonicalize'"),
+        ("builtin.module(canonicalize) cse", "unexpected 'cse' after 'builtin.module(...)'"),
+        ("builtin.module(canonicalize,,cse)", "expected a pass name at ',cse)'"),
+        ("builtin.module(canonicalize,)", "expected a pass name at ')'"),
+    ],
+)
+def test_parse_pipeline_names_text_it_cannot_read(pipeline: str, offending: str) -> None:
+    """Nothing after an element is silently dropped: a PipelineError names it."""
+    with pytest.raises(hloalias.PipelineError) as raised:
+        parse_pipeline(pipeline)
+    assert offending in str(raised.value) and pipeline in str(raised.value)
+
+
+def test_nested_pipeline_under_an_hloalias_pass_is_refused() -> None:
+    """``eliminate-view-results(canonicalize)`` is not a pass with a nested
+    pipeline: refused when the pass manager is built, naming the element."""
+    from hloalias.mlir import new_context
+    from hloalias.pipeline import build_pass_manager
+
+    with pytest.raises(hloalias.PipelineError, match=r"takes no nested pipeline: 'eliminate-view-results\(canonicalize\)'"):
+        build_pass_manager("builtin.module(eliminate-view-results(canonicalize))", new_context())
+
+
 @pytest.mark.parametrize("unanchored", ["canonicalize", "func.func(cse)", "builtin.module", ""])
 def test_parse_pipeline_requires_builtin_module_anchor(unanchored: str) -> None:
     """Pipelines are anchored on ``builtin.module(...)``."""

@@ -126,7 +126,7 @@ def apply_to_parsed_module() -> None:
 # CHECK-NEXT:   unused  arg 1 'k' (explicit): no free result of type tensor<1x2x4xf32>; kept as jax.buffer_donor
 # CHECK:      func.func @main(
 # CHECK-SAME:   %arg0: tensor<1x16x4xf32> {hloalias.donation = "inferred", hloalias.kind = "buffer", hloalias.name = "k_cache", tf.aliasing_output = 0 : i32},
-# CHECK-SAME:   %arg1: tensor<1x2x4xf32> {hloalias.kind = "user_input", hloalias.name = "k", jax.buffer_donor = true},
+# CHECK-SAME:   %arg1: tensor<1x2x4xf32> {hloalias.donation = "explicit", hloalias.kind = "user_input", hloalias.name = "k", hloalias.unused_donation = "no free result of type tensor<1x2x4xf32>", jax.buffer_donor = true},
 # CHECK-SAME:   %arg2: tensor<2xi64> {hloalias.kind = "user_input", hloalias.name = "pos"})
 # CHECK-SAME:   -> (tensor<1x16x4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation", hloalias.storage = "arg:0"})
 # CHECK-SAME:   attributes {hloalias.removed_results = [{base = "mutation:0", chain = ["slice [0:1:1, 0:8:1, 0:4:1]"], dtype = f32, offset = 0 : i64, reason = "view", result = "output:0", sizes = array<i64: 1, 8, 4>, strides = array<i64: 64, 4, 1>}]} {

@@ -71,8 +71,8 @@ func.func @main(%arg0: tensor<4xf32> {hloalias.kind = "user_input", hloalias.nam
 }
 
 // CHECK-LABEL: func.func @main(
-// CHECK-SAME:    %arg0: tensor<4xf32> {hloalias.kind = "user_input", hloalias.name = "x", jax.buffer_donor = true})
-// CHECK-SAME:    -> tensor<2xf32> {
+// CHECK-SAME:    %arg0: tensor<4xf32> {hloalias.donation = "explicit", hloalias.kind = "user_input", hloalias.name = "x", hloalias.unused_donation = "no free result of type tensor<4xf32>", jax.buffer_donor = true})
+// CHECK-SAME:    -> (tensor<2xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
 
 // REPORT-SAME:   0 aliases, 0 bytes saved
 // REPORT-NEXT:   unused  arg 0 'x' (explicit): no free result of type tensor<4xf32>; kept as jax.buffer_donor
@@ -87,7 +87,7 @@ func.func @main(%arg0: tensor<8xf32> {hloalias.kind = "buffer", hloalias.name = 
 }
 
 // CHECK-LABEL: func.func @main(
-// CHECK-SAME:    %arg0: tensor<8xf32> {hloalias.kind = "buffer", hloalias.name = "acc"})
+// CHECK-SAME:    %arg0: tensor<8xf32> {hloalias.donation = "inferred", hloalias.kind = "buffer", hloalias.name = "acc", hloalias.unused_donation = "its new value (result 0, tensor<8xf64>) differs in type from tensor<8xf32>"})
 // CHECK-SAME:    -> (tensor<8xf64> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}) {
 
 // REPORT-SAME:   0 aliases, 0 bytes saved
@@ -124,7 +124,7 @@ func.func @main(%arg0: tensor<8xf32> {hloalias.kind = "buffer", hloalias.name = 
 }
 
 // CHECK-LABEL: func.func @main(
-// CHECK-SAME:    %arg0: tensor<8xf32> {hloalias.kind = "buffer", hloalias.name = "b"},
+// CHECK-SAME:    %arg0: tensor<8xf32> {hloalias.donation = "inferred", hloalias.kind = "buffer", hloalias.name = "b", hloalias.unused_donation = "result 0 is already aliased to argument 1"},
 // CHECK-SAME:    %arg1: tensor<8xf32> {hloalias.donation = "explicit", hloalias.kind = "user_input", hloalias.name = "x", tf.aliasing_output = 0 : i32})
 
 // REPORT-SAME:   1 aliases, 32 bytes saved
@@ -143,7 +143,7 @@ func.func @main(%arg0: tensor<8xf32> {hloalias.name = "p", jax.buffer_donor = tr
 
 // CHECK-LABEL: func.func @main(
 // CHECK-SAME:    %arg0: tensor<8xf32> {hloalias.donation = "explicit", hloalias.name = "p", tf.aliasing_output = 0 : i32},
-// CHECK-SAME:    %arg1: tensor<8xf32> {hloalias.name = "q", jax.buffer_donor = true})
+// CHECK-SAME:    %arg1: tensor<8xf32> {hloalias.donation = "explicit", hloalias.name = "q", hloalias.unused_donation = "no free result of type tensor<8xf32>", jax.buffer_donor = true})
 
 // REPORT-SAME:   1 aliases, 32 bytes saved
 // REPORT-NEXT:   alias   arg 0 'p' -> result 0  32 bytes  (explicit)
@@ -162,9 +162,9 @@ func.func @main(%arg0: tensor<8xf32> {hloalias.kind = "user_input", hloalias.nam
 }
 
 // CHECK-LABEL: func.func @main(
-// CHECK-SAME:    %arg0: tensor<8xf32> {hloalias.kind = "user_input", hloalias.name = "x"},
-// CHECK-SAME:    %arg1: tensor<8xf32> {hloalias.kind = "user_input", hloalias.name = "y"})
-// CHECK-SAME:    -> tensor<8xf32> attributes {hloalias.removed_results = [{base = "arg:0",
+// CHECK-SAME:    %arg0: tensor<8xf32> {hloalias.donation = "explicit", hloalias.kind = "user_input", hloalias.name = "x", hloalias.unused_donation = "its old value is the base of rebuilt view output:1"},
+// CHECK-SAME:    %arg1: tensor<8xf32> {hloalias.donation = "explicit", hloalias.kind = "user_input", hloalias.name = "y", hloalias.unused_donation = "it is returned unchanged (output:2, rebuilt from its buffer after the call)"})
+// CHECK-SAME:    -> (tensor<8xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) attributes {hloalias.removed_results = [{base = "arg:0",
 
 // REPORT-SAME:   0 aliases, 0 bytes saved
 // REPORT-NEXT:   unused  arg 0 'x' (explicit): its old value is the base of rebuilt view output:1

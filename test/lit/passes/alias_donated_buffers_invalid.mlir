@@ -4,7 +4,7 @@
 
 // CHECK-NOT: Traceback
 
-// CHECK: error: argument 0 ('arg0'): tf.aliasing_output = 2 is out of range; @main has 1 results
+// CHECK: error: argument 0 ('arg0'): 'tf.aliasing_output' = 2 is out of range; @main has 1 results
 func.func @main(%arg0: tensor<8xf32> {tf.aliasing_output = 2 : i32}) -> tensor<8xf32> {
   %0 = stablehlo.negate %arg0 : tensor<8xf32>
   return %0 : tensor<8xf32>
@@ -12,7 +12,7 @@ func.func @main(%arg0: tensor<8xf32> {tf.aliasing_output = 2 : i32}) -> tensor<8
 
 // -----
 
-// CHECK-NEXT: error: argument 0 ('x'): tf.aliasing_output = 0 pairs tensor<8xf32> with result of type tensor<8xi32>
+// CHECK-NEXT: error: argument 0 ('x'): 'tf.aliasing_output' = 0 pairs tensor<8xf32> with result of type tensor<8xi32>
 func.func @main(%arg0: tensor<8xf32> {hloalias.name = "x", tf.aliasing_output = 0 : i32}) -> tensor<8xi32> {
   %0 = stablehlo.bitcast_convert %arg0 : (tensor<8xf32>) -> tensor<8xi32>
   %1 = stablehlo.negate %0 : tensor<8xi32>
@@ -21,8 +21,8 @@ func.func @main(%arg0: tensor<8xf32> {hloalias.name = "x", tf.aliasing_output = 
 
 // -----
 
-// CHECK-NEXT: error: argument 1 ('b'): tf.aliasing_output = 0, but argument 0 ('a') already aliases result 0
-func.func @main(%arg0: tensor<8xf32> {hloalias.name = "a", tf.aliasing_output = 0 : i32}, %arg1: tensor<8xf32> {hloalias.name = "b", tf.aliasing_output = 0 : i32}) -> tensor<8xf32> {
+// CHECK-NEXT: error: argument 1 ('b'): 'tf.aliasing_output' = 0, but argument 0 ('a') already aliases result 0
+func.func @main(%arg0: tensor<8xf32> {hloalias.name = "a", tf.aliasing_output = 0 : i32}, %arg1: tensor<8xf32> {hloalias.name = "b", tf.aliasing_output = 0 : i32}) -> (tensor<8xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
   %0 = stablehlo.add %arg0, %arg1 : tensor<8xf32>
   return %0 : tensor<8xf32>
 }
@@ -41,7 +41,7 @@ func.func @main(%arg0: tensor<8xf32> {hloalias.name = "x", tf.aliasing_output = 
 
 // The one valid chunk is still printed.
 // CHECK-NEXT: module {
-// CHECK-NEXT:   func.func @main(%arg0: tensor<8xf32> {hloalias.donation = "explicit", hloalias.name = "ok", tf.aliasing_output = 0 : i32}) -> tensor<8xf32> {
+// CHECK-NEXT:   func.func @main(%arg0: tensor<8xf32> {hloalias.donation = "explicit", hloalias.name = "ok", tf.aliasing_output = 0 : i32}) -> (tensor<8xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
 func.func @main(%arg0: tensor<8xf32> {hloalias.name = "ok", jax.buffer_donor = true}) -> tensor<8xf32> {
   %0 = stablehlo.negate %arg0 : tensor<8xf32>
   return %0 : tensor<8xf32>

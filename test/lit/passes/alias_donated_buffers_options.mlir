@@ -46,10 +46,10 @@ func.func @main(%arg0: tensor<8xf32> {hloalias.kind = "parameter", hloalias.name
 // EXCLUDE-REPORT-NEXT:   unused  arg 0 'w' (inferred): arguments of kind 'parameter' are excluded from donation
 // EXCLUDE-REPORT-NEXT:   unused  arg 3 'y' (explicit): arguments of kind 'user_input' are excluded from donation
 // EXCLUDE-LABEL: func.func @main(
-// EXCLUDE-SAME:    %arg0: tensor<8xf32> {hloalias.kind = "parameter", hloalias.name = "w"},
+// EXCLUDE-SAME:    %arg0: tensor<8xf32> {hloalias.donation = "inferred", hloalias.kind = "parameter", hloalias.name = "w", hloalias.unused_donation = "arguments of kind 'parameter' are excluded from donation"},
 // EXCLUDE-SAME:    %arg1: tensor<8xf32> {hloalias.donation = "inferred", hloalias.kind = "buffer", hloalias.name = "b", tf.aliasing_output = 1 : i32},
 // EXCLUDE-SAME:    %arg2: tensor<8xf32> {hloalias.kind = "user_input", hloalias.name = "x"},
-// EXCLUDE-SAME:    %arg3: tensor<8xf32> {hloalias.kind = "user_input", hloalias.name = "y"})
+// EXCLUDE-SAME:    %arg3: tensor<8xf32> {hloalias.donation = "explicit", hloalias.kind = "user_input", hloalias.name = "y", hloalias.unused_donation = "arguments of kind 'user_input' are excluded from donation"})
 
 // inferred=false: mutated arguments are not aliased, so the explicit donor y
 // takes the first free result of its type, result 0.

@@ -12,7 +12,7 @@ module {
   }
 }
 
-// CHECK-LABEL: func.func @main(%arg0: tensor<1024xf32> {hloalias.kind = "user_input", hloalias.name = "x"}) attributes {hloalias.removed_results = [
+// CHECK-LABEL: func.func @main(%arg0: tensor<1024xf32> {hloalias.donation = "explicit", hloalias.kind = "user_input", hloalias.name = "x", hloalias.unused_donation = "it is returned unchanged (output:0, rebuilt from its buffer after the call)"}) attributes {hloalias.removed_results = [
 // CHECK-SAME:    {base = "arg:0", chain = [], dtype = f32, offset = 0 : i64, reason = "pass_through", result = "output:0", sizes = array<i64: 1024>, strides = array<i64: 1>},
 // CHECK-SAME:    {base = "arg:0", chain = ["reshape 2x512"], dtype = f32, offset = 0 : i64, reason = "view", result = "output:1", sizes = array<i64: 2, 512>, strides = array<i64: 512, 1>}]} {
 // CHECK-NEXT:    return{{$}}
@@ -37,7 +37,7 @@ func.func @main(%arg0: tensor<1x16x4xf32> {hloalias.kind = "buffer", hloalias.na
 
 // CHECK-LABEL: func.func @main(
 // CHECK-SAME:    %arg0: tensor<1x16x4xf32> {hloalias.donation = "inferred", hloalias.kind = "buffer", hloalias.name = "k_cache", tf.aliasing_output = 0 : i32},
-// CHECK-SAME:    %arg1: tensor<1x2x4xf32> {hloalias.kind = "user_input", hloalias.name = "x", jax.buffer_donor = true},
+// CHECK-SAME:    %arg1: tensor<1x2x4xf32> {hloalias.donation = "explicit", hloalias.kind = "user_input", hloalias.name = "x", hloalias.unused_donation = "no free result of type tensor<1x2x4xf32>", jax.buffer_donor = true},
 // CHECK-SAME:    %arg2: tensor<i64> {hloalias.kind = "user_input", hloalias.name = "pos"})
 // CHECK-SAME:    -> (tensor<1x16x4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"})
 // CHECK-SAME:    attributes {hloalias.removed_results = [

@@ -175,7 +175,7 @@ class GeneratedProgram:
             + f"expected = ({build})(*eager_inputs)\n"
             + "got = exe(*hloalias_inputs)\n"
             + "print(expected, got, eager_inputs, hloalias_inputs, exe.state_dict(), sep='\\n')\n"
-            + "exe.explain()\n"
+            + "print(exe.explain())\n"
         )
 
     def describe(self) -> str:

@@ -1,0 +1,499 @@
+"""The IR contract as typed records, read and written in one place.
+
+:mod:`hloalias.attributes` documents the attributes; this module is their
+only reader and writer.  Passes, the runtime and ``hloalias-opt`` exchange
+:class:`ArgRecord`, :class:`ResultRecord` and :class:`RemovedResult` values
+and never parse attribute dictionaries themselves.
+
+- :meth:`Signature.read` turns ``@main``'s attributes into records and
+  raises :class:`IRError` naming the attribute and the argument or result
+  when one has the wrong type or value.
+- :func:`verify` also checks the records against each other (keys unique,
+  rebuild bases kept, aliasing in range and type-correct).  Every hloalias
+  pass runs it on entry and exit and the runtime once on the final module,
+  so a module that breaks the contract fails at compile time.
+- :meth:`Signature.write` writes records back, always in canonical form
+  (every result has its role, and its output number or mutated argument).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from torch_mlir import ir
+from torch_mlir.dialects import func
+
+from hloalias import attributes as A
+from hloalias.errors import IRError
+from hloalias.mlir import (
+    arg_attr_dicts,
+    return_op,
+    result_attr_dicts,
+    set_arg_attr_dicts,
+    set_result_attr_dicts,
+)
+
+DONATION_ORIGINS = ("inferred", "explicit", "both")
+REMOVAL_REASONS = (A.REASON_VIEW, A.REASON_PASS_THROUGH, A.REASON_DUPLICATE, A.REASON_DEAD)
+
+# Contract attributes on arguments and results: what ``to_attrs`` owns.
+_ARG_NAMES = (
+    A.ARG_KIND, A.ARG_NAME, A.ALIASING_OUTPUT, A.BUFFER_DONOR, A.ARG_DONATION, A.ARG_UNUSED_DONATION,
+    A.SHARDING,
+)
+_RESULT_NAMES = (A.RESULT_ROLE, A.RESULT_OUTPUT, A.RESULT_MUTATES, A.RESULT_STORAGE, A.SHARDING)
+
+
+# -- typed attribute readers ------------------------------------------------------
+
+def _string(attr: ir.Attribute, what: str) -> str:
+    try:
+        return str(ir.StringAttr(attr).value)
+    except ValueError:
+        raise IRError(f"{what} must be a string, got {attr}") from None
+
+
+def _integer(attr: ir.Attribute, what: str) -> int:
+    try:
+        return int(ir.IntegerAttr(attr).value)
+    except ValueError:
+        raise IRError(f"{what} must be an integer, got {attr}") from None
+
+
+def _boolean(attr: ir.Attribute, what: str) -> bool:
+    if isinstance(attr, ir.UnitAttr):
+        return True
+    try:
+        return bool(ir.BoolAttr(attr).value)
+    except ValueError:
+        raise IRError(f"{what} must be a boolean, got {attr}") from None
+
+
+def _i64(value: int) -> ir.IntegerAttr:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+
+
+def _i32(value: int) -> ir.IntegerAttr:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(32), value)
+
+
+def check_key(text: str, what: str, *, allow_arg: bool) -> str:
+    """``text`` if it is a well-formed result key (or ``arg:I`` when
+    ``allow_arg``), else IRError naming ``what``."""
+    try:
+        kind, _ = A.parse_key(text)
+    except ValueError:
+        kind = ""
+    if kind in ("output", "mutation") or (allow_arg and kind == "arg"):
+        return text
+    expected = "'output:N', 'mutation:I' or 'arg:I'" if allow_arg else "'output:N' or 'mutation:I'"
+    raise IRError(f"{what} is '{text}', expected {expected}")
+
+
+# -- layouts -------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a view's elements lie in its base: ``as_strided(sizes, strides, offset)``
+    in elements of ``element_type``, relative to a contiguous row-major base."""
+
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    element_type: ir.Type
+
+    @staticmethod
+    def contiguous(tensor_type: ir.Type) -> Layout:
+        """Row-major layout of a whole tensor of ``tensor_type``."""
+        tensor = ir.RankedTensorType(tensor_type)
+        sizes = tuple(int(s) for s in tensor.shape)
+        return Layout(sizes, row_major_strides(sizes), 0, tensor.element_type)
+
+
+def row_major_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides (in elements) of a contiguous row-major tensor of ``sizes``."""
+    strides = []
+    running = 1
+    for size in reversed(sizes):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+# -- records ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ArgRecord:
+    """What the contract says about one argument of ``@main``."""
+
+    kind: str | None = None
+    name: str | None = None
+    aliasing_output: int | None = None  # tf.aliasing_output
+    buffer_donor: bool = False  # jax.buffer_donor
+    donation: str | None = None  # why aliased or offered: inferred / explicit / both
+    unused_donation: str | None = None  # why a donation was not turned into an alias
+    sharding: str | None = None  # mhlo.sharding without blanks; None: one device
+
+    @property
+    def overwritten(self) -> bool:
+        """Whether XLA may write into this argument's buffer."""
+        return self.aliasing_output is not None or self.buffer_donor
+
+    def display_name(self, index: int) -> str:
+        """``hloalias.name``, or ``argI`` when the argument has none."""
+        return self.name if self.name is not None else f"arg{index}"
+
+    @staticmethod
+    def from_attrs(attrs: dict[str, ir.Attribute], index: int) -> ArgRecord:
+        """Read argument ``index``'s attributes; IRError names a bad one."""
+
+        def what(name: str) -> str:
+            return f"argument {index}: '{name}'"
+
+        def opt_string(name: str) -> str | None:
+            return _string(attrs[name], what(name)) if name in attrs else None
+
+        kind = opt_string(A.ARG_KIND)
+        if kind is not None and kind not in A.ARG_KINDS:
+            raise IRError(f"{what(A.ARG_KIND)} is '{kind}', expected one of {', '.join(A.ARG_KINDS)}")
+        donation = opt_string(A.ARG_DONATION)
+        if donation is not None and donation not in DONATION_ORIGINS:
+            raise IRError(
+                f"{what(A.ARG_DONATION)} is '{donation}', expected one of {', '.join(DONATION_ORIGINS)}"
+            )
+        aliasing = None
+        if A.ALIASING_OUTPUT in attrs:
+            aliasing = _integer(attrs[A.ALIASING_OUTPUT], what(A.ALIASING_OUTPUT))
+        donor = _boolean(attrs[A.BUFFER_DONOR], what(A.BUFFER_DONOR)) if A.BUFFER_DONOR in attrs else False
+        return ArgRecord(
+            kind, opt_string(A.ARG_NAME), aliasing, donor, donation, opt_string(A.ARG_UNUSED_DONATION),
+            _sharding(opt_string(A.SHARDING)),
+        )
+
+    def to_attrs(self, attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attribute]:
+        """``attrs`` with the contract attributes replaced by this record's."""
+        out = {k: v for k, v in attrs.items() if k not in _ARG_NAMES}
+        if self.kind is not None:
+            out[A.ARG_KIND] = ir.StringAttr.get(self.kind)
+        if self.name is not None:
+            out[A.ARG_NAME] = ir.StringAttr.get(self.name)
+        if self.aliasing_output is not None:
+            out[A.ALIASING_OUTPUT] = _i32(self.aliasing_output)
+        if self.buffer_donor:
+            out[A.BUFFER_DONOR] = ir.BoolAttr.get(True)
+        if self.donation is not None:
+            out[A.ARG_DONATION] = ir.StringAttr.get(self.donation)
+        if self.unused_donation is not None:
+            out[A.ARG_UNUSED_DONATION] = ir.StringAttr.get(self.unused_donation)
+        if self.sharding is not None:
+            out[A.SHARDING] = ir.StringAttr.get(self.sharding)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultRecord:
+    """What the contract says about one result of ``@main`` (canonical:
+    a user output always has ``output``, a mutation always ``mutates``)."""
+
+    role: str
+    output: int | None = None
+    mutates: int | None = None
+    storage: str | None = None
+    sharding: str | None = None  # mhlo.sharding without blanks; None: the partitioner's choice
+
+    @property
+    def key(self) -> str:
+        """The result key (``output:N`` / ``mutation:I``)."""
+        if self.role == A.ROLE_MUTATION:
+            assert self.mutates is not None
+            return A.mutation_key(self.mutates)
+        assert self.output is not None
+        return A.output_key(self.output)
+
+    @staticmethod
+    def from_attrs(attrs: dict[str, ir.Attribute], position: int) -> ResultRecord:
+        """Read result ``position``'s attributes.  A result without a role is
+        a user output; one without an output number is user output
+        ``position``.  IRError names a bad attribute."""
+
+        def what(name: str) -> str:
+            return f"result {position} of @main: '{name}'"
+
+        role = _string(attrs[A.RESULT_ROLE], what(A.RESULT_ROLE)) if A.RESULT_ROLE in attrs else None
+        output = _integer(attrs[A.RESULT_OUTPUT], what(A.RESULT_OUTPUT)) if A.RESULT_OUTPUT in attrs else None
+        mutates = (
+            _integer(attrs[A.RESULT_MUTATES], what(A.RESULT_MUTATES)) if A.RESULT_MUTATES in attrs else None
+        )
+        storage = (
+            _string(attrs[A.RESULT_STORAGE], what(A.RESULT_STORAGE)) if A.RESULT_STORAGE in attrs else None
+        )
+        if role is None:
+            role = A.ROLE_MUTATION if mutates is not None and output is None else A.ROLE_USER_OUTPUT
+        if role == A.ROLE_USER_OUTPUT:
+            if mutates is not None:
+                raise IRError(f"{what(A.RESULT_MUTATES)} is set on a user output")
+            if output is None:
+                output = position
+            if output < 0:
+                raise IRError(f"{what(A.RESULT_OUTPUT)} is {output}, expected a position >= 0")
+        elif role == A.ROLE_MUTATION:
+            if output is not None:
+                raise IRError(f"{what(A.RESULT_OUTPUT)} is set on a mutation result")
+            if mutates is None:
+                raise IRError(f"{what(A.RESULT_MUTATES)} is missing: the result is a mutation")
+        else:
+            raise IRError(
+                f"{what(A.RESULT_ROLE)} is '{role}', expected '{A.ROLE_USER_OUTPUT}' or '{A.ROLE_MUTATION}'"
+            )
+        if storage is not None:
+            kind, _, number = storage.partition(":")
+            if kind not in ("arg", "new") or not number.isdigit():
+                raise IRError(f"{what(A.RESULT_STORAGE)} is '{storage}', expected 'arg:I' or 'new:N'")
+        sharding = _string(attrs[A.SHARDING], what(A.SHARDING)) if A.SHARDING in attrs else None
+        return ResultRecord(role, output, mutates, storage, _sharding(sharding))
+
+    def to_attrs(self, attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attribute]:
+        """``attrs`` with the contract attributes replaced by this record's."""
+        out = {k: v for k, v in attrs.items() if k not in _RESULT_NAMES}
+        out[A.RESULT_ROLE] = ir.StringAttr.get(self.role)
+        if self.output is not None:
+            out[A.RESULT_OUTPUT] = _i64(self.output)
+        if self.mutates is not None:
+            out[A.RESULT_MUTATES] = _i64(self.mutates)
+        if self.storage is not None:
+            out[A.RESULT_STORAGE] = ir.StringAttr.get(self.storage)
+        if self.sharding is not None:
+            out[A.SHARDING] = ir.StringAttr.get(self.sharding)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RemovedResult:
+    """One entry of ``hloalias.removed_results``: why result ``key`` left
+    ``@main`` and how to rebuild it from ``base`` (both None for dead)."""
+
+    key: str
+    reason: str
+    base: str | None = None
+    layout: Layout | None = None
+    chain: tuple[str, ...] = ()
+
+    @property
+    def is_identity(self) -> bool:
+        """The base itself (a pass-through or duplicate without view ops)."""
+        return self.reason in (A.REASON_PASS_THROUGH, A.REASON_DUPLICATE) and not self.chain
+
+    @staticmethod
+    def from_attr(attr: ir.Attribute, index: int) -> RemovedResult:
+        """Read entry ``index`` of ``hloalias.removed_results``."""
+        where = f"'{A.REMOVED_RESULTS}' entry {index}"
+        try:
+            record = ir.DictAttr(attr)
+        except ValueError:
+            raise IRError(f"{where} must be a dictionary, got {attr}") from None
+
+        def field(name: str) -> ir.Attribute:
+            if name not in record:
+                raise IRError(f"{where} lacks '{name}'")
+            return record[name]
+
+        key = check_key(_string(field("result"), f"{where}: 'result'"), f"{where}: 'result'", allow_arg=False)
+        reason = _string(field("reason"), f"{where}: 'reason'")
+        if reason not in REMOVAL_REASONS:
+            raise IRError(f"{where}: 'reason' is '{reason}', expected one of {', '.join(REMOVAL_REASONS)}")
+        if reason == A.REASON_DEAD:
+            if "base" in record:
+                raise IRError(f"{where} ({key}) is dead but has a 'base'")
+            return RemovedResult(key, reason)
+        base = check_key(_string(field("base"), f"{where}: 'base'"), f"{where}: 'base'", allow_arg=True)
+        try:
+            element_type = ir.TypeAttr(field("dtype")).value
+        except ValueError:
+            raise IRError(f"{where}: 'dtype' must be a type, got {record['dtype']}") from None
+        arrays = []
+        for name in ("sizes", "strides"):
+            try:
+                arrays.append(tuple(int(v) for v in ir.DenseI64ArrayAttr(field(name))))
+            except ValueError:
+                raise IRError(f"{where}: '{name}' must be an array<i64>, got {record[name]}") from None
+        sizes, strides = arrays
+        if len(sizes) != len(strides):
+            raise IRError(f"{where}: 'sizes' has {len(sizes)} entries but 'strides' {len(strides)}")
+        if any(s < 0 for s in sizes):
+            raise IRError(f"{where}: 'sizes' {list(sizes)} has a negative size")
+        offset = _integer(field("offset"), f"{where}: 'offset'")
+        if offset < 0:
+            raise IRError(f"{where}: 'offset' is {offset}, expected >= 0")
+        chain: tuple[str, ...] = ()
+        if "chain" in record:
+            try:
+                entries = ir.ArrayAttr(record["chain"])
+            except ValueError:
+                raise IRError(f"{where}: 'chain' must be an array of strings, got {record['chain']}") from None
+            chain = tuple(_string(entry, f"{where}: 'chain'") for entry in entries)
+        return RemovedResult(key, reason, base, Layout(sizes, strides, offset, element_type), chain)
+
+    def to_attr(self) -> ir.Attribute:
+        """The dictionary stored in ``hloalias.removed_results``."""
+        entries: dict[str, ir.Attribute] = {
+            "result": ir.StringAttr.get(self.key),
+            "reason": ir.StringAttr.get(self.reason),
+        }
+        if self.base is not None and self.layout is not None:
+            entries["base"] = ir.StringAttr.get(self.base)
+            entries["dtype"] = ir.TypeAttr.get(self.layout.element_type)
+            entries["sizes"] = ir.DenseI64ArrayAttr.get(list(self.layout.sizes))
+            entries["strides"] = ir.DenseI64ArrayAttr.get(list(self.layout.strides))
+            entries["offset"] = _i64(self.layout.offset)
+            entries["chain"] = ir.ArrayAttr.get([ir.StringAttr.get(c) for c in self.chain])
+        return ir.DictAttr.get(entries)
+
+
+def read_removed_results(main: func.FuncOp) -> tuple[RemovedResult, ...]:
+    """``@main``'s ``hloalias.removed_results`` as records (empty if absent)."""
+    if A.REMOVED_RESULTS not in main.attributes:
+        return ()
+    attr = main.attributes[A.REMOVED_RESULTS]
+    try:
+        entries = ir.ArrayAttr(attr)
+    except ValueError:
+        raise IRError(f"'{A.REMOVED_RESULTS}' must be an array of dictionaries, got {attr}") from None
+    return tuple(RemovedResult.from_attr(entry, index) for index, entry in enumerate(entries))
+
+
+def write_removed_results(main: func.FuncOp, removed: Sequence[RemovedResult]) -> None:
+    """Replace ``@main``'s ``hloalias.removed_results`` (dropped when empty)."""
+    if not removed:
+        if A.REMOVED_RESULTS in main.attributes:
+            del main.attributes[A.REMOVED_RESULTS]
+        return
+    main.attributes[A.REMOVED_RESULTS] = ir.ArrayAttr.get([r.to_attr() for r in removed])
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """``@main``'s contract: one record per argument and result, the
+    removed results, and the types (for checks that need them)."""
+
+    args: tuple[ArgRecord, ...]
+    results: tuple[ResultRecord, ...]
+    removed: tuple[RemovedResult, ...]
+    arg_types: tuple[ir.Type, ...]
+    result_types: tuple[ir.Type, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The kept results' keys, by position."""
+        return tuple(r.key for r in self.results)
+
+    def arg_what(self, index: int) -> str:
+        """``argument I ('name')`` for messages."""
+        return f"argument {index} ('{self.args[index].display_name(index)}')"
+
+    @staticmethod
+    def read(main: func.FuncOp) -> Signature:
+        """Read every contract attribute of ``main`` into records (types
+        and values of each attribute checked; relations by :meth:`check`)."""
+        arg_dicts = arg_attr_dicts(main)
+        result_dicts = result_attr_dicts(main)
+        function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+        return Signature(
+            tuple(ArgRecord.from_attrs(attrs, i) for i, attrs in enumerate(arg_dicts)),
+            tuple(ResultRecord.from_attrs(attrs, p) for p, attrs in enumerate(result_dicts)),
+            read_removed_results(main),
+            tuple(function_type.inputs),
+            tuple(function_type.results),
+        )
+
+    def check(self) -> None:
+        """The relations between records; IRError names the culprit."""
+        arg_count = len(self.args)
+        seen: dict[str, str] = {}
+        for position, result in enumerate(self.results):
+            what = f"result {position} of @main"
+            if result.mutates is not None and not 0 <= result.mutates < arg_count:
+                raise IRError(
+                    f"{what}: '{A.RESULT_MUTATES}' is {result.mutates}; @main has {arg_count} arguments"
+                )
+            if result.key in seen:
+                raise IRError(f"{what} has result key {result.key}, like {seen[result.key]}")
+            seen[result.key] = what
+        kept = set(seen)
+        for index, record in enumerate(self.removed):
+            what = f"'{A.REMOVED_RESULTS}' entry {index} ({record.key})"
+            if record.key in seen:
+                raise IRError(f"{what}: result key {record.key} is also {seen[record.key]}")
+            seen[record.key] = f"removed entry {index}"
+        for index, record in enumerate(self.removed):
+            if record.base is None:
+                continue
+            what = f"'{A.REMOVED_RESULTS}' entry {index} ({record.key}): 'base'"
+            kind, number = A.parse_key(record.base)
+            if kind == "arg":
+                if number >= arg_count:
+                    raise IRError(f"{what} is {record.base}; @main has {arg_count} arguments")
+            elif record.base not in kept:
+                state = "a removed result" if record.base in seen else "no result of @main"
+                raise IRError(f"{what} is {record.base}, which is {state}: a base must be kept")
+        holders: dict[int, int] = {}
+        for index, arg in enumerate(self.args):
+            if arg.aliasing_output is None:
+                continue
+            what = f"{self.arg_what(index)}: '{A.ALIASING_OUTPUT}' = {arg.aliasing_output}"
+            if not 0 <= arg.aliasing_output < len(self.results):
+                raise IRError(f"{what} is out of range; @main has {len(self.results)} results")
+            if arg.aliasing_output in holders:
+                other = holders[arg.aliasing_output]
+                raise IRError(
+                    f"{what}, but {self.arg_what(other)} already aliases result {arg.aliasing_output}"
+                )
+            holders[arg.aliasing_output] = index
+            if self.arg_types[index] != self.result_types[arg.aliasing_output]:
+                raise IRError(
+                    f"{what} pairs {self.arg_types[index]} with result of type "
+                    f"{self.result_types[arg.aliasing_output]}"
+                )
+            result_sharding = self.results[arg.aliasing_output].sharding
+            if arg.sharding != result_sharding:
+                raise IRError(
+                    f"{what} pairs sharding {placement_text(arg.sharding)} with result sharding "
+                    f"{placement_text(result_sharding)}: a buffer holds one shard"
+                )
+
+    def write(self, main: func.FuncOp) -> None:
+        """Write the records to ``main`` in canonical form, keeping any
+        attribute that is not part of the contract."""
+        set_arg_attr_dicts(
+            main, [rec.to_attrs(attrs) for rec, attrs in zip(self.args, arg_attr_dicts(main))]
+        )
+        set_result_attr_dicts(
+            main, [rec.to_attrs(attrs) for rec, attrs in zip(self.results, result_attr_dicts(main))]
+        )
+        write_removed_results(main, self.removed)
+
+
+def _sharding(text: str | None) -> str | None:
+    """An ``mhlo.sharding`` in canonical form: without blanks."""
+    return None if text is None else "".join(text.split())
+
+
+def placement_text(sharding: str | None) -> str:
+    """A sharding for messages; None is the partitioner's choice."""
+    return sharding if sharding is not None else "chosen by the partitioner"
+
+
+def verify(main: func.FuncOp) -> Signature:
+    """Check ``main`` against the whole IR contract and return its records.
+    Raises :class:`IRError` naming the attribute and the argument or result."""
+    return_op(main)
+    signature = Signature.read(main)
+    signature.check()
+    return signature
+
+
+__all__ = [
+    "ArgRecord", "DONATION_ORIGINS", "Layout", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord",
+    "Signature", "check_key", "read_removed_results", "row_major_strides", "verify",
+    "write_removed_results",
+]

@@ -1,0 +1,212 @@
+"""The IR contract (hloalias.contract): typed records, one ``verify``, and
+what depends on them: reports rebuilt from the final module, the runtime's
+single check of the final module, and IR from other producers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch_mlir import ir
+
+import hloalias
+from hloalias import attributes as A
+from hloalias.contract import ArgRecord, RemovedResult, ResultRecord, Signature, verify
+from hloalias.errors import IRError
+from hloalias.mlir import find_main, new_context, parse_module, print_module
+from hloalias.passes import AliasDonatedBuffers, AliasReport, EliminateViewResults, ViewReport
+from hloalias.pipeline import run_pipeline
+
+
+def _verify_text(text: str) -> Signature:
+    module = parse_module(text, new_context())
+    with module.context:
+        return verify(find_main(module))
+
+
+_MAIN = (
+    "func.func @main(%arg0: tensor<8xf32>{ARG}) -> (tensor<8xf32>{R0}, tensor<8xf32>{R1}){FN} {{\n"
+    "  %0 = stablehlo.negate %arg0 : tensor<8xf32>\n"
+    "  return %0, %arg0 : tensor<8xf32>, tensor<8xf32>\n"
+    "}}\n"
+)
+
+
+def _main(arg: str = "", r0: str = "", r1: str = "", fn: str = "") -> str:
+    def attrs(text: str) -> str:
+        return f" {{{text}}}" if text else ""
+
+    return _MAIN.format(
+        ARG=attrs(arg), R0=attrs(r0), R1=attrs(r1), FN=f" attributes {{{fn}}}" if fn else ""
+    )
+
+
+_REBUILD = (
+    'base = "{base}", chain = [], dtype = f32, offset = 0 : i64, reason = "view", '
+    'result = "output:2", sizes = array<i64: 8>, strides = array<i64: 1>'
+)
+
+VIOLATIONS: dict[str, tuple[str, str]] = {
+    "duplicate_keys": (
+        _main(r0="hloalias.output = 1 : i64"), "result 1 of @main has result key output:1, like result 0"
+    ),
+    "removed_key_also_kept": (
+        _main(fn='hloalias.removed_results = [{reason = "dead", result = "output:0"}]'),
+        "entry 0 (output:0): result key output:0 is also result 0 of @main",
+    ),
+    "base_names_no_result": (
+        _main(fn="hloalias.removed_results = [{" + _REBUILD.format(base="output:9") + "}]"),
+        "'base' is output:9, which is no result of @main: a base must be kept",
+    ),
+    "base_names_missing_argument": (
+        _main(fn="hloalias.removed_results = [{" + _REBUILD.format(base="arg:4") + "}]"),
+        "'base' is arg:4; @main has 1 arguments",
+    ),
+    "dead_result_with_a_base": (
+        _main(fn='hloalias.removed_results = [{reason = "dead", result = "output:2", base = "arg:0"}]'),
+        "(output:2) is dead but has a 'base'",
+    ),
+    "unknown_reason": (
+        _main(fn='hloalias.removed_results = [{reason = "gone", result = "output:2"}]'),
+        "'reason' is 'gone'",
+    ),
+    "sizes_not_an_array": (
+        _main(fn="hloalias.removed_results = [{" + _REBUILD.format(base="arg:0").replace(
+            "sizes = array<i64: 8>", "sizes = 8 : i64") + "}]"),
+        "'sizes' must be an array<i64>",
+    ),
+    "unknown_role": (_main(r0='hloalias.role = "scratch"'), "'hloalias.role' is 'scratch'"),
+    "mutation_without_argument": (
+        _main(r0='hloalias.role = "mutation"'), "'hloalias.mutates' is missing: the result is a mutation"
+    ),
+    "output_on_a_mutation": (
+        _main(r0='hloalias.role = "mutation", hloalias.mutates = 0 : i64, hloalias.output = 0 : i64'),
+        "result 0 of @main: 'hloalias.output' is set on a mutation result",
+    ),
+    "storage_malformed": (_main(r0='hloalias.storage = "somewhere"'), "'hloalias.storage' is 'somewhere'"),
+    "buffer_donor_not_boolean": (_main(arg="jax.buffer_donor = 1 : i32"), "'jax.buffer_donor' must be a boolean"),
+    "unknown_donation_origin": (_main(arg='hloalias.donation = "maybe"'), "'hloalias.donation' is 'maybe'"),
+    "name_not_a_string": (_main(arg="hloalias.name = 3 : i64"), "argument 0: 'hloalias.name' must be a string"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIOLATIONS))
+def test_verify_names_the_attribute_and_its_owner(name: str) -> None:
+    """Every violation is an IRError naming the attribute and the argument,
+    result or removed entry; never a KeyError or ValueError."""
+    text, message = VIOLATIONS[name]
+    with pytest.raises(IRError) as raised:
+        _verify_text(text)
+    assert message in str(raised.value)
+
+
+def test_records_read_and_write_canonically() -> None:
+    """Reading fills in what the contract implies (a result without a role
+    is the user output at its position); writing spells all of it out."""
+    module = parse_module(
+        _main(arg='hloalias.kind = "user_input", hloalias.name = "x", jax.buffer_donor', r1="hloalias.output = 0 : i64"),
+        new_context(),
+    )
+    with module.context:
+        main = find_main(module)
+        signature = Signature.read(main)
+        assert signature.args == (ArgRecord(kind="user_input", name="x", buffer_donor=True),)
+        assert signature.results == (ResultRecord("user_output", output=0), ResultRecord("user_output", output=0))
+    # Both claim user output 0: rejected, never silently renumbered.
+    with pytest.raises(IRError, match="result 1 of @main has result key output:0"):
+        signature.check()
+    module = parse_module(_main(r0="hloalias.output = 1 : i64", r1="hloalias.output = 0 : i64"), new_context())
+    with module.context:
+        main = find_main(module)
+        verify(main).write(main)
+        text = print_module(module)
+    # Each keeps its number, now with its role spelt out.
+    assert (
+        '-> (tensor<8xf32> {hloalias.output = 1 : i64, hloalias.role = "user_output"}, '
+        'tensor<8xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"})'
+    ) in text
+
+
+def test_removed_result_round_trips_through_its_attribute() -> None:
+    module = parse_module(_main(), new_context())
+    with module.context:
+        record = RemovedResult("output:3", A.REASON_DEAD)
+        assert RemovedResult.from_attr(record.to_attr(), 0) == record
+
+
+# -- reports of the final module ----------------------------------------------
+
+def _views_and_mutation(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y.mul_(2)
+    return x.t(), x[1:] + 1
+
+
+def test_reports_come_from_the_final_module_after_a_pass_runs_twice() -> None:
+    """The second run of eliminate-view-results removes nothing; the
+    executable's reports still show what the first removed and the alias
+    the alias pass made (they were the last run's before)."""
+    x, y = torch.randn(3, 3), torch.randn(3, 3)
+    exe = hloalias.compile(
+        _views_and_mutation, (x, y),
+        pipeline="builtin.module(eliminate-view-results, alias-donated-buffers, eliminate-view-results)",
+    )
+    assert exe.view_report is not None and exe.alias_report is not None
+    assert [(r.key, r.base, r.reason) for r in exe.view_report.removed] == [("output:0", "arg:0", "view")]
+    assert [(a.arg_name, a.origin) for a in exe.alias_report.aliases] == [("y", "inferred")]
+    text = exe.explain()
+    assert "output:0: rebuilt as a view of arg:0 (view: transpose [1, 0])" in text
+    assert "arg 1 'y' -> result 0" in text
+    x2, y2 = torch.randn(3, 3), torch.randn(3, 3)
+    expected_y = y2.clone()
+    got = exe(x2, y2)
+    want = _views_and_mutation(x2.clone(), expected_y)
+    assert all(torch.equal(g, w) for g, w in zip(got, want)) and torch.equal(y2, expected_y)
+
+
+def test_module_reports_match_a_single_runs_reports() -> None:
+    """After one run of each pass, the reports rebuilt from the IR equal the
+    ones the runs returned (unused donations included)."""
+    program = hloalias.import_torch(_views_and_mutation, (torch.randn(3, 3), torch.randn(3, 3)))
+    module: Any = program.torch_mlir_module
+    view = EliminateViewResults().apply(module)
+    with pytest.warns(UserWarning, match="not usable"):
+        alias = AliasDonatedBuffers(donate=("x",)).apply(module)
+    assert alias.unused, "x is the base of a rebuilt view: its donation is unused"
+    assert ViewReport.from_module(module) == view
+    assert AliasReport.from_module(module) == alias
+
+
+# -- the runtime checks the final module once ---------------------------------
+
+def test_compile_rejects_a_final_module_that_breaks_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipeline that leaves a broken record is an IRError at compile
+    time, not a KeyError or ValueError at call time."""
+    import hloalias.runtime.executable as executable
+
+    def corrupting(module: Any, text: str, **kwargs: Any) -> list[Any]:
+        reports = run_pipeline(module, text, **kwargs)
+        with module.context:
+            main = find_main(module)
+            main.attributes[A.REMOVED_RESULTS] = ir.Attribute.parse(
+                '[{reason = "view", result = "output:1"}]'
+            )
+        return reports
+
+    monkeypatch.setattr(executable, "run_pipeline", corrupting)
+    with pytest.raises(IRError, match="entry 0 lacks 'base'"):
+        hloalias.compile(lambda x: x + 1, (torch.randn(2),))
+
+
+# -- IR XLA cannot take as torch-mlir writes it ---------------------------------
+
+def test_as_strided_compiles_and_matches_eager() -> None:
+    """``as_strided`` lowers to a gather with dense_resource index constants;
+    they are inlined before serialization (was: CompileError)."""
+
+    def strided(x: torch.Tensor) -> torch.Tensor:
+        return x.as_strided((2, 2), (1, 2), 1) * 3
+
+    x = torch.randn(3, 4)
+    exe = hloalias.compile(strided, (x,))
+    assert torch.equal(exe(x), strided(x))
