@@ -319,10 +319,12 @@ def plan_shardings(
             placement.arguments[argument.index] = ArgumentSharding(argument.name, spec, hlo, shape, element_bytes)
         # Through the contract's records: they write mhlo.sharding canonically.
         contract = Signature.read(main)
-        hlo = {index: "".join(sharding.hlo.split()) for index, sharding in placement.arguments.items()}
-        args = tuple(dataclasses.replace(arg, sharding=hlo[i]) for i, arg in enumerate(contract.args))
+        canonical = {index: "".join(sharding.hlo.split()) for index, sharding in placement.arguments.items()}
+        args = tuple(dataclasses.replace(arg, sharding=canonical[i]) for i, arg in enumerate(contract.args))
         results = tuple(
-            dataclasses.replace(result, sharding=hlo[result.mutates]) if result.mutates is not None else result
+            dataclasses.replace(result, sharding=canonical[result.mutates])
+            if result.mutates is not None
+            else result
             for result in contract.results
         )
         dataclasses.replace(contract, args=args, results=results).write(main)
