@@ -399,7 +399,8 @@ def decompose(
     if table is None:
         table = get_decomposition_table()
     if split is None or retrace is None or guard is None:
-        return exported.run_decompositions(table)
+        decomposed: ExportedProgram = exported.run_decompositions(table)
+        return decomposed
     cached = _SPLIT_CACHE.get(_operator_registry_key(table))
     if cached is None:
         cached = split(dict(table))
@@ -408,7 +409,7 @@ def decompose(
         _SPLIT_CACHE[_operator_registry_key(table)] = cached
     cia_to_decomp, python_table = cached
 
-    @guard  # type: ignore[untyped-decorator,misc]
+    @guard  # type: ignore[untyped-decorator]
     def run() -> ExportedProgram:
         result: ExportedProgram = retrace(
             exported,
@@ -419,7 +420,8 @@ def decompose(
         )
         return result
 
-    return run()
+    decomposed_program: ExportedProgram = run()
+    return decomposed_program
 
 
 def _operator_registry_key(table: dict[Any, Callable[..., Any]]) -> Any:

@@ -22,6 +22,7 @@ from hloalias.errors import (
     IRError,
     PassError,
     PipelineError,
+    ShardingError,
     TorchImportError,
 )
 
@@ -30,6 +31,7 @@ _LAZY = {
     "Stage": "hloalias.frontend",
     "import_torch": "hloalias.frontend",
     "DeviceTensor": "hloalias.runtime",
+    "Mesh": "hloalias.runtime",
     "Executable": "hloalias.runtime",
     "cache_stats": "hloalias.runtime",
     "clear_cache": "hloalias.runtime",
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from hloalias.runtime import (
         DeviceTensor,
         Executable,
+        Mesh,
         cache_stats,
         clear_cache,
         compile,
@@ -62,7 +65,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CompileError", "DeviceTensor", "DonatedBufferError", "DonationError", "Executable",
-    "ExecutionError", "HloaliasError", "IRError", "PassError", "PipelineError", "Program",
+    "ExecutionError", "HloaliasError", "IRError", "Mesh", "PassError", "PipelineError", "Program",
+    "ShardingError",
     "Stage", "TorchImportError", "cache_stats", "clear_cache", "compile", "import_torch", "to_device",
     "TrainingStep", "compile_training_step",
 ]

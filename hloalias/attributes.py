@@ -18,6 +18,9 @@ On ``@main``'s arguments (``arg_attrs``):
     XLA: this argument's buffer may be reused for any result of its size.
 ``hloalias.donation``  (string)
     Why the argument is aliased: ``"inferred"``, ``"explicit"`` or ``"both"``.
+``mhlo.sharding``  (string)
+    XLA: the argument's placement on a device mesh (an HloSharding, e.g.
+    ``"{devices=[2,1]<=[2]}"``).  Absent on single-device programs.
 ``hloalias.unused_donation``  (string)
     Written by ``alias-donated-buffers`` when a donation (of the origin in
     ``hloalias.donation``) was not turned into an alias: why not.  With it
@@ -38,7 +41,9 @@ On ``@main``'s results (``res_attrs``):
 ``hloalias.storage``  (string)
     Which storage the result has in eager PyTorch: ``"arg:I"`` (argument I's,
     as a view of it or of its new value) or ``"new:N"`` (a tensor the program
-    allocates; results sharing one have the same N).  Written by the
+    allocates; results sharing one have the same N).
+``mhlo.sharding``  (string)
+    XLA: the result's placement; absent where the partitioner chooses.  Written by the
     importer, which alone can tell a view from a copy (``x.clone()`` and
     ``x`` are one value in StableHLO).  A result may be rebuilt from a base
     only when both have the same storage class; a result without the
@@ -85,6 +90,7 @@ REMOVED_RESULTS: Final = "hloalias.removed_results"
 
 ALIASING_OUTPUT: Final = "tf.aliasing_output"
 BUFFER_DONOR: Final = "jax.buffer_donor"
+SHARDING: Final = "mhlo.sharding"
 
 ARG_KINDS: Final = ("parameter", "buffer", "constant", "user_input")
 ROLE_USER_OUTPUT: Final = "user_output"

@@ -40,8 +40,9 @@ REMOVAL_REASONS = (A.REASON_VIEW, A.REASON_PASS_THROUGH, A.REASON_DUPLICATE, A.R
 # Contract attributes on arguments and results: what ``to_attrs`` owns.
 _ARG_NAMES = (
     A.ARG_KIND, A.ARG_NAME, A.ALIASING_OUTPUT, A.BUFFER_DONOR, A.ARG_DONATION, A.ARG_UNUSED_DONATION,
+    A.SHARDING,
 )
-_RESULT_NAMES = (A.RESULT_ROLE, A.RESULT_OUTPUT, A.RESULT_MUTATES, A.RESULT_STORAGE)
+_RESULT_NAMES = (A.RESULT_ROLE, A.RESULT_OUTPUT, A.RESULT_MUTATES, A.RESULT_STORAGE, A.SHARDING)
 
 
 # -- typed attribute readers ------------------------------------------------------
@@ -132,6 +133,7 @@ class ArgRecord:
     buffer_donor: bool = False  # jax.buffer_donor
     donation: str | None = None  # why aliased or offered: inferred / explicit / both
     unused_donation: str | None = None  # why a donation was not turned into an alias
+    sharding: str | None = None  # mhlo.sharding without blanks; None: one device
 
     @property
     def overwritten(self) -> bool:
@@ -165,7 +167,8 @@ class ArgRecord:
             aliasing = _integer(attrs[A.ALIASING_OUTPUT], what(A.ALIASING_OUTPUT))
         donor = _boolean(attrs[A.BUFFER_DONOR], what(A.BUFFER_DONOR)) if A.BUFFER_DONOR in attrs else False
         return ArgRecord(
-            kind, opt_string(A.ARG_NAME), aliasing, donor, donation, opt_string(A.ARG_UNUSED_DONATION)
+            kind, opt_string(A.ARG_NAME), aliasing, donor, donation, opt_string(A.ARG_UNUSED_DONATION),
+            _sharding(opt_string(A.SHARDING)),
         )
 
     def to_attrs(self, attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attribute]:
@@ -183,6 +186,8 @@ class ArgRecord:
             out[A.ARG_DONATION] = ir.StringAttr.get(self.donation)
         if self.unused_donation is not None:
             out[A.ARG_UNUSED_DONATION] = ir.StringAttr.get(self.unused_donation)
+        if self.sharding is not None:
+            out[A.SHARDING] = ir.StringAttr.get(self.sharding)
         return out
 
 
@@ -195,6 +200,7 @@ class ResultRecord:
     output: int | None = None
     mutates: int | None = None
     storage: str | None = None
+    sharding: str | None = None  # mhlo.sharding without blanks; None: the partitioner's choice
 
     @property
     def key(self) -> str:
@@ -244,7 +250,8 @@ class ResultRecord:
             kind, _, number = storage.partition(":")
             if kind not in ("arg", "new") or not number.isdigit():
                 raise IRError(f"{what(A.RESULT_STORAGE)} is '{storage}', expected 'arg:I' or 'new:N'")
-        return ResultRecord(role, output, mutates, storage)
+        sharding = _string(attrs[A.SHARDING], what(A.SHARDING)) if A.SHARDING in attrs else None
+        return ResultRecord(role, output, mutates, storage, _sharding(sharding))
 
     def to_attrs(self, attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attribute]:
         """``attrs`` with the contract attributes replaced by this record's."""
@@ -256,6 +263,8 @@ class ResultRecord:
             out[A.RESULT_MUTATES] = _i64(self.mutates)
         if self.storage is not None:
             out[A.RESULT_STORAGE] = ir.StringAttr.get(self.storage)
+        if self.sharding is not None:
+            out[A.SHARDING] = ir.StringAttr.get(self.sharding)
         return out
 
 
@@ -445,6 +454,12 @@ class Signature:
                     f"{what} pairs {self.arg_types[index]} with result of type "
                     f"{self.result_types[arg.aliasing_output]}"
                 )
+            result_sharding = self.results[arg.aliasing_output].sharding
+            if arg.sharding != result_sharding:
+                raise IRError(
+                    f"{what} pairs sharding {placement_text(arg.sharding)} with result sharding "
+                    f"{placement_text(result_sharding)}: a buffer holds one shard"
+                )
 
     def write(self, main: func.FuncOp) -> None:
         """Write the records to ``main`` in canonical form, keeping any
@@ -458,6 +473,16 @@ class Signature:
         write_removed_results(main, self.removed)
 
 
+def _sharding(text: str | None) -> str | None:
+    """An ``mhlo.sharding`` in canonical form: without blanks."""
+    return None if text is None else "".join(text.split())
+
+
+def placement_text(sharding: str | None) -> str:
+    """A sharding for messages; None is the partitioner's choice."""
+    return sharding if sharding is not None else "chosen by the partitioner"
+
+
 def verify(main: func.FuncOp) -> Signature:
     """Check ``main`` against the whole IR contract and return its records.
     Raises :class:`IRError` naming the attribute and the argument or result."""
@@ -468,7 +493,7 @@ def verify(main: func.FuncOp) -> Signature:
 
 
 __all__ = [
-    "ArgRecord", "DONATION_ORIGINS", "Layout", "REMOVAL_REASONS", "RemovedResult", "ResultRecord",
+    "ArgRecord", "DONATION_ORIGINS", "Layout", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord",
     "Signature", "check_key", "read_removed_results", "row_major_strides", "verify",
     "write_removed_results",
 ]

@@ -48,3 +48,8 @@ class CompileError(HloaliasError):
 
 class ExecutionError(HloaliasError):
     """Running a compiled program failed, or its inputs do not match."""
+
+
+class ShardingError(HloaliasError):
+    """A mesh or partition spec is invalid: unknown axis or tensor, a
+    dimension not divisible by its axes, a mesh larger than the devices."""

@@ -14,6 +14,12 @@ The rule, in one place (after JAX's ``_set_up_aliases``):
 4. Never: an argument of an excluded kind, or one whose old value the
    runtime still needs after the call: the base of a rebuilt view, or an
    argument returned unchanged (a removed pass-through result).
+5. On a device mesh, an argument and a result are partners only when their
+   ``mhlo.sharding`` is the same (as torch_xla and JAX require): a buffer
+   holds one shard, so it can only be reused for the same shard.  A result
+   without a sharding is placed by the partitioner and is no partner of a
+   sharded argument; an explicit donor left without a partner stays a
+   ``jax.buffer_donor``, which XLA uses if the shardings turn out equal.
 
 Both sources are a set union: an argument that is both counts once, with
 origin ``"both"``."""
@@ -28,7 +34,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import func
 
 from hloalias import attributes as A
-from hloalias.contract import Signature, verify
+from hloalias.contract import Signature, placement_text, verify
 from hloalias.errors import PassError
 from hloalias.mlir import find_main, ranked_tensor, tensor_bytes
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like
@@ -247,6 +253,14 @@ class _State:
             existing, existing_origin, explicit, blocked,
         )
 
+    def arg_sharding(self, arg: int) -> str | None:
+        """Argument ``arg``'s ``mhlo.sharding`` (None on one device)."""
+        return self.contract.args[arg].sharding
+
+    def result_sharding(self, result: int) -> str | None:
+        """Result ``result``'s ``mhlo.sharding`` (None: the partitioner's choice)."""
+        return self.contract.results[result].sharding
+
     def decide(self, options: AliasDonatedBuffers) -> AliasReport:
         taken = {result: arg for arg, result in self.existing.items()}
         aliases = self.aliases
@@ -272,6 +286,13 @@ class _State:
                         f"its new value (result {result}, {self.result_types[result]}) "
                         f"differs in type from {self.arg_types[arg]}",
                     )
+                elif self.arg_sharding(arg) != self.result_sharding(result):
+                    unusable(
+                        arg, origin,
+                        f"its new value (result {result}) is placed as "
+                        f"{placement_text(self.result_sharding(result))}, the argument as "
+                        f"{placement_text(self.arg_sharding(arg))}",
+                    )
                 else:
                     aliases[arg] = (result, origin)
                     taken[result] = arg
@@ -286,19 +307,17 @@ class _State:
             if arg in self.blocked:
                 unusable(arg, ORIGIN_EXPLICIT, self.blocked[arg])
                 continue
-            partner = next(
-                (
-                    r for r, t in enumerate(self.result_types)
-                    if r not in taken and t == self.arg_types[arg]
-                ),
-                None,
-            )
+            same_type = [
+                r for r, t in enumerate(self.result_types) if r not in taken and t == self.arg_types[arg]
+            ]
+            partner = next((r for r in same_type if self.result_sharding(r) == self.arg_sharding(arg)), None)
             if partner is None:
                 self.donors.add(arg)
-                unusable(
-                    arg, ORIGIN_EXPLICIT,
-                    f"no free result of type {self.arg_types[arg]}", keep=True,
-                )
+                reason = f"no free result of type {self.arg_types[arg]}"
+                if same_type:
+                    placed = ", ".join(f"result {r}: {placement_text(self.result_sharding(r))}" for r in same_type)
+                    reason += f" with its sharding {placement_text(self.arg_sharding(arg))} ({placed})"
+                unusable(arg, ORIGIN_EXPLICIT, reason, keep=True)
             else:
                 aliases[arg] = (partner, ORIGIN_EXPLICIT)
                 taken[partner] = arg

@@ -46,14 +46,17 @@ class ViewReport:
 
     removed: tuple[Removal, ...]
     kept: tuple[str, ...]
+    notes: tuple[str, ...] = ()  # why results that are views were kept
 
     @staticmethod
     def from_module(module: ModuleLike) -> ViewReport:
         """The report of a module's final state, from its IR records."""
         module = as_module_like(module)
         with module.context:
-            signature = verify(find_main(module))
-        return ViewReport(signature.removed, signature.keys)
+            main = find_main(module)
+            signature = verify(main)
+            notes = _mesh_view_notes(main, signature)
+        return ViewReport(signature.removed, signature.keys, notes)
 
     def to_text(self) -> str:
         """The report as people read it."""
@@ -67,6 +70,7 @@ class ViewReport:
                     f"  {removal.key}: rebuilt as a view of {removal.base} ({removal.reason}: {chain})"
                 )
         lines.append(f"  kept on device: {', '.join(self.kept) or 'nothing'}")
+        lines.extend(f"  {note}" for note in self.notes)
         return "\n".join(lines)
 
 
@@ -98,9 +102,9 @@ class EliminateViewResults(ModulePass[ViewReport]):
             removals = _plan(signature, dead)
             _rewrite_results(main, signature, removals)
             _erase_trivially_dead(module)
-            verify(main)
+            final = verify(main)
             kept = tuple(k for k in signature.keys if k not in {r.key for r in removals})
-            return ViewReport(tuple(removals), kept)
+            return ViewReport(tuple(removals), kept, _mesh_view_notes(main, final))
 
     def _check_dead(self, signature: _Signature) -> set[int]:
         count = len(signature.values)
@@ -149,6 +153,7 @@ class _Signature:
     aliased_by: dict[int, int]  # result position -> argument whose buffer holds it
     storage: list[str | None]  # eager storage class per result (hloalias.storage)
     recorded_bases: dict[str, str]  # kept key -> a removed result recorded on it
+    on_mesh: set[int]  # state arguments placed by mhlo.sharding: no host storage
 
     def storage_of_base(self, base_key: str) -> str | None:
         """The eager storage class a view of ``base_key`` would have."""
@@ -179,8 +184,39 @@ class _Signature:
         }
         return _Signature(
             main, contract, values, keys, mutates, arg_names, overwritten, aliased_by,
-            storage, recorded_bases,
+            storage, recorded_bases, _state_on_mesh(contract),
         )
+
+
+def _state_on_mesh(contract: Signature) -> set[int]:
+    """Module-state arguments placed on a device mesh (``mhlo.sharding``):
+    they live in shards on the devices, so the host has no storage a view
+    of them could share.  (A user input's base is the caller's tensor.)"""
+    return {
+        index for index, arg in enumerate(contract.args)
+        if arg.sharding is not None and arg.kind not in (None, "user_input")
+    }
+
+
+def _mesh_view_notes(main: func.FuncOp, contract: Signature) -> tuple[str, ...]:
+    """For each kept result that views state on a device mesh: why it stayed."""
+    on_mesh = _state_on_mesh(contract)
+    if not on_mesh:
+        return ()
+    notes = []
+    for position, value in enumerate(return_op(main).operands):
+        if contract.results[position].mutates is not None:
+            continue
+        while not isinstance(value, ir.BlockArgument) and value.owner.name in VIEW_OPS:
+            value = value.owner.operands[0]
+        if isinstance(value, ir.BlockArgument) and ir.BlockArgument(value).arg_number in on_mesh:
+            arg = ir.BlockArgument(value).arg_number
+            notes.append(
+                f"{contract.keys[position]}: kept on the devices: it views state "
+                f"'{contract.args[arg].display_name(arg)}', which lives in shards on the mesh "
+                "(no host storage to view)"
+            )
+    return tuple(notes)
 
 
 # -- identity folding ------------------------------------------------------
@@ -308,7 +344,7 @@ def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
                     return _rebase(key, A.REASON_VIEW, other, decide(other), steps)
             if isinstance(current, ir.BlockArgument):
                 arg = ir.BlockArgument(current).arg_number
-                if arg in signature.overwritten:
+                if arg in signature.overwritten or arg in signature.on_mesh:
                     return _KEEP
                 reason = A.REASON_VIEW if steps else A.REASON_PASS_THROUGH
                 layout = _layout_through(Layout.contiguous(current.type), steps)

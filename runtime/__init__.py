@@ -14,7 +14,10 @@ from hloalias.runtime.executable import (
     to_device,
 )
 from hloalias.runtime.pjrt import MemoryStats
+from hloalias.runtime.sharding import Mesh
 from hloalias.runtime.training import TrainingStep, compile_training_step
 
-__all__ = ["CacheStats", "DeviceTensor", "Executable", "MemoryStats", "cache_stats", "clear_cache", "compile", "to_device",
-           "TrainingStep", "compile_training_step"]
+__all__ = [
+    "CacheStats", "DeviceTensor", "Executable", "MemoryStats", "Mesh", "TrainingStep", "cache_stats",
+    "clear_cache", "compile", "compile_training_step", "to_device",
+]

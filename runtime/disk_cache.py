@@ -96,15 +96,17 @@ def max_bytes() -> int:
         return DEFAULT_MAX_BYTES
 
 
-def cache_key(module_text: str, options: Any, device: Any) -> str:
-    """The entry key of ``module_text`` compiled with ``options`` for ``device``."""
+def cache_key(module_text: str, options: Any, device: Any, device_count: int = 1) -> str:
+    """The entry key of ``module_text`` compiled with ``options`` for
+    ``device`` (the first of ``device_count``; the options hold an SPMD
+    program's device assignment)."""
     client = device.client
     digest = hashlib.sha256()
     for part in (
         MAGIC.decode(),
         f"jax={jax.__version__} jaxlib={jaxlib.version.__version__}",
         f"platform={client.platform} version={client.platform_version} runtime={client.runtime_type}",
-        f"device_kind={device.device_kind} devices=1",
+        f"device_kind={device.device_kind} devices={device_count}",
     ):
         digest.update(part.encode() + b"\0")
     digest.update(options.SerializeAsString() + b"\0")
@@ -122,6 +124,7 @@ def load_or_compile(
     device: Any,
     compile_fn: Callable[[], Any],
     deserialize_fn: Callable[[bytes], Any],
+    device_count: int = 1,
 ) -> Any:
     """The loaded executable for ``module_text``: from the disk cache when an
     intact entry exists, else ``compile_fn()`` (counted in ``xla_compiles``),
@@ -129,7 +132,7 @@ def load_or_compile(
     if not enabled():
         return _count_compile(compile_fn)
     directory = cache_dir()
-    key = cache_key(module_text, options, device)
+    key = cache_key(module_text, options, device, device_count)
     path = _entry_path(directory, key)
     loaded = _read(path, key, deserialize_fn)
     if loaded is not None:

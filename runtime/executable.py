@@ -53,7 +53,7 @@ from torch.export import ExportedProgram
 from torch_mlir import ir
 
 from hloalias import attributes as A
-from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, TorchImportError
+from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage, import_torch
 from hloalias.contract import Signature, verify
 from hloalias.mlir import find_main, print_module
@@ -61,6 +61,7 @@ from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasRepo
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, parse_pipeline, run_pipeline
 from hloalias.runtime.export_cache import import_cached
+from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_shardings
 from hloalias.runtime.pjrt import (
     HostBacking,
     MemoryStats,
@@ -180,11 +181,14 @@ class _StateSlot:
     """One state tensor of a module on one device: the single device buffer
     every executable compiled from that module reads and updates."""
 
-    def __init__(self, source: torch.Tensor, device: Any) -> None:
+    def __init__(
+        self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None
+    ) -> None:
         self.source: weakref.ref[torch.Tensor] = weakref.ref(source)
         self.version = source._version
         self.device = device
-        self.array: jax.Array | None = torch_to_device(_resolved(source), device, owned=True)
+        self.put = put if put is not None else (lambda t: torch_to_device(t, device, owned=True))
+        self.array: jax.Array | None = self.put(_resolved(source))
         self.consumed_by: str | None = None
         self.nbytes = source.numel() * source.element_size()
 
@@ -197,17 +201,20 @@ class _StateGroup:
         self.lock = threading.RLock()
         self._slots: dict[tuple[int, str, int], weakref.ref[_StateSlot]] = {}
 
-    def slot(self, source: torch.Tensor, device: Any) -> _StateSlot:
+    def slot(
+        self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None
+    ) -> _StateSlot:
         """The slot of ``source`` on ``device``, created (copied to the
-        device) on first use; re-read when torch changed ``source`` since."""
+        device, by ``put`` when given: a mesh placement) on first use;
+        re-read when torch changed ``source`` since."""
         key = (id(source), device.platform, device.id)
         found = self._slots.get(key)
         slot = found() if found is not None else None
         if slot is None or slot.source() is not source:
-            slot = _StateSlot(source, device)
+            slot = _StateSlot(source, device, put)
             self._slots[key] = weakref.ref(slot)
         elif source._version != slot.version:
-            slot.array = torch_to_device(_resolved(source), device, owned=True)
+            slot.array = slot.put(_resolved(source))
             slot.version = source._version
             slot.consumed_by = None
         return slot
@@ -370,6 +377,8 @@ def compile(  # noqa: A001 - the name users expect
     donate_state: Sequence[str] = (),
     pipeline: str | None = None,
     device: Any = None,
+    mesh: Mesh | None = None,
+    shardings: dict[str | int, Any] | None = None,
 ) -> "Executable":
     """Import ``f`` on the example inputs, run the pass pipeline, compile it
     with XLA through PJRT and return an :class:`Executable`.
@@ -391,11 +400,20 @@ def compile(  # noqa: A001 - the name users expect
     :mod:`hloalias.runtime.disk_cache`); importing the same program object
     on inputs of the same shapes, dtypes and static values again reuses the
     import (:mod:`hloalias.runtime.export_cache`).  Module state is shared
-    by every executable compiled from the same module."""
+    by every executable compiled from the same module.
+
+    ``mesh`` (an :class:`~hloalias.runtime.sharding.Mesh`) runs the program
+    on several devices with XLA's SPMD partitioner; ``shardings`` maps state
+    names (FQNs), user-input names or positions to partition specs over the
+    mesh's axes (one entry per dimension: axis name, tuple of names, or None;
+    unnamed tensors are replicated).  Errors in either are
+    :class:`ShardingError`, raised before anything is compiled."""
+    _check_mesh_arguments(mesh, shardings)
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
-    target = device_for(device)
+    target = device_for(mesh.platform if mesh is not None else device)
     program = import_cached(f, example_args, kwargs, lambda: import_torch(f, example_args, kwargs))
+    placement = plan_shardings(program, mesh, shardings, target) if mesh is not None else Placement(target)
     donated = _resolve_donations(program, requests)
     _mark_donors(program, donated)
     run_pipeline(program.torch_mlir_module, pipeline or DEFAULT_PIPELINE)
@@ -405,14 +423,18 @@ def compile(  # noqa: A001 - the name users expect
         verify(find_main(program.torch_mlir_module))
     final_text = print_module(program.torch_mlir_module)
     key = module_cache_key(program.torch_mlir_module)
-    cache_slot = (key, f"{target.platform}:{target.id}")
+    cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices))
     with _CACHE_LOCK:
         loaded = _CACHE.get(cache_slot)
         hit = loaded is not None
         if hit:
             _CACHE_STATS.hits += 1
     if not hit:
-        loaded = compile_module(final_text, target)
+        options = None
+        if placement.spmd:
+            sharded = result_shardings(program.torch_mlir_module)
+            options = placement.compile_options(len(sharded), sharded)
+        loaded = compile_module(final_text, target, options=options, devices=placement.devices)
         with _CACHE_LOCK:
             _CACHE[cache_slot] = loaded
             _CACHE_STATS.misses += 1
@@ -426,7 +448,9 @@ def compile(  # noqa: A001 - the name users expect
         AliasReport.from_module(module) if AliasDonatedBuffers.name in ran else None,
         cache_hit=hit,
         convention=_CallConvention.of(f, example_args, kwargs),
-        state_group=_state_group(f),
+        # State on a mesh is placed by this program's shardings: its own group.
+        state_group=_state_group(f) if not placement.spmd else _StateGroup(),
+        placement=placement,
     )
 
 
@@ -491,6 +515,18 @@ def _donation_requests(
     return requests
 
 
+def _check_mesh_arguments(mesh: Any, shardings: Any) -> None:
+    """Bad ``mesh``/``shardings`` arguments: ShardingError before any work."""
+    if shardings is not None and mesh is None:
+        raise ShardingError("shardings were given without a mesh: pass mesh=hloalias.Mesh(...)")
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise ShardingError(f"mesh must be an hloalias.Mesh, got {type(mesh).__name__}")
+    if shardings is not None and not isinstance(shardings, dict):
+        raise ShardingError(f"shardings must be a dict of name -> partition spec, got {type(shardings).__name__}")
+    if mesh is not None:
+        mesh.devices()  # a mesh larger than the platform fails before the import
+
+
 def _resolve_donations(program: Program, requests: list[_DonationRequest]) -> list[int]:
     arguments = program.signature.arguments
     user_inputs = program.signature.user_input_indices()
@@ -514,13 +550,14 @@ def _resolve_donations(program: Program, requests: list[_DonationRequest]) -> li
                     f"(donate_argnames=['{target}'] or donate_argnums=[{user_inputs.index(as_input)}]) "
                     f"and {arguments[as_state].kind} '{target}' (donate_state=['{target}'])"
                 )
-            index = as_input if as_input is not None else as_state
-            if index is None:
+            found = as_input if as_input is not None else as_state
+            if found is None:
                 known = {"any": [a.name for a in arguments], "argname": list(user_names), "state": list(state_names)}
                 what = {"any": "tensor", "argname": "user input", "state": "module state"}[request.kind]
                 raise DonationError(
                     f"donate names unknown {what} '{target}' (known: {', '.join(known[request.kind]) or 'none'})"
                 )
+            index = found
         if index in chosen:
             raise DonationError(f"'{arguments[index].name}' is donated twice")
         if arguments[index].kind == "constant":
@@ -568,8 +605,10 @@ class Executable:
         cache_hit: bool,
         convention: _CallConvention | None = None,
         state_group: _StateGroup | None = None,
+        placement: Placement | None = None,
     ) -> None:
         assert program.stage is Stage.STABLEHLO
+        self._placement = placement if placement is not None else Placement(device)
         self._signature = program.signature
         self._loaded = loaded
         self.device = device
@@ -586,8 +625,10 @@ class Executable:
             (),
         )
         self._group = state_group or _StateGroup()
+        state_index = {a.name: a.index for a in program.signature.arguments}
         self._slots: dict[str, _StateSlot] = {
-            name: self._group.slot(value, device) for name, value in program.state.items()
+            name: self._group.slot(value, device, self._state_put(state_index[name]))
+            for name, value in program.state.items()
         }
         # A tensor reachable under several names (tied weights) is one
         # buffer: XLA counts each argument, the device holds it once.
@@ -603,6 +644,10 @@ class Executable:
                 seen.add(id(slot))
                 first_name[id(slot)] = name
         stats = memory_stats(loaded).as_dict()
+        devices = self._placement.devices
+        # On a mesh XLA reports one partition's figures; every device holds the same.
+        self.memory_stats_per_device = {f"{d.platform}:{d.id}": dict(stats) for d in devices}
+        stats = {name: value * len(devices) for name, value in stats.items()}
         stats["argument_bytes"] -= duplicate_bytes
         stats["total_bytes"] -= duplicate_bytes
         self.memory_stats = stats
@@ -650,6 +695,8 @@ class Executable:
                     record.base, _torch_dtype(layout.element_type),
                     layout.sizes, layout.strides, layout.offset, identity=record.is_identity,
                 )
+        function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+        self._result_shapes = [tuple(ir.RankedTensorType(t).shape) for t in function_type.results]
         arguments = self._signature.arguments
         self._arg_types = [
             (tuple(ir.RankedTensorType(t).shape), _torch_dtype(ir.RankedTensorType(t).element_type))
@@ -743,6 +790,7 @@ class Executable:
             "+ temp {temp_bytes} = {total_bytes} bytes".format(**stats)
         )
         lines.extend(self._host_copy_lines())
+        lines.extend(self._placement.describe(self.memory_stats_per_device))
         return "\n".join(lines)
 
     def _host_copy_lines(self) -> list[str]:
@@ -775,6 +823,11 @@ class Executable:
                 )
             index = self._names.index(name)
             if isinstance(entry, DeviceTensor):
+                if self._placement.spmd:
+                    raise ExecutionError(
+                        f"load_state_dict: '{name}' is a DeviceTensor; state on a mesh is loaded from "
+                        "torch tensors and placed by the program's shardings"
+                    )
                 self._check_input(index, entry)
                 staged[name] = entry.array
                 continue
@@ -788,7 +841,7 @@ class Executable:
                 if isinstance(value, torch.Tensor) and _writable_on_host(slot.array):
                     continue  # written in place below
                 if isinstance(value, torch.Tensor):
-                    fresh[name] = torch_to_device(value, self.device, owned=True)
+                    fresh[name] = slot.put(value)
                 else:
                     fresh[name] = jax.device_put(value, self.device, may_alias=False)
             for name, value in staged.items():
@@ -802,8 +855,22 @@ class Executable:
 
     def to_device(self, tensor: torch.Tensor, name: str = "tensor") -> DeviceTensor:
         """``tensor`` copied onto this executable's device (donatable for real)."""
+        if self._placement.spmd:
+            raise ExecutionError(
+                "to_device: a program on a mesh takes torch tensors as inputs and places them "
+                "by its shardings; DeviceTensor inputs are single-device"
+            )
         checked = _tensor_for_device(tensor, f"to_device: '{name}'")
         return DeviceTensor(torch_to_device(checked, self.device, owned=True), name)
+
+    # -- placement ---------------------------------------------------------
+    def _state_put(self, arg_index: int) -> Callable[[torch.Tensor], jax.Array] | None:
+        """How state argument ``arg_index`` goes to the device: None (the
+        slot's default, one device) unless the program runs on a mesh."""
+        if not self._placement.spmd:
+            return None
+        placement = self._placement
+        return lambda tensor: placement.put(tensor, arg_index)
 
     # -- calling -----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -920,7 +987,18 @@ class Executable:
                 continue
             value = inputs[index]
             if isinstance(value, DeviceTensor):
+                if self._placement.spmd:
+                    raise ExecutionError(
+                        f"input '{self._names[index]}' is a DeviceTensor; a program on a mesh takes "
+                        "torch tensors and places them by its shardings"
+                    )
                 arrays.append(value.array)
+                continue
+            if self._placement.spmd:
+                # Sharded over the mesh: a copy into PJRT-owned shards.
+                tensor = _resolved(value)
+                bases[index] = tensor if tensor.is_contiguous() else tensor.contiguous()
+                arrays.append(self._placement.put(bases[index], index))
                 continue
             aliased = index in self._self_aliased or index in self._donor_aliased
             backing = _backing_of(value) if aliased else None
@@ -939,7 +1017,10 @@ class Executable:
                 arrays.append(torch_to_device(tensor, self.device, owned=False))
         try:
             results = self._loaded.execute_sharded(arrays)
-            outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
+            if self._placement.spmd:
+                outputs = self._placement.assemble_outputs(self._loaded, results, self._result_shapes)
+            else:
+                outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
         except Exception as error:
             raise ExecutionError(f"XLA execution failed: {error}") from None
         self._calls += 1
@@ -1014,7 +1095,7 @@ class Executable:
         if reseatable and _writable_on_host(new_value):
             tensor, fresh = host_backed_tensor(new_value, value.dtype, tuple(value.shape))
             with torch.no_grad():
-                value.set_(tensor)
+                value.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
             _register_backing(fresh)
             return
         with torch.no_grad():
@@ -1173,8 +1254,12 @@ def _can_reseat(tensor: torch.Tensor) -> bool:
 
 def _writable_on_host(array: jax.Array | None) -> bool:
     """Whether ``array``'s buffer can be written through a zero-copy torch
-    view (CPU buffers: DLPack shares their memory)."""
-    return array is not None and not array.is_deleted() and array.platform() == "cpu"
+    view (CPU buffers on one device: DLPack shares their memory; an array
+    sharded over several devices has no single host buffer)."""
+    return (
+        array is not None and not array.is_deleted() and array.platform() == "cpu"
+        and len(array.sharding.device_set) == 1
+    )
 
 
 def _numel(shape: Sequence[int]) -> int:

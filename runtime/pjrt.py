@@ -118,19 +118,26 @@ def _without_host_metadata(attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attri
     return {name: value for name, value in attrs.items() if not name.startswith("hloalias.")}
 
 
-def compile_module(module_text: str, device: Any) -> Any:
-    """Compile final StableHLO ``module_text`` for ``device``; return the
-    loaded executable, from the persistent cache when it holds the same
-    program for the same device and XLA (:mod:`hloalias.runtime.disk_cache`).  Raises :class:`CompileError` (with a repro file)."""
+def compile_module(
+    module_text: str, device: Any, *, options: Any = None, devices: Any = None
+) -> Any:
+    """Compile final StableHLO ``module_text`` for ``device`` (or, with SPMD
+    ``options``, for ``devices``); return the loaded executable, from the
+    persistent cache when it holds the same program for the same devices and
+    XLA (:mod:`hloalias.runtime.disk_cache`).  Raises :class:`CompileError`
+    (with a repro file)."""
     try:
         stripped = prepare_for_xla(module_text)
         artifact = _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
-        options = xla_client.CompileOptions()
-        devices = xla_client.DeviceList((device,))
+        if options is None:
+            options = xla_client.CompileOptions()
+        targets = tuple(devices) if devices is not None else (device,)
+        device_list = xla_client.DeviceList(targets)
         return disk_cache.load_or_compile(
             stripped, options, device,
-            lambda: device.client.compile_and_load(artifact, devices, options),
-            lambda payload: device.client.deserialize_executable(payload, devices, options),
+            lambda: device.client.compile_and_load(artifact, device_list, options),
+            lambda payload: device.client.deserialize_executable(payload, device_list, options),
+            device_count=len(targets),
         )
     except Exception as error:
         path = write_repro(module_text, "xla-compile")
@@ -177,8 +184,13 @@ def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Ar
 
 
 def array_to_torch(array: jax.Array) -> torch.Tensor:
-    """A torch tensor for ``array``: zero-copy for CPU arrays, a host copy
-    for accelerator arrays (the installed torch is a CPU build)."""
+    """A torch tensor for ``array``: zero-copy for CPU arrays on one device,
+    a host copy for accelerator arrays (the installed torch is a CPU build)
+    and for arrays sharded or replicated over several devices (gathered)."""
+    devices = array.sharding.device_set
+    if len(devices) > 1:
+        first = min(devices, key=lambda d: d.id)
+        array = jax.device_put(array, jax.sharding.SingleDeviceSharding(first), may_alias=False)
     if array.platform() == "cpu":
         if _buffer_to_dlpack is not None:
             # jaxlib's direct entry: skips jax's Python-level __dlpack__.

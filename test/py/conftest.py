@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
+# Several CPU devices for the multi-device tests: XLA reads this once, when
+# jax's CPU client starts, so it is set before anything imports jax.  It
+# changes nothing for single-device programs (they run on device 0).
+HOST_DEVICE_COUNT = 4
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={HOST_DEVICE_COUNT}"
+    ).strip()
+
 import warnings
 from collections.abc import Callable, Iterator
 

@@ -1,0 +1,329 @@
+"""Several devices: a mesh and partition specs in the torch user's terms,
+carried into StableHLO as ``mhlo.sharding`` and compiled by XLA's own SPMD
+partitioner through PJRT.
+
+The user's vocabulary is torch_xla's ``mark_sharding``: a :class:`Mesh` of
+devices with named axes, and for each tensor a partition spec, one entry
+per tensor dimension: a mesh axis name (shard that dimension over the axis),
+a tuple of axis names (over their product), or ``None`` (not sharded along
+that dimension).  A tensor without a spec is replicated.
+
+What this module decides, in one place:
+
+- every argument of ``@main`` gets an ``mhlo.sharding`` (replicated unless
+  given); the new value of mutated state gets its argument's sharding, so
+  state stays where it lives and its buffer can be aliased;
+- user outputs get no sharding: the partitioner chooses;
+- the compile options (SPMD partitioning over the mesh's devices);
+- how torch tensors become sharded device arrays and back (:class:`Placement`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import jax
+import numpy as np
+import torch
+from jax._src import sharding_impls
+from jax._src.lib import xla_client
+from jax.sharding import NamedSharding, PartitionSpec
+from torch_mlir import ir
+
+from hloalias.contract import Signature
+from hloalias.errors import ShardingError
+from hloalias.mlir import element_bits, find_main
+
+SpecEntry: TypeAlias = "str | tuple[str, ...] | None"
+PartitionSpecLike: TypeAlias = "Sequence[str | tuple[str, ...] | None] | None"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    """A logical array of devices with named axes, as torch_xla's
+    ``Mesh(device_ids, mesh_shape, axis_names)``.
+
+    ``device_ids`` default to the first ``prod(mesh_shape)`` devices of
+    ``platform`` (default CPU; on CPU, XLA's forced host device count
+    ``--xla_force_host_platform_device_count`` gives several)."""
+
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    device_ids: tuple[int, ...] | None = None
+    platform: str = "cpu"
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.mesh_shape)
+        names = tuple(self.axis_names)
+        if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape):
+            raise ShardingError(f"mesh shape must be positive integers, got {self.mesh_shape!r}")
+        if len(names) != len(shape) or any(not isinstance(n, str) or not n for n in names):
+            raise ShardingError(
+                f"mesh needs one non-empty axis name per dimension: shape {shape}, names {self.axis_names!r}"
+            )
+        if len(set(names)) != len(names):
+            raise ShardingError(f"mesh axis names must be distinct, got {names}")
+        object.__setattr__(self, "mesh_shape", shape)
+        object.__setattr__(self, "axis_names", names)
+        if self.device_ids is not None:
+            ids = tuple(self.device_ids)
+            if len(ids) != math.prod(shape) or len(set(ids)) != len(ids):
+                raise ShardingError(
+                    f"mesh of shape {shape} needs {math.prod(shape)} distinct device ids, got {ids}"
+                )
+            object.__setattr__(self, "device_ids", ids)
+
+    @property
+    def size(self) -> int:
+        """Number of devices in the mesh."""
+        return math.prod(self.mesh_shape)
+
+    def axis_size(self, name: str) -> int:
+        """Devices along axis ``name``."""
+        return self.mesh_shape[self.axis_names.index(name)]
+
+    def devices(self) -> list[Any]:
+        """The mesh's PJRT devices, in mesh order; ShardingError when the
+        platform has fewer devices than the mesh needs."""
+        try:
+            available = jax.devices(self.platform)
+        except RuntimeError as error:
+            raise ShardingError(f"no devices of platform '{self.platform}': {error}") from None
+        by_id = {device.id: device for device in available}
+        if self.device_ids is None:
+            if len(available) < self.size:
+                raise ShardingError(
+                    f"mesh {self.mesh_shape} needs {self.size} devices, but platform "
+                    f"'{self.platform}' has {len(available)} (on CPU, set XLA_FLAGS="
+                    f"--xla_force_host_platform_device_count={self.size} before jax starts)"
+                )
+            return list(available[: self.size])
+        missing = [i for i in self.device_ids if i not in by_id]
+        if missing:
+            raise ShardingError(
+                f"mesh names device ids {missing} that platform '{self.platform}' does not have "
+                f"(it has {sorted(by_id)})"
+            )
+        return [by_id[i] for i in self.device_ids]
+
+    def jax_mesh(self) -> jax.sharding.Mesh:
+        """The same mesh as a ``jax.sharding.Mesh``."""
+        return jax.sharding.Mesh(np.array(self.devices(), dtype=object).reshape(self.mesh_shape), self.axis_names)
+
+
+def _normalize_spec(mesh: Mesh, name: str, spec: Any, shape: tuple[int, ...]) -> tuple[SpecEntry, ...]:
+    """``spec`` checked against ``mesh`` and a tensor of ``shape``."""
+    if spec is None:
+        return tuple(None for _ in shape)
+    if isinstance(spec, (str, bytes)) or not isinstance(spec, Sequence):
+        raise ShardingError(
+            f"sharding of '{name}' must be a partition spec (a tuple with one entry per dimension), got {spec!r}"
+        )
+    entries = list(spec)
+    if len(entries) != len(shape):
+        raise ShardingError(
+            f"sharding of '{name}' has {len(entries)} entries, but '{name}' has {len(shape)} dimensions {list(shape)}"
+        )
+    used: set[str] = set()
+    normalized: list[SpecEntry] = []
+    for dim, entry in enumerate(entries):
+        if entry is None:
+            normalized.append(None)
+            continue
+        axes = (entry,) if isinstance(entry, str) else entry
+        if not isinstance(axes, tuple) or not axes or not all(isinstance(a, str) for a in axes):
+            raise ShardingError(
+                f"sharding of '{name}', dimension {dim}: expected a mesh axis name, a tuple of names "
+                f"or None, got {entry!r}"
+            )
+        for axis in axes:
+            if axis not in mesh.axis_names:
+                raise ShardingError(
+                    f"sharding of '{name}', dimension {dim} names unknown mesh axis '{axis}' "
+                    f"(axes: {', '.join(mesh.axis_names)})"
+                )
+            if axis in used:
+                raise ShardingError(f"sharding of '{name}' uses mesh axis '{axis}' twice")
+            used.add(axis)
+        ways = math.prod(mesh.axis_size(a) for a in axes)
+        if shape[dim] % ways:
+            raise ShardingError(
+                f"sharding of '{name}': dimension {dim} (size {shape[dim]}) is not divisible by "
+                f"{ways} (mesh axes {', '.join(axes)})"
+            )
+        normalized.append(entry if isinstance(entry, str) else tuple(axes))
+    return tuple(normalized)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgumentSharding:
+    """One ``@main`` argument's placement."""
+
+    name: str
+    spec: tuple[SpecEntry, ...]
+    hlo: str  # the mhlo.sharding text
+    shape: tuple[int, ...]
+    element_bytes: int
+
+    @property
+    def replicated(self) -> bool:
+        """True when every device holds the whole tensor."""
+        return all(entry is None for entry in self.spec)
+
+    def bytes_per_device(self, mesh: Mesh) -> int:
+        """Bytes of this tensor each device holds."""
+        ways = 1
+        for entry in self.spec:
+            if entry is not None:
+                axes = (entry,) if isinstance(entry, str) else entry
+                ways *= math.prod(mesh.axis_size(a) for a in axes)
+        return math.prod(self.shape) * self.element_bytes // ways
+
+
+class Placement:
+    """Where a program's buffers live: one device, or a mesh with a
+    sharding per ``@main`` argument.  The runtime goes through it for every
+    transfer, so a program on several devices runs the same call path."""
+
+    def __init__(self, device: Any, mesh: Mesh | None = None) -> None:
+        self.mesh = mesh
+        self.devices = mesh.devices() if mesh is not None else [device]
+        self.device = self.devices[0]
+        self._jax_mesh = mesh.jax_mesh() if mesh is not None else None
+        self.arguments: dict[int, ArgumentSharding] = {}
+
+    @property
+    def spmd(self) -> bool:
+        """True when the program is partitioned over several devices."""
+        return self.mesh is not None
+
+    def describe(self, stats_per_device: Mapping[str, Mapping[str, int]]) -> list[str]:
+        """Lines for ``Executable.explain()``: the mesh, each argument's
+        sharding and bytes per device, XLA's figures per device (none on
+        one device)."""
+        if self.mesh is None:
+            return []
+        mesh = self.mesh
+        axes = ", ".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.mesh_shape))
+        lines = [f"mesh: {axes} on {', '.join(f'{d.platform}:{d.id}' for d in self.devices)}"]
+        for index, sharding in sorted(self.arguments.items()):
+            spec = "replicated" if sharding.replicated else str(sharding.spec)
+            lines.append(f"  arg {index} '{sharding.name}': {spec}, {sharding.bytes_per_device(mesh)} bytes per device")
+        lines.append("  results that view sharded state stay on the devices (the host has no storage to view)")
+        per_device = next(iter(stats_per_device.values()))
+        lines.append(
+            "XLA memory per device: argument {argument_bytes} + output {output_bytes} - alias "
+            "{alias_bytes} + temp {temp_bytes} = {total_bytes} bytes".format(**per_device)
+        )
+        return lines
+
+    def named_sharding(self, arg_index: int) -> NamedSharding:
+        """The jax sharding of argument ``arg_index``."""
+        assert self._jax_mesh is not None
+        spec = self.arguments[arg_index].spec
+        return NamedSharding(self._jax_mesh, PartitionSpec(*spec))
+
+    def put(self, tensor: torch.Tensor, arg_index: int) -> jax.Array:
+        """``tensor`` as the sharded global array of argument ``arg_index``
+        (a copy into PJRT-owned buffers, one shard per device)."""
+        host = tensor.detach().contiguous()
+        with jax.enable_x64(True):
+            # numpy has no bfloat16 view of torch's; go through DLPack.
+            array = jax.dlpack.from_dlpack(host)
+            return jax.device_put(array, self.named_sharding(arg_index), may_alias=False)
+
+    def assemble_outputs(self, loaded: Any, results: Any, shapes: Sequence[tuple[int, ...]]) -> list[jax.Array]:
+        """The executable's outputs as global arrays, each with the sharding
+        XLA chose or was told."""
+        shards = results.disassemble_into_single_device_arrays()
+        outputs = []
+        for per_device, op_sharding, shape in zip(shards, loaded.get_output_shardings(), shapes):
+            sharding = sharding_impls.GSPMDSharding(
+                tuple(self.devices), xla_client.HloSharding.from_proto(op_sharding)
+            )
+            outputs.append(jax.make_array_from_single_device_arrays(shape, sharding, per_device))
+        return outputs
+
+    def compile_options(self, result_count: int, sharded_results: Sequence[bool]) -> Any:
+        """XLA compile options: SPMD over the mesh's devices; results without
+        a sharding get the partitioner's choice."""
+        options = xla_client.CompileOptions()
+        build = options.executable_build_options
+        build.num_replicas = 1
+        build.num_partitions = len(self.devices)
+        build.use_spmd_partitioning = True
+        build.use_shardy_partitioner = False  # the module carries mhlo.sharding
+        build.device_assignment = xla_client.DeviceAssignment.create(
+            np.array([d.id for d in self.devices]).reshape(1, len(self.devices))
+        )
+        build.allow_spmd_sharding_propagation_to_output = [not s for s in sharded_results] or [True]
+        assert len(sharded_results) == result_count
+        return options
+
+
+def plan_shardings(
+    program: Any, mesh: Mesh, shardings: Mapping[str | int, Any] | None, device: Any
+) -> Placement:
+    """Validate ``shardings`` (keys: state FQNs, user-input names, or
+    user-input positions) against ``program`` and ``mesh``; write
+    ``mhlo.sharding`` on every argument of ``@main`` and on the new value of
+    each mutated argument; return the placement.  Raises ShardingError
+    naming the culprit before anything is changed."""
+    if not isinstance(mesh, Mesh):
+        raise ShardingError(f"mesh must be an hloalias.Mesh, got {type(mesh).__name__}")
+    placement = Placement(device, mesh)
+    arguments = program.signature.arguments
+    user_inputs = program.signature.user_input_indices()
+    by_name: dict[str, list[int]] = {}
+    for argument in arguments:
+        by_name.setdefault(argument.name, []).append(argument.index)
+    requested: dict[int, Any] = {}
+    for key, spec in (shardings or {}).items():
+        if isinstance(key, int) and not isinstance(key, bool):
+            if not 0 <= key < len(user_inputs):
+                raise ShardingError(
+                    f"shardings names user input {key}, but the program has {len(user_inputs)} user inputs"
+                )
+            index = user_inputs[key]
+        elif isinstance(key, str):
+            if key not in by_name:
+                known = ", ".join(a.name for a in arguments)
+                raise ShardingError(f"shardings names unknown tensor '{key}' (known: {known})")
+            index = by_name[key][0]
+        else:
+            raise ShardingError(f"shardings keys are tensor names or input positions, got {key!r}")
+        if index in requested:
+            raise ShardingError(f"'{arguments[index].name}' is given two shardings")
+        requested[index] = spec
+
+    module = program.torch_mlir_module
+    with module.context:
+        main = find_main(module)
+        arg_types = [ir.RankedTensorType(a.type) for a in main.arguments]
+        for argument in arguments:
+            tensor_type = arg_types[argument.index]
+            shape = tuple(tensor_type.shape)
+            spec = _normalize_spec(mesh, argument.name, requested.get(argument.index), shape)
+            hlo = str(NamedSharding(placement._jax_mesh, PartitionSpec(*spec))._to_xla_hlo_sharding(len(shape)))
+            element_bytes = max(8, element_bits(tensor_type.element_type)) // 8
+            placement.arguments[argument.index] = ArgumentSharding(argument.name, spec, hlo, shape, element_bytes)
+        # Through the contract's records: they write mhlo.sharding canonically.
+        contract = Signature.read(main)
+        canonical = {index: "".join(sharding.hlo.split()) for index, sharding in placement.arguments.items()}
+        args = tuple(dataclasses.replace(arg, sharding=canonical[i]) for i, arg in enumerate(contract.args))
+        results = tuple(
+            dataclasses.replace(result, sharding=canonical[result.mutates])
+            if result.mutates is not None
+            else result
+            for result in contract.results
+        )
+        dataclasses.replace(contract, args=args, results=results).write(main)
+    return placement
+
+
+def result_shardings(module: Any) -> list[bool]:
+    """For each result of the final ``@main``: whether it has a sharding."""
+    with module.context:
+        return [r.sharding is not None for r in Signature.read(find_main(module)).results]

@@ -1,0 +1,227 @@
+"""Several devices: SPMD through XLA's partitioner on PJRT, with state that
+stays sharded on the devices and donation that respects sharding.
+
+Runs on CPU with XLA's forced host device count (conftest sets 4); the same
+tests run on GPUs when jax has them (skipped otherwise)."""
+
+from __future__ import annotations
+
+import math
+import jax
+import pytest
+import torch
+
+import hloalias
+from hloalias import Mesh, ShardingError
+
+PLATFORMS = ["cpu", "gpu"]
+
+
+def _device_count(platform: str) -> int:
+    try:
+        return len(jax.devices(platform))
+    except RuntimeError:
+        return 0
+
+
+@pytest.fixture(params=PLATFORMS)
+def platform(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    if _device_count(name) < 2:
+        pytest.skip(f"fewer than 2 {name} devices")
+    return name
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, width: int = 16, hidden: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(width, hidden)
+        self.fc2 = torch.nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_data_parallel_mlp_equals_eager(platform: str, devices: int) -> None:
+    if _device_count(platform) < devices:
+        pytest.skip(f"fewer than {devices} {platform} devices")
+    model = MLP().eval()
+    x = torch.randn(8, 16)
+    mesh = Mesh((devices,), ("dp",), platform=platform)
+    exe = hloalias.compile(model, (x,), mesh=mesh, shardings={"x": ("dp", None)})
+    for _ in range(2):
+        batch = torch.randn(8, 16)
+        torch.testing.assert_close(exe(batch), model(batch).detach())
+    # Each device holds the whole model and its slice of the batch.
+    per_device = next(iter(exe.memory_stats_per_device.values()))
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert per_device["argument_bytes"] == params + 8 * 16 * 4 // devices
+    assert len(exe.memory_stats_per_device) == devices
+    assert exe.memory_stats["argument_bytes"] == devices * per_device["argument_bytes"]
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)])
+def test_tensor_parallel_mlp_equals_eager_and_splits_weights(platform: str, mesh_shape: tuple[int, int]) -> None:
+    if _device_count(platform) < math.prod(mesh_shape):
+        pytest.skip(f"fewer than {math.prod(mesh_shape)} {platform} devices")
+    model = MLP().eval()
+    x = torch.randn(4, 16)
+    dp, tp = mesh_shape
+    mesh = Mesh(mesh_shape, ("dp", "tp"), platform=platform)
+    shardings = {
+        "fc1.weight": ("tp", None),  # column parallel: output features split
+        "fc1.bias": ("tp",),
+        "fc2.weight": (None, "tp"),  # row parallel: input features split
+        "x": ("dp", None),
+    }
+    exe = hloalias.compile(model, (x,), mesh=mesh, shardings=shardings)
+    torch.testing.assert_close(exe(x), model(x).detach())
+    per_device = next(iter(exe.memory_stats_per_device.values()))
+    expected = (32 * 16 + 32 + 16 * 32) * 4 // tp + 16 * 4 + 4 * 16 * 4 // dp
+    assert per_device["argument_bytes"] == expected
+    text = exe.explain()
+    assert f"mesh: dp={dp}, tp={tp}" in text
+    assert f"arg 0 'fc1.weight': ('tp', None), {32 * 16 * 4 // tp} bytes per device" in text
+
+
+class Decode(torch.nn.Module):
+    """One attention decode step writing its key/value into a cache held as
+    buffers (index_copy_ at the position), heads sharded over the mesh."""
+
+    def __init__(self, heads: int = 4, length: int = 8, dim: int = 8) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.q = torch.nn.Linear(heads * dim, heads * dim, bias=False)
+        self.k = torch.nn.Linear(heads * dim, heads * dim, bias=False)
+        self.v = torch.nn.Linear(heads * dim, heads * dim, bias=False)
+        self.heads, self.dim = heads, dim
+        self.register_buffer("k_cache", torch.zeros(heads, length, dim))
+        self.register_buffer("v_cache", torch.zeros(heads, length, dim))
+
+    def forward(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        q = self.q(token).view(self.heads, 1, self.dim)
+        k = self.k(token).view(self.heads, 1, self.dim)
+        v = self.v(token).view(self.heads, 1, self.dim)
+        self.k_cache.index_copy_(1, position, k)
+        self.v_cache.index_copy_(1, position, v)
+        scores = q @ self.k_cache.transpose(1, 2) / math.sqrt(self.dim)
+        return (scores.softmax(-1) @ self.v_cache).reshape(1, -1)
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_decode_step_keeps_sharded_cache_aliased_in_place(platform: str, devices: int) -> None:
+    if _device_count(platform) < devices:
+        pytest.skip(f"fewer than {devices} {platform} devices")
+    eager, compiled = Decode(), Decode()
+    token, position = torch.randn(1, 32), torch.tensor([0])
+    mesh = Mesh((devices,), ("tp",), platform=platform)
+    shardings = {"k_cache": ("tp", None, None), "v_cache": ("tp", None, None)}
+    exe = hloalias.compile(compiled, (token, position), mesh=mesh, shardings=shardings)
+    aliases = {a["argument"]: a for a in exe.aliases}
+    assert set(aliases) == {"k_cache", "v_cache"}
+    assert all(a["origin"] == "inferred" for a in aliases.values())
+    per_device = next(iter(exe.memory_stats_per_device.values()))
+    cache_bytes = 4 * 8 * 8 * 4
+    assert per_device["alias_bytes"] == 2 * cache_bytes // devices
+    for step in range(4):
+        token = torch.randn(1, 32)
+        position = torch.tensor([step])
+        torch.testing.assert_close(exe(token, position), eager(token, position).detach())
+    state = exe.state_dict()
+    torch.testing.assert_close(state["k_cache"], eager.k_cache)
+    torch.testing.assert_close(state["v_cache"], eager.v_cache)
+    # The state stayed sharded on the devices between calls.
+    k_cache = exe._state["k_cache"]
+    assert k_cache is not None and len(k_cache.sharding.device_set) == devices
+    assert k_cache.addressable_shards[0].data.shape == (4 // devices, 8, 8)
+
+
+def test_donation_across_placements_is_reported_not_made() -> None:
+    if _device_count("cpu") < 2:
+        pytest.skip("fewer than 2 cpu devices")
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    x = torch.randn(8, 4)
+    mesh = Mesh((2,), ("dp",))
+    with pytest.warns(UserWarning, match="Some donated buffers were not usable"):
+        exe = hloalias.compile(double, (x,), mesh=mesh, shardings={"x": ("dp", None)}, donate=["x"])
+    report = exe.alias_report
+    assert report is not None and report.aliases == ()
+    (unused,) = report.unused
+    assert "chosen by the partitioner" in unused.reason and "{devices=[2,1]<=[2]}" in unused.reason
+    assert unused.kept_as_donor
+    torch.testing.assert_close(exe(x), x * 2)
+
+
+def test_view_of_sharded_state_stays_on_device_with_reason() -> None:
+    if _device_count("cpu") < 2:
+        pytest.skip("fewer than 2 cpu devices")
+
+    class Holder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("table", torch.arange(32.0).reshape(8, 4))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.table[2:6], x + 1
+
+    module = Holder()
+    x = torch.randn(4)
+    exe = hloalias.compile(module, (x,), mesh=Mesh((2,), ("dp",)), shardings={"table": ("dp", None)})
+    view, y = exe(x)
+    torch.testing.assert_close(view, module.table[2:6])
+    torch.testing.assert_close(y, x + 1)
+    assert exe.view_report is not None
+    assert any("lives in shards on the mesh" in note for note in exe.view_report.notes)
+
+
+@pytest.mark.parametrize(
+    "shardings, mesh_args, message",
+    [
+        ({"fc1.weight": ("model", None)}, ((2,), ("dp",)), "unknown mesh axis 'model'"),
+        ({"fc9.weight": ("dp", None)}, ((2,), ("dp",)), "unknown tensor 'fc9.weight'"),
+        ({"fc1.weight": (None, "dp")}, ((3,), ("dp",)), "dimension 1 (size 16) is not divisible by 3"),
+        ({"fc1.weight": ("dp",)}, ((2,), ("dp",)), "has 1 entries, but 'fc1.weight' has 2 dimensions"),
+        ({"fc1.weight": ("dp", "dp")}, ((2,), ("dp",)), "uses mesh axis 'dp' twice"),
+        ({"x": "dp"}, ((2,), ("dp",)), "must be a partition spec"),
+        ({}, ((16,), ("dp",)), "needs 16 devices"),
+    ],
+)
+def test_bad_sharding_is_named_and_nothing_compiles(
+    shardings: dict[str | int, object], mesh_args: tuple[tuple[int, ...], tuple[str, ...]], message: str,
+) -> None:
+    model = MLP().eval()
+    x = torch.randn(4, 16)
+    before = {name: p.detach().clone() for name, p in model.state_dict().items()}
+    stats = hloalias.cache_stats()
+    compiled_before = stats.hits + stats.misses
+    with pytest.raises(ShardingError, match=_escaped(message)):
+        hloalias.compile(model, (x,), mesh=Mesh(*mesh_args), shardings=shardings)
+    assert stats.hits + stats.misses == compiled_before  # nothing reached XLA
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name])
+
+
+def test_shardings_without_mesh_and_bad_meshes_are_errors() -> None:
+    model = MLP().eval()
+    x = torch.randn(4, 16)
+    with pytest.raises(ShardingError, match="without a mesh"):
+        hloalias.compile(model, (x,), shardings={"x": ("dp", None)})
+    with pytest.raises(ShardingError, match="axis name per dimension"):
+        Mesh((2, 2), ("dp",))
+    with pytest.raises(ShardingError, match="distinct"):
+        Mesh((2, 2), ("a", "a"))
+    with pytest.raises(ShardingError, match="device ids \\[99\\]"):
+        Mesh((2,), ("dp",), device_ids=(0, 99)).devices()
+    with pytest.raises(ShardingError, match="must be an hloalias.Mesh"):
+        hloalias.compile(model, (x,), mesh=(2, 2))  # type: ignore[arg-type]
+
+
+def _escaped(text: str) -> str:
+    import re
+
+    return re.escape(text)
