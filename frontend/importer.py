@@ -130,6 +130,10 @@ class ProgramSignature:
     # remain are the user-input arguments, in order.  A call must pass the
     # same values.
     static_inputs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # Module state names that are another state argument's tensor (tied
+    # weights, a tensor registered twice): merged into that argument at
+    # import, name -> the argument's name.
+    state_aliases: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""
@@ -205,7 +209,7 @@ def import_torch(
     message holds the ``torch-mlir-opt`` command that replays it."""
     kwargs = dict(kwargs or {})
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
-    exported = _merge_aliased_state(exported, owned=exported is not f)
+    exported, state_aliases = _merge_aliased_state(exported, owned=exported is not f)
     if not isinstance(f, ExportedProgram):
         _pin_eager_copies(exported)
     eager_storage = _eager_output_storage(exported)
@@ -215,6 +219,7 @@ def import_torch(
         raise TorchImportError(f"torch.export decompositions failed: {error}") from error
     _clamp_slice_bounds(exported.graph_module.graph)
     signature = _with_eager_storage(_signature(exported), eager_storage)
+    signature = dataclasses.replace(signature, state_aliases=state_aliases)
     state = _state(exported, signature)
 
     context = new_context()
@@ -245,7 +250,9 @@ def _state_tensor(exported: ExportedProgram, name: str) -> Any:
     return exported.constants.get(name)
 
 
-def _merge_aliased_state(exported: ExportedProgram, *, owned: bool) -> ExportedProgram:
+def _merge_aliased_state(
+    exported: ExportedProgram, *, owned: bool
+) -> tuple[ExportedProgram, dict[str, str]]:
     """Make state that is one tensor one argument; reject state that overlaps.
 
     ``torch.export`` lifts a tensor the module reaches other than as an
@@ -298,7 +305,12 @@ def _merge_aliased_state(exported: ExportedProgram, *, owned: bool) -> ExportedP
         canonical[view] = spec
         by_storage.setdefault(storage, (spec.target, tensor))
     if not merged:
-        return exported
+        return exported, {}
+    # Names the module's state_dict has for a merged tensor (tied weights,
+    # a buffer registered twice): the runtime answers to each of them.
+    aliases = {
+        spec.target: first.target for spec, first in merged if spec.kind != InputKind.CONSTANT_TENSOR
+    }
     if not owned:
         original = exported
         exported = copy.copy(original)
@@ -325,7 +337,7 @@ def _merge_aliased_state(exported: ExportedProgram, *, owned: bool) -> ExportedP
         if spec.kind == InputKind.CONSTANT_TENSOR:
             del exported.constants[spec.target]
     exported.graph_module.recompile()
-    return exported
+    return exported, aliases
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -651,6 +651,12 @@ class Executable:
         stats["argument_bytes"] -= duplicate_bytes
         stats["total_bytes"] -= duplicate_bytes
         self.memory_stats = stats
+        # Tied weights merged at import are one argument (XLA counts them
+        # once): every name of the module's state_dict reaches their slot.
+        for alias, canonical in self._signature.state_aliases.items():
+            if canonical in self._slots:
+                self._slots[alias] = self._slots[canonical]
+                self.tied_state[alias] = canonical
         #: Host copies made by calls so far: name -> count (see ``explain()``).
         self.host_copies: dict[str, int] = {}
         self._statics: dict[int, Any] = dict(getattr(self._signature, "static_inputs", {}) or {})
@@ -821,7 +827,7 @@ class Executable:
                 raise ExecutionError(
                     f"load_state_dict: unknown state '{name}' (known: {', '.join(self._slots)})"
                 )
-            index = self._names.index(name)
+            index = self._names.index(self._signature.state_aliases.get(name, name))
             if isinstance(entry, DeviceTensor):
                 if self._placement.spmd:
                     raise ExecutionError(

@@ -133,7 +133,7 @@ def test_decode_step_keeps_sharded_cache_aliased_in_place(platform: str, devices
     torch.testing.assert_close(state["k_cache"], eager.k_cache)
     torch.testing.assert_close(state["v_cache"], eager.v_cache)
     # The state stayed sharded on the devices between calls.
-    k_cache = exe._state["k_cache"]
+    k_cache = exe._slots["k_cache"].array
     assert k_cache is not None and len(k_cache.sharding.device_set) == devices
     assert k_cache.addressable_shards[0].data.shape == (4 // devices, 8, 8)
 
