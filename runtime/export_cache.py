@@ -24,14 +24,20 @@ only when a fresh import would produce the same program):
 - **The inputs**: the pytree structure of ``(args, kwargs)``, and per leaf
   either the tensor's shape, dtype, strides and ``requires_grad`` (the
   values are not part of an exported program) or the static value itself.
+- **The globals the code reads**: for the code of every forward above (and
+  of a plain function), each module-level global name it reads: a scalar,
+  tuple, dtype or tensor by value as above, a module or class by identity,
+  a Python function by identity and code, and (for functions outside the
+  libraries) the globals *it* reads in turn, three calls deep.
 - **Process settings export reads**: grad mode and the default dtype.
 
 Not in the key, so not reused: a callable with a closure cell, attribute
-or input leaf of any other type (a list, a dict, an object) makes the
-program uncacheable: :func:`fingerprint` returns ``None``.  Module-level
-globals a forward reads are not seen: changing one between two compiles of
-the same module object is the one way to get the earlier program back;
-``HLOALIAS_EXPORT_CACHE=0`` turns this cache off.
+or input leaf of any other type (a list, a dict, an object), and a global of
+such a type read by the code, make the program uncacheable:
+:func:`fingerprint` returns ``None``.  Not seen: globals read by library
+code (torch, transformers, ...) and by functions reached other than by a
+global name (an attribute of an imported module) or more than three calls
+deep; ``HLOALIAS_EXPORT_CACHE=0`` turns this cache off.
 
 Entries hold the imported program's text (printed before any pass ran)
 and signature; a hit parses a fresh module, so the passes that run on it
@@ -46,6 +52,7 @@ import collections
 import dataclasses
 import os
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -91,6 +98,8 @@ def enabled() -> bool:
 def _static(value: Any) -> Any:
     if isinstance(value, _SCALARS):
         return (type(value).__name__, value)
+    if isinstance(value, (torch.dtype, torch.device)):
+        return (type(value).__name__, str(value))
     if isinstance(value, tuple):
         return ("tuple", tuple(_static(v) for v in value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen:  # type: ignore[attr-defined]
@@ -110,6 +119,47 @@ def _value(value: Any) -> Any:
     return _static(value)
 
 
+_LIBRARIES = ("torch", "transformers", "jax", "numpy", "hloalias", "functools", "typing")
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """Names ``code`` (and code nested in it) may read as globals."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _global_names(constant)
+    return names
+
+
+def _globals_print(fn: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
+    """The module-level globals the code of ``fn`` reads (see the module
+    docstring); raises _Uncacheable for a global of a mutable kind."""
+    code = getattr(fn, "__code__", None)
+    namespace = getattr(fn, "__globals__", None)
+    if not isinstance(code, types.CodeType) or not isinstance(namespace, dict):
+        return ()
+    seen = set() if seen is None else seen
+    if id(code) in seen:
+        return ()
+    seen.add(id(code))
+    parts: list[Any] = []
+    for name in sorted(_global_names(code)):
+        if name not in namespace:
+            continue  # a builtin, an attribute name, or not defined yet
+        value = namespace[name]
+        if isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType)):
+            parts.append((name, id(value)))
+        elif isinstance(value, types.FunctionType):
+            library = (value.__module__ or "").split(".")[0] in _LIBRARIES
+            inner = () if library or depth >= 3 else _globals_print(value, depth + 1, seen)
+            parts.append((name, id(value), value.__code__, inner))
+        elif callable(value) and not isinstance(value, torch.Tensor):
+            parts.append((name, id(value)))  # torch ops, partials, other callables: by identity
+        else:
+            parts.append((name, _value(value)))
+    return tuple(parts)
+
+
 def _module_print(module: torch.nn.Module) -> Any:
     parts: list[Any] = []
     for name, sub in module.named_modules(remove_duplicate=False):
@@ -118,6 +168,7 @@ def _module_print(module: torch.nn.Module) -> Any:
         parts.append((
             name, type(sub), getattr(forward, "__code__", forward),
             None if own_forward is None else getattr(own_forward, "__code__", id(own_forward)),
+            _globals_print(forward), _globals_print(own_forward),
             sub.training,
             tuple(id(h) for h in sub._forward_hooks.values()),
             tuple(id(h) for h in sub._forward_pre_hooks.values()),
@@ -139,7 +190,7 @@ def _function_print(fn: Callable[..., Any]) -> Any:
         raise _Uncacheable
     cells = tuple(_value(cell.cell_contents) for cell in (getattr(fn, "__closure__", None) or ()))
     defaults = tuple(_value(v) for v in (getattr(fn, "__defaults__", None) or ()))
-    return (code, cells, defaults)
+    return (code, cells, defaults, _globals_print(fn))
 
 
 def fingerprint(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -263,3 +263,56 @@ def test_disk_cache_default_location(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HLOALIAS_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
     assert disk_cache.cache_dir() == "/somewhere/hloalias/xla"
+
+
+GLOBAL_SCALE = 2.0
+GLOBAL_SHIFT = 0.5
+GLOBAL_TABLE = [1.0]
+
+
+def _shift(t: torch.Tensor) -> torch.Tensor:
+    return t + GLOBAL_SHIFT
+
+
+class _ReadsGlobals(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _shift(x * GLOBAL_SCALE)
+
+
+class _ReadsMutableGlobal(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * GLOBAL_TABLE[0]
+
+
+def test_globals_read_by_forward_and_its_helpers_are_part_of_the_key(cache_dir: str) -> None:
+    global GLOBAL_SCALE, GLOBAL_SHIFT
+    module = _ReadsGlobals()
+    x = torch.randn(8)
+    try:
+        first = hloalias.compile(module, (x,))
+        assert torch.allclose(first(x), x * 2.0 + 0.5)
+        GLOBAL_SCALE = 3.0  # read by forward
+        second = hloalias.compile(module, (x,))
+        assert torch.allclose(second(x), x * 3.0 + 0.5)
+        GLOBAL_SHIFT = 1.5  # read by a helper forward calls
+        third = hloalias.compile(module, (x,))
+        assert torch.allclose(third(x), x * 3.0 + 1.5)
+        again = hloalias.compile(module, (x,))  # nothing changed: reused
+        assert torch.allclose(again(x), x * 3.0 + 1.5)
+        stats = export_cache.export_cache_stats()
+        assert stats["misses"] == 3 and stats["hits"] == 1
+    finally:
+        GLOBAL_SCALE, GLOBAL_SHIFT = 2.0, 0.5
+
+
+def test_a_mutable_global_makes_the_program_uncacheable(cache_dir: str) -> None:
+    module = _ReadsMutableGlobal()
+    x = torch.randn(8)
+    first = hloalias.compile(module, (x,))
+    GLOBAL_TABLE[0] = 4.0
+    try:
+        second = hloalias.compile(module, (x,))
+        assert torch.allclose(first(x), x) and torch.allclose(second(x), x * 4.0)
+        assert export_cache.export_cache_stats()["uncacheable"] == 2
+    finally:
+        GLOBAL_TABLE[0] = 1.0
