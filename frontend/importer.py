@@ -218,6 +218,7 @@ def import_torch(
     except Exception as error:  # torch raises many types here
         raise TorchImportError(f"torch.export decompositions failed: {error}") from error
     _clamp_slice_bounds(exported.graph_module.graph)
+    _float_comparison_scalars(exported.graph_module.graph)
     signature = _with_eager_storage(_signature(exported), eager_storage)
     signature = dataclasses.replace(signature, state_aliases=state_aliases)
     state = _state(exported, signature)
@@ -750,6 +751,29 @@ _SLICE_OPS = {
     torch.ops.aten.slice.Tensor: 1,  # position of ``dim``
     torch.ops.aten.slice_scatter.default: 2,
 }
+
+
+_COMPARISONS_WITH_SCALAR = frozenset(
+    getattr(torch.ops.aten, name).Scalar for name in ("eq", "ne", "gt", "ge", "lt", "le")
+)
+
+
+def _float_comparison_scalars(graph: torch.fx.Graph) -> None:
+    """Give every comparison of a floating tensor with an integer scalar
+    (``x > 0``) a float scalar, in place.  Exact: torch compares in the
+    tensor's dtype either way.  Needed because torch-mlir folds such a
+    comparison of a constant float tensor wrongly (``full_like(x, 1.5) > 0``
+    folds to False; ``x.fill_(1.5); x.masked_fill_(x > 0, -2.0)`` came back
+    as 1.5), while a float scalar folds right."""
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in _COMPARISONS_WITH_SCALAR or len(node.args) < 2:
+            continue
+        tensor, scalar = node.args[0], node.args[1]
+        value = tensor.meta.get("val") if isinstance(tensor, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+            continue
+        if isinstance(scalar, int) and not isinstance(scalar, bool):
+            node.args = (tensor, float(scalar), *node.args[2:])
 
 
 def _clamp_slice_bounds(graph: torch.fx.Graph) -> None:

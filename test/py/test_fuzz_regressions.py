@@ -32,6 +32,12 @@ REGRESSIONS = {
     ),
     "buffer_copied_from_intermediate_buffer_returned": _program(
         ["v0 = x0 * 2.0", f"{BUFFER_LOCAL}.copy_(v0)"], [BUFFER_LOCAL], [BUFFER_LOCAL], buffer=BUFFER
+    ),    # scripts/fuzz.sh, seed 1796104784, 2,000 programs: torch-mlir folded
+    # ``x0 > 0`` of the constant x0 (after fill_) to False, so masked_fill_
+    # was lost.  Fixed by the importer giving comparisons float scalars.
+    "masked_fill_after_fill_compares_a_constant_with_an_int": _program(
+        ["x0.fill_(1.5)", "x0.masked_fill_(x0 > 0, -2.0)"], ["x0"], ["x0"],
+        [TensorSpec("x0", (2, 3), "float32")],
     ),
 }
 
