@@ -82,13 +82,12 @@ class StateSlot:
 
 @dataclasses.dataclass
 class CapturedTrainingStep:
-    """A captured step: ``exported`` (state as buffers, ``lr`` inputs, batch
-    inputs), the state slots in argument order with their initial values,
+    """A captured step: ``exported`` (state as buffers holding its initial
+    values, ``lr`` inputs, batch inputs), the state slots in argument order,
     and what the runtime needs to call and check it."""
 
     exported: ExportedProgram
     slots: tuple[StateSlot, ...]
-    initial_state: dict[str, torch.Tensor]
     lr_count: int
     batch_spec: Any
     hyperparameters: tuple[dict[str, Any], ...]
@@ -248,7 +247,7 @@ def _capture(
         raise TrainingCaptureError(f"torch.export of the captured step failed: {error}") from None
     hyperparameters = tuple(_hyperparameters(g) for g in optimizer.param_groups)
     return CapturedTrainingStep(
-        exported, tuple(slots), initial, lr_count, batch_spec, hyperparameters, tuple(opt_params)
+        exported, tuple(slots), lr_count, batch_spec, hyperparameters, tuple(opt_params)
     )
 
 

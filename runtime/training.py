@@ -97,7 +97,13 @@ class TrainingStep:
         optimizer: torch.optim.Optimizer,
     ) -> None:
         self.executable = executable
-        self._captured = captured
+        # What calls read of the capture; not the captured program itself,
+        # whose state_dict holds host copies of all the state the device
+        # now owns (a second copy of model and optimizer state).
+        self._batch_spec = captured.batch_spec
+        self._lr_count = captured.lr_count
+        self._hyperparameters = captured.hyperparameters
+        self._parameters = captured.parameters
         self._model = model
         self._optimizer = optimizer
         self._slots = captured.slots
@@ -107,26 +113,26 @@ class TrainingStep:
     def __call__(self, *batch: Any) -> torch.Tensor:
         """One training step on ``batch``; returns the loss."""
         leaves, spec = pytree.tree_flatten(batch)
-        if spec != self._captured.batch_spec:
+        if spec != self._batch_spec:
             raise ExecutionError(
                 f"the batch does not have the structure the step was compiled for: "
-                f"expected {self._captured.batch_spec}, got {spec}"
+                f"expected {self._batch_spec}, got {spec}"
             )
         return self.executable(*self._lr_inputs(), *leaves)  # type: ignore[no-any-return]
 
     def _lr_inputs(self) -> list[torch.Tensor]:
         groups = self._optimizer.param_groups
-        if len(groups) != self._captured.lr_count:
+        if len(groups) != self._lr_count:
             raise ExecutionError(
                 f"the optimizer has {len(groups)} param groups, the step was compiled for "
-                f"{self._captured.lr_count}; compile again"
+                f"{self._lr_count}; compile again"
             )
         inputs = []
         for index, group in enumerate(groups):
-            if hyperparameters_of(group) != self._captured.hyperparameters[index]:
+            if hyperparameters_of(group) != self._hyperparameters[index]:
                 changed = sorted(
                     k for k, v in hyperparameters_of(group).items()
-                    if self._captured.hyperparameters[index].get(k) != v
+                    if self._hyperparameters[index].get(k) != v
                 ) or ["(keys)"]
                 raise ExecutionError(
                     f"param group {index}: {', '.join(changed)} changed since compile; only lr is "
@@ -229,7 +235,7 @@ class TrainingStep:
                 if slot.kind in ("param", "buffer"):
                     assert slot.fqn is not None
                     named[slot.fqn].copy_(device_state[slot.name])
-        params = self._captured.parameters
+        params = self._parameters
         for slot in self._slots:
             if slot.kind == "grad":
                 assert slot.fqn is not None
@@ -243,7 +249,7 @@ class TrainingStep:
         now (after ``model.load_state_dict`` / ``optimizer.load_state_dict``)."""
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
         try:
-            optimizer_state = optimizer_state_of(self._optimizer, list(self._captured.parameters))
+            optimizer_state = optimizer_state_of(self._optimizer, list(self._parameters))
         except TrainingCaptureError as error:
             raise ExecutionError(f"reload: {error}") from None
         values: dict[str, torch.Tensor] = {}
