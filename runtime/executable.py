@@ -433,7 +433,7 @@ def compile(  # noqa: A001 - the name users expect
         options = None
         if placement.spmd:
             sharded = result_shardings(program.torch_mlir_module)
-            options = placement.compile_options(len(sharded), sharded)
+            options = placement.compile_options(sharded)
         loaded = compile_module(final_text, target, options=options, devices=placement.devices)
         with _CACHE_LOCK:
             _CACHE[cache_slot] = loaded

@@ -37,7 +37,6 @@ from hloalias.errors import ShardingError
 from hloalias.mlir import element_bits, find_main
 
 SpecEntry: TypeAlias = "str | tuple[str, ...] | None"
-PartitionSpecLike: TypeAlias = "Sequence[str | tuple[str, ...] | None] | None"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +107,11 @@ class Mesh:
             )
         return [by_id[i] for i in self.device_ids]
 
-    def jax_mesh(self) -> jax.sharding.Mesh:
-        """The same mesh as a ``jax.sharding.Mesh``."""
-        return jax.sharding.Mesh(np.array(self.devices(), dtype=object).reshape(self.mesh_shape), self.axis_names)
+    def jax_mesh(self, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+        """The same mesh as a ``jax.sharding.Mesh`` (over ``devices`` when
+        already looked up by :meth:`devices`)."""
+        found = self.devices() if devices is None else list(devices)
+        return jax.sharding.Mesh(np.array(found, dtype=object).reshape(self.mesh_shape), self.axis_names)
 
 
 def _normalize_spec(mesh: Mesh, name: str, spec: Any, shape: tuple[int, ...]) -> tuple[SpecEntry, ...]:
@@ -191,7 +192,7 @@ class Placement:
         self.mesh = mesh
         self.devices = mesh.devices() if mesh is not None else [device]
         self.device = self.devices[0]
-        self._jax_mesh = mesh.jax_mesh() if mesh is not None else None
+        self._jax_mesh = mesh.jax_mesh(self.devices) if mesh is not None else None
         self.arguments: dict[int, ArgumentSharding] = {}
 
     @property
@@ -211,7 +212,6 @@ class Placement:
         for index, sharding in sorted(self.arguments.items()):
             spec = "replicated" if sharding.replicated else str(sharding.spec)
             lines.append(f"  arg {index} '{sharding.name}': {spec}, {sharding.bytes_per_device(mesh)} bytes per device")
-        lines.append("  results that view sharded state stay on the devices (the host has no storage to view)")
         per_device = next(iter(stats_per_device.values()))
         lines.append(
             "XLA memory per device: argument {argument_bytes} + output {output_bytes} - alias "
@@ -221,8 +221,11 @@ class Placement:
 
     def named_sharding(self, arg_index: int) -> NamedSharding:
         """The jax sharding of argument ``arg_index``."""
+        return self.sharding_of(self.arguments[arg_index].spec)
+
+    def sharding_of(self, spec: Sequence[SpecEntry]) -> NamedSharding:
+        """The jax sharding of a normalized partition spec on this mesh."""
         assert self._jax_mesh is not None
-        spec = self.arguments[arg_index].spec
         return NamedSharding(self._jax_mesh, PartitionSpec(*spec))
 
     def put(self, tensor: torch.Tensor, arg_index: int) -> jax.Array:
@@ -246,9 +249,10 @@ class Placement:
             outputs.append(jax.make_array_from_single_device_arrays(shape, sharding, per_device))
         return outputs
 
-    def compile_options(self, result_count: int, sharded_results: Sequence[bool]) -> Any:
+    def compile_options(self, sharded_results: Sequence[bool]) -> Any:
         """XLA compile options: SPMD over the mesh's devices; results without
-        a sharding get the partitioner's choice."""
+        a sharding (``sharded_results``, one per result) get the
+        partitioner's choice."""
         options = xla_client.CompileOptions()
         build = options.executable_build_options
         build.num_replicas = 1
@@ -259,7 +263,6 @@ class Placement:
             np.array([d.id for d in self.devices]).reshape(1, len(self.devices))
         )
         build.allow_spmd_sharding_propagation_to_output = [not s for s in sharded_results] or [True]
-        assert len(sharded_results) == result_count
         return options
 
 
@@ -271,14 +274,12 @@ def plan_shardings(
     ``mhlo.sharding`` on every argument of ``@main`` and on the new value of
     each mutated argument; return the placement.  Raises ShardingError
     naming the culprit before anything is changed."""
-    if not isinstance(mesh, Mesh):
-        raise ShardingError(f"mesh must be an hloalias.Mesh, got {type(mesh).__name__}")
     placement = Placement(device, mesh)
     arguments = program.signature.arguments
     user_inputs = program.signature.user_input_indices()
-    by_name: dict[str, list[int]] = {}
+    by_name: dict[str, int] = {}
     for argument in arguments:
-        by_name.setdefault(argument.name, []).append(argument.index)
+        by_name.setdefault(argument.name, argument.index)  # the first of a repeated name
     requested: dict[int, Any] = {}
     for key, spec in (shardings or {}).items():
         if isinstance(key, int) and not isinstance(key, bool):
@@ -291,7 +292,7 @@ def plan_shardings(
             if key not in by_name:
                 known = ", ".join(a.name for a in arguments)
                 raise ShardingError(f"shardings names unknown tensor '{key}' (known: {known})")
-            index = by_name[key][0]
+            index = by_name[key]
         else:
             raise ShardingError(f"shardings keys are tensor names or input positions, got {key!r}")
         if index in requested:
@@ -306,7 +307,7 @@ def plan_shardings(
             tensor_type = arg_types[argument.index]
             shape = tuple(tensor_type.shape)
             spec = _normalize_spec(mesh, argument.name, requested.get(argument.index), shape)
-            hlo = str(NamedSharding(placement._jax_mesh, PartitionSpec(*spec))._to_xla_hlo_sharding(len(shape)))
+            hlo = str(placement.sharding_of(spec)._to_xla_hlo_sharding(len(shape)))
             element_bytes = max(8, element_bits(tensor_type.element_type)) // 8
             placement.arguments[argument.index] = ArgumentSharding(argument.name, spec, hlo, shape, element_bytes)
         # Through the contract's records: they write mhlo.sharding canonically.

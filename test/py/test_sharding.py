@@ -7,6 +7,7 @@ tests run on GPUs when jax has them (skipped otherwise)."""
 from __future__ import annotations
 
 import math
+import re
 import jax
 import pytest
 import torch
@@ -199,7 +200,7 @@ def test_bad_sharding_is_named_and_nothing_compiles(
     before = {name: p.detach().clone() for name, p in model.state_dict().items()}
     stats = hloalias.cache_stats()
     compiled_before = stats.hits + stats.misses
-    with pytest.raises(ShardingError, match=_escaped(message)):
+    with pytest.raises(ShardingError, match=re.escape(message)):
         hloalias.compile(model, (x,), mesh=Mesh(*mesh_args), shardings=shardings)
     assert stats.hits + stats.misses == compiled_before  # nothing reached XLA
     for name, value in model.state_dict().items():
@@ -219,9 +220,3 @@ def test_shardings_without_mesh_and_bad_meshes_are_errors() -> None:
         Mesh((2,), ("dp",), device_ids=(0, 99)).devices()
     with pytest.raises(ShardingError, match="must be an hloalias.Mesh"):
         hloalias.compile(model, (x,), mesh=(2, 2))  # type: ignore[arg-type]
-
-
-def _escaped(text: str) -> str:
-    import re
-
-    return re.escape(text)
