@@ -57,10 +57,6 @@ TORCH_BACKEND_PIPELINE = (
 )
 STABLEHLO_PIPELINE = "builtin.module(torch-backend-to-stablehlo-backend-pipeline)"
 
-# On @main: the static (non-tensor) user inputs baked into the program, as
-# ``{leafN: repr(value)}``; see ProgramSignature.static_inputs.
-STATIC_INPUTS_ATTR = "hloalias.static_inputs"
-
 _MUTATION_OUTPUTS = (
     OutputKind.BUFFER_MUTATION,
     OutputKind.PARAMETER_MUTATION,
@@ -246,6 +242,10 @@ def import_torch(
 
 
 def _state_tensor(exported: ExportedProgram, name: str) -> Any:
+    """State ``name`` of ``exported``: persistent parameters and buffers are
+    in ``state_dict``; non-persistent buffers (``register_buffer(...,
+    persistent=False)``: rotary ``inv_freq``, BERT's ``position_ids``) and
+    lifted tensor constants are in ``constants``.  None when in neither."""
     if name in exported.state_dict:
         return exported.state_dict[name]
     return exported.constants.get(name)
@@ -721,19 +721,13 @@ def _with_eager_storage(signature: ProgramSignature, eager_storage: list[str | N
 
 
 def _state(exported: ExportedProgram, signature: ProgramSignature) -> dict[str, torch.Tensor]:
-    """Module state by argument name.  Persistent parameters and buffers are
-    in ``state_dict``; non-persistent buffers (``register_buffer(...,
-    persistent=False)``: rotary ``inv_freq``, BERT's ``position_ids``) and
-    lifted tensor constants are in ``constants``."""
+    """Module state by argument name (see :func:`_state_tensor`)."""
     state: dict[str, torch.Tensor] = {}
     for argument in signature.arguments:
         if argument.kind == "user_input":
             continue
-        if argument.name in exported.state_dict:
-            value = exported.state_dict[argument.name]
-        elif argument.name in exported.constants:
-            value = exported.constants[argument.name]
-        else:
+        value = _state_tensor(exported, argument.name)
+        if value is None:
             raise TorchImportError(
                 f"{argument.kind} '{argument.name}' is neither in the exported program's state_dict "
                 "nor in its constants"
@@ -825,7 +819,7 @@ def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
         set_result_attr_dicts(main, [result.record.to_attrs({}) for result in signature.results])
         if signature.static_inputs:
             # Static values are part of the program's identity (cache key).
-            main.attributes[STATIC_INPUTS_ATTR] = ir.DictAttr.get(
+            main.attributes[A.STATIC_INPUTS] = ir.DictAttr.get(
                 {f"leaf{leaf}": ir.StringAttr.get(repr(value)) for leaf, value in signature.static_inputs.items()}
             )
 

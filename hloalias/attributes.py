@@ -87,6 +87,7 @@ RESULT_OUTPUT: Final = "hloalias.output"
 RESULT_MUTATES: Final = "hloalias.mutates"
 RESULT_STORAGE: Final = "hloalias.storage"
 REMOVED_RESULTS: Final = "hloalias.removed_results"
+STATIC_INPUTS: Final = "hloalias.static_inputs"
 
 ALIASING_OUTPUT: Final = "tf.aliasing_output"
 BUFFER_DONOR: Final = "jax.buffer_donor"

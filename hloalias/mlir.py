@@ -154,11 +154,6 @@ def return_op(main: func.FuncOp) -> ir.Operation:
     return terminator.operation
 
 
-def body_ops(main: func.FuncOp) -> list[ir.Operation]:
-    """The operations of ``@main``'s body, in order."""
-    return [op.operation for op in main.regions[0].blocks[0].operations]
-
-
 def arg_attr_dicts(main: func.FuncOp) -> list[dict[str, ir.Attribute]]:
     """One mutable ``{name: attribute}`` dict per argument of ``@main``."""
     count = len(main.arguments)
