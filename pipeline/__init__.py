@@ -221,13 +221,14 @@ _REPORT_ONLY_RES = (
 )
 
 
-def module_cache_key(module: ir.Module) -> str:
-    """Key of a final module: SHA-256 of its text without locations and
-    without report-only attributes (``hloalias.donation``,
+def module_cache_key(module: ir.Module | str) -> str:
+    """Key of a final module (or of its text as :func:`print_module` prints
+    it, when the caller has it already): SHA-256 of its text without
+    locations and without report-only attributes (``hloalias.donation``,
     ``hloalias.unused_donation``).  Two configurations that produce the same
     module (same aliasing, same removed results) share it; any difference
     in aliasing changes it."""
-    text = print_module(module)
+    text = module if isinstance(module, str) else print_module(module)
     for pattern in _REPORT_ONLY_RES:
         text = pattern.sub("", text)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -422,7 +422,7 @@ def compile(  # noqa: A001 - the name users expect
     with program.torch_mlir_module.context:
         verify(find_main(program.torch_mlir_module))
     final_text = print_module(program.torch_mlir_module)
-    key = module_cache_key(program.torch_mlir_module)
+    key = module_cache_key(final_text)
     cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices))
     with _CACHE_LOCK:
         loaded = _CACHE.get(cache_slot)
