@@ -1000,27 +1000,27 @@ class Executable:
                     )
                 arrays.append(value.array)
                 continue
-            if self._placement.spmd:
-                # Sharded over the mesh: a copy into PJRT-owned shards.
-                tensor = _resolved(value)
-                bases[index] = tensor if tensor.is_contiguous() else tensor.contiguous()
-                arrays.append(self._placement.put(bases[index], index))
-                continue
-            aliased = index in self._self_aliased or index in self._donor_aliased
+            # Host backings and re-seating are for one CPU device; on a mesh
+            # an input is copied into PJRT-owned shards.
+            spmd = self._placement.spmd
+            aliased = not spmd and (index in self._self_aliased or index in self._donor_aliased)
             backing = _backing_of(value) if aliased else None
             if backing is not None:
                 backings[index] = backing
                 bases[index] = value
                 arrays.append(backing.array)
             else:
-                if index in self._self_aliased and _can_reseat(value):
+                if not spmd and index in self._self_aliased and _can_reseat(value):
                     # Decided before the zero-copy export below adds a
                     # reference to the storage (released asynchronously).
                     reseatable.add(index)
                 tensor = _resolved(value)
                 tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
                 bases[index] = tensor
-                arrays.append(torch_to_device(tensor, self.device, owned=False))
+                arrays.append(
+                    self._placement.put(tensor, index) if spmd
+                    else torch_to_device(tensor, self.device, owned=False)
+                )
         try:
             results = self._loaded.execute_sharded(arrays)
             if self._placement.spmd:
