@@ -851,11 +851,20 @@ def _lower(
 
 
 def _unlowered_op(module: ir.Module) -> str | None:
-    """The first torch op a failed partial conversion left behind."""
+    """The op a failed lowering most likely stopped at: the first
+    ``torch.operator`` (an op torch-mlir does not know at all, which no
+    pattern can lower; its name is an attribute), else the first torch op
+    a failed partial conversion left behind.  (A failed conversion leaves
+    every op of the function unconverted, so the first ``torch.aten`` op is
+    often one that lowers fine: ``embedding`` was named for a
+    ``silu_backward`` at the end of a training step.)"""
+    first_aten: str | None = None
     for op in walk_ops(module.operation):
-        if op.name.startswith("torch.aten.") or op.name.startswith("torch.prims."):
-            return str(op.name)
-    return None
+        if op.name == "torch.operator" and "name" in op.attributes:
+            return str(ir.StringAttr(op.attributes["name"]).value)
+        if first_aten is None and (op.name.startswith("torch.aten.") or op.name.startswith("torch.prims.")):
+            first_aten = str(op.name)
+    return first_aten
 
 
 def _source_line(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], aten_name: str) -> str | None:

@@ -453,6 +453,13 @@ IMPORT_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any
     "unknown_output_type": (
         lambda x: ValueError(x), (torch.randn(2, 3),), {}, "torch.export failed for",
     ),
+    # torch-mlir does not know silu_backward (a torch.operator): the message
+    # names it, not the embedding before it, which lowers fine.
+    "op_torch_mlir_cannot_lower": (
+        lambda w, i, x: torch.ops.aten.silu_backward(torch.nn.functional.embedding(i, w), x),
+        (torch.randn(10, 4), torch.tensor([1, 2]), torch.randn(2, 4)), {},
+        "torch-mlir cannot lower aten.silu_backward to the torch backend contract",
+    ),
 }
 
 
