@@ -215,6 +215,7 @@ def import_torch(
         raise TorchImportError(f"torch.export decompositions failed: {error}") from error
     _clamp_slice_bounds(exported.graph_module.graph)
     _float_comparison_scalars(exported.graph_module.graph)
+    _strided_copies_to_clones(exported.graph_module.graph)
     signature = _with_eager_storage(_signature(exported), eager_storage)
     signature = dataclasses.replace(signature, state_aliases=state_aliases)
     state = _state(exported, signature)
@@ -768,6 +769,22 @@ def _float_comparison_scalars(graph: torch.fx.Graph) -> None:
             continue
         if isinstance(scalar, int) and not isinstance(scalar, bool):
             node.args = (tensor, float(scalar), *node.args[2:])
+
+
+def _strided_copies_to_clones(graph: torch.fx.Graph) -> None:
+    """Replace every ``prims.copy_strided(x, strides)`` by ``aten.clone(x)``,
+    in place.  torch's decompositions emit it to give a result eager's
+    strides (AdamW's ``exp_avg.lerp_(grad, ...)`` on the gradient of a
+    depthwise conv weight, ``[16, 1, 7, 7]``, in ConvNeXt's training step
+    before the capture decomposed grouped ``convolution_backward``);
+    torch-mlir does not know the op, and in its value semantics, where
+    tensors have no strides, the copy is a clone: same values.  (A new
+    result comes back row-major either way: README, "Known limits".)"""
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.prims.copy_strided.default:
+            node.target = torch.ops.aten.clone.default
+            node.args = (node.args[0],)
+            node.kwargs = {}
 
 
 def _clamp_slice_bounds(graph: torch.fx.Graph) -> None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import re
 import traceback
@@ -56,7 +55,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.utils.stateless import _reparametrize_module
 
 from hloalias.errors import TorchImportError
-from hloalias.frontend.importer import _decomposition_table
+from hloalias.frontend.backward_decompositions import capture_decompositions
 
 
 class TrainingCaptureError(TorchImportError):
@@ -228,7 +227,7 @@ def _capture(
         try:
             graph_module = make_fx(
                 functional,
-                decomposition_table=_capture_decompositions(),
+                decomposition_table=capture_decompositions(),
                 tracing_mode="fake",
                 record_stack_traces=True,
             )(
@@ -320,30 +319,6 @@ def _user_frame(error: BaseException) -> str | None:
         return None
     frame = user[-1]
     return f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
-
-
-@functools.cache
-def _capture_decompositions() -> dict[Any, Callable[..., Any]]:
-    """(Built once and shared: callers must not modify it.)
-
-    The entries of the import's decomposition table for operators that have
-    both a CompositeImplicitAutograd kernel and a CPU kernel, applied while
-    tracing the step.  Autograd emits some of them (``silu_backward``,
-    ``mish_backward``); under fake tensors the CPU kernel wins, so
-    ``make_fx`` keeps them, and ``run_decompositions`` with the table at
-    import leaves them too (seen for both), so torch-mlir would meet an
-    operator it cannot lower.  Every other operator is
-    decomposed at import, as for inference."""
-    selected: dict[Any, Callable[..., Any]] = {}
-    for op, decomposition in _decomposition_table().items():
-        name = op._schema.name
-        if not torch._C._dispatch_has_kernel(name):  # an overload torch does not register
-            continue
-        if torch._C._dispatch_has_kernel_for_dispatch_key(
-            name, "CompositeImplicitAutograd"
-        ) and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
-            selected[op] = decomposition
-    return selected
 
 
 @contextlib.contextmanager

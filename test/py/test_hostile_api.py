@@ -475,6 +475,18 @@ def test_import_errors_name_the_culprit(name: str) -> None:
     assert_unchanged(before, *args)
 
 
+def test_strided_copy_imports_as_a_clone() -> None:
+    """``prims.copy_strided`` (torch's decompositions emit it to keep eager's
+    strides) is unknown to torch-mlir; in value semantics it is a clone."""
+    x = torch.randn(4, 3)
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return torch.ops.prims.copy_strided(t * 2, [1, 4]) + 1
+
+    executable = hloalias.compile(f, (x,))
+    torch.testing.assert_close(executable(x), f(x), rtol=0, atol=0)
+
+
 def test_import_of_something_not_callable() -> None:
     """Neither module, function nor ExportedProgram: TorchImportError naming its type."""
     with pytest.raises(TorchImportError, match="expected an nn.Module, a function or an ExportedProgram, got int"):

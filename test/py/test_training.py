@@ -194,8 +194,8 @@ def test_batchnorm_train_mode_updates_buffers_and_params() -> None:
     torch.manual_seed(0)
     eager_model = _BatchNormNet().train()
     model = copy.deepcopy(eager_model)
-    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    eager_opt = OPTIMIZERS[optimizer](eager_model.parameters())
+    opt = OPTIMIZERS[optimizer](model.parameters())
     generator = torch.Generator().manual_seed(2)
     batches = [(torch.randn(4, 3, 5, 5, generator=generator), torch.randint(0, 3, (4,), generator=generator)) for _ in range(STEPS)]
 
@@ -277,6 +277,69 @@ def test_activation_whose_backward_is_composite_trains_like_eager(activation: ty
         torch.testing.assert_close(train(x, y), eager_loss.detach(), rtol=RTOL, atol=ATOL)
     train.write_back()
     _assert_state_equal(eager_model.state_dict(), model.state_dict())
+
+
+GROUPED_CONVOLUTIONS = {
+    # name: (batch, channels, out channels, groups, kernel, stride, padding, dilation, size, spatial dims)
+    "groups2": (2, 4, 6, 2, 3, 1, 1, 1, 9, 2),
+    "depthwise_7x7": (2, 16, 16, 16, 7, 1, 3, 1, 8, 2),
+    "stride2_no_padding": (3, 6, 6, 3, 3, 2, 0, 1, 10, 2),
+    "stride2_dilation2": (2, 8, 4, 4, 3, 2, 2, 2, 11, 2),
+    "conv1d_stride3": (2, 6, 9, 3, 2, 3, 1, 1, 7, 1),
+    "conv3d_dilation2": (1, 4, 8, 4, 3, 1, 1, 2, 6, 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPED_CONVOLUTIONS))
+def test_grouped_convolution_backward_equals_torch(name: str) -> None:
+    from hloalias.frontend.backward_decompositions import grouped_convolution_backward
+
+    batch, channels, out, groups, kernel, stride, padding, dilation, size, dims = GROUPED_CONVOLUTIONS[name]
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, channels, *[size] * dims, generator=generator)
+    w = torch.randn(out, channels // groups, *[kernel] * dims, generator=generator)
+    geometry = ([stride] * dims, [padding] * dims, [dilation] * dims, False, [0] * dims, groups)
+    y = torch.ops.aten.convolution(x, w, None, *geometry)
+    grad = torch.randn(y.shape, generator=generator)
+    expected = torch.ops.aten.convolution_backward(grad, x, w, [out], *geometry, [True, True, True])
+    got = grouped_convolution_backward(grad, x, w, [out], *geometry, [True, True, True])
+    for want, have in zip(expected, got):
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
+    only_weight = grouped_convolution_backward(grad, x, w, [out], *geometry, [False, True, False])
+    assert only_weight[0] is None and only_weight[2] is None
+    assert grouped_convolution_backward(grad, x, w, [out], *geometry[:5], 1, [True] * 3) is NotImplemented
+
+
+@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adamw"])
+def test_cnn_with_depthwise_conv_and_max_pool_trains_like_eager(optimizer: str) -> None:
+    """torch-mlir lowers neither ``max_pool2d_with_indices_backward`` nor a
+    grouped ``convolution_backward`` (its weight gradient is an invalid
+    convolution): the capture decomposes both.  AdamW's ``lerp_`` on the
+    ``[8, 1, 5, 5]`` depthwise weight decomposes to ``prims.copy_strided``,
+    which the import turns into a clone."""
+
+    def model_of() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(3, stride=2, padding=1),
+            torch.nn.Conv2d(8, 8, 5, stride=2, padding=2, groups=8),  # depthwise
+            torch.nn.Conv2d(8, 4, 1, groups=2), torch.nn.Flatten(), torch.nn.Linear(4 * 3 * 3, 2),
+        )
+
+    eager_model, model = model_of(), model_of()
+    eager_opt = OPTIMIZERS[optimizer](eager_model.parameters())
+    opt = OPTIMIZERS[optimizer](model.parameters())
+    generator = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(2, 3, 12, 12, generator=generator), torch.randn(2, 2, generator=generator)) for _ in range(3)]
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    for x, y in batches:
+        eager_loss = _step_fn(eager_model, eager_opt)(x, y)
+        torch.testing.assert_close(train(x, y), eager_loss.detach(), rtol=RTOL, atol=ATOL)
+    train.write_back()
+    eager_state, state = eager_model.state_dict(), model.state_dict()
+    for key in eager_state:
+        torch.testing.assert_close(state[key], eager_state[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
 def test_tiny_llama_training_step_equals_eager() -> None:
