@@ -194,8 +194,8 @@ def test_batchnorm_train_mode_updates_buffers_and_params() -> None:
     torch.manual_seed(0)
     eager_model = _BatchNormNet().train()
     model = copy.deepcopy(eager_model)
-    eager_opt = OPTIMIZERS[optimizer](eager_model.parameters())
-    opt = OPTIMIZERS[optimizer](model.parameters())
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     generator = torch.Generator().manual_seed(2)
     batches = [(torch.randn(4, 3, 5, 5, generator=generator), torch.randint(0, 3, (4,), generator=generator)) for _ in range(STEPS)]
 
