@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import importlib.metadata
 import os
 import platform
 import subprocess
+from typing import Any
 
 from hloalias.pipeline import DEFAULT_PIPELINE
 
@@ -414,6 +416,9 @@ def write_report(
         add(f"| {call_label} | {per_call * 1e6:.1f} | {per_call / overhead.raw_execute:.2f}× |")
     add("")
 
+    out.extend(latency_section(directory))
+    out.extend(other_results(directory))
+
     if notes:
         add("## Compromises and findings\n")
         for note in notes:
@@ -587,5 +592,84 @@ def _copy_findings(result: WorkloadResult) -> list[str]:
         lines.append(f"- Diagnostic: the JAX function with {variant.notes[0]}: {count or 'no'} transposed copies"
                      f"{f' ({_b(variant.transposed_copy_bytes)} bytes)' if count else ''}; "
                      f"temp {_b(variant.temp_bytes)} bytes.")
+    lines.append("")
+    return lines
+
+
+#: Peer columns of the latency table: (peer, variant, heading).
+_LATENCY_PEERS = (
+    ("torch_xla", "lazy", "torch_xla (lazy tensors)"),
+    ("torchax", "documented", "torchax `compile` (documented)"),
+    ("torchax", "functional", "torchax functional"),
+)
+
+
+def _seconds(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "not measured"
+    return f"{value * 1e3:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+
+
+def latency_section(directory: str) -> list[str]:
+    """Compile and per-call time of hloalias beside torch_xla and torchax,
+    rendered from ``RESULTS-latency.json`` (written by ``python -m
+    bench.latency``, which runs each peer in its own environment); a
+    system or workload that run did not measure is shown as not measured."""
+    lines = ["## Compile and call time beside torch_xla and torchax\n"]
+    path = os.path.join(directory, "RESULTS-latency.json")
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+        ours: dict[str, Any] = data["hloalias"]
+        peers: list[dict[str, Any]] = data.get("peers", [])
+    except (OSError, ValueError, KeyError) as error:
+        lines.append(f"Not measured: `{path}` could not be read ({error}); run `python -m bench.latency`.\n")
+        return lines
+    lines.append(
+        "From `bench/RESULTS-latency.json`, written by `python -m bench.latency` "
+        "(not by this run; the stage breakdown of every compile, the peers' versions and the conditions are in "
+        "`bench/RESULTS-latency.md`). hloalias: *warm* = a new program object compiled after another in the "
+        "process, every cache off; *repeat* = the same program again; *call* = steady per-call time. Peers: "
+        "first call (trace + compile + run in a fresh process) / steady call.\n"
+    )
+    heading = "| workload | hloalias warm compile | repeat | call |" + "".join(
+        f" {title} first / call |" for _, _, title in _LATENCY_PEERS
+    )
+    lines.append(heading)
+    lines.append("|---|" + "---:|" * (3 + len(_LATENCY_PEERS)))
+    for workload, row in ours.items():
+        warm = row.get("warm", {}).get("total") if isinstance(row.get("warm"), dict) else None
+        repeat = row.get("repeat", {}).get("total") if isinstance(row.get("repeat"), dict) else None
+        cells = [workload, _seconds(warm), _seconds(repeat), _seconds(row.get("call_s"))]
+        for peer, variant, _ in _LATENCY_PEERS:
+            found = next((p for p in peers if p.get("peer") == peer and p.get("variant") == variant
+                          and p.get("workload") == workload), None)
+            measured = found.get("data") if found is not None and not found.get("error") else None
+            if measured is None:
+                cells.append("not measured")
+            else:
+                cells.append(f"{_seconds(measured.get('first_call_s'))} / {_seconds(measured.get('steady_s'))}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
+#: The other results files, each written by its own benchmark.
+_RESULTS_FILES = (
+    ("RESULTS-latency.md", "python -m bench.latency", "compile latency (stage breakdown) and per-call cost beside torch_xla and torchax"),
+    ("RESULTS-runtime.md", "python -m bench.runtime_bench", "runtime per-call time and host peak RSS against jax.jit (KV, StateKV, donation); state shared by executables"),
+    ("RESULTS-models.md", "python -m bench.models", "Hugging Face models: device bytes against the minimum, errors against eager"),
+    ("RESULTS-training.md", "python -m bench.training", "training steps: bytes, copies, errors against eager"),
+    ("RESULTS-temp.md", "python -m bench.temp_bytes", "XLA temp bytes: what each temp-byte pass removes, and the HLO behind what remains"),
+    ("RESULTS-sharding.md", "python -m bench.sharding", "several devices: per-device bytes and placement"),
+)
+
+
+def other_results(directory: str) -> list[str]:
+    """An index of the other benchmarks' results files that exist."""
+    lines = ["## Other results files\n"]
+    for name, command, what in _RESULTS_FILES:
+        if os.path.exists(os.path.join(directory, name)):
+            lines.append(f"- `bench/{name}` (`{command}`): {what}.")
     lines.append("")
     return lines
