@@ -367,7 +367,8 @@ def _decomposition_table() -> dict[Any, Callable[..., Any]]:
     the kernel's layout and fails on the decomposition's for batch > 1
     ("Cannot view a tensor with shape [2, 64, 768] ...").  The replacement
     keeps the math and gives the output the kernel's layout."""
-    table = dict(get_decomposition_table())
+    with torch_internals.materialize_cia_ops_once():
+        table = dict(get_decomposition_table())
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     upstream = table.get(flash)
     if upstream is not None:

@@ -21,7 +21,9 @@ as torch's override (the same kernels under the same dispatch keys, the
 same fake-tensor rule, and the same state after exit) by writing the
 kernel tables directly, with the per-operator callables built once, and
 lets torch do (c) with an empty CIA table (torch's own override is then a
-no-op).  ``test/py/test_torch_internals.py`` pins every private name used
+no-op).  The first split in a process (and building torch-mlir's table)
+materializes torch's CIA operators once instead of once per ``torch.ops``
+namespace (:func:`materialize_cia_ops_once`).  ``test/py/test_torch_internals.py`` pins every private name used
 here, compares the operator state under :func:`cia_override` with the
 state under torch's override, and checks the decomposed graph and
 signature against ``run_decompositions``; a torch that changes any of
@@ -48,7 +50,7 @@ PRIVATE_NAMES = {
         "_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE",
         "_BACKEND_KEYS_TO_OVERRIDE",
     ),
-    "torch._export.utils": ("_get_decomp_for_cia",),
+    "torch._export.utils": ("_get_decomp_for_cia", "_materialize_cpp_cia_ops"),
     "torch._higher_order_ops.utils": ("autograd_not_implemented",),
     "torch._subclasses.fake_impls": ("op_implementations_dict", "_deregister_op_impl"),
 }
@@ -87,6 +89,38 @@ def operator_registry_key(table: dict[Any, Callable[..., Any]]) -> Any:
     return frozenset(table.items()), tuple(cia_registrations), namespaces
 
 
+@contextlib.contextmanager
+def materialize_cia_ops_once() -> Iterator[None]:
+    """Within the block, torch's ``_materialize_cpp_cia_ops`` runs at most once.
+
+    Collecting the CIA operators (first ``split_decomposition_table`` in a
+    process, and torch-mlir's table, which asks torch for its default
+    decompositions) calls it once per ``torch.ops`` namespace (~56), and
+    each call fetches every CompositeImplicitAutograd registration from the
+    dispatcher and ``getattr``s it into ``torch.ops``: idempotent, so once
+    is the same (~0.1-0.2 s of a cold compile).  Without the private name
+    the block changes nothing."""
+    import torch._export.utils as export_utils
+
+    original = getattr(export_utils, "_materialize_cpp_cia_ops", None)
+    if original is None:
+        yield
+        return
+    done = False
+
+    def materialize_once() -> None:
+        nonlocal done
+        if not done:
+            original()
+            done = True
+
+    export_utils._materialize_cpp_cia_ops = materialize_once
+    try:
+        yield
+    finally:
+        export_utils._materialize_cpp_cia_ops = original
+
+
 def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTable:
     """``_split_decomp_table_to_cia_and_python_decomp(table)``, cached under
     :func:`operator_registry_key`: registering a custom op changes the key
@@ -97,7 +131,8 @@ def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTab
     key = operator_registry_key(table)
     cached = _SPLIT_CACHE.get(key)
     if cached is None:
-        cached = private["_split_decomp_table_to_cia_and_python_decomp"](dict(table))
+        with materialize_cia_ops_once():
+            cached = private["_split_decomp_table_to_cia_and_python_decomp"](dict(table))
         # Keyed after the split: it materializes operators into torch.ops.
         _SPLIT_CACHE.clear()  # one live entry: the registry only grows
         _SPLIT_CACHE[operator_registry_key(table)] = cached

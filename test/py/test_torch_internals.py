@@ -40,6 +40,12 @@ _PINNED_SOURCES = {
         "3ae30c72c7d7bce2e64a2589eac8d22502ccb6cdc120cc4d35a8150f726a5eb9",
     ("torch._subclasses.fake_impls", "_deregister_op_impl"):
         "b25dfd97c983a622274368e3179ad8d5d041e1f04894656ca36719cbdabc9233",
+    ("torch._export.utils", "_materialize_cpp_cia_ops"):
+        "51472f6b4e2c37824078c061741bf2861dcc0da2f439e19ab099ce5d0711b033",
+    ("torch._export.utils", "_collect_all_valid_cia_ops_for_namespace"):
+        "c26d5cd619830773104ec3ccb3fbdcfa84f0ff7e59fc9c54e13e7551c96701ee",
+    ("torch._export.utils", "_collect_all_valid_cia_ops"):
+        "1d09a99ea79bd377c8f0acc97247545fc7c769103e4e94cad6e72370598fd615",
     ("torch._ops", "OperatorBase.py_impl"):
         "8173bd205b783783cda935e5b6590b730162bf3224538ae039576a75fc40ec0b",
 }
@@ -69,6 +75,32 @@ def test_mirrored_torch_source_is_unchanged(where: tuple[str, str]) -> None:
         f"torch's {where[0]}.{where[1]} changed: check that frontend/torch_internals.py still "
         "does what it does, then update the pinned hash"
     )
+
+
+def test_materializing_cia_ops_once_gives_torchs_split() -> None:
+    import torch._export.utils as export_utils
+    from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+    table = importer._decomposition_table()
+    original = export_utils._materialize_cpp_cia_ops
+    calls = []
+
+    def counted() -> None:
+        calls.append(1)
+        original()
+
+    export_utils._materialize_cpp_cia_ops = counted
+    try:
+        theirs = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+        assert len(calls) > 1  # torch's own walk: once per namespace
+        calls.clear()
+        with torch_internals.materialize_cia_ops_once():
+            ours = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+        assert len(calls) == 1
+        assert export_utils._materialize_cpp_cia_ops is counted  # restored
+    finally:
+        export_utils._materialize_cpp_cia_ops = original
+    assert ours[0] == theirs[0] and ours[1] == theirs[1]
 
 
 def _describe(kernel: Any) -> Any:
