@@ -50,6 +50,7 @@ from hloalias.mlir import (
     walk_ops,
 )
 from hloalias.repro import write_repro
+from hloalias.frontend import torch_internals
 
 TORCH_BACKEND_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -367,7 +368,8 @@ def _decomposition_table() -> dict[Any, Callable[..., Any]]:
     the kernel's layout and fails on the decomposition's for batch > 1
     ("Cannot view a tensor with shape [2, 64, 768] ...").  The replacement
     keeps the math and gives the output the kernel's layout."""
-    table = dict(get_decomposition_table())
+    with torch_internals.materialize_cia_ops_once():
+        table = dict(get_decomposition_table())
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     upstream = table.get(flash)
     if upstream is not None:
@@ -382,69 +384,14 @@ def _decomposition_table() -> dict[Any, Callable[..., Any]]:
     return table
 
 
-_SplitTable = tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]
-_SPLIT_CACHE: dict[Any, _SplitTable] = {}
-
-
 def decompose(
     exported: ExportedProgram, table: dict[Any, Callable[..., Any]] | None = None
 ) -> ExportedProgram:
     """``exported.run_decompositions(table)`` (default: torch-mlir's table),
-    the same program, without its fixed per-call cost.
-
-    ``run_decompositions`` first splits the table into composite-implicit
-    (CIA) ops, which it overrides in the dispatcher during the retrace, and
-    Python decompositions; finding the CIA ops walks every registered
-    operator (~0.1-0.5 s a call, independent of the program).  The split
-    depends only on the table and on which operators are registered, so it
-    is cached under a key of: the table's (op, decomposition) pairs, the C++
-    dispatcher's CompositeImplicitAutograd registrations, the ``torch.ops``
-    namespaces and the operators each non-aten namespace holds.  Registering
-    a custom op (which adds a registration or an operator) changes the key
-    and the split is recomputed, as torch would.  The retrace itself is
-    torch's own ``_decompose_exported_program``, under the same
-    fake-mode guard as ``run_decompositions``; a torch without these
-    private entries falls back to ``run_decompositions``."""
-    from torch.export import exported_program as torch_ep
-
-    split = getattr(torch_ep, "_split_decomp_table_to_cia_and_python_decomp", None)
-    retrace = getattr(torch_ep, "_decompose_exported_program", None)
-    guard = getattr(torch_ep, "_disable_prexisiting_fake_mode", None)
-    if table is None:
-        table = get_decomposition_table()
-    if split is None or retrace is None or guard is None:
-        decomposed: ExportedProgram = exported.run_decompositions(table)
-        return decomposed
-    cached = _SPLIT_CACHE.get(_operator_registry_key(table))
-    if cached is None:
-        cached = split(dict(table))
-        # Keyed after the split: it materializes operators into torch.ops.
-        _SPLIT_CACHE.clear()  # one live entry: the registry only grows
-        _SPLIT_CACHE[_operator_registry_key(table)] = cached
-    cia_to_decomp, python_table = cached
-
-    @guard  # type: ignore[untyped-decorator]
-    def run() -> ExportedProgram:
-        result: ExportedProgram = retrace(
-            exported,
-            cia_to_decomp=dict(cia_to_decomp),
-            python_decomp_table=dict(python_table),
-            joint_loss_index=None,
-            decompose_custom_triton_ops=False,
-        )
-        return result
-
-    decomposed_program: ExportedProgram = run()
-    return decomposed_program
-
-
-def _operator_registry_key(table: dict[Any, Callable[..., Any]]) -> Any:
-    cia_registrations = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
-    namespaces = tuple(
-        (name, () if name == "aten" else tuple(getattr(torch.ops, name, ())))
-        for name in sorted(torch.ops._dir)
-    )
-    return frozenset(table.items()), tuple(cia_registrations), namespaces
+    the same program, without its fixed per-call cost: see
+    :mod:`hloalias.frontend.torch_internals`, the one module that uses
+    torch's private export internals."""
+    return torch_internals.decompose(exported, get_decomposition_table() if table is None else table)
 
 
 def _export(

@@ -1,0 +1,243 @@
+"""The one place hloalias uses private ``torch.export`` internals
+(torch 2.13): decomposing an exported program the way
+``ExportedProgram.run_decompositions`` does, without its fixed per-call
+cost.
+
+``run_decompositions(table)`` does three things per call:
+
+(a) splits the table into composite-implicit (CIA) operators and Python
+    decompositions (``_split_decomp_table_to_cia_and_python_decomp``): it
+    walks every registered operator (~0.1-0.5 s);
+(b) for the retrace, overrides the Python kernels of every CIA operator
+    (``_override_composite_implicit_decomp``: ~525 operators, ~11,500
+    ``OperatorBase.py_impl`` calls, most of their time spent evaluating the
+    ``Callable[_P, _T]`` annotations of ``py_impl``'s inner function: ~0.1 s
+    idle), then restores them;
+(c) retraces the program (``_decompose_exported_program``).
+
+:func:`decompose` caches (a) (:func:`split_decomposition_table`), performs
+(b) with :func:`cia_override`, which leaves every operator in the same state
+as torch's override (the same kernels under the same dispatch keys, the
+same fake-tensor rule, and the same state after exit) by writing the
+kernel tables directly, with the per-operator callables built once, and
+lets torch do (c) with an empty CIA table (torch's own override is then a
+no-op).  The first split in a process (and building torch-mlir's table)
+materializes torch's CIA operators once instead of once per ``torch.ops``
+namespace (:func:`materialize_cia_ops_once`).  ``test/py/test_torch_internals.py`` pins every private name used
+here, compares the operator state under :func:`cia_override` with the
+state under torch's override, and checks the decomposed graph and
+signature against ``run_decompositions``; a torch that changes any of
+them fails there.  A torch without these private names makes
+:func:`decompose` fall back to ``run_decompositions``."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+# Private names used (module -> names); pinned by the test.
+PRIVATE_NAMES = {
+    "torch.export.exported_program": (
+        "_split_decomp_table_to_cia_and_python_decomp",
+        "_decompose_exported_program",
+        "_disable_prexisiting_fake_mode",
+        "_override_composite_implicit_decomp",
+        "_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE",
+        "_BACKEND_KEYS_TO_OVERRIDE",
+    ),
+    "torch._export.utils": ("_get_decomp_for_cia", "_materialize_cpp_cia_ops"),
+    "torch._higher_order_ops.utils": ("autograd_not_implemented",),
+    "torch._subclasses.fake_impls": ("op_implementations_dict", "_deregister_op_impl"),
+}
+
+_SplitTable = tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]
+_SPLIT_CACHE: dict[Any, _SplitTable] = {}
+
+
+@functools.cache
+def _private() -> dict[str, Any] | None:
+    """The private torch objects this module uses, or None when one is missing."""
+    import importlib
+
+    found: dict[str, Any] = {}
+    for module_name, names in PRIVATE_NAMES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            return None
+        for name in names:
+            if not hasattr(module, name):
+                return None
+            found[name] = getattr(module, name)
+    return found
+
+
+def operator_registry_key(table: dict[Any, Callable[..., Any]]) -> Any:
+    """What the CIA split depends on: the table's (op, decomposition) pairs,
+    the C++ dispatcher's CompositeImplicitAutograd registrations, the
+    ``torch.ops`` namespaces and the operators each non-aten namespace holds."""
+    cia_registrations = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+    namespaces = tuple(
+        (name, () if name == "aten" else tuple(getattr(torch.ops, name, ())))
+        for name in sorted(torch.ops._dir)
+    )
+    return frozenset(table.items()), tuple(cia_registrations), namespaces
+
+
+@contextlib.contextmanager
+def materialize_cia_ops_once() -> Iterator[None]:
+    """Within the block, torch's ``_materialize_cpp_cia_ops`` runs at most once.
+
+    Collecting the CIA operators (first ``split_decomposition_table`` in a
+    process, and torch-mlir's table, which asks torch for its default
+    decompositions) calls it once per ``torch.ops`` namespace (~56), and
+    each call fetches every CompositeImplicitAutograd registration from the
+    dispatcher and ``getattr``s it into ``torch.ops``: idempotent, so once
+    is the same (~0.1-0.2 s of a cold compile).  Without the private name
+    the block changes nothing."""
+    import torch._export.utils as export_utils
+
+    original = getattr(export_utils, "_materialize_cpp_cia_ops", None)
+    if original is None:
+        yield
+        return
+    done = False
+
+    def materialize_once() -> None:
+        nonlocal done
+        if not done:
+            original()
+            done = True
+
+    export_utils._materialize_cpp_cia_ops = materialize_once
+    try:
+        yield
+    finally:
+        export_utils._materialize_cpp_cia_ops = original
+
+
+def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTable:
+    """``_split_decomp_table_to_cia_and_python_decomp(table)``, cached under
+    :func:`operator_registry_key`: registering a custom op changes the key
+    and the split is recomputed, as torch would.  Callers must not modify
+    the returned dicts."""
+    private = _private()
+    assert private is not None, "split_decomposition_table needs torch's private export names"
+    key = operator_registry_key(table)
+    cached = _SPLIT_CACHE.get(key)
+    if cached is None:
+        with materialize_cia_ops_once():
+            cached = private["_split_decomp_table_to_cia_and_python_decomp"](dict(table))
+        # Keyed after the split: it materializes operators into torch.ops.
+        _SPLIT_CACHE.clear()  # one live entry: the registry only grows
+        _SPLIT_CACHE[operator_registry_key(table)] = cached
+    return cached
+
+
+def _run_original_cia(fake_mode: Any, op: Any, *args: Any, original_callable: Any, **kwargs: Any) -> Any:
+    """The fake-tensor rule torch's override registers for a CIA operator
+    without one: run the operator's original CIA decomposition under the
+    fake mode (so device-dependent CIA kernels trace as in eager)."""
+    with fake_mode:
+        return original_callable(*args, **kwargs)
+
+
+@functools.cache
+def _autograd_kernel(op: Any) -> Callable[..., Any]:
+    """What torch's override registers under each autograd backend key of
+    ``op`` (built once per operator; it depends only on the operator)."""
+    private = _private()
+    assert private is not None
+    kernel: Callable[..., Any] = private["autograd_not_implemented"](op, deferred_error=True)
+    return kernel
+
+
+@contextlib.contextmanager
+def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]:
+    """Install, for the duration of the block, what torch's
+    ``_override_composite_implicit_decomp(cia_to_decomp)`` installs, and
+    restore each operator's Python kernels and fake rule after it exactly
+    as torch does.  Per operator ``op`` with decomposition ``fn``:
+
+    - each autograd backend key without a Python kernel gets torch's
+      deferred "autograd not implemented" kernel;
+    - the CompositeImplicitAutograd key gets ``fn`` (the table's
+      decomposition, or torch's marker that preserves the op);
+    - each backend key without a Python kernel gets the op's original CIA
+      decomposition (constant propagation on real tensors runs eager's);
+    - an op without a fake-tensor rule gets one that runs the original CIA
+      decomposition under the fake mode.
+
+    torch does the same through ``py_impl``, whose cost is the point of
+    this function; the dispatch cache of each operator is cleared as
+    ``py_impl`` clears it."""
+    private = _private()
+    assert private is not None, "cia_override needs torch's private export names"
+    # Dicts, not lists: dict.fromkeys(a_dict) reuses the stored key hashes.
+    autograd_keys = dict.fromkeys(private["_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE"])
+    backend_keys = dict.fromkeys(private["_BACKEND_KEYS_TO_OVERRIDE"])
+    get_decomp_for_cia = private["_get_decomp_for_cia"]
+    fake_rules = private["op_implementations_dict"]
+    deregister_fake_rule = private["_deregister_op_impl"]
+    cia_key = torch._C.DispatchKey.CompositeImplicitAutograd
+    saved: list[tuple[Any, dict[Any, Any]]] = []
+    try:
+        for op, decomposition in cia_to_decomp.items():
+            kernels = op.py_kernels
+            saved.append((op, kernels.copy()))
+            # Taken before the CIA entry is replaced (torch's order).
+            original = get_decomp_for_cia(op)
+            # Kernels already registered under a key stay (torch only fills
+            # missing keys); the CIA key is replaced.
+            patched = dict.fromkeys(backend_keys, original)
+            patched.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
+            patched.update(kernels)
+            patched[cia_key] = decomposition
+            kernels.clear()
+            kernels.update(patched)
+            if op not in fake_rules:
+                fake_rules[op] = functools.partial(_run_original_cia, original_callable=original)
+            op._dispatch_cache.clear()
+        yield
+    finally:
+        for op, kernels in saved:
+            op.py_kernels.clear()
+            op.py_kernels.update(kernels)
+            op._dispatch_cache.clear()
+            deregister_fake_rule(op)
+
+
+def decompose(
+    exported: ExportedProgram, table: dict[Any, Callable[..., Any]]
+) -> ExportedProgram:
+    """``exported.run_decompositions(table)``: the same program, without
+    the fixed per-call costs (a) and (b) of the module docstring.  The
+    retrace is torch's ``_decompose_exported_program`` under the same
+    fake-mode guard as ``run_decompositions``; a torch without the private
+    names falls back to ``run_decompositions``."""
+    private = _private()
+    if private is None:
+        decomposed: ExportedProgram = exported.run_decompositions(table)
+        return decomposed
+    cia_to_decomp, python_table = split_decomposition_table(table)
+    retrace = private["_decompose_exported_program"]
+
+    @private["_disable_prexisiting_fake_mode"]  # type: ignore[untyped-decorator]
+    def run() -> ExportedProgram:
+        with cia_override(cia_to_decomp):
+            result: ExportedProgram = retrace(
+                exported,
+                cia_to_decomp={},  # installed above: torch's own override does nothing
+                python_decomp_table=dict(python_table),
+                joint_loss_index=None,
+                decompose_custom_triton_ops=False,
+            )
+        return result
+
+    decomposed_program: ExportedProgram = run()
+    return decomposed_program

@@ -1,0 +1,295 @@
+"""The private-torch adapter (frontend/torch_internals.py): every private
+name it uses is still there and unchanged, its CIA override leaves every
+operator exactly as torch's own override does (and as it was, after), and
+``decompose`` gives the graph and signature ``run_decompositions`` gives on
+programs that mutate buffers and user inputs, return views, take kwargs and
+tie weights; without the private names it falls back to
+``run_decompositions``.  A torch upgrade that changes any of these fails
+here, loudly, before it can change a compiled program."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
+import hloalias
+from hloalias.frontend import importer, torch_internals
+
+# sha256 of the source of each torch function cia_override / decompose
+# mirror or call, as read when the adapter was written (torch 2.13.0).  A
+# mismatch means torch changed it: re-read it, check cia_override still does
+# what it does, then update the hash.
+_PINNED_SOURCES = {
+    ("torch.export.exported_program", "_override_composite_implicit_decomp"):
+        "4422dc79d0792af728dd8eacf0a2fadcf00195c8802ceca15632b737d9d5c9bd",
+    ("torch.export.exported_program", "_split_decomp_table_to_cia_and_python_decomp"):
+        "a4ccae438dfcc5dfe5f385d83ee95e4f04b6d3d3e8d88eb00de370f17ebffa99",
+    ("torch.export.exported_program", "_decompose_exported_program"):
+        "1949ba42c1237735a330489d1a5ea2bc70d65a93c4f370f02f3c67f2a09dcd37",
+    ("torch.export.exported_program", "_decompose_and_get_gm_with_new_signature_constants"):
+        "93ddd4ba4ed9f3fef4eefa55d8d194967d8a4b471491d319f87abfbd0525ad9a",
+    ("torch._export.utils", "_get_decomp_for_cia"):
+        "3ae30c72c7d7bce2e64a2589eac8d22502ccb6cdc120cc4d35a8150f726a5eb9",
+    ("torch._subclasses.fake_impls", "_deregister_op_impl"):
+        "b25dfd97c983a622274368e3179ad8d5d041e1f04894656ca36719cbdabc9233",
+    ("torch._export.utils", "_materialize_cpp_cia_ops"):
+        "51472f6b4e2c37824078c061741bf2861dcc0da2f439e19ab099ce5d0711b033",
+    ("torch._export.utils", "_collect_all_valid_cia_ops_for_namespace"):
+        "c26d5cd619830773104ec3ccb3fbdcfa84f0ff7e59fc9c54e13e7551c96701ee",
+    ("torch._export.utils", "_collect_all_valid_cia_ops"):
+        "1d09a99ea79bd377c8f0acc97247545fc7c769103e4e94cad6e72370598fd615",
+    ("torch._ops", "OperatorBase.py_impl"):
+        "8173bd205b783783cda935e5b6590b730162bf3224538ae039576a75fc40ec0b",
+}
+
+
+def _source_hash(module_name: str, qualname: str) -> str:
+    value: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        value = getattr(value, part)
+    return hashlib.sha256(inspect.getsource(value).encode()).hexdigest()
+
+
+def test_private_names_are_present() -> None:
+    missing = [
+        f"{module}.{name}"
+        for module, names in torch_internals.PRIVATE_NAMES.items()
+        for name in names
+        if not hasattr(importlib.import_module(module), name)
+    ]
+    assert not missing, f"torch no longer has {missing}: review frontend/torch_internals.py"
+    assert torch_internals._private() is not None
+
+
+@pytest.mark.parametrize("where", sorted(_PINNED_SOURCES), ids=lambda w: w[1])
+def test_mirrored_torch_source_is_unchanged(where: tuple[str, str]) -> None:
+    assert _source_hash(*where) == _PINNED_SOURCES[where], (
+        f"torch's {where[0]}.{where[1]} changed: check that frontend/torch_internals.py still "
+        "does what it does, then update the pinned hash"
+    )
+
+
+def test_materializing_cia_ops_once_gives_torchs_split() -> None:
+    import torch._export.utils as export_utils
+    from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+    table = importer._decomposition_table()
+    original = export_utils._materialize_cpp_cia_ops
+    calls = []
+
+    def counted() -> None:
+        calls.append(1)
+        original()
+
+    export_utils._materialize_cpp_cia_ops = counted
+    try:
+        theirs = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+        assert len(calls) > 1  # torch's own walk: once per namespace
+        calls.clear()
+        with torch_internals.materialize_cia_ops_once():
+            ours = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+        assert len(calls) == 1
+        assert export_utils._materialize_cpp_cia_ops is counted  # restored
+    finally:
+        export_utils._materialize_cpp_cia_ops = original
+    assert ours[0] == theirs[0] and ours[1] == theirs[1]
+
+
+def _describe(kernel: Any) -> Any:
+    """A comparable description of a Python kernel or fake rule: partials
+    by function, arguments and (described) keywords; closures made by
+    torch's ``autograd_not_implemented`` by their operator; the rest by
+    identity."""
+    if isinstance(kernel, functools.partial):
+        name = getattr(kernel.func, "__name__", "")
+        keywords = {k: _describe(v) for k, v in kernel.keywords.items()}
+        if "original_callable" in keywords:  # the fake rule: torch's and ours differ only in name
+            return ("run-original-cia", keywords["original_callable"])
+        return ("partial", name, kernel.args, tuple(sorted(keywords.items())))
+    if getattr(kernel, "__qualname__", "") == "autograd_not_implemented.<locals>.inner":
+        cells = dict(zip(kernel.__code__.co_freevars, (c.cell_contents for c in kernel.__closure__)))
+        return ("autograd-not-implemented", cells["op"], cells["deferred_error"])
+    return ("object", id(kernel))
+
+
+def _operator_state(ops: list[Any]) -> dict[Any, Any]:
+    from torch._subclasses import fake_impls
+
+    return {
+        op: (
+            {key: _describe(kernel) for key, kernel in op.py_kernels.items()},
+            _describe(fake_impls.op_implementations_dict[op]) if op in fake_impls.op_implementations_dict else None,
+        )
+        for op in ops
+    }
+
+
+def test_cia_override_installs_what_torchs_override_installs() -> None:
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    ops = list(cia_to_decomp)
+    assert len(ops) > 400  # the whole preservable CIA set, not a sample
+    # torch's override drops, on exit, the fake rule an op had before it
+    # (aten.item loses local_scalar_dense): compare from the state the
+    # first override leaves, where every later one starts.
+    with _override_composite_implicit_decomp(cia_to_decomp):
+        pass
+    before = _operator_state(ops)
+    with _override_composite_implicit_decomp(cia_to_decomp):
+        theirs = _operator_state(ops)
+    after_theirs = _operator_state(ops)
+    with torch_internals.cia_override(cia_to_decomp):
+        ours = _operator_state(ops)
+    after_ours = _operator_state(ops)
+    assert ours == theirs
+    assert after_ours == after_theirs == before
+    assert sum(state != before[op] for op, state in ours.items()) == len(ops)
+
+
+def test_cia_override_drops_a_prior_fake_rule_as_torch_does() -> None:
+    from torch._subclasses import fake_impls
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    op = torch.ops.aten.item.default
+    assert op in cia_to_decomp
+
+    def rule(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("not called")
+
+    for override in (_override_composite_implicit_decomp, torch_internals.cia_override):
+        fake_impls.op_implementations_dict[op] = rule
+        with override({op: cia_to_decomp[op]}):
+            assert fake_impls.op_implementations_dict[op] is rule
+        assert op not in fake_impls.op_implementations_dict
+
+
+def test_cia_override_restores_operators_when_the_block_raises() -> None:
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    ops = list(cia_to_decomp)
+    with torch_internals.cia_override(cia_to_decomp):
+        pass
+    before = _operator_state(ops)
+    with pytest.raises(RuntimeError, match="inside"):
+        with torch_internals.cia_override(cia_to_decomp):
+            raise RuntimeError("inside")
+    assert _operator_state(ops) == before
+
+
+class _BufferAndInputMutation(torch.nn.Module):
+    count: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 4)
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.count.add_(1)
+        acc.mul_(2)
+        y = torch.nn.functional.gelu(self.linear(x)).softmax(-1) + self.count
+        return y, y.t()
+
+
+class _Views(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x[1:3].add_(1.0)
+        return x, x[0:2].view(2, 2, 2), x.transpose(0, 1), x.flatten().contiguous()
+
+
+class _Kwargs(torch.nn.Module):
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = torch.nn.functional.layer_norm(x * scale, (x.shape[-1],))
+        return out if bias is None else out + bias
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens))
+
+
+class _Attention(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+_PROGRAMS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]]] = {
+    "buffer_and_input_mutation": lambda: (_BufferAndInputMutation(), (torch.randn(2, 8), torch.ones(4)), {}),
+    "views": lambda: (_Views(), (torch.randn(4, 4),), {}),
+    "kwargs": lambda: (_Kwargs(), (torch.randn(3, 5),), {"scale": torch.randn(5), "bias": torch.randn(5)}),
+    "tied_weights": lambda: (_Tied(), (torch.tensor([[1, 2, 3]]),), {}),
+    "attention": lambda: (_Attention(), tuple(torch.randn(2, 4, 6, 8) for _ in range(3)), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PROGRAMS))
+def test_decompose_gives_run_decompositions_graph_and_signature(name: str) -> None:
+    module, args, kwargs = _PROGRAMS[name]()
+    exported = torch.export.export(module, args, kwargs, strict=False)
+    for table in (get_decomposition_table(), importer._decomposition_table()):
+        theirs = exported.run_decompositions(table)
+        for _ in range(2):  # the second call uses the cached split
+            ours = torch_internals.decompose(exported, table)
+            assert str(ours.graph) == str(theirs.graph)
+            assert ours.graph_signature == theirs.graph_signature
+            assert ours.state_dict.keys() == theirs.state_dict.keys()
+            assert ours.constants.keys() == theirs.constants.keys()
+
+
+def test_decompose_leaves_no_operator_patched() -> None:
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    module, args, kwargs = _PROGRAMS["buffer_and_input_mutation"]()
+    exported = torch.export.export(module, args, kwargs, strict=False)
+    torch_internals.decompose(exported, importer._decomposition_table())
+    before = _operator_state(list(cia_to_decomp))
+    torch_internals.decompose(exported, importer._decomposition_table())
+    assert _operator_state(list(cia_to_decomp)) == before
+    # Eager CIA ops run as before (nothing left overriding them).
+    x = torch.randn(3, 4, requires_grad=True)
+    torch.nn.functional.linear(x, torch.randn(2, 4)).sum().backward()
+    assert x.grad is not None
+
+
+def test_without_torchs_private_names_decompose_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    module, args, kwargs = _PROGRAMS["buffer_and_input_mutation"]()
+    exported = torch.export.export(module, args, kwargs, strict=False)
+    table = importer._decomposition_table()
+    expected = exported.run_decompositions(table)
+    monkeypatch.setattr(torch_internals, "_private", lambda: None)
+
+    def refuse(*_: Any) -> Any:
+        raise AssertionError("cia_override used without torch's private names")
+
+    monkeypatch.setattr(torch_internals, "cia_override", refuse)
+    fallback = torch_internals.decompose(exported, table)
+    assert str(fallback.graph) == str(expected.graph)
+    assert fallback.graph_signature == expected.graph_signature
+    # And the whole compile still matches eager on the fallback.
+    hloalias.clear_cache()
+    fresh, reference = _BufferAndInputMutation(), _BufferAndInputMutation()
+    reference.load_state_dict(fresh.state_dict())
+    x, acc = torch.randn(2, 8), torch.ones(4)
+    acc_eager = acc.clone()
+    exe = hloalias.compile(fresh, (x, acc.clone()))
+    acc_ours = acc.clone()
+    got = exe(x, acc_ours)
+    want = reference(x, acc_eager)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(acc_ours, acc_eager)
