@@ -651,6 +651,35 @@ def latency_section(directory: str) -> list[str]:
                 cells.append(f"{_seconds(measured.get('first_call_s'))} / {_seconds(measured.get('steady_s'))}")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    lines.extend(_stage_breakdown(ours))
+    return lines
+
+
+def _stage_breakdown(ours: dict[str, Any]) -> list[str]:
+    """Where each workload's cold and warm compile went, stage by stage (ms)."""
+    stages: list[str] = []
+    for row in ours.values():
+        for kind in ("first", "warm"):
+            for stage in row.get(kind, {}) if isinstance(row.get(kind), dict) else {}:
+                if stage not in stages and stage != "total":
+                    stages.append(stage)
+    if not stages:
+        return []
+    lines = [
+        "Where our compile goes (ms, per stage; *cold* = first compile in a process, *warm* as above):\n",
+        "| workload | kind | " + " | ".join(stages) + " | total |",
+        "|---|---|" + "---:|" * (len(stages) + 1),
+    ]
+    for workload, row in ours.items():
+        for kind, label in (("first", "cold"), ("warm", "warm")):
+            times = row.get(kind)
+            if not isinstance(times, dict):
+                continue
+            cells = [f"{times[stage] * 1e3:,.0f}" if isinstance(times.get(stage), (int, float)) else "" for stage in stages]
+            total = times.get("total")
+            total_cell = f"{total * 1e3:,.0f}" if isinstance(total, (int, float)) else ""
+            lines.append(f"| {workload} | {label} | " + " | ".join(cells) + f" | {total_cell} |")
+    lines.append("")
     return lines
 
 
