@@ -394,10 +394,42 @@ def decompose(
     return torch_internals.decompose(exported, get_decomposition_table() if table is None else table)
 
 
+def _register_transformers_caches(f: Any) -> None:
+    """Make transformers' cache classes pytree nodes before exporting, as
+    transformers' own exporter does (``register_cache_pytrees_for_model``):
+    a causal LM called as it comes returns a ``DynamicCache``, and the next
+    step takes it back as ``past_key_values``; ``torch.export`` can flatten
+    neither otherwise.  The registration is process-wide and idempotent
+    (transformers registers the same nodes when it exports), and skipped
+    when transformers is not loaded: no import for other programs."""
+    import sys
+
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from transformers import PreTrainedModel
+        from transformers.cache_utils import Cache
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model, register_pytree_node
+    except ImportError:  # a transformers without its exporter: export names what it cannot return
+        return
+    model = None
+    if isinstance(f, torch.nn.Module):  # the model itself or a module wrapping one
+        model = next((m for m in f.modules() if isinstance(m, PreTrainedModel)), None)
+    if model is not None:
+        register_cache_pytrees_for_model(model)  # also the model's own *Cache classes
+        return
+    pending = list(Cache.__subclasses__())
+    while pending:
+        cache_class = pending.pop()
+        register_pytree_node(cache_class)
+        pending.extend(cache_class.__subclasses__())
+
+
 def _export(
     f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any
 ) -> ExportedProgram:
     module = f if isinstance(f, torch.nn.Module) else _FunctionModule.wrap(f)
+    _register_transformers_caches(f)
     try:
         return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as error:

@@ -132,9 +132,39 @@ def test_gpt2_lm_head_tied_sdpa_batch2_with_labels() -> None:
     assert torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
 
 
-def test_gpt2_default_dynamic_cache_says_what_to_do() -> None:
-    with pytest.raises(TorchImportError, match="GPT2LMHeadModel: it returns a .*DynamicCache.*use_cache=False.*TorchExportableModuleWithStaticCache"):
-        hloalias.compile(_gpt2(), (_ids(),))
+def test_causal_lm_called_as_it_comes_returns_and_takes_its_dynamic_cache() -> None:
+    """``model(ids)`` with default settings returns a ``DynamicCache`` and
+    the next step takes it back as ``past_key_values`` (transformers'
+    cache classes are registered as pytree nodes before export, as its own
+    exporter does); every step equals eager.  A new cache length is a new
+    program (one compile per length)."""
+    model = _gpt2()
+    ids = _ids()
+    exe = hloalias.compile(model, (ids,))
+    out = exe(ids)
+    with torch.no_grad():
+        expected = model(ids)
+    assert type(out.past_key_values) is type(expected.past_key_values)
+    torch.testing.assert_close(out.logits, expected.logits, rtol=TOL, atol=TOL)
+    for ours, theirs in zip(out.past_key_values.layers, expected.past_key_values.layers):
+        torch.testing.assert_close(ours.keys, theirs.keys, rtol=TOL, atol=TOL)
+        torch.testing.assert_close(ours.values, theirs.values, rtol=TOL, atol=TOL)
+    token = ids[:, -1:]
+    step = hloalias.compile(model, (token,), {"past_key_values": out.past_key_values})
+    got = step(token, past_key_values=out.past_key_values)
+    with torch.no_grad():
+        want = model(token, past_key_values=expected.past_key_values)
+    torch.testing.assert_close(got.logits, want.logits, rtol=TOL, atol=TOL)
+    assert got.past_key_values.get_seq_length() == ids.shape[1] + 1
+
+
+def test_a_return_type_export_cannot_flatten_is_named() -> None:
+    class Opaque:
+        def __init__(self, value: torch.Tensor) -> None:
+            self.value = value
+
+    with pytest.raises(TorchImportError, match="it returns a .*Opaque, which hloalias cannot return"):
+        hloalias.compile(lambda x: Opaque(x * 2), (torch.randn(2),))
 
 
 def _llama_config() -> Any:
