@@ -34,6 +34,11 @@ On ``@main``'s arguments (``arg_attrs``):
     overwrites (no ``tf.aliasing_output``, no ``jax.buffer_donor``, no
     mutation result), that is no rebuilt view's base and has no
     ``mhlo.sharding``.
+``hloalias.stored_reversed``  (array<i64>)
+    Only beside ``hloalias.stored_permutation``: stored dimensions (sorted)
+    that hold the permuted tensor's elements in reverse order
+    (``tensor.permute(P).flip(R)``), for a convolution that reads its kernel
+    with ``window_reversal`` on them.
 
 On ``@main``'s results (``res_attrs``):
 
@@ -92,6 +97,7 @@ ARG_NAME: Final = "hloalias.name"
 ARG_DONATION: Final = "hloalias.donation"
 ARG_UNUSED_DONATION: Final = "hloalias.unused_donation"
 ARG_STORED_PERMUTATION: Final = "hloalias.stored_permutation"
+ARG_STORED_REVERSED: Final = "hloalias.stored_reversed"
 RESULT_ROLE: Final = "hloalias.role"
 RESULT_OUTPUT: Final = "hloalias.output"
 RESULT_MUTATES: Final = "hloalias.mutates"

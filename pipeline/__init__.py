@@ -28,6 +28,28 @@ DEFAULT_PIPELINE = (
     "builtin.module(fold-transpose-into-dot-general, fold-broadcast-into-dot-general, bitcast-overwrite-scatter, window-scatter-indices, eliminate-view-results, alias-donated-buffers)"
 )
 
+STATE_LAYOUT_PASS = "permute-conv-kernel-state"
+
+#: The default pipeline, then ``permute-conv-kernel-state``: what
+#: ``hloalias.compile`` runs for a program on one CPU device when no pipeline
+#: is given.  Not the default pipeline itself: the pass changes ``@main``'s
+#: argument types (the runtime uploads that state permuted; another caller
+#: of the module would have to as well), and the layout it stores is the one
+#: XLA:CPU's convolution reads (other backends are not measured).
+CPU_STATE_LAYOUT_PIPELINE = DEFAULT_PIPELINE[: -len(")")] + f", {STATE_LAYOUT_PASS})"
+
+
+def with_fixed_layouts(pipeline: str, layouts: tuple[str, ...]) -> str:
+    """``pipeline`` with ``layouts`` (``NAME:torch`` / ``NAME:P0.P1...``)
+    as the option of each ``permute-conv-kernel-state`` that has no options;
+    unchanged when ``layouts`` is empty or the pass is not in it."""
+    elements = parse_pipeline(pipeline)
+    if not layouts or not any(e.name == STATE_LAYOUT_PASS and not e.options for e in elements):
+        return pipeline
+    option = f"{STATE_LAYOUT_PASS}{{layouts={','.join(layouts)}}}"
+    texts = [option if e.name == STATE_LAYOUT_PASS and not e.options else e.text for e in elements]
+    return f"builtin.module({', '.join(texts)})"
+
 
 @dataclasses.dataclass(frozen=True)
 class PipelineElement:
@@ -235,10 +257,13 @@ def module_cache_key(module: ir.Module | str) -> str:
 
 
 __all__ = [
+    "CPU_STATE_LAYOUT_PIPELINE",
     "DEFAULT_PIPELINE",
+    "STATE_LAYOUT_PASS",
     "PipelineElement",
     "build_pass_manager",
     "module_cache_key",
     "parse_pipeline",
     "run_pipeline",
+    "with_fixed_layouts",
 ]

@@ -10,7 +10,10 @@
 
 // XLA: xla: argument_bytes=26624 output_bytes=16384 alias_bytes=0 temp_bytes=16384 total_bytes=59392
 // XLA-COUNT-4: xla: argument_bytes={{[0-9]+}}
+// XLA-NEXT: xla: argument_bytes=2367488 output_bytes=8192 alias_bytes=0 temp_bytes=8192 total_bytes=2383872
 // BEFORE: xla: argument_bytes=26624 output_bytes=16384 alias_bytes=0 temp_bytes=34816 total_bytes=77824
+// BEFORE-COUNT-4: xla: argument_bytes={{[0-9]+}}
+// BEFORE-NEXT: xla: argument_bytes=2367488 output_bytes=8192 alias_bytes=0 temp_bytes=2367488 total_bytes=4743168
 // REPORT: permute-conv-kernel-state: 1 state arguments stored permuted
 // REPORT-NEXT: 'conv.weight' (argument 0): permute(2, 3, 1, 0); 1 convolution kernel use(s)
 
@@ -84,3 +87,16 @@ func.func @main(%w: tensor<3x3x2x4xf32> {hloalias.kind = "parameter", hloalias.n
 }
 // CHECK-LABEL: func.func @main(%arg0: tensor<3x3x2x4xf32> {hloalias.kind = "parameter", hloalias.name = "w", hloalias.stored_permutation = array<i64: 2, 3, 1, 0>}
 // CHECK:         stablehlo.convolution(%arg1, %arg0) dim_numbers = [b, f, 0, 1]x[0, 1, i, o]->[b, f, 0, 1]
+
+// -----
+
+// A 3x3 kernel on a 2x2 map (HF ResNet's last stage at 64x64 pixels): XLA
+// swaps the operands and reads the kernel reversed, a 2.36 MB copy (the
+// BEFORE run above).  Stored HWIO and flipped along H and W, read with
+// window_reversal: XLA's reverse cancels, temp is the 8192-byte relayout.
+func.func @main(%w: tensor<256x256x3x3xf32> {hloalias.kind = "parameter", hloalias.name = "w"}, %x: tensor<2x256x2x2xf32> {hloalias.kind = "user_input", hloalias.name = "x"}) -> tensor<2x256x2x2xf32> {
+  %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {stride = [1, 1], pad = [[1, 1], [1, 1]], rhs_dilate = [1, 1]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<2x256x2x2xf32>, tensor<256x256x3x3xf32>) -> tensor<2x256x2x2xf32>
+  return %0 : tensor<2x256x2x2xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<3x3x256x256xf32> {hloalias.kind = "parameter", hloalias.name = "w", hloalias.stored_permutation = array<i64: 2, 3, 1, 0>, hloalias.stored_reversed = array<i64: 0, 1>}
+// CHECK:         stablehlo.convolution(%arg1, %arg0) dim_numbers = [b, f, 0, 1]x[0, 1, i, o]->[b, f, 0, 1], window = {stride = [1, 1], pad = {{\[\[}}1, 1], [1, 1]], rhs_dilate = [1, 1], reverse = [true, true]}

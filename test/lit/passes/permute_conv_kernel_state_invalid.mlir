@@ -6,11 +6,11 @@
 // RUN: not hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:torch,w:torch})' 2>&1 | filecheck %s --check-prefix=TWICE
 
 // CHECK-NOT: Traceback
-// SPEC: error: permute-conv-kernel-state: layouts entry 'w:2.3.x': '2.3.x' is neither 'torch' nor a permutation written P0.P1...
+// SPEC: error: permute-conv-kernel-state: layouts entry 'w:2.3.x': '2.3.x' is neither 'torch' nor a layout written P0.P1... or P0.P1.../R0.R1...
 // ENTRY: error: permute-conv-kernel-state: layouts entry 'w' is not NAME:torch or NAME:P0.P1...
 // TWICE: error: permute-conv-kernel-state: layouts names 'w' twice
 
-// CHECK: error: permute-conv-kernel-state: layout [1, 0] of 'w' is not a permutation of the dimensions of tensor<4x4x1x1xf32>
+// CHECK: error: permute-conv-kernel-state: layout '1.0' of 'w' is not a permutation (and sorted distinct reversed dimensions) of the dimensions of tensor<4x4x1x1xf32>
 func.func @main(%w: tensor<4x4x1x1xf32> {hloalias.kind = "parameter", hloalias.name = "w"}, %x: tensor<2x4x2x2xf32> {hloalias.kind = "user_input", hloalias.name = "x"}) -> tensor<2x4x2x2xf32> {
   %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<2x4x2x2xf32>, tensor<4x4x1x1xf32>) -> tensor<2x4x2x2xf32>
   return %0 : tensor<2x4x2x2xf32>
@@ -18,14 +18,14 @@ func.func @main(%w: tensor<4x4x1x1xf32> {hloalias.kind = "parameter", hloalias.n
 
 // -----
 
-// CHECK: error: permute-conv-kernel-state: 'w' is already stored as permute(0, 1); cannot store it as [1, 0]
+// CHECK: error: permute-conv-kernel-state: 'w' is already stored as permute(0, 1); cannot store it as '1.0'
 func.func @main(%w: tensor<4x2xf32> {hloalias.kind = "parameter", hloalias.name = "w", hloalias.stored_permutation = array<i64: 0, 1>}) -> tensor<4x2xf32> {
   return %w : tensor<4x2xf32>
 }
 
 // -----
 
-// CHECK: error: argument 0 ('w'): 'hloalias.stored_permutation' = [0, 0] is not a permutation of the dimensions of tensor<4x2xf32>
+// CHECK: error: argument 0 ('w'): 'hloalias.stored_permutation' = [0, 0] is not a permutation (and sorted distinct reversed dimensions) of the dimensions of tensor<4x2xf32>
 func.func @main(%w: tensor<4x2xf32> {hloalias.kind = "parameter", hloalias.name = "w", hloalias.stored_permutation = array<i64: 0, 0>}) -> tensor<4x2xf32> {
   %0 = stablehlo.negate %w : tensor<4x2xf32>
   return %0 : tensor<4x2xf32>
@@ -66,6 +66,21 @@ func.func @main(%w: tensor<4x4xf32> {hloalias.kind = "parameter", hloalias.name 
 
 // CHECK: error: argument 0 ('w'): 'hloalias.stored_permutation' = [1, 0] is on a sharded argument: its sharding is in torch's dimensions
 func.func @main(%w: tensor<4x4xf32> {hloalias.kind = "parameter", hloalias.name = "w", hloalias.stored_permutation = array<i64: 1, 0>, mhlo.sharding = "{replicated}"}) -> tensor<4x4xf32> {
+  %0 = stablehlo.negate %w : tensor<4x4xf32>
+  return %0 : tensor<4x4xf32>
+}
+
+// -----
+
+// CHECK: error: argument 0: 'hloalias.stored_reversed' needs 'hloalias.stored_permutation' beside it
+func.func @main(%w: tensor<4x4xf32> {hloalias.kind = "parameter", hloalias.name = "w", hloalias.stored_reversed = array<i64: 0>}) -> tensor<4x4xf32> {
+  return %w : tensor<4x4xf32>
+}
+
+// -----
+
+// CHECK: error: argument 0 ('w'): 'hloalias.stored_permutation' = [1, 0], 'hloalias.stored_reversed' = [1, 0] is not a permutation (and sorted distinct reversed dimensions) of the dimensions of tensor<4x4xf32>
+func.func @main(%w: tensor<4x4xf32> {hloalias.kind = "parameter", hloalias.name = "w", hloalias.stored_permutation = array<i64: 1, 0>, hloalias.stored_reversed = array<i64: 1, 0>}) -> tensor<4x4xf32> {
   %0 = stablehlo.negate %w : tensor<4x4xf32>
   return %0 : tensor<4x4xf32>
 }

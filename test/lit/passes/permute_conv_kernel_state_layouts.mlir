@@ -1,13 +1,13 @@
 // Fixed layouts (what the runtime passes for module state whose device
 // buffer exists already): honoured for read-only state whatever its uses,
 // torch's layout kept where the program writes the state.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,absent:1.0})' | filecheck %s
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,absent:1.0,f:2.3.1.0/0.1})' | filecheck %s
 // AGAIN: a second run with the same layouts changes nothing.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,absent:1.0}, permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0})' | filecheck %s
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0})' --print-reports 2>&1 >/dev/null | filecheck %s --check-prefix=REPORT
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,absent:1.0,f:2.3.1.0/0.1}, permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,f:2.3.1.0/0.1})' | filecheck %s
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,f:2.3.1.0/0.1})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,f:2.3.1.0/0.1})' --print-reports 2>&1 >/dev/null | filecheck %s --check-prefix=REPORT
 
-// XLA-COUNT-2: xla: argument_bytes={{[0-9]+}}
+// XLA-COUNT-3: xla: argument_bytes={{[0-9]+}}
 // REPORT: permute-conv-kernel-state: 1 state arguments stored permuted
 // REPORT-NEXT: 'w' (argument 0): permute(2, 3, 1, 0); 1 convolution kernel use(s), 1 other use(s) through a transpose
 // REPORT-NEXT: 'm' kept in torch's layout despite its fixed layout: the program writes or donates it
@@ -36,4 +36,16 @@ func.func @main(%w: tensor<2x3x4x5xf32> {hloalias.kind = "constant", hloalias.na
 }
 // CHECK-LABEL: func.func @main(%arg0: tensor<4x5x3x2xf32> {hloalias.kind = "constant", hloalias.name = "w", hloalias.stored_permutation = array<i64: 2, 3, 1, 0>})
 // CHECK-NEXT:    %[[T:.+]] = stablehlo.transpose %arg0, dims = [3, 2, 0, 1] : (tensor<4x5x3x2xf32>) -> tensor<2x3x4x5xf32>
+// CHECK-NEXT:    stablehlo.negate %[[T]]
+
+// -----
+
+// A fixed flipped layout for a dense user: reverse, then transpose back.
+func.func @main(%f: tensor<2x3x4x5xf32> {hloalias.kind = "parameter", hloalias.name = "f"}) -> tensor<2x3x4x5xf32> {
+  %0 = stablehlo.negate %f : tensor<2x3x4x5xf32>
+  return %0 : tensor<2x3x4x5xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x5x3x2xf32> {hloalias.kind = "parameter", hloalias.name = "f", hloalias.stored_permutation = array<i64: 2, 3, 1, 0>, hloalias.stored_reversed = array<i64: 0, 1>})
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.reverse %arg0, dims = [0, 1] : tensor<4x5x3x2xf32>
+// CHECK-NEXT:    %[[T:.+]] = stablehlo.transpose %[[R]], dims = [3, 2, 0, 1] : (tensor<4x5x3x2xf32>) -> tensor<2x3x4x5xf32>
 // CHECK-NEXT:    stablehlo.negate %[[T]]
