@@ -243,6 +243,10 @@ class _StateSlot:
         self.layout = None
 
 
+def _layout_text(layout: StoredLayout | None) -> str:
+    return "torch's layout" if layout is None else layout.describe()
+
+
 def _stored_form(tensor: torch.Tensor, layout: StoredLayout | None) -> torch.Tensor:
     """``tensor`` (torch's layout) as ``layout`` stores it (a contiguous copy
     unless the layout is torch's)."""
@@ -889,11 +893,12 @@ class Executable:
             slot = self._slots.get(name)
             if slot is None:
                 continue  # an input: listed above
-            if slot.layout != self._stored_layouts.get(name):
+            wanted = self._stored_layouts.get(name)
+            if slot.layout != wanted:
                 reason = (
-                    f"{count} call(s) so far: another executable of the module needs it in torch's layout, "
-                    "this program reads it permuted (permute-conv-kernel-state), so each call copies it "
-                    "into this program's layout; compile again to read torch's layout"
+                    f"{count} call(s) so far: the module's shared buffer is stored as {_layout_text(slot.layout)} "
+                    f"(fixed by another executable of the module), this program reads {_layout_text(wanted)}, "
+                    "so each call copies it into this program's layout"
                 )
             else:
                 reason = (

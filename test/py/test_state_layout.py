@@ -1,0 +1,293 @@
+"""Module state stored in the layout the compiled program reads
+(``permute-conv-kernel-state`` and the runtime's state slots).
+
+Every check compares against eager PyTorch: outputs, ``state_dict()`` (in
+torch's layout, contiguous), ``load_state_dict``; XLA's temp bytes are
+asserted exactly.  Several executables of one module share one device buffer
+per tensor whatever layouts they were compiled for."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hloalias
+from hloalias.contract import StoredLayout
+from hloalias.pipeline import CPU_STATE_LAYOUT_PIPELINE, DEFAULT_PIPELINE
+
+HWIO = StoredLayout((2, 3, 1, 0))
+HWIO_FLIPPED = StoredLayout((2, 3, 1, 0), (0, 1))
+
+
+class ConvNet(torch.nn.Module):
+    """Conv -> BatchNorm -> ReLU -> 1x1 conv, as torchvision writes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.conv2 = torch.nn.Conv2d(16, 8, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(torch.relu(self.bn(self.conv1(x))))
+
+
+def _conv_net() -> ConvNet:
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    with torch.no_grad():  # non-trivial BatchNorm statistics
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2)
+    return model
+
+
+def _pixels(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+
+
+def _assert_state_dict_is_eager(exe: hloalias.Executable, model: torch.nn.Module) -> None:
+    state = exe.state_dict()
+    expected = model.state_dict()
+    assert set(state) == set(expected)
+    for name, value in expected.items():
+        assert state[name].shape == value.shape and state[name].is_contiguous(), name
+        torch.testing.assert_close(state[name], value, rtol=0, atol=0)
+
+
+def test_conv_net_weights_stored_hwio_equal_eager_and_drop_the_weight_copies() -> None:
+    model = _conv_net()
+    x = _pixels(2, 3, 16, 16)
+    exe = hloalias.compile(model, (x,))  # default on CPU: the pass runs
+    plain = hloalias.compile(copy.deepcopy(model), (x,), pipeline=DEFAULT_PIPELINE)
+    assert exe._stored_layouts == {"conv1.weight": HWIO, "conv2.weight": HWIO}
+    assert plain._stored_layouts == {}
+    with torch.no_grad():
+        expected = model(x)
+    for _ in range(2):
+        torch.testing.assert_close(exe(x), expected, rtol=1e-5, atol=1e-5)
+    _assert_state_dict_is_eager(exe, model)
+    # XLA:CPU's per-call copies of conv1.weight and conv2.weight into HWIO
+    # are gone from the optimized program; temp (a peak) drops by the one
+    # live at the peak, conv2.weight's 512 bytes.  The activations' NCHW <->
+    # NHWC relayout stays.
+    weight_copies = ("f32[3,3,3,16]{3,2,1,0} fusion(", "f32[1,1,16,8]{3,2,1,0} fusion(")
+    assert all(copy in _optimized_hlo(plain) for copy in weight_copies)
+    assert not any(copy in _optimized_hlo(exe) for copy in weight_copies)
+    assert plain.memory_stats["temp_bytes"] == 49_664
+    assert exe.memory_stats["temp_bytes"] == 49_664 - 512
+    assert exe.memory_stats["argument_bytes"] == plain.memory_stats["argument_bytes"]
+    assert "state 'conv1.weight' is read as permute(2, 3, 1, 0)" in exe.explain()
+    assert exe.host_copies == {}
+
+
+def _optimized_hlo(exe: hloalias.Executable) -> str:
+    return str(exe._loaded.hlo_modules()[0].to_string())
+
+
+def test_hf_resnet_eval_equals_eager_with_state_in_kernel_layout() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ResNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=4, layer_type="basic")
+    torch.manual_seed(3)
+    model = transformers.ResNetForImageClassification(config).eval()
+    pixels = _pixels(2, 3, 32, 32)
+    exe = hloalias.compile(model, (pixels,))
+    plain = hloalias.compile(copy.deepcopy(model), (pixels,), pipeline=DEFAULT_PIPELINE)
+    conv_weights = {name for name, p in model.named_parameters() if p.dim() == 4}
+    assert set(exe._stored_layouts) == conv_weights
+    with torch.no_grad():
+        expected = model(pixels).logits
+    result = exe(pixels)
+    logits = result[0] if isinstance(result, (tuple, list)) else result["logits"]
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    _assert_state_dict_is_eager(exe, model)
+    # Conv weights are 23,648 bytes: XLA:CPU's per-call copies of them go
+    # (23,680 bytes of temp: the copies and their alignment).
+    assert sum(p.numel() * 4 for n, p in model.named_parameters() if n in conv_weights) == 23_648
+    assert (plain.memory_stats["temp_bytes"], exe.memory_stats["temp_bytes"]) == (64_928, 41_248)
+
+
+def test_load_state_dict_writes_the_stored_layout() -> None:
+    model = _conv_net()
+    x = _pixels(2, 3, 16, 16)
+    exe = hloalias.compile(model, (x,))
+    other = _conv_net()
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(-0.5)
+    new_state = other.state_dict()
+    exe.load_state_dict(new_state)  # written in place into the HWIO buffers
+    with torch.no_grad():
+        expected = other(x)
+    torch.testing.assert_close(exe(x), expected, rtol=1e-5, atol=1e-5)
+    _assert_state_dict_is_eager(exe, other)
+    # A DeviceTensor entry (torch's layout) is uploaded in the stored layout.
+    weight = torch.randn(16, 3, 3, 3)
+    exe.load_state_dict({"conv1.weight": hloalias.to_device(weight)})
+    torch.testing.assert_close(exe.state_dict()["conv1.weight"], weight, rtol=0, atol=0)
+    other.conv1.weight.data.copy_(weight)
+    with torch.no_grad():
+        expected = other(x)
+    torch.testing.assert_close(exe(x), expected, rtol=1e-5, atol=1e-5)
+    # A wrong shape is refused before anything is written (torch's shape is expected).
+    with pytest.raises(hloalias.ExecutionError, match=r"conv2.weight.*\[3, 3, 16, 8\]|\[8, 16, 1, 1\]"):
+        exe.load_state_dict({"conv2.weight": torch.zeros(1, 1, 16, 8)})
+    _assert_state_dict_is_eager(exe, other)
+
+
+class SmallMap(torch.nn.Module):
+    """A 3x3 convolution on a 2x2 map: XLA swaps its operands."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(32, 32, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+def test_swapped_convolution_kernel_stored_flipped() -> None:
+    torch.manual_seed(4)
+    model = SmallMap().eval()
+    x = _pixels(2, 32, 2, 2)
+    exe = hloalias.compile(model, (x,))
+    plain = hloalias.compile(copy.deepcopy(model), (x,), pipeline=DEFAULT_PIPELINE)
+    assert exe._stored_layouts == {"conv.weight": HWIO_FLIPPED}
+    with torch.no_grad():
+        torch.testing.assert_close(exe(x), model(x), rtol=1e-5, atol=1e-5)
+    _assert_state_dict_is_eager(exe, model)
+    weight_bytes = 32 * 32 * 9 * 4
+    assert plain.memory_stats["temp_bytes"] - exe.memory_stats["temp_bytes"] == weight_bytes
+    # In-place load into a flipped buffer.
+    new_weight = torch.randn(32, 32, 3, 3)
+    exe.load_state_dict({"conv.weight": new_weight})
+    model.conv.weight.data.copy_(new_weight)
+    with torch.no_grad():
+        torch.testing.assert_close(exe(x), model(x), rtol=1e-5, atol=1e-5)
+    _assert_state_dict_is_eager(exe, model)
+
+
+class Modes(torch.nn.Module):
+    """One module, several programs (``mode`` is a static input): a conv
+    only, the weight also read densely, the weight returned (a view), the
+    weight updated in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 4, 3, 3))
+
+    def forward(self, x: torch.Tensor, mode: str) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        y = torch.nn.functional.conv2d(x, self.weight, padding=1)
+        if mode == "dense":
+            return y + self.weight.sum()
+        if mode == "view":
+            return y, self.weight[0]
+        return y
+
+
+def _modes() -> Modes:
+    torch.manual_seed(5)
+    return Modes().eval()
+
+
+def test_two_executables_one_module_share_the_stored_buffer() -> None:
+    model = _modes()
+    x = _pixels(2, 4, 8, 8)
+    conv = hloalias.compile(model, (x, "conv"))
+    dense = hloalias.compile(model, (x, "dense"))
+    # The second program reads the buffer as the first stored it, its dense
+    # use through a transpose back: one buffer, no copies.
+    assert conv._stored_layouts == dense._stored_layouts == {"weight": HWIO}
+    assert conv._slots["weight"] is dense._slots["weight"]
+    with torch.no_grad():
+        torch.testing.assert_close(dense(x, "dense"), model(x, "dense"), rtol=1e-5, atol=1e-5)
+        new_weight = torch.randn(8, 4, 3, 3)
+        dense.load_state_dict({"weight": new_weight})
+        model.weight.copy_(new_weight)
+        torch.testing.assert_close(conv(x, "conv"), model(x, "conv"), rtol=1e-5, atol=1e-5)
+    assert conv.host_copies == dense.host_copies == {}
+
+
+def test_later_executable_in_torch_layout_copies_per_call() -> None:
+    """A later program compiled without the pass reads torch's layout: the
+    slot keeps its layout and that program copies it per call, counted."""
+    model = _modes()
+    x = _pixels(2, 4, 8, 8)
+    stored = hloalias.compile(model, (x, "conv"))
+    plain = hloalias.compile(model, (x, "dense"), pipeline=DEFAULT_PIPELINE)
+    assert plain._stored_layouts == {} and stored._slots["weight"].layout == HWIO
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(plain(x, "dense"), model(x, "dense"), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(stored(x, "conv"), model(x, "conv"), rtol=1e-5, atol=1e-5)
+    assert plain.host_copies == {"weight": 2} and stored.host_copies == {}
+    assert ("stored as permute(2, 3, 1, 0) (fixed by another executable of the module), this program reads "
+            "torch's layout, so each call copies it into this program's layout") in plain.explain()
+
+
+def test_view_of_state_moves_the_buffer_back_to_torch_layout() -> None:
+    """A later program that returns a view of the weight needs torch's
+    layout: the shared buffer is stored so from then on, the view is live,
+    and the earlier program (compiled for HWIO) copies per call."""
+    model = _modes()
+    x = _pixels(2, 4, 8, 8)
+    stored = hloalias.compile(model, (x, "conv"))
+    assert stored._slots["weight"].layout == HWIO
+    viewing = hloalias.compile(model, (x, "view"))
+    assert viewing._stored_layouts == {} and viewing._slots["weight"] is stored._slots["weight"]
+    assert stored._slots["weight"].layout is None
+    with torch.no_grad():
+        y, row = viewing(x, "view")
+        expected_y, expected_row = model(x, "view")
+        torch.testing.assert_close(y, expected_y, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(row, expected_row, rtol=0, atol=0)
+        new_weight = torch.randn(8, 4, 3, 3)
+        viewing.load_state_dict({"weight": new_weight})
+        model.weight.copy_(new_weight)
+        torch.testing.assert_close(row, new_weight[0], rtol=0, atol=0)  # a live view of the state
+        torch.testing.assert_close(stored(x, "conv"), model(x, "conv"), rtol=1e-5, atol=1e-5)
+    assert stored.host_copies == {"weight": 1}
+    assert ("stored as torch's layout (fixed by another executable of the module), this program reads "
+            "permute(2, 3, 1, 0), so each call copies it") in stored.explain()
+    _assert_state_dict_is_eager(stored, model)
+
+
+class UpdatedKernel(torch.nn.Module):
+    """A kernel the program updates in place (a buffer): never permuted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("kernel", torch.randn(4, 4, 3, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.conv2d(x, self.kernel, padding=1)
+        self.kernel.mul_(0.5)
+        return y
+
+
+def test_mutated_kernel_stays_in_torch_layout() -> None:
+    torch.manual_seed(6)
+    model = UpdatedKernel()
+    eager = copy.deepcopy(model)
+    x = _pixels(1, 4, 6, 6)
+    exe = hloalias.compile(model, (x,))
+    assert exe._stored_layouts == {}
+    assert [a["argument"] for a in exe.aliases] == ["kernel"]
+    for _ in range(3):
+        torch.testing.assert_close(exe(x), eager(x), rtol=1e-5, atol=1e-5)
+    _assert_state_dict_is_eager(exe, eager)
+
+
+def test_torch_layout_slot_is_kept_by_a_later_default_compile() -> None:
+    """The first program stored the weight in torch's layout; a later
+    default compile reads it so (fixed layout), without copies."""
+    model = _modes()
+    x = _pixels(2, 4, 8, 8)
+    plain = hloalias.compile(model, (x, "conv"), pipeline=DEFAULT_PIPELINE)
+    later = hloalias.compile(model, (x, "dense"), pipeline=CPU_STATE_LAYOUT_PIPELINE)
+    assert later._stored_layouts == {} and plain._slots["weight"] is later._slots["weight"]
+    with torch.no_grad():
+        torch.testing.assert_close(later(x, "dense"), model(x, "dense"), rtol=1e-5, atol=1e-5)
+    assert later.host_copies == plain.host_copies == {}
