@@ -12,6 +12,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 
 import hloalias
 from hloalias.contract import StoredLayout
@@ -291,3 +293,110 @@ def test_torch_layout_slot_is_kept_by_a_later_default_compile() -> None:
     with torch.no_grad():
         torch.testing.assert_close(later(x, "dense"), model(x, "dense"), rtol=1e-5, atol=1e-5)
     assert later.host_copies == plain.host_copies == {}
+
+
+# -- differential: generated programs over one conv kernel, several executables --------
+
+KERNEL_USES = ("conv", "conv_small", "dense", "view", "mutate")
+
+
+class KernelUses(torch.nn.Module):
+    """A buffer ``k`` (4x2x3x3) read by the uses each mode lists, in order:
+    ``conv`` (3x3 convolution on a 4x4 map: HWIO), ``conv_small`` (on a 2x2
+    map: XLA swaps it, HWIO flipped), ``dense`` (added to the output),
+    ``view`` (``k[1]`` returned), ``mutate`` (``k.mul_(0.5)``).  Values are
+    multiples of 1/4: sums of products are exact, so comparisons are bitwise."""
+
+    def __init__(self, modes: tuple[tuple[str, ...], ...]) -> None:
+        super().__init__()
+        self.modes = modes
+        values = torch.arange(4 * 2 * 3 * 3, dtype=torch.float32).reshape(4, 2, 3, 3) % 7 - 3
+        self.register_buffer("k", values * 0.25)
+
+    def forward(self, x: torch.Tensor, small: torch.Tensor, mode: int) -> tuple[torch.Tensor, ...]:
+        results = []
+        for use in self.modes[mode]:
+            if use == "conv":
+                results.append(torch.nn.functional.conv2d(x, self.k, padding=1))
+            elif use == "conv_small":
+                results.append(torch.nn.functional.conv2d(small, self.k, padding=1))
+            elif use == "dense":
+                results.append(torch.nn.functional.conv2d(x, self.k, padding=1) + self.k.sum())
+            elif use == "view":
+                results.append(self.k[1])
+            else:
+                self.k.mul_(0.5)
+        return tuple(results)
+
+
+def _kernel_programs() -> st.SearchStrategy[tuple[tuple[tuple[str, ...], ...], tuple[int, ...]]]:
+    """Modes (one or two executables' use lists) and the order of calls."""
+    uses = st.lists(st.sampled_from(KERNEL_USES), min_size=1, max_size=3).map(tuple)
+    modes = st.lists(uses, min_size=1, max_size=2).map(tuple)
+    return modes.flatmap(lambda m: st.tuples(
+        st.just(m), st.lists(st.integers(0, len(m) - 1), min_size=2, max_size=4).map(tuple)))
+
+
+def _kernel_inputs(call: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(call)
+    x = torch.randint(-4, 5, (1, 2, 4, 4), generator=generator).float() * 0.25
+    small = torch.randint(-4, 5, (1, 2, 2, 2), generator=generator).float() * 0.25
+    return x, small
+
+
+def kernel_program_problems(modes: tuple[tuple[str, ...], ...], calls: tuple[int, ...]) -> list[str]:
+    """What differs from eager: every result (held across calls: views of
+    state are live) and the state after each call."""
+    eager = KernelUses(modes)
+    compiled_from = KernelUses(modes)
+    x, small = _kernel_inputs(0)
+    executables = [hloalias.compile(compiled_from, (x, small, mode)) for mode in range(len(modes))]
+    problems = []
+    held: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for call, mode in enumerate(calls, start=1):
+        x, small = _kernel_inputs(call)
+        ours = executables[mode](x, small, mode)
+        expected = eager(x, small, mode)
+        held += list(zip(ours, expected))
+        if not torch.equal(executables[mode].state_dict()["k"], eager.k):
+            problems.append(f"call {call} (mode {mode}): state differs")
+    for position, (ours_value, eager_value) in enumerate(held):
+        if not torch.equal(ours_value, eager_value):
+            problems.append(f"held result {position} differs after the last call")
+    return problems
+
+
+@settings(max_examples=10, derandomize=True, deadline=None, database=None,
+          suppress_health_check=(HealthCheck.too_slow,))
+@given(_kernel_programs())
+def test_generated_kernel_programs_match_eager(program: tuple[tuple[tuple[str, ...], ...], tuple[int, ...]]) -> None:
+    """Generated modes over one kernel (stored HWIO, flipped, forced by an
+    earlier executable, moved back to torch's layout by a view or a write)
+    agree with eager bit for bit across calls."""
+    modes, calls = program
+    note(f"modes {modes}, calls {calls}")
+    problems = kernel_program_problems(modes, calls)
+    assert not problems, "\n".join(problems) + f"\nmodes {modes}, calls {calls}"
+
+
+@pytest.mark.parametrize("modes, calls, layouts, slot_layout", [
+    # one kernel, two layouts wanted: kept in torch's layout
+    ((("conv", "conv_small"),), (0, 0), [None], None),
+    # HWIO, then moved back to torch's layout by a view (the first copies per call)
+    ((("conv",), ("view", "conv")), (0, 1, 0), [HWIO, None], None),
+    # flipped, then moved back by a write
+    ((("conv_small",), ("mutate", "dense")), (0, 1, 0, 1), [HWIO_FLIPPED, None], None),
+    # HWIO fixed by the first, forced on the dense reader
+    ((("conv",), ("dense",)), (1, 0, 1), [HWIO, HWIO], HWIO),
+])
+def test_fixed_kernel_programs(
+    modes: tuple[tuple[str, ...], ...], calls: tuple[int, ...], layouts: list[StoredLayout | None],
+    slot_layout: StoredLayout | None,
+) -> None:
+    model = KernelUses(modes)
+    x, small = _kernel_inputs(0)
+    executables = [hloalias.compile(model, (x, small, mode)) for mode in range(len(modes))]
+    assert [exe._stored_layouts.get("k") for exe in executables] == layouts
+    assert executables[0]._slots["k"].layout == slot_layout
+    problems = kernel_program_problems(modes, calls)
+    assert not problems, "\n".join(problems)
