@@ -139,6 +139,27 @@ def test_load_state_dict_writes_the_stored_layout() -> None:
     _assert_state_dict_is_eager(exe, other)
 
 
+def test_state_dict_round_trip_and_torch_side_update() -> None:
+    """``load_state_dict(state_dict())`` changes nothing; a weight torch
+    changed since is re-read (in the stored layout) by the next compile."""
+    model = _conv_net()
+    x = _pixels(2, 3, 16, 16)
+    exe = hloalias.compile(model, (x,))
+    before = exe.state_dict()
+    exe.load_state_dict(before)
+    after = exe.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    with torch.no_grad():
+        model.conv1.weight.mul_(-1.0)
+        expected = model(x)
+    again = hloalias.compile(model, (x,))
+    assert again._slots["conv1.weight"] is exe._slots["conv1.weight"]
+    assert again._slots["conv1.weight"].layout == HWIO
+    torch.testing.assert_close(again(x), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(exe(x), expected, rtol=1e-5, atol=1e-5)  # one buffer, both see it
+    _assert_state_dict_is_eager(exe, model)
+
+
 class SmallMap(torch.nn.Module):
     """A 3x3 convolution on a 2x2 map: XLA swaps its operands."""
 
