@@ -26,7 +26,7 @@ import torch
 
 import hloalias
 from bench.workloads import GPT2Config, derive_minimum, gpt2_workload
-from hloalias.pipeline import CPU_STATE_LAYOUT_PIPELINE, DEFAULT_PIPELINE, STATE_LAYOUT_PASS
+from hloalias.pipeline import CPU_PIPELINE, DEFAULT_PIPELINE, STATE_LAYOUT_PASS
 
 PREVIOUS_PIPELINE = "builtin.module(fold-transpose-into-dot-general, eliminate-view-results, alias-donated-buffers)"
 MATVEC_OPTION = "returned-matvec-as-reduce"
@@ -251,7 +251,7 @@ def resnet_row() -> Row:
     before, after = _compile_both(model, (pixels,))
     # Its own copy of the module: executables of one module share its device
     # state, whose layout the first of them fixed (torch's, here).
-    stored = hloalias.compile(copy.deepcopy(model), (pixels,), pipeline=CPU_STATE_LAYOUT_PIPELINE)
+    stored = hloalias.compile(copy.deepcopy(model), (pixels,), pipeline=CPU_PIPELINE)
     with torch.no_grad():
         expected = model(pixels).pooler_output
     for exe in (after, stored):

@@ -20,6 +20,7 @@ from hloalias.passes.returned_matvec_as_reduce import MatvecReport, ReturnedMatv
 from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
 from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
 from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
+from hloalias.passes.reduce_window_in_conv_layout import PoolLayoutReport, ReduceWindowInConvLayout
 
 
 def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
@@ -34,6 +35,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         WindowScatterIndices.name: WindowScatterIndices.from_options,
         OrderInPlaceUpdates.name: OrderInPlaceUpdates.from_options,
         PermuteConvKernelState.name: PermuteConvKernelState.from_options,
+        ReduceWindowInConvLayout.name: ReduceWindowInConvLayout.from_options,
     }
 
 
@@ -53,6 +55,8 @@ __all__ = [
     "OrderReport",
     "PermuteConvKernelState",
     "PermuteReport",
+    "PoolLayoutReport",
+    "ReduceWindowInConvLayout",
     "ReturnedMatvecAsReduce",
     "ViewReport",
     "WindowScatterIndices",

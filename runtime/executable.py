@@ -60,7 +60,7 @@ from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.pipeline import (
-    CPU_STATE_LAYOUT_PIPELINE,
+    CPU_PIPELINE,
     DEFAULT_PIPELINE,
     module_cache_key,
     parse_pipeline,
@@ -549,7 +549,7 @@ def _pipeline_for(pipeline: str | None, program: Program, group: _StateGroup, ta
     lives on the device in the layout the program reads).  State that already
     has a device buffer in ``group`` is read in the layout it is stored in."""
     if pipeline is None:
-        pipeline = CPU_STATE_LAYOUT_PIPELINE if target.platform == "cpu" and not spmd else DEFAULT_PIPELINE
+        pipeline = CPU_PIPELINE if target.platform == "cpu" and not spmd else DEFAULT_PIPELINE
     return with_fixed_layouts(pipeline, group.fixed_layouts(program.state, target))
 
 

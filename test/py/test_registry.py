@@ -28,6 +28,7 @@ EXPECTED_PASS_NAMES = {
     "returned-matvec-as-reduce",
     "order-in-place-updates",
     "permute-conv-kernel-state",
+    "reduce-window-in-conv-layout",
 }
 
 

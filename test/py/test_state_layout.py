@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import hloalias
 from hloalias.contract import StoredLayout
-from hloalias.pipeline import CPU_STATE_LAYOUT_PIPELINE, DEFAULT_PIPELINE
+from hloalias.pipeline import CPU_PIPELINE, DEFAULT_PIPELINE
 
 HWIO = StoredLayout((2, 3, 1, 0))
 HWIO_FLIPPED = StoredLayout((2, 3, 1, 0), (0, 1))
@@ -158,6 +158,38 @@ def test_state_dict_round_trip_and_torch_side_update() -> None:
     torch.testing.assert_close(again(x), expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(exe(x), expected, rtol=1e-5, atol=1e-5)  # one buffer, both see it
     _assert_state_dict_is_eager(exe, model)
+
+
+class Stem(torch.nn.Module):
+    """ResNet's stem: 7x7/2 convolution, BatchNorm, ReLU, 3x3/2 max-pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 7, stride=2, padding=3, bias=False)
+        self.bn = torch.nn.BatchNorm2d(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 3, 2, 1)
+
+
+def test_pool_of_a_convolution_runs_in_its_order() -> None:
+    """reduce-window-in-conv-layout: the max-pool reads the convolution's
+    NHWC output without XLA:CPU's relayout copy of it; results equal eager.
+    What temp keeps is the convolution output (2x16x32x32 f32, 131,072
+    bytes) and XLA:CPU's NHWC copy of the caller's NCHW pixels (98,304)."""
+    torch.manual_seed(7)
+    model = Stem().eval()
+    x = _pixels(2, 3, 64, 64)
+    exe = hloalias.compile(model, (x,))
+    plain = hloalias.compile(copy.deepcopy(model), (x,), pipeline=DEFAULT_PIPELINE)
+    stored_only = hloalias.compile(copy.deepcopy(model), (x,), pipeline=DEFAULT_PIPELINE.replace(
+        "alias-donated-buffers)", "alias-donated-buffers, permute-conv-kernel-state)"))
+    with torch.no_grad():
+        expected = model(x)
+    torch.testing.assert_close(exe(x), expected, rtol=1e-5, atol=1e-5)
+    assert "reduce_window" in exe.mlir and "stablehlo.transpose" in exe.mlir
+    temps = [e.memory_stats["temp_bytes"] for e in (plain, stored_only, exe)]
+    assert temps == [262_208, 262_144, 131_072 + 98_304]
 
 
 class SmallMap(torch.nn.Module):
@@ -309,7 +341,7 @@ def test_torch_layout_slot_is_kept_by_a_later_default_compile() -> None:
     model = _modes()
     x = _pixels(2, 4, 8, 8)
     plain = hloalias.compile(model, (x, "conv"), pipeline=DEFAULT_PIPELINE)
-    later = hloalias.compile(model, (x, "dense"), pipeline=CPU_STATE_LAYOUT_PIPELINE)
+    later = hloalias.compile(model, (x, "dense"), pipeline=CPU_PIPELINE)
     assert later._stored_layouts == {} and plain._slots["weight"] is later._slots["weight"]
     with torch.no_grad():
         torch.testing.assert_close(later(x, "dense"), model(x, "dense"), rtol=1e-5, atol=1e-5)
@@ -318,13 +350,14 @@ def test_torch_layout_slot_is_kept_by_a_later_default_compile() -> None:
 
 # -- differential: generated programs over one conv kernel, several executables --------
 
-KERNEL_USES = ("conv", "conv_small", "dense", "view", "mutate")
+KERNEL_USES = ("conv", "conv_small", "conv_pool", "dense", "view", "mutate")
 
 
 class KernelUses(torch.nn.Module):
     """A buffer ``k`` (4x2x3x3) read by the uses each mode lists, in order:
     ``conv`` (3x3 convolution on a 4x4 map: HWIO), ``conv_small`` (on a 2x2
-    map: XLA swaps it, HWIO flipped), ``dense`` (added to the output),
+    map: XLA swaps it, HWIO flipped), ``conv_pool`` (conv, ReLU, 3x3/2
+    max-pool: the pool runs in the convolution's order), ``dense`` (added to the output),
     ``view`` (``k[1]`` returned), ``mutate`` (``k.mul_(0.5)``).  Values are
     multiples of 1/4: sums of products are exact, so comparisons are bitwise."""
 
@@ -339,6 +372,9 @@ class KernelUses(torch.nn.Module):
         for use in self.modes[mode]:
             if use == "conv":
                 results.append(torch.nn.functional.conv2d(x, self.k, padding=1))
+            elif use == "conv_pool":
+                results.append(torch.nn.functional.max_pool2d(
+                    torch.relu(torch.nn.functional.conv2d(x, self.k, padding=1)), 3, 2, 1))
             elif use == "conv_small":
                 results.append(torch.nn.functional.conv2d(small, self.k, padding=1))
             elif use == "dense":
