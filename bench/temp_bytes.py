@@ -26,7 +26,7 @@ import torch
 
 import hloalias
 from bench.workloads import GPT2Config, derive_minimum, gpt2_workload
-from hloalias.pipeline import CPU_PIPELINE, DEFAULT_PIPELINE, STATE_LAYOUT_PASS
+from hloalias.pipeline import CPU_PIPELINE, DEFAULT_PIPELINE, POOL_LAYOUT_PASS, STATE_LAYOUT_PASS
 
 PREVIOUS_PIPELINE = "builtin.module(fold-transpose-into-dot-general, eliminate-view-results, alias-donated-buffers)"
 MATVEC_OPTION = "returned-matvec-as-reduce"
@@ -238,16 +238,16 @@ def gpt2_row() -> Row:
                option=(f"+ {MATVEC_OPTION}", option.memory_stats))
 
 
-def resnet_row() -> Row:
+def _resnet_row(title: str, config: Any, pixels: torch.Tensor, peers: str) -> Row:
+    """An HF ResNet row: the previous and today's default pipeline, and
+    what ``hloalias.compile`` runs on one CPU device (:data:`CPU_PIPELINE`:
+    the default plus the two layout passes)."""
     import copy
 
     import transformers
 
-    config = transformers.ResNetConfig(embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1],
-                                       layer_type="basic")
     torch.manual_seed(3)
     model = transformers.ResNetModel(config).eval()
-    pixels = torch.randn(2, 3, 64, 64)
     before, after = _compile_both(model, (pixels,))
     # Its own copy of the module: executables of one module share its device
     # state, whose layout the first of them fixed (torch's, here).
@@ -263,36 +263,60 @@ def resnet_row() -> Row:
     conv_bytes = sum(p.numel() * 4 for n, p in model.named_parameters() if p.dim() == 4)
     stats = after.memory_stats
     minimum = stats["argument_bytes"] + stats["output_bytes"] - stats["alias_bytes"]
+    batch, _, height, width = pixels.shape
     # The stem's 7x7/2 convolution output and the max-pool output it feeds
-    # are both alive while the pool runs: no schedule avoids them.
-    stem = 2 * config.embedding_size * 32 * 32 * 4
-    pooled_stem = 2 * config.embedding_size * 16 * 16 * 4
+    # are alive together while the pool runs, in any schedule.
+    stem = batch * config.embedding_size * (height // 2) * (width // 2) * 4
+    pooled_stem = stem // 4
+    floor = minimum + stem + pooled_stem
     option = stored.memory_stats
-    relayout = option["temp_bytes"] - stem - pooled_stem
+    beyond = option["total_bytes"] - floor
+    pixels_nhwc = pixels.numel() * 4
     flipped = [name for name, layout in stored._stored_layouts.items() if layout.reversed]
-    return Row(f"HF ResNet (basic, 4 stages, 32-256 channels) eval, 2x3x64x64; conv weights {conv_bytes:,} bytes",
-               before.memory_stats, stats, minimum, "arguments + new outputs (XLA's data bytes)",
-               "none measured in issue 15", _entry_copies(stored),
-               "Default pipeline: XLA:CPU copies every conv weight from torch's OIHW layout into the HWIO "
-               "layout its convolution reads, on each call (`transpose_copy_fusion = f32[3,3,128,256] "
-               "fusion(Arg_30)` and one per conv), and reads the last stage's 3x3 kernels reversed "
-               "(`copy_reverse_fusion = f32[3,3,256,256]`): on the 2x2 map the kernel window is larger than "
-               "the input, so XLA swaps the convolution's operands. With the option "
-               f"`{STATE_LAYOUT_PASS}` (what `hloalias.compile` runs on one CPU device when no pipeline is "
-               "given) the runtime stores each read-only conv weight as HWIO, and the swapped ones also "
-               f"flipped along H and W ({', '.join(flipped)}), and every weight-sized value is gone: temp "
-               f"{before.memory_stats['temp_bytes']:,} -> {option['temp_bytes']:,} bytes, `state_dict()` "
-               "equal to the module's. What remains (largest values below) are activations. The stem's "
-               f"7x7/2 output (2x32x32x32 f32, {stem:,} bytes) and the max-pool output it feeds "
-               f"({pooled_stem:,} bytes) are alive together in any schedule: counted in, the minimum is "
-               f"{minimum + stem + pooled_stem:,} bytes and hloalias is at "
-               f"{option['total_bytes'] / (minimum + stem + pooled_stem):.4f}x of it. The other "
-               f"{relayout:,} bytes are XLA:CPU's NCHW -> NHWC relayout of activations (its convolution "
-               "reads NHWC; torch's activations, the caller's pixels included, are NCHW): the "
-               "`transpose_copy_fusion` copies below, e.g. `f32[2,64,64,3]` of the pixels (`Arg_72`), "
-               "which no state layout can remove.",
-               option=(f"+ {STATE_LAYOUT_PASS}", option),
-               largest=_largest_entry_values(stored))
+    swapped = (
+        f"and reads the 3x3 kernels of convolutions whose window is larger than their map reversed "
+        f"(XLA swaps their operands: {', '.join(flipped)}), " if flipped else ""
+    )
+    note = (
+        "Default pipeline: XLA:CPU copies every conv weight from torch's OIHW layout into the HWIO layout "
+        f"its convolution reads, on each call (`transpose_copy_fusion` of each weight), {swapped}and "
+        "relayouts the stem's NCHW output for the NCHW max-pool (and the pool's output back). With "
+        f"`{CPU_PIPELINE}` (what `hloalias.compile` runs on one CPU device when no pipeline is given), "
+        f"`{STATE_LAYOUT_PASS}` stores each read-only conv weight as HWIO"
+        + (" (flipped along H and W where XLA swaps)" if flipped else "")
+        + f" and `{POOL_LAYOUT_PASS}` runs the max-pool in the convolution's NHWC order: temp "
+        f"{before.memory_stats['temp_bytes']:,} -> {option['temp_bytes']:,} bytes, `state_dict()` equal to "
+        "the module's. What remains (largest values below) are activations: the stem's 7x7/2 output "
+        f"({stem:,} bytes) and the max-pool output it feeds ({pooled_stem:,}) are alive together in any "
+        f"schedule; counted in, the minimum is {floor:,} bytes and hloalias is at "
+        f"{option['total_bytes'] / floor:.4f}x of it. The other {beyond:,} bytes come from XLA:CPU's NHWC "
+        f"copy of the caller's NCHW pixels ({pixels_nhwc:,} bytes, `transpose_copy_fusion = "
+        f"f32[{batch},{height},{width},3]`), alive beside the stem's output while the stem convolution "
+        "runs: the input's layout is the caller's, no state layout removes it."
+    )
+    return Row(f"{title}; conv weights {conv_bytes:,} bytes", before.memory_stats, stats, minimum,
+               "arguments + new outputs (XLA's data bytes)", peers, _entry_copies(stored), note,
+               option=("+ layout passes (`CPU_PIPELINE`)", option), largest=_largest_entry_values(stored))
+
+
+def resnet_row() -> Row:
+    import transformers
+
+    config = transformers.ResNetConfig(embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1],
+                                       layer_type="basic")
+    return _resnet_row("HF ResNet (basic, 4 stages, 32-256 channels) eval, 2x3x64x64", config,
+                       torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(4)),
+                       "none measured in issue 15")
+
+
+def resnet18_row() -> Row:
+    import transformers
+
+    config = transformers.ResNetConfig(embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
+                                       layer_type="basic")
+    return _resnet_row("HF ResNet in ResNet-18's shape (basic, [2,2,2,2], 64-512 channels) eval, 2x3x224x224",
+                       config, torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(4)),
+                       "issue 15: hloalias at 2.2x on torchvision resnet18, B=2 (the `total before` here)")
 
 
 def conv_layout_experiment() -> list[str]:
@@ -344,7 +368,7 @@ def conv_layout_experiment() -> list[str]:
     return lines
 
 
-ROWS: list[Callable[[], Row]] = [bf16_cache_row, kv_step_row, gpt2_row, resnet_row, bert_row]
+ROWS: list[Callable[[], Row]] = [bf16_cache_row, kv_step_row, gpt2_row, resnet_row, resnet18_row, bert_row]
 
 
 def _ratio(total: int, minimum: int) -> str:

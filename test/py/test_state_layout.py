@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import hloalias
 from hloalias.contract import StoredLayout
-from hloalias.pipeline import CPU_PIPELINE, DEFAULT_PIPELINE
+from hloalias.pipeline import CPU_PIPELINE, DEFAULT_PIPELINE, with_fixed_layouts
 
 HWIO = StoredLayout((2, 3, 1, 0))
 HWIO_FLIPPED = StoredLayout((2, 3, 1, 0), (0, 1))
@@ -457,3 +457,16 @@ def test_fixed_kernel_programs(
     assert executables[0]._slots["k"].layout == slot_layout
     problems = kernel_program_problems(modes, calls)
     assert not problems, "\n".join(problems)
+
+
+def test_fixed_layouts_go_to_the_pass_without_options() -> None:
+    """The runtime's ``layouts`` reach each ``permute-conv-kernel-state``
+    that has no options; a pipeline without the pass, or with options of
+    its own, is left as written."""
+    assert with_fixed_layouts(CPU_PIPELINE, ()) == CPU_PIPELINE
+    fixed = with_fixed_layouts(CPU_PIPELINE, ("a.weight:torch", "b.weight:2.3.1.0/0.1"))
+    assert fixed.endswith("permute-conv-kernel-state{layouts=a.weight:torch,b.weight:2.3.1.0/0.1})")
+    assert fixed.startswith(CPU_PIPELINE[: CPU_PIPELINE.index("permute-conv-kernel-state")])
+    assert with_fixed_layouts(DEFAULT_PIPELINE, ("a.weight:torch",)) == DEFAULT_PIPELINE
+    own = "builtin.module(permute-conv-kernel-state{layouts=a.weight:torch})"
+    assert with_fixed_layouts(own, ("a.weight:2.3.1.0",)) == own
