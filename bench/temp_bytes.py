@@ -316,7 +316,9 @@ def resnet18_row() -> Row:
                                        layer_type="basic")
     return _resnet_row("HF ResNet in ResNet-18's shape (basic, [2,2,2,2], 64-512 channels) eval, 2x3x224x224",
                        config, torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(4)),
-                       "issue 15: hloalias at 2.2x on torchvision resnet18, B=2 (the `total before` here)")
+                       "torchax 0.0.13 (jax 0.10.2, `bench/resnet_torchax.py`, the same network written in torch): "
+                       "temp 57,344,768, total 103,498,256 (2.2425x); issue 15: hloalias at 2.2x on torchvision "
+                       "resnet18, B=2 (the `total before` here)")
 
 
 def conv_layout_experiment() -> list[str]:
