@@ -25,6 +25,20 @@ On ``@main``'s arguments (``arg_attrs``):
     Written by ``alias-donated-buffers`` when a donation (of the origin in
     ``hloalias.donation``) was not turned into an alias: why not.  With it
     the pass's whole report can be rebuilt from the final module.
+``hloalias.stored_permutation``  (array<i64>)
+    Written by ``permute-conv-kernel-state`` on read-only module state: the
+    argument is the torch tensor permuted by P (``tensor.permute(P)``:
+    stored dimension d is torch dimension P[d]), so its type is the permuted
+    shape.  The runtime uploads the state permuted and applies the inverse
+    for ``state_dict()``.  Only on state (not a user input) that XLA never
+    overwrites (no ``tf.aliasing_output``, no ``jax.buffer_donor``, no
+    mutation result), that is no rebuilt view's base and has no
+    ``mhlo.sharding``.
+``hloalias.stored_reversed``  (array<i64>)
+    Only beside ``hloalias.stored_permutation``: stored dimensions (sorted)
+    that hold the permuted tensor's elements in reverse order
+    (``tensor.permute(P).flip(R)``), for a convolution that reads its kernel
+    with ``window_reversal`` on them.
 
 On ``@main``'s results (``res_attrs``):
 
@@ -82,6 +96,8 @@ ARG_KIND: Final = "hloalias.kind"
 ARG_NAME: Final = "hloalias.name"
 ARG_DONATION: Final = "hloalias.donation"
 ARG_UNUSED_DONATION: Final = "hloalias.unused_donation"
+ARG_STORED_PERMUTATION: Final = "hloalias.stored_permutation"
+ARG_STORED_REVERSED: Final = "hloalias.stored_reversed"
 RESULT_ROLE: Final = "hloalias.role"
 RESULT_OUTPUT: Final = "hloalias.output"
 RESULT_MUTATES: Final = "hloalias.mutates"

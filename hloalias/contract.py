@@ -40,7 +40,7 @@ REMOVAL_REASONS = (A.REASON_VIEW, A.REASON_PASS_THROUGH, A.REASON_DUPLICATE, A.R
 # Contract attributes on arguments and results: what ``to_attrs`` owns.
 _ARG_NAMES = (
     A.ARG_KIND, A.ARG_NAME, A.ALIASING_OUTPUT, A.BUFFER_DONOR, A.ARG_DONATION, A.ARG_UNUSED_DONATION,
-    A.SHARDING,
+    A.SHARDING, A.ARG_STORED_PERMUTATION, A.ARG_STORED_REVERSED,
 )
 _RESULT_NAMES = (A.RESULT_ROLE, A.RESULT_OUTPUT, A.RESULT_MUTATES, A.RESULT_STORAGE, A.SHARDING)
 
@@ -134,6 +134,8 @@ class ArgRecord:
     donation: str | None = None  # why aliased or offered: inferred / explicit / both
     unused_donation: str | None = None  # why a donation was not turned into an alias
     sharding: str | None = None  # mhlo.sharding without blanks; None: one device
+    # hloalias.stored_permutation / stored_reversed: how the state's device buffer holds it
+    stored_layout: StoredLayout | None = None
 
     @property
     def overwritten(self) -> bool:
@@ -166,9 +168,22 @@ class ArgRecord:
         if A.ALIASING_OUTPUT in attrs:
             aliasing = _integer(attrs[A.ALIASING_OUTPUT], what(A.ALIASING_OUTPUT))
         donor = _boolean(attrs[A.BUFFER_DONOR], what(A.BUFFER_DONOR)) if A.BUFFER_DONOR in attrs else False
+        def opt_i64_array(name: str) -> tuple[int, ...] | None:
+            if name not in attrs:
+                return None
+            try:
+                return tuple(int(v) for v in ir.DenseI64ArrayAttr(attrs[name]))
+            except ValueError:
+                raise IRError(f"{what(name)} must be an array<i64>, got {attrs[name]}") from None
+
+        permutation = opt_i64_array(A.ARG_STORED_PERMUTATION)
+        reversed_dims = opt_i64_array(A.ARG_STORED_REVERSED)
+        if reversed_dims is not None and permutation is None:
+            raise IRError(f"{what(A.ARG_STORED_REVERSED)} needs '{A.ARG_STORED_PERMUTATION}' beside it")
+        layout = None if permutation is None else StoredLayout(permutation, reversed_dims or ())
         return ArgRecord(
             kind, opt_string(A.ARG_NAME), aliasing, donor, donation, opt_string(A.ARG_UNUSED_DONATION),
-            _sharding(opt_string(A.SHARDING)),
+            _sharding(opt_string(A.SHARDING)), layout,
         )
 
     def to_attrs(self, attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attribute]:
@@ -188,7 +203,63 @@ class ArgRecord:
             out[A.ARG_UNUSED_DONATION] = ir.StringAttr.get(self.unused_donation)
         if self.sharding is not None:
             out[A.SHARDING] = ir.StringAttr.get(self.sharding)
+        if self.stored_layout is not None:
+            out[A.ARG_STORED_PERMUTATION] = ir.DenseI64ArrayAttr.get(list(self.stored_layout.permutation))
+            if self.stored_layout.reversed:
+                out[A.ARG_STORED_REVERSED] = ir.DenseI64ArrayAttr.get(list(self.stored_layout.reversed))
         return out
+
+
+def inverse_permutation(permutation: Sequence[int]) -> tuple[int, ...]:
+    """Q with ``Q[P[d]] == d``: ``t.permute(P).permute(Q)`` is ``t``."""
+    inverse = [0] * len(permutation)
+    for position, dimension in enumerate(permutation):
+        inverse[dimension] = position
+    return tuple(inverse)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredLayout:
+    """How a state buffer holds its torch tensor ``t``: ``t.permute(permutation)``,
+    then flipped along the (stored) dimensions in ``reversed``."""
+
+    permutation: tuple[int, ...]
+    reversed: tuple[int, ...] = ()
+
+    @property
+    def inverse(self) -> tuple[int, ...]:
+        """The permutation back to torch's dimension order."""
+        return inverse_permutation(self.permutation)
+
+    def is_identity(self) -> bool:
+        """Whether the buffer is in torch's layout after all."""
+        return not self.reversed and self.permutation == tuple(range(len(self.permutation)))
+
+    def valid_for(self, rank: int) -> bool:
+        """A permutation of ``rank`` dimensions and distinct, sorted reversed dimensions."""
+        return sorted(self.permutation) == list(range(rank)) and (
+            list(self.reversed) == sorted(set(self.reversed)) and all(0 <= d < rank for d in self.reversed)
+        )
+
+    def spec(self) -> str:
+        """``P0.P1...`` or ``P0.P1.../R0.R1...`` (as ``permute-conv-kernel-state{layouts=...}`` reads)."""
+        text = ".".join(str(d) for d in self.permutation)
+        return text + "/" + ".".join(str(d) for d in self.reversed) if self.reversed else text
+
+    @staticmethod
+    def from_spec(text: str) -> StoredLayout:
+        """Parse :meth:`spec`'s form; ValueError when malformed."""
+        permutation, slash, reversed_dims = text.partition("/")
+        parts = permutation.split(".")
+        flipped = reversed_dims.split(".") if slash else []
+        if not all(part.isdigit() for part in parts + flipped):
+            raise ValueError(text)
+        return StoredLayout(tuple(int(p) for p in parts), tuple(int(r) for r in flipped))
+
+    def describe(self) -> str:
+        """``permute(2, 3, 1, 0)`` or ``permute(2, 3, 1, 0) then flip(0, 1)``."""
+        text = f"permute{self.permutation}"
+        return text + f" then flip{self.reversed}" if self.reversed else text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -436,6 +507,7 @@ class Signature:
             elif record.base not in kept:
                 state = "a removed result" if record.base in seen else "no result of @main"
                 raise IRError(f"{what} is {record.base}, which is {state}: a base must be kept")
+        self._check_stored_permutations()
         holders: dict[int, int] = {}
         for index, arg in enumerate(self.args):
             if arg.aliasing_output is None:
@@ -460,6 +532,35 @@ class Signature:
                     f"{what} pairs sharding {placement_text(arg.sharding)} with result sharding "
                     f"{placement_text(result_sharding)}: a buffer holds one shard"
                 )
+
+    def _check_stored_permutations(self) -> None:
+        """``hloalias.stored_permutation`` only where a permuted buffer is
+        never seen in torch's layout: read-only, unsharded state that no
+        rebuilt view uses as its base."""
+        mutated = {result.mutates for result in self.results if result.mutates is not None}
+        view_bases = {record.base for record in self.removed if record.base is not None}
+        for index, arg in enumerate(self.args):
+            layout = arg.stored_layout
+            if layout is None:
+                continue
+            what = f"{self.arg_what(index)}: '{A.ARG_STORED_PERMUTATION}' = {list(layout.permutation)}"
+            if layout.reversed:
+                what += f", '{A.ARG_STORED_REVERSED}' = {list(layout.reversed)}"
+            rank = ir.RankedTensorType(self.arg_types[index]).rank
+            if not layout.valid_for(rank):
+                raise IRError(
+                    f"{what} is not a permutation (and sorted distinct reversed dimensions) of the "
+                    f"dimensions of {self.arg_types[index]}"
+                )
+            if arg.kind not in ("parameter", "buffer", "constant"):
+                raise IRError(f"{what} is on {'an argument without a kind' if arg.kind is None else 'a ' + arg.kind}: "
+                              "only module state is stored permuted")
+            if arg.overwritten or index in mutated:
+                raise IRError(f"{what} is on an argument XLA overwrites: only read-only state is stored permuted")
+            if A.arg_key(index) in view_bases:
+                raise IRError(f"{what} is on the base of a rebuilt view: the view needs torch's layout")
+            if arg.sharding is not None:
+                raise IRError(f"{what} is on a sharded argument: its sharding is in torch's dimensions")
 
     def write(self, main: func.FuncOp) -> None:
         """Write the records to ``main`` in canonical form, keeping any
@@ -493,7 +594,7 @@ def verify(main: func.FuncOp) -> Signature:
 
 
 __all__ = [
-    "ArgRecord", "DONATION_ORIGINS", "Layout", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord",
+    "ArgRecord", "DONATION_ORIGINS", "Layout", "inverse_permutation", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord", "StoredLayout",
     "Signature", "check_key", "read_removed_results", "row_major_strides", "verify",
     "write_removed_results",
 ]

@@ -19,6 +19,8 @@ from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTran
 from hloalias.passes.returned_matvec_as_reduce import MatvecReport, ReturnedMatvecAsReduce
 from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
 from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
+from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
+from hloalias.passes.reduce_window_in_conv_layout import PoolLayoutReport, ReduceWindowInConvLayout
 
 
 def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
@@ -32,6 +34,8 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         ReturnedMatvecAsReduce.name: ReturnedMatvecAsReduce.from_options,
         WindowScatterIndices.name: WindowScatterIndices.from_options,
         OrderInPlaceUpdates.name: OrderInPlaceUpdates.from_options,
+        PermuteConvKernelState.name: PermuteConvKernelState.from_options,
+        ReduceWindowInConvLayout.name: ReduceWindowInConvLayout.from_options,
     }
 
 
@@ -49,6 +53,10 @@ __all__ = [
     "ModulePass",
     "OrderInPlaceUpdates",
     "OrderReport",
+    "PermuteConvKernelState",
+    "PermuteReport",
+    "PoolLayoutReport",
+    "ReduceWindowInConvLayout",
     "ReturnedMatvecAsReduce",
     "ViewReport",
     "WindowScatterIndices",

@@ -28,6 +28,31 @@ DEFAULT_PIPELINE = (
     "builtin.module(fold-transpose-into-dot-general, fold-broadcast-into-dot-general, bitcast-overwrite-scatter, window-scatter-indices, eliminate-view-results, alias-donated-buffers)"
 )
 
+STATE_LAYOUT_PASS = "permute-conv-kernel-state"
+POOL_LAYOUT_PASS = "reduce-window-in-conv-layout"
+
+#: The default pipeline, then the two layout passes measured on XLA:CPU
+#: (``reduce-window-in-conv-layout``, ``permute-conv-kernel-state``): what
+#: ``hloalias.compile`` runs for a program on one CPU device when no pipeline
+#: is given.  Not the default pipeline itself: ``permute-conv-kernel-state``
+#: changes ``@main``'s argument types (the runtime uploads that state
+#: permuted; another caller of the module would have to as well), and both
+#: target the layouts XLA:CPU's convolution uses (other backends are not
+#: measured).
+CPU_PIPELINE = DEFAULT_PIPELINE[: -len(")")] + f", {POOL_LAYOUT_PASS}, {STATE_LAYOUT_PASS})"
+
+
+def with_fixed_layouts(pipeline: str, layouts: tuple[str, ...]) -> str:
+    """``pipeline`` with ``layouts`` (``NAME:torch`` / ``NAME:P0.P1...``)
+    as the option of each ``permute-conv-kernel-state`` that has no options;
+    unchanged when ``layouts`` is empty or the pass is not in it."""
+    elements = parse_pipeline(pipeline)
+    if not layouts or not any(e.name == STATE_LAYOUT_PASS and not e.options for e in elements):
+        return pipeline
+    option = f"{STATE_LAYOUT_PASS}{{layouts={','.join(layouts)}}}"
+    texts = [option if e.name == STATE_LAYOUT_PASS and not e.options else e.text for e in elements]
+    return f"builtin.module({', '.join(texts)})"
+
 
 @dataclasses.dataclass(frozen=True)
 class PipelineElement:
@@ -235,10 +260,14 @@ def module_cache_key(module: ir.Module | str) -> str:
 
 
 __all__ = [
+    "CPU_PIPELINE",
     "DEFAULT_PIPELINE",
+    "POOL_LAYOUT_PASS",
+    "STATE_LAYOUT_PASS",
     "PipelineElement",
     "build_pass_manager",
     "module_cache_key",
     "parse_pipeline",
     "run_pipeline",
+    "with_fixed_layouts",
 ]

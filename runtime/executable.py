@@ -55,11 +55,18 @@ from torch_mlir import ir
 from hloalias import attributes as A
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage, import_torch
-from hloalias.contract import Signature, verify
+from hloalias.contract import Signature, StoredLayout, verify
 from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
-from hloalias.pipeline import DEFAULT_PIPELINE, module_cache_key, parse_pipeline, run_pipeline
+from hloalias.pipeline import (
+    CPU_PIPELINE,
+    DEFAULT_PIPELINE,
+    module_cache_key,
+    parse_pipeline,
+    run_pipeline,
+    with_fixed_layouts,
+)
 from hloalias.runtime.export_cache import import_cached
 from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_shardings
 from hloalias.runtime.pjrt import (
@@ -179,18 +186,76 @@ def clear_cache() -> None:
 
 class _StateSlot:
     """One state tensor of a module on one device: the single device buffer
-    every executable compiled from that module reads and updates."""
+    every executable compiled from that module reads and updates.
+
+    ``layout`` is the buffer's layout: None for torch's, else the buffer
+    holds ``tensor.permute(P).flip(R)`` (``hloalias.stored_permutation`` and
+    ``stored_reversed``, written by ``permute-conv-kernel-state`` on
+    read-only convolution kernels).  It is fixed by the first executable that uses the slot and
+    changes only back to torch's layout (:meth:`to_torch_layout`), when a
+    later executable writes, donates or views the tensor.  An executable
+    that reads it in another layout copies it into its own on each call."""
 
     def __init__(
-        self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None
+        self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None,
+        layout: StoredLayout | None = None,
     ) -> None:
         self.source: weakref.ref[torch.Tensor] = weakref.ref(source)
         self.version = source._version
         self.device = device
         self.put = put if put is not None else (lambda t: torch_to_device(t, device, owned=True))
-        self.array: jax.Array | None = self.put(_resolved(source))
+        self.layout = layout
+        self.array: jax.Array | None = self.upload(_resolved(source))
         self.consumed_by: str | None = None
         self.nbytes = source.numel() * source.element_size()
+
+    def upload(self, tensor: torch.Tensor) -> jax.Array:
+        """A new device buffer holding ``tensor`` (torch's layout) in the slot's layout."""
+        return self.put(_stored_form(tensor, self.layout))
+
+    def torch_value(self, array: jax.Array) -> torch.Tensor:
+        """``array`` (a buffer in the slot's layout) as a torch tensor in
+        torch's layout: on CPU a zero-copy view unless the layout flips
+        dimensions (torch has no negative strides: then a copy)."""
+        tensor = array_to_torch(array)
+        if self.layout is None:
+            return tensor
+        if self.layout.reversed:
+            tensor = tensor.flip(self.layout.reversed)
+        return tensor.permute(self.layout.inverse)
+
+    def write(self, tensor: torch.Tensor) -> None:
+        """Copy ``tensor`` (torch's layout) into the slot's buffer in place."""
+        assert self.array is not None
+        array_to_torch(self.array).copy_(_stored_form(tensor, self.layout))
+
+    def array_in(self, array: jax.Array, layout: StoredLayout | None) -> jax.Array:
+        """``array`` (in the slot's layout) copied into ``layout`` (None:
+        torch's), for an executable compiled for another layout."""
+        return self.put(_stored_form(self.torch_value(array), layout))
+
+    def to_torch_layout(self) -> None:
+        """Store the buffer in torch's layout from now on (a copy, once)."""
+        if self.layout is None:
+            return
+        if self.array is not None and not self.array.is_deleted():
+            self.array = self.array_in(self.array, None)
+        self.layout = None
+
+
+def _layout_text(layout: StoredLayout | None) -> str:
+    return "torch's layout" if layout is None else layout.describe()
+
+
+def _stored_form(tensor: torch.Tensor, layout: StoredLayout | None) -> torch.Tensor:
+    """``tensor`` (torch's layout) as ``layout`` stores it (a contiguous copy
+    unless the layout is torch's)."""
+    if layout is None:
+        return tensor
+    stored = tensor.permute(layout.permutation)
+    if layout.reversed:
+        stored = stored.flip(layout.reversed)
+    return stored.contiguous()
 
 
 class _StateGroup:
@@ -202,22 +267,44 @@ class _StateGroup:
         self._slots: dict[tuple[int, str, int], weakref.ref[_StateSlot]] = {}
 
     def slot(
-        self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None
+        self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None,
+        layout: StoredLayout | None = None, needs_torch_layout: bool = False,
     ) -> _StateSlot:
         """The slot of ``source`` on ``device``, created (copied to the
-        device, by ``put`` when given: a mesh placement) on first use;
-        re-read when torch changed ``source`` since."""
-        key = (id(source), device.platform, device.id)
-        found = self._slots.get(key)
+        device, by ``put`` when given: a mesh placement, in ``layout``) on first use; re-read when torch changed ``source``
+        since.  An existing slot keeps its layout unless ``needs_torch_layout``
+        (the program writes, donates or views the tensor): then it is stored
+        in torch's layout from now on."""
+        with self.lock:
+            slot = self.existing(source, device)
+            if slot is None:
+                slot = _StateSlot(source, device, put, layout)
+                self._slots[(id(source), device.platform, device.id)] = weakref.ref(slot)
+                return slot
+            if needs_torch_layout:
+                slot.to_torch_layout()
+            if source._version != slot.version:
+                slot.array = slot.upload(_resolved(source))
+                slot.version = source._version
+                slot.consumed_by = None
+            return slot
+
+    def existing(self, source: torch.Tensor, device: Any) -> _StateSlot | None:
+        """The live slot of ``source`` on ``device``, or None."""
+        found = self._slots.get((id(source), device.platform, device.id))
         slot = found() if found is not None else None
-        if slot is None or slot.source() is not source:
-            slot = _StateSlot(source, device, put)
-            self._slots[key] = weakref.ref(slot)
-        elif source._version != slot.version:
-            slot.array = slot.put(_resolved(source))
-            slot.version = source._version
-            slot.consumed_by = None
-        return slot
+        return slot if slot is not None and slot.source() is source else None
+
+    def fixed_layouts(self, state: dict[str, torch.Tensor], device: Any) -> tuple[str, ...]:
+        """``permute-conv-kernel-state``'s ``layouts`` entries for the state
+        that already has a slot here: a new program reads those buffers in
+        the layout they are stored in."""
+        entries = []
+        for name, tensor in state.items():
+            slot = self.existing(tensor, device)
+            if slot is not None:
+                entries.append(f"{name}:{'torch' if slot.layout is None else slot.layout.spec()}")
+        return tuple(entries)
 
 
 _GROUPS: "weakref.WeakKeyDictionary[Any, _StateGroup]" = weakref.WeakKeyDictionary()
@@ -416,7 +503,10 @@ def compile(  # noqa: A001 - the name users expect
     placement = plan_shardings(program, mesh, shardings, target) if mesh is not None else Placement(target)
     donated = _resolve_donations(program, requests)
     _mark_donors(program, donated)
-    run_pipeline(program.torch_mlir_module, pipeline or DEFAULT_PIPELINE)
+    # State on a mesh is placed by this program's shardings: its own group.
+    group = _state_group(f) if not placement.spmd else _StateGroup()
+    pipeline_text = _pipeline_for(pipeline, program, group, target, placement.spmd)
+    run_pipeline(program.torch_mlir_module, pipeline_text)
     # The contract of the module XLA gets, checked once: a violation is an
     # IRError now, not a KeyError in some later call.
     with program.torch_mlir_module.context:
@@ -440,7 +530,7 @@ def compile(  # noqa: A001 - the name users expect
             _CACHE_STATS.misses += 1
     # Reports of the final module (all runs of each pass together), not
     # of the last run; None when the pipeline did not run the pass.
-    ran = _passes_in(pipeline or DEFAULT_PIPELINE)
+    ran = _passes_in(pipeline_text)
     module = program.torch_mlir_module
     return Executable(
         program, loaded, target, key, final_text,
@@ -448,10 +538,19 @@ def compile(  # noqa: A001 - the name users expect
         AliasReport.from_module(module) if AliasDonatedBuffers.name in ran else None,
         cache_hit=hit,
         convention=_CallConvention.of(f, example_args, kwargs),
-        # State on a mesh is placed by this program's shardings: its own group.
-        state_group=_state_group(f) if not placement.spmd else _StateGroup(),
+        state_group=group,
         placement=placement,
     )
+
+
+def _pipeline_for(pipeline: str | None, program: Program, group: _StateGroup, target: Any, spmd: bool) -> str:
+    """The pipeline ``compile`` runs: the given one, else the default (with
+    ``permute-conv-kernel-state`` for a single-device CPU program: its state
+    lives on the device in the layout the program reads).  State that already
+    has a device buffer in ``group`` is read in the layout it is stored in."""
+    if pipeline is None:
+        pipeline = CPU_PIPELINE if target.platform == "cpu" and not spmd else DEFAULT_PIPELINE
+    return with_fixed_layouts(pipeline, group.fixed_layouts(program.state, target))
 
 
 def _passes_in(pipeline: str) -> set[str]:
@@ -627,7 +726,10 @@ class Executable:
         self._group = state_group or _StateGroup()
         state_index = {a.name: a.index for a in program.signature.arguments}
         self._slots: dict[str, _StateSlot] = {
-            name: self._group.slot(value, device, self._state_put(state_index[name]))
+            name: self._group.slot(
+                value, device, self._state_put(state_index[name]), self._stored_layouts.get(name),
+                needs_torch_layout=name in self._torch_layout_state,
+            )
             for name, value in program.state.items()
         }
         # A tensor reachable under several names (tied weights) is one
@@ -691,6 +793,19 @@ class Executable:
                 if arg.aliasing_output is not None
             }
             self._result_keys = list(contract.keys)
+            # State this program reads permuted (permute-conv-kernel-state).
+            self._stored_layouts = {
+                arg.name: arg.stored_layout for arg in contract.args
+                if arg.name is not None and arg.stored_layout is not None
+            }
+            # State whose device buffer must be in torch's layout: written,
+            # donated, or the base of a rebuilt view.
+            mutated = {result.mutates for result in contract.results if result.mutates is not None}
+            bases = {record.base for record in contract.removed}
+            self._torch_layout_state = {
+                arg.name for index, arg in enumerate(contract.args)
+                if arg.name is not None and (arg.overwritten or index in mutated or A.arg_key(index) in bases)
+            }
             self._rebuilds: dict[str, _Rebuild] = {}
             for record in contract.removed:
                 if record.base is None or record.layout is None:
@@ -708,6 +823,10 @@ class Executable:
             (tuple(ir.RankedTensorType(t).shape), _torch_dtype(ir.RankedTensorType(t).element_type))
             for t in ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).inputs
         ]
+        for index, arg in enumerate(contract.args):
+            if arg.stored_layout is not None:  # checked against torch's shape (load_state_dict)
+                shape, dtype = self._arg_types[index]
+                self._arg_types[index] = (tuple(shape[d] for d in arg.stored_layout.inverse), dtype)
         self._names = [a.name for a in arguments]
         # Per-call plans, computed once: the call path is hot.
         self._user_indices = self._signature.user_input_indices()
@@ -774,11 +893,19 @@ class Executable:
             slot = self._slots.get(name)
             if slot is None:
                 continue  # an input: listed above
-            plan.append(HostCopy(
-                name, slot.nbytes if slot is not None else 0,
-                f"{count} call(s) so far: a held view of its buffer kept XLA from updating it in place, "
-                "so the new value was copied back into it",
-            ))
+            wanted = self._stored_layouts.get(name)
+            if slot.layout != wanted:
+                reason = (
+                    f"{count} call(s) so far: the module's shared buffer is stored as {_layout_text(slot.layout)} "
+                    f"(fixed by another executable of the module), this program reads {_layout_text(wanted)}, "
+                    "so each call copies it into this program's layout"
+                )
+            else:
+                reason = (
+                    f"{count} call(s) so far: a held view of its buffer kept XLA from updating it in place, "
+                    "so the new value was copied back into it"
+                )
+            plan.append(HostCopy(name, slot.nbytes if slot is not None else 0, reason))
         return plan
 
     def explain(self) -> str:
@@ -803,15 +930,24 @@ class Executable:
         lines = []
         for tied, first in self.tied_state.items():
             lines.append(f"state '{tied}' is '{first}' (tied): one device buffer, counted once")
+        for name, layout in self._stored_layouts.items():
+            lines.append(
+                f"state '{name}' is read as {layout.describe()}, the layout its convolution reads "
+                "(permute-conv-kernel-state); state_dict() returns torch's layout"
+            )
         plan = self.host_copy_plan()
         lines.append("host copies per call:" + ("" if plan else " none"))
         lines.extend(f"  '{c.name}' ({c.nbytes} bytes): {c.reason}" for c in plan)
         return lines
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Current parameters, buffers and constants (host copies)."""
+        """Current parameters, buffers and constants (host copies, in
+        torch's layout whatever layout the device buffer has)."""
         with self._group.lock:
-            return {name: array_to_torch(self._state_array(name)).clone() for name in self._slots}
+            return {
+                name: self._slots[name].torch_value(self._slot_array(name)).clone(memory_format=torch.contiguous_format)
+                for name in self._slots
+            }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Set module state.  Every entry is checked (known name, torch tensor
@@ -847,7 +983,9 @@ class Executable:
                 if isinstance(value, torch.Tensor) and _writable_on_host(slot.array):
                     continue  # written in place below
                 if isinstance(value, torch.Tensor):
-                    fresh[name] = slot.put(value)
+                    fresh[name] = slot.upload(value)
+                elif slot.layout is not None:
+                    fresh[name] = slot.upload(array_to_torch(value))
                 else:
                     fresh[name] = jax.device_put(value, self.device, may_alias=False)
             for name, value in staged.items():
@@ -856,7 +994,7 @@ class Executable:
                     slot.array = fresh[name]
                 else:
                     assert slot.array is not None and isinstance(value, torch.Tensor)
-                    array_to_torch(slot.array).copy_(value)
+                    slot.write(value)
                 slot.consumed_by = None
 
     def to_device(self, tensor: torch.Tensor, name: str = "tensor") -> DeviceTensor:
@@ -1167,6 +1305,19 @@ class Executable:
         return pytree.tree_unflatten(flat, self._signature.out_spec)
 
     def _state_array(self, name: str) -> jax.Array:
+        """State ``name``'s buffer in the layout this program reads.  When
+        another executable of the module stored it differently, a copy in
+        this program's layout (counted in ``host_copies``)."""
+        array = self._slot_array(name)
+        slot = self._slots[name]
+        wanted = self._stored_layouts.get(name)
+        if slot.layout == wanted:
+            return array
+        self._count_copy(name)
+        return slot.array_in(array, wanted)
+
+    def _slot_array(self, name: str) -> jax.Array:
+        """State ``name``'s buffer, in the slot's layout."""
         slot = self._slots[name]
         array = slot.array
         if array is None or array.is_deleted():

@@ -27,6 +27,8 @@ EXPECTED_PASS_NAMES = {
     "window-scatter-indices",
     "returned-matvec-as-reduce",
     "order-in-place-updates",
+    "permute-conv-kernel-state",
+    "reduce-window-in-conv-layout",
 }
 
 
