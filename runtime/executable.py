@@ -41,6 +41,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import itertools
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -589,6 +591,112 @@ class HostCopy:
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class _ArgStep:
+    """What a single-device call does with one ``@main`` argument."""
+
+    index: int
+    name: str
+    #: The module-state slot the argument reads, or None for a user input.
+    slot: _StateSlot | None
+    shape: torch.Size
+    dtype: torch.dtype
+    #: Position among the results of the argument's new value (None: not mutated).
+    mutated: int | None
+    donated: bool
+    #: Position of the result XLA writes into the argument's donated buffer
+    #: when a runtime buffer backs the input (a self-aliased mutation or a
+    #: donor aliased to a user output); None when there is none.
+    in_place: int | None
+    #: A mutated user input aliased to its own new value: a plain torch
+    #: tensor may be re-seated onto the result buffer.
+    reseat: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _ResultStep:
+    """How one user output becomes a torch tensor."""
+
+    position: int  # among the results
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+class _CallPlan:
+    """The per-call work of a single-device executable, decided once when
+    it is built: the hot call path reads this instead of re-deriving the
+    same facts from the signature on every call.
+
+    Contract: a plan holds only facts of the compiled program (argument and
+    result types, mutations, donations, aliasing, which state slot each
+    state argument reads) and never anything about a call's tensors.  Every
+    call still checks each input against it (type, dtype, shape, device,
+    layout: ``Executable._check_input``), and everything that depends on the
+    tensor itself (its memory, whether a runtime buffer backs it, whether it
+    may be re-seated, lazy bits, contiguity) is read on each call; no device
+    copy of a torch tensor is kept across calls.  So a tensor whose dtype,
+    shape or device changed since the last call is refused, and one whose
+    memory changed is read afresh.  State arrays are read from their slots
+    on each call, so a ``load_state_dict`` or another executable's update
+    is seen.  Mesh (SPMD) programs have no plan: they take the general
+    path (``Executable._run``)."""
+
+    def __init__(self, exe: "Executable") -> None:
+        results = {key: position for position, key in enumerate(exe._result_keys)}
+        steps = []
+        for index, state_name in exe._arg_plan:
+            shape, dtype = exe._arg_types[index]
+            mutation_key = exe._mutation_keys[index]
+            in_place: int | None = None
+            if index in exe._self_aliased:
+                in_place = results[A.mutation_key(index)]
+            elif index in exe._donor_aliased:
+                in_place = results[exe._donor_aliased[index]]
+            steps.append(_ArgStep(
+                index, exe._names[index], exe._slots[state_name] if state_name is not None else None,
+                torch.Size(shape), dtype, results[mutation_key] if mutation_key is not None else None,
+                index in exe._donated_args, in_place, index in exe._self_aliased,
+            ))
+        self.steps: tuple[_ArgStep, ...] = tuple(steps)
+        self.state_slots = tuple(step.slot for step in steps if step.slot is not None)
+        self.user_steps = tuple(step for step in steps if step.slot is None)
+        #: The common @main order (state first, then user inputs), where
+        #: the argument list is the state arrays followed by the user ones.
+        self.state_first = all(step.slot is not None for step in steps[:len(self.state_slots)])
+        self.donated_state = tuple(step for step in steps if step.slot is not None and step.donated)
+        self.consumed = tuple(step for step in steps if step.donated and step.mutated is None)
+        #: Arguments with something to do after the call: mutated ones and
+        #: donors written in place into a runtime buffer.
+        self.after = tuple(step for step in steps if step.mutated is not None or step.in_place is not None)
+        self.host_results = exe.device.platform == "cpu"
+        #: Every user output is a result of the program (no rebuilt views or
+        #: constants): outputs are made straight from the results.
+        self.direct_outputs = all(key in results for key in exe._output_keys)
+        self.outputs = tuple(
+            _ResultStep(
+                results[key], dtype, exe._result_shapes[results[key]],
+                _numel(exe._result_shapes[results[key]]) * _itemsize(dtype),
+            )
+            for key in exe._output_keys if key in results
+            for dtype in [exe._result_dtypes[results[key]]] if dtype is not None
+        )
+        self.direct_outputs = self.direct_outputs and len(self.outputs) == len(exe._output_keys)
+
+    def arguments(self, user_arrays: list[jax.Array]) -> list[jax.Array | None]:
+        """The argument list in @main order: the state slots' current arrays
+        (None where a slot's buffer was consumed) and ``user_arrays``."""
+        state = [slot.array for slot in self.state_slots]
+        if self.state_first:
+            return state + user_arrays
+        arrays: list[jax.Array | None] = [None] * len(self.steps)
+        state_values = iter(state)
+        user_values = iter(user_arrays)
+        for position, step in enumerate(self.steps):
+            arrays[position] = next(state_values) if step.slot is not None else next(user_values)
+        return arrays
+
+
 class Executable:
     """A compiled torch program.  Call it like the original function."""
 
@@ -678,6 +786,7 @@ class Executable:
             index for index in self._user_indices
             if self._mutation_keys[index] is not None or index in self._donated_args
         }
+        self._plan = _CallPlan(self) if not self._placement.spmd else None
 
     # -- final module facts ------------------------------------------------
     def _read_final_module(self, program: Program) -> None:
@@ -703,6 +812,9 @@ class Executable:
                 )
         function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
         self._result_shapes = [tuple(ir.RankedTensorType(t).shape) for t in function_type.results]
+        self._result_dtypes = [
+            _TORCH_DTYPES.get(str(ir.RankedTensorType(t).element_type)) for t in function_type.results
+        ]
         arguments = self._signature.arguments
         self._arg_types = [
             (tuple(ir.RankedTensorType(t).shape), _torch_dtype(ir.RankedTensorType(t).element_type))
@@ -891,6 +1003,8 @@ class Executable:
         self._check_writes(inputs)
         lock = self._group.lock if self._slots else contextlib.nullcontext()
         with lock:
+            if self._plan is not None:
+                return self._run_planned(self._plan, inputs)
             return self._run(inputs)
 
     def _user_leaves(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -949,7 +1063,8 @@ class Executable:
                     f"input '{name}' is an inference tensor and the program writes to it in place "
                     "outside inference mode (eager PyTorch refuses this too)"
                 )
-            if any(stride == 0 and size > 1 for size, stride in zip(value.shape, value.stride())):
+            strides = value.stride()
+            if 0 in strides and any(stride == 0 and size > 1 for size, stride in zip(value.shape, strides)):
                 raise ExecutionError(
                     f"input '{name}' has elements that share memory (an expanded tensor) and the "
                     "program writes to it in place (eager PyTorch refuses this too); pass a clone"
@@ -1079,6 +1194,170 @@ class Executable:
             arg_tensors[index] = value if value.is_contiguous() and not value.is_conj() and not value.is_neg() else array_to_torch(new_value)
         return self._assemble_outputs(inputs, arg_tensors, produced)
 
+    def _run_planned(self, plan: _CallPlan, inputs: dict[int, Any]) -> Any:
+        """:meth:`_run` for one device, driven by ``plan`` (see
+        :class:`_CallPlan`): the same steps and guarantees, with the facts of
+        the program precomputed and, after the call, work only for the
+        arguments that have some.  Inputs were checked by ``__call__``."""
+        bases: dict[int, torch.Tensor] = {}
+        backings: dict[int, HostBacking] = {}
+        reseatable: set[int] = set()
+        user_arrays: list[jax.Array] = []
+        for step in plan.user_steps:
+            value = inputs[step.index]
+            if isinstance(value, DeviceTensor):
+                user_arrays.append(value.array)
+                continue
+            if step.in_place is not None:
+                backing = _backing_of(value)
+                if backing is not None:
+                    backings[step.index] = backing
+                    bases[step.index] = value
+                    user_arrays.append(backing.array)
+                    continue
+                if step.reseat and _can_reseat(value):
+                    # Decided before the zero-copy export below adds a
+                    # reference to the storage (released asynchronously).
+                    reseatable.add(step.index)
+            tensor = _resolved(value)
+            tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
+            bases[step.index] = tensor
+            user_arrays.append(torch_to_device(tensor, self.device, owned=False))
+        arrays = plan.arguments(user_arrays)
+        del user_arrays
+        self._check_state_arguments(plan, arrays)
+        try:
+            results = self._loaded.execute_sharded(arrays)
+            outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
+            # Zero-copy imports of caller tensors are read until the program
+            # ends: return only then (the caller may write them next).
+            for output in outputs:
+                output.block_until_ready()
+        except Exception as error:
+            for step in plan.steps:
+                if step.slot is not None:
+                    self._state_array(step.name)  # a consumed state buffer, in words
+            raise ExecutionError(f"XLA execution failed: {error}") from None
+        del results
+        self._calls += 1
+        # The arrays of state and DeviceTensors that commit reads; dropping
+        # the list drops the zero-copy imports of caller tensors (they hold
+        # a reference to the caller's storage, which would block re-seating).
+        kept = {step.index: arrays[step.index] for step in plan.after + plan.consumed}
+        del arrays
+        moved = self._check_in_place(plan, inputs, backings, outputs)
+        # Commit: nothing below can fail on valid inputs (checked above).
+        if plan.consumed:
+            call_name = f"in call {self._calls}"
+            for step in plan.consumed:
+                value = inputs.get(step.index)
+                if step.slot is not None:
+                    if kept[step.index].is_deleted():
+                        step.slot.array = None
+                        step.slot.consumed_by = call_name
+                elif isinstance(value, DeviceTensor):
+                    value._consume(call_name)
+        arg_tensors: dict[int, Any] = {}
+        for step in plan.after:
+            new_value = outputs[step.mutated] if step.mutated is not None else None
+            if step.slot is not None:
+                if new_value is not None:
+                    step.slot.array = self._commit(step.name, kept[step.index], new_value)
+                    step.slot.consumed_by = None
+                continue
+            value = inputs[step.index]
+            backing = backings.get(step.index)
+            if backing is not None and not step.reseat and step.in_place is not None and backing.array.is_deleted():
+                # XLA wrote the aliased output into the donated buffer: that
+                # output now owns the memory the consumed tensor still shows.
+                backing.rebind(outputs[step.in_place])
+            if isinstance(value, DeviceTensor):
+                if new_value is not None:
+                    value._rebind(self._commit(None, kept[step.index], new_value))
+                continue
+            if new_value is None:
+                continue
+            if step.index not in moved:
+                self._update_caller_tensor(step.index, value, new_value, backing, step.index in reseatable)
+            # Views of the new value share the caller's tensor, as in eager;
+            # a non-contiguous caller's tensor cannot be the base of the
+            # recorded row-major layouts, so they view the new value instead.
+            arg_tensors[step.index] = value if value.is_contiguous() and not value.is_conj() and not value.is_neg() else array_to_torch(new_value)
+        if plan.direct_outputs:
+            flat = [self._output_tensor(plan, outputs[result.position], result) for result in plan.outputs]
+            if self._flat_outputs:
+                return flat[0] if self._single_output else tuple(flat)
+            return pytree.tree_unflatten(flat, self._signature.out_spec)
+        for step in plan.user_steps:
+            if step.index not in arg_tensors and step.index in bases:
+                arg_tensors[step.index] = bases[step.index]
+        return self._assemble_outputs(inputs, arg_tensors, dict(zip(self._result_keys, outputs)))
+
+    def _check_state_arguments(self, plan: _CallPlan, arrays: list[jax.Array | None]) -> None:
+        """DonatedBufferError for a consumed state buffer (None in
+        ``arrays``), ExecutionError for one buffer taken twice as a donor
+        (tied state).  Only donated state can be consumed-but-present
+        (deleted by PJRT); any other deleted buffer makes PJRT refuse the
+        call, and the error path names it."""
+        if any(map(operator.is_, arrays, itertools.repeat(None))):
+            for step in plan.steps:
+                if step.slot is not None:
+                    self._state_array(step.name)
+        if not plan.donated_state:
+            return
+        donors: dict[int, int] = {}
+        for step in plan.donated_state:
+            array = self._state_array(step.name)
+            if id(array) in donors:
+                raise ExecutionError(
+                    f"module state '{step.name}' is the same buffer as "
+                    f"'{self._names[donors[id(array)]]}' (tied) and the program writes or "
+                    "donates it; XLA cannot take one buffer twice as a donor"
+                )
+            donors[id(array)] = step.index
+
+    def _check_in_place(
+        self, plan: _CallPlan, inputs: dict[int, Any], backings: dict[int, HostBacking],
+        outputs: list[jax.Array],
+    ) -> set[int]:
+        """Check that XLA wrote each donated runtime buffer's aliased result
+        in place (the runtime relies on it: the caller's tensor shows that
+        memory).  PJRT does so whenever it takes a donation; if it ever did
+        not, the donated memory is released under the tensor, so the tensor
+        is moved onto the result (correct when nothing else views its
+        storage); with other views, ExecutionError: they show released memory.
+        Returns the inputs so moved (they hold their new value)."""
+        moved: set[int] = set()
+        for index, backing in backings.items():
+            if not backing.array.is_deleted():
+                continue  # not donated: XLA wrote elsewhere and commit copies back
+            step = plan.steps[index]
+            assert step.in_place is not None
+            result = outputs[step.in_place]
+            if result.unsafe_buffer_pointer() == backing.address:
+                continue
+            value = inputs[index]
+            alone = _can_reseat(value)
+            tensor, fresh = host_backed_tensor(result, value.dtype, tuple(value.shape), backing.nbytes)
+            with torch.no_grad():
+                value.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
+            _register_backing(fresh)
+            moved.add(index)
+            if not alone:
+                raise ExecutionError(
+                    f"XLA wrote the new value of input '{step.name}' to a new buffer instead of into its "
+                    "donated buffer; the tensor now holds it, but other views of its old memory are invalid"
+                )
+        return moved
+
+    def _output_tensor(self, plan: _CallPlan, array: jax.Array, result: _ResultStep) -> torch.Tensor:
+        """:func:`_result_tensor` with the result's type from the plan."""
+        if not plan.host_results or result.nbytes == 0:
+            return array_to_torch(array)
+        tensor, backing = host_backed_tensor(array, result.dtype, result.shape, result.nbytes)
+        _register_backing(backing)
+        return tensor
+
     def _update_caller_tensor(
         self, index: int, value: torch.Tensor, new_value: jax.Array, backing: HostBacking | None,
         reseatable: bool,
@@ -1180,7 +1459,7 @@ class Executable:
         expected_shape, expected_dtype = self._arg_types[index]
         if (
             isinstance(value, torch.Tensor) and value.dtype == expected_dtype and value.shape == expected_shape
-            and value.device.type == "cpu" and value.layout is torch.strided
+            and value.is_cpu and value.layout is torch.strided
         ):
             return
         name = self._names[index]
@@ -1223,10 +1502,10 @@ def _register_backing(backing: HostBacking) -> None:
 def _backing_of(tensor: torch.Tensor) -> HostBacking | None:
     """The runtime buffer backing all of ``tensor`` (re-seated by an earlier
     call), or None."""
-    if tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
+    found = _BACKINGS.get(tensor.data_ptr())  # the first element's address
+    if found is None or tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
         return None
-    found = _BACKINGS.get(tensor.untyped_storage().data_ptr())
-    backing = found() if found is not None else None
+    backing = found()
     if backing is None or backing.array.is_deleted():
         return None
     if backing.nbytes != tensor.untyped_storage().nbytes() or backing.nbytes != tensor.numel() * tensor.element_size():
@@ -1280,11 +1559,14 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
-    """First and one-past-last byte of ``tensor``'s elements in memory."""
+    """First and one-past-last byte of ``tensor``'s elements in memory
+    (``data_ptr`` is the first element's address, offset included)."""
     size = tensor.element_size()
-    start = tensor.untyped_storage().data_ptr() + tensor.storage_offset() * size
+    start = tensor.data_ptr()
+    if tensor.is_contiguous():
+        return start, start + tensor.numel() * size
     extent = sum((int(n) - 1) * abs(int(s)) for n, s in zip(tensor.shape, tensor.stride()))
-    return int(start), int(start + (extent + 1) * size)
+    return start, start + (extent + 1) * size
 
 
 _EXACT_OVERLAP_LIMIT = 1 << 20
