@@ -1001,7 +1001,7 @@ class Executable:
         for index, value in inputs.items():
             self._check_input(index, value)
         self._check_writes(inputs)
-        lock = self._group.lock if self._slots else contextlib.nullcontext()
+        lock = self._group.lock if self._slots else _NO_LOCK
         with lock:
             if self._plan is not None:
                 return self._run_planned(self._plan, inputs)
@@ -1485,6 +1485,7 @@ class Executable:
             )
 
 
+_NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing
 _BACKINGS: dict[int, "weakref.ref[HostBacking]"] = {}
 
 

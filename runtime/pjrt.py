@@ -228,6 +228,9 @@ class HostBacking:
     ``nbytes``, when the caller knows it (from the compiled program's
     types), saves reading it from the array."""
 
+    # One is made per CPU result of every call: slots keep that cheap.
+    __slots__ = ("array", "address", "nbytes", "__array_interface__", "__weakref__")
+
     def __init__(self, array: jax.Array, nbytes: int | None = None) -> None:
         # Execution and transfers are asynchronous: the raw pointer is only
         # safe to read once the buffer is ready (DLPack would wait too).
@@ -235,21 +238,21 @@ class HostBacking:
         self.array = array
         self.address = array.unsafe_buffer_pointer()
         self.nbytes = array.nbytes if nbytes is None else nbytes
-        self.__array_interface__: dict[str, Any] = {
-            "data": (self.address, False), "shape": (self.nbytes,), "typestr": "|u1", "version": 3,
-        }
+        self.__array_interface__: dict[str, Any] | None = None
+
+    def _interface(self, shape: tuple[int, ...], typestr: str) -> dict[str, Any]:
+        return {"data": (self.address, False), "shape": shape, "typestr": typestr, "version": 3}
 
     def tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """A torch tensor over the buffer's memory (no copy), row-major."""
+        # numpy reads the interface once, when the array is made; the array
+        # (and through it the torch tensor) keeps this object as its base.
         typestr = _TYPESTRS.get(dtype)
         if typestr is not None:
-            # numpy reads the interface once, when the array is made.
-            self.__array_interface__ = {
-                "data": (self.address, False), "shape": shape, "typestr": typestr, "version": 3,
-            }
+            self.__array_interface__ = self._interface(shape, typestr)
             return torch.from_numpy(np.asarray(self))
-        raw = torch.from_numpy(np.asarray(self))
-        return raw.view(dtype).view(shape)
+        self.__array_interface__ = self._interface((self.nbytes,), "|u1")
+        return torch.from_numpy(np.asarray(self)).view(dtype).view(shape)
 
     def rebind(self, array: jax.Array) -> bool:
         """Take ``array`` as the owner of the memory; False (nothing changed)
