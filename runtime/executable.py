@@ -670,6 +670,10 @@ class _CallPlan:
         #: donors written in place into a runtime buffer.
         self.after = tuple(step for step in steps if step.mutated is not None or step.in_place is not None)
         self.host_results = exe.device.platform == "cpu"
+        #: A program with no results and no donations has no effect on the
+        #: device (every output is a view of an input or a constant): it is
+        #: not run at all.
+        self.executes = bool(exe._result_keys) or any(step.donated for step in steps)
         #: Every user output is a result of the program (no rebuilt views or
         #: constants): outputs are made straight from the results.
         self.direct_outputs = all(key in results for key in exe._output_keys)
@@ -810,6 +814,10 @@ class Executable:
                     record.base, _torch_dtype(layout.element_type),
                     layout.sizes, layout.strides, layout.offset, identity=record.is_identity,
                 )
+        # Each rebuilt result's base key, parsed once (the call path is hot).
+        self._rebuild_bases = {
+            r.base: A.parse_key(r.base) for r in self._rebuilds.values() if r.base is not None
+        }
         function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
         self._result_shapes = [tuple(ir.RankedTensorType(t).shape) for t in function_type.results]
         self._result_dtypes = [
@@ -1199,6 +1207,15 @@ class Executable:
         :class:`_CallPlan`): the same steps and guarantees, with the facts of
         the program precomputed and, after the call, work only for the
         arguments that have some.  Inputs were checked by ``__call__``."""
+        if not plan.executes:
+            self._calls += 1
+            views_of: dict[int, Any] = {}
+            for step in plan.user_steps:
+                value = inputs[step.index]
+                if not isinstance(value, DeviceTensor):
+                    tensor = _resolved(value)
+                    views_of[step.index] = tensor if tensor.is_contiguous() else tensor.contiguous()
+            return self._assemble_outputs(inputs, views_of, {})
         bases: dict[int, torch.Tensor] = {}
         backings: dict[int, HostBacking] = {}
         reseatable: set[int] = set()
@@ -1409,7 +1426,7 @@ class Executable:
         torch_results: dict[str, Any] = {}
 
         def base_tensor(key: str) -> Any:
-            kind, index = A.parse_key(key)
+            kind, index = self._rebuild_bases[key]
             if kind == "output":
                 return result(key)
             state_name = self._arg_plan[index][1]
