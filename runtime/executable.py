@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import itertools
 import operator
@@ -612,6 +613,11 @@ class _ArgStep:
     #: tensor may be re-seated onto the result buffer.
     reseat: bool
 
+    @property
+    def read_only(self) -> bool:
+        """A user input the program only reads (not written, not donated)."""
+        return self.slot is None and self.mutated is None and not self.donated and self.in_place is None
+
 
 @dataclasses.dataclass(frozen=True)
 class _ResultStep:
@@ -791,6 +797,9 @@ class Executable:
             if self._mutation_keys[index] is not None or index in self._donated_args
         }
         self._plan = _CallPlan(self) if not self._placement.spmd else None
+        #: Zero-copy imports of read-only torch inputs, reused while the same
+        #: tensor object covers the same memory (see :meth:`_import_input`).
+        self._imports: dict[int, tuple[weakref.ref[torch.Tensor], int, jax.Array]] = {}
 
     # -- final module facts ------------------------------------------------
     def _read_final_module(self, program: Program) -> None:
@@ -1239,7 +1248,10 @@ class Executable:
             tensor = _resolved(value)
             tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
             bases[step.index] = tensor
-            user_arrays.append(torch_to_device(tensor, self.device, owned=False))
+            if step.read_only and tensor is value and plan.host_results:
+                user_arrays.append(self._import_input(step.index, value))
+            else:
+                user_arrays.append(torch_to_device(tensor, self.device, owned=False))
         arrays = plan.arguments(user_arrays)
         del user_arrays
         self._check_state_arguments(plan, arrays)
@@ -1309,6 +1321,31 @@ class Executable:
             if step.index not in arg_tensors and step.index in bases:
                 arg_tensors[step.index] = bases[step.index]
         return self._assemble_outputs(inputs, arg_tensors, dict(zip(self._result_keys, outputs)))
+
+    def _import_input(self, index: int, tensor: torch.Tensor) -> jax.Array:
+        """The CPU device's zero-copy view of read-only input ``tensor``
+        (contiguous, no lazy bits).  The import of the previous call is
+        reused while it is the same tensor object at the same address: the
+        import *is* that memory (no copy), so it always shows the tensor's
+        current data, however it was written (``.numpy()`` writes bump no
+        version counter), and it keeps the memory it views alive.  Shape and
+        dtype were checked, so the same address means the same bytes.  The
+        entry goes when the tensor does (or a new tensor is passed); only
+        read-only inputs are imported this way, so it never stands in the way
+        of re-seating a written one, nor is it ever donated."""
+        found = self._imports.get(index)
+        address = tensor.data_ptr()
+        if found is not None and found[0]() is tensor and found[1] == address:
+            return found[2]
+        # Exported from a new tensor over the same storage: an export of
+        # ``tensor`` itself would keep its Python object alive (torch
+        # preserves it while its C++ tensor is referenced), so the entry
+        # would never go.
+        array = torch_to_device(tensor.detach(), self.device, owned=False)
+        if array.unsafe_buffer_pointer() == address:  # zero-copy: safe to reuse
+            reference = weakref.ref(tensor, functools.partial(_forget_import, self._imports, index))
+            self._imports[index] = (reference, address, array)
+        return array
 
     def _check_state_arguments(self, plan: _CallPlan, arrays: list[jax.Array | None]) -> None:
         """DonatedBufferError for a consumed state buffer (None in
@@ -1515,6 +1552,13 @@ def _register_backing(backing: HostBacking) -> None:
             del _BACKINGS[address]
 
     _BACKINGS[address] = weakref.ref(backing, forget)
+
+
+def _forget_import(imports: dict[int, Any], index: int, reference: "weakref.ref[torch.Tensor]") -> None:
+    """Drop input ``index``'s cached import once its tensor is gone."""
+    found = imports.get(index)
+    if found is not None and found[0] is reference:
+        del imports[index]
 
 
 def _backing_of(tensor: torch.Tensor) -> HostBacking | None:

@@ -574,3 +574,42 @@ def test_15_xla_writing_elsewhere_under_a_held_view_is_an_error() -> None:
         exe(cache, torch.full((8,), 2.0))
     assert torch.equal(cache[0], torch.full((8,), 2.0))  # the tensor itself holds its new value
     del row_view  # shows released memory: never read
+
+
+def test_15_a_read_only_input_moved_or_resized_between_calls_is_read_from_its_new_memory() -> None:
+    exe = hloalias.compile(lambda x: x * 2, (torch.zeros(4),))
+    x = torch.zeros(4)
+    exe(x)
+    x.set_(torch.full((4,), 5.0).untyped_storage(), 0, (4,), (1,))  # other memory
+    assert torch.equal(exe(x), torch.full((4,), 10.0))
+    x.untyped_storage().resize_(0)  # storage reallocated in place
+    x.untyped_storage().resize_(16)
+    x.fill_(1.0)
+    assert torch.equal(exe(x), torch.full((4,), 2.0))
+    x.set_(torch.arange(8.0).untyped_storage(), 0, (4,), (2,))  # strided: copied, not imported as is
+    assert torch.equal(exe(x), torch.tensor([0.0, 4.0, 8.0, 12.0]))
+
+
+def test_15_a_read_only_input_is_not_held_after_the_caller_drops_it() -> None:
+    import gc
+    import weakref
+
+    exe = hloalias.compile(lambda x: x * 2, (torch.zeros(1024),))
+    x = torch.ones(1024)
+    exe(x)
+    storage = weakref.ref(x.untyped_storage())
+    del x
+    gc.collect()
+    assert exe._imports == {}
+    assert storage() is None
+
+
+def test_15_an_input_read_by_one_executable_and_written_by_another_stays_right() -> None:
+    reader = hloalias.compile(lambda x: x * 2, (torch.zeros(4, 8),))
+    writer = hloalias.compile(write_first_row, (torch.zeros(4, 8), torch.zeros(8)))
+    cache = torch.zeros(4, 8)
+    for step in range(1, 4):
+        assert torch.equal(reader(cache)[0], torch.full((8,), 2.0 * (step - 1)))
+        writer(cache, torch.full((8,), float(step)))
+        assert torch.equal(cache[0], torch.full((8,), float(step)))
+    assert torch.equal(reader(cache)[0], torch.full((8,), 6.0))
