@@ -675,6 +675,8 @@ class _CallPlan:
         #: Arguments with something to do after the call: mutated ones and
         #: donors written in place into a runtime buffer.
         self.after = tuple(step for step in steps if step.mutated is not None or step.in_place is not None)
+        #: Arguments whose pre-call array the commit reads.
+        self.kept = self.after + self.consumed
         self.host_results = exe.device.platform == "cpu"
         #: A program with no results and no donations has no effect on the
         #: device (every output is a view of an input or a constant): it is
@@ -780,14 +782,14 @@ class Executable:
         self._statics: dict[int, Any] = dict(getattr(self._signature, "static_inputs", {}) or {})
         # Mutated inputs aliased to their own new value: a torch tensor
         # backed by a runtime-owned buffer is updated in place for them.
-        self._self_aliased = {
+        self._self_aliased: set[int] = {
             index for index, result in self._aliases.items()
             if result is not None and self._result_keys[result] == A.mutation_key(index)
             and index in self._user_indices
         }
         # Donated inputs aliased to a user output: a torch tensor backed by
         # a runtime-owned buffer (an earlier result) is donated for real.
-        self._donor_aliased = {
+        self._donor_aliased: dict[int, str] = {
             index: self._result_keys[result] for index, result in self._aliases.items()
             if result is not None and index in self._user_indices and index not in self._self_aliased
             and A.parse_key(self._result_keys[result])[0] == "output"
@@ -1254,7 +1256,8 @@ class Executable:
                 user_arrays.append(torch_to_device(tensor, self.device, owned=False))
         arrays = plan.arguments(user_arrays)
         del user_arrays
-        self._check_state_arguments(plan, arrays)
+        if plan.state_slots:
+            self._check_state_arguments(plan, arrays)
         try:
             results = self._loaded.execute_sharded(arrays)
             outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
@@ -1272,9 +1275,9 @@ class Executable:
         # The arrays of state and DeviceTensors that commit reads; dropping
         # the list drops the zero-copy imports of caller tensors (they hold
         # a reference to the caller's storage, which would block re-seating).
-        kept = {step.index: arrays[step.index] for step in plan.after + plan.consumed}
+        kept: dict[int, Any] = {step.index: arrays[step.index] for step in plan.kept}
         del arrays
-        moved = self._check_in_place(plan, inputs, backings, outputs)
+        moved = self._check_in_place(plan, inputs, backings, outputs) if backings else _NOTHING
         # Commit: nothing below can fail on valid inputs (checked above).
         if plan.consumed:
             call_name = f"in call {self._calls}"
@@ -1313,7 +1316,10 @@ class Executable:
             # recorded row-major layouts, so they view the new value instead.
             arg_tensors[step.index] = value if value.is_contiguous() and not value.is_conj() and not value.is_neg() else array_to_torch(new_value)
         if plan.direct_outputs:
-            flat = [self._output_tensor(plan, outputs[result.position], result) for result in plan.outputs]
+            if plan.host_results:
+                flat = [_host_result(outputs[result.position], result) for result in plan.outputs]
+            else:
+                flat = [array_to_torch(outputs[result.position]) for result in plan.outputs]
             if self._flat_outputs:
                 return flat[0] if self._single_output else tuple(flat)
             return pytree.tree_unflatten(flat, self._signature.out_spec)
@@ -1373,7 +1379,7 @@ class Executable:
     def _check_in_place(
         self, plan: _CallPlan, inputs: dict[int, Any], backings: dict[int, HostBacking],
         outputs: list[jax.Array],
-    ) -> set[int]:
+    ) -> set[int] | frozenset[int]:
         """Check that XLA wrote each donated runtime buffer's aliased result
         in place (the runtime relies on it: the caller's tensor shows that
         memory).  PJRT does so whenever it takes a donation; if it ever did
@@ -1403,14 +1409,6 @@ class Executable:
                     "donated buffer; the tensor now holds it, but other views of its old memory are invalid"
                 )
         return moved
-
-    def _output_tensor(self, plan: _CallPlan, array: jax.Array, result: _ResultStep) -> torch.Tensor:
-        """:func:`_result_tensor` with the result's type from the plan."""
-        if not plan.host_results or result.nbytes == 0:
-            return array_to_torch(array)
-        tensor, backing = host_backed_tensor(array, result.dtype, result.shape, result.nbytes)
-        _register_backing(backing)
-        return tensor
 
     def _update_caller_tensor(
         self, index: int, value: torch.Tensor, new_value: jax.Array, backing: HostBacking | None,
@@ -1540,18 +1538,28 @@ class Executable:
 
 
 _NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing
-_BACKINGS: dict[int, "weakref.ref[HostBacking]"] = {}
+_NOTHING: frozenset[int] = frozenset()
+_BACKINGS: dict[int, "_BackingRef"] = {}
+
+
+class _BackingRef(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to a :class:`HostBacking` that knows its address
+    (one is made per CPU result of every call: no closure per entry)."""
+
+    __slots__ = ("address",)
+    address: int
+
+
+def _forget_backing(reference: _BackingRef) -> None:
+    if _BACKINGS.get(reference.address) is reference:
+        del _BACKINGS[reference.address]
 
 
 def _register_backing(backing: HostBacking) -> None:
     """Index ``backing`` by address; the entry goes when the backing does."""
-    address = backing.address
-
-    def forget(reference: "weakref.ref[HostBacking]") -> None:
-        if _BACKINGS.get(address) is reference:
-            del _BACKINGS[address]
-
-    _BACKINGS[address] = weakref.ref(backing, forget)
+    reference = _BackingRef(backing, _forget_backing)
+    reference.address = backing.address
+    _BACKINGS[backing.address] = reference
 
 
 def _forget_import(imports: dict[int, Any], index: int, reference: "weakref.ref[torch.Tensor]") -> None:
@@ -1567,12 +1575,21 @@ def _backing_of(tensor: torch.Tensor) -> HostBacking | None:
     found = _BACKINGS.get(tensor.data_ptr())  # the first element's address
     if found is None or tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
         return None
-    backing = found()
+    backing: HostBacking | None = found()
     if backing is None or backing.array.is_deleted():
         return None
     if backing.nbytes != tensor.untyped_storage().nbytes() or backing.nbytes != tensor.numel() * tensor.element_size():
         return None
     return backing
+
+
+def _host_result(array: jax.Array, result: _ResultStep) -> torch.Tensor:
+    """:func:`_result_tensor` of a CPU result, its type from the call plan."""
+    if result.nbytes == 0:
+        return array_to_torch(array)
+    tensor, backing = host_backed_tensor(array, result.dtype, result.shape, result.nbytes)
+    _register_backing(backing)
+    return tensor
 
 
 def _result_tensor(array: jax.Array) -> torch.Tensor:

@@ -44,6 +44,9 @@ from hloalias.mlir import (
 from hloalias.repro import write_repro
 from hloalias.runtime import disk_cache
 
+# torch's C-level DLPack export (Tensor.__dlpack__ wraps it in Python checks).
+_torch_to_dlpack: Any = getattr(torch.utils.dlpack, "to_dlpack")
+
 
 @dataclasses.dataclass(frozen=True)
 class MemoryStats:
@@ -175,7 +178,7 @@ def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Ar
             # overhead otherwise); the checks Tensor.__dlpack__ makes in
             # Python (grad, conjugate bit, layout) are the caller's.
             try:
-                return _dlpack_to_buffer(torch.utils.dlpack.to_dlpack(tensor), device, None)
+                return _dlpack_to_buffer(_torch_to_dlpack(tensor), device, None)
             except Exception:
                 pass
         with jax.enable_x64(True):
