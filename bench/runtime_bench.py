@@ -288,6 +288,79 @@ def latency_rows(timed_calls: int) -> list[dict[str, Any]]:
     return rows
 
 
+class ManyState(torch.nn.Module):
+    """600 parameters of 4 floats, all read by one call."""
+
+    def __init__(self, count: int = 600) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(4)) for _ in range(count))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = x
+        for weight in self.weights:
+            total = total + weight
+        return total
+
+
+def overhead_rows(calls: int, rounds: int = 7) -> list[dict[str, Any]]:
+    """Per-call host overhead of ``Executable.__call__`` against raw PJRT on
+    the same buffers (execute, unpack, wait for every result: what a call
+    needs before it can hand results over) and against the dispatch alone
+    (``execute_sharded``, which returns before the program has run), on the
+    seed, ``x * 2 + 1`` on 256 floats and a module with 600 state arrays;
+    torch and ``DeviceTensor`` inputs.  Minimum over ``rounds`` interleaved
+    rounds of the mean of ``calls`` calls (the overhead is CPU work: the
+    minimum is the figure least moved by other processes)."""
+    from bench import workloads
+
+    cases: list[tuple[str, hloalias.Executable, tuple[Any, ...]]] = []
+    seed = workloads.seed_workload()
+    seed_exe = hloalias.compile(seed.module, seed.args)
+    cases.append(("seed (torch input)", seed_exe, seed.args))
+    x = torch.randn(256)
+    small = hloalias.compile(donation, (x,))
+    cases.append(("x*2+1 on 256 floats (torch input)", small, (x,)))
+    cases.append(("x*2+1 on 256 floats (DeviceTensor input)", small, (small.to_device(x),)))
+    module = ManyState()
+    x4 = torch.randn(4)
+    many = hloalias.compile(module, (x4,))
+    cases.append(("600 parameters of 4 floats (torch input)", many, (x4,)))
+    cases.append(("600 parameters of 4 floats (DeviceTensor input)", many, (many.to_device(x4),)))
+    rows = []
+    for name, exe, args in cases:
+        arrays = [exe._state_array(state) if state is not None else
+                  jax.device_put(args[exe._user_indices.index(index)].to_torch().numpy()
+                                 if isinstance(args[0], hloalias.DeviceTensor)
+                                 else args[exe._user_indices.index(index)].numpy(), exe.device)
+                  for index, state in exe._arg_plan]
+        loaded = exe._loaded
+
+        def raw() -> None:
+            for shards in loaded.execute_sharded(arrays).disassemble_into_single_device_arrays():
+                shards[0].block_until_ready()
+
+        def dispatch() -> None:
+            loaded.execute_sharded(arrays)
+
+        def ours() -> None:
+            exe(*args)
+
+        best = {"call": float("inf"), "raw": float("inf"), "dispatch": float("inf")}
+        with torch.no_grad():
+            for fn in (ours, raw, dispatch):
+                for _ in range(max(10, calls // 10)):
+                    fn()
+            for _ in range(rounds):
+                for key, fn in (("call", ours), ("raw", raw), ("dispatch", dispatch)):
+                    gc.collect()
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        fn()
+                    best[key] = min(best[key], (time.perf_counter() - start) / calls)
+        rows.append({"program": name, **best, "runs_xla": exe._plan is None or exe._plan.executes})
+    return rows
+
+
 def _settle(exe: hloalias.Executable) -> None:
     """Wait for the state transfers (asynchronous) so RSS counts them."""
     for slot in exe._slots.values():

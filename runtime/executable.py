@@ -42,8 +42,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import itertools
-import operator
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -1256,8 +1254,8 @@ class Executable:
                 user_arrays.append(torch_to_device(tensor, self.device, owned=False))
         arrays = plan.arguments(user_arrays)
         del user_arrays
-        if plan.state_slots:
-            self._check_state_arguments(plan, arrays)
+        if plan.donated_state:
+            self._check_donated_state(plan)
         try:
             results = self._loaded.execute_sharded(arrays)
             outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
@@ -1353,18 +1351,12 @@ class Executable:
             self._imports[index] = (reference, address, array)
         return array
 
-    def _check_state_arguments(self, plan: _CallPlan, arrays: list[jax.Array | None]) -> None:
-        """DonatedBufferError for a consumed state buffer (None in
-        ``arrays``), ExecutionError for one buffer taken twice as a donor
-        (tied state).  Only donated state can be consumed-but-present
-        (deleted by PJRT); any other deleted buffer makes PJRT refuse the
-        call, and the error path names it."""
-        if any(map(operator.is_, arrays, itertools.repeat(None))):
-            for step in plan.steps:
-                if step.slot is not None:
-                    self._state_array(step.name)
-        if not plan.donated_state:
-            return
+    def _check_donated_state(self, plan: _CallPlan) -> None:
+        """DonatedBufferError for a donated state buffer already consumed,
+        ExecutionError for one buffer taken twice as a donor (tied state).
+        Other state is not checked here: a consumed buffer is None in the
+        argument list or a deleted array, which PJRT refuses before running
+        anything, and the error path of the call names it."""
         donors: dict[int, int] = {}
         for step in plan.donated_state:
             array = self._state_array(step.name)
