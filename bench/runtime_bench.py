@@ -391,14 +391,15 @@ def second_executable(weight_mib: int) -> dict[str, int]:
     }
 
 
-def report(rows: list[dict[str, Any]], latency: list[dict[str, Any]], second: dict[str, int], cache_mib: int,
-           calls: int, timed_calls: int, latency_calls: int, load: str) -> str:
+def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: list[dict[str, Any]],
+           second: dict[str, int], cache_mib: int, calls: int, timed_calls: int, latency_calls: int,
+           overhead_calls: int, load: str) -> str:
     timed_calls_note = f"{latency_calls} calls per driver"
     lines = [
         "# Runtime benchmark (issue 11)",
         "",
         f"`python -m bench.runtime_bench --cache-mib {cache_mib} --calls {calls} --timed-calls {timed_calls} "
-        f"--latency-calls {latency_calls}` "
+        f"--latency-calls {latency_calls} --overhead-calls {overhead_calls}` "
         f"on CPU PJRT ({os.cpu_count()} cores, shared machine: times are indicative; load average at the "
         f"start: {load}).",
         "",
@@ -444,6 +445,25 @@ def report(rows: list[dict[str, Any]], latency: list[dict[str, Any]], second: di
         "",
         f"Updated tensor: {rows[0]['tensor'] / MIB:.0f} MiB. Goals (issue 11): at most 1.5x jax.jit per call; "
         "peak RSS growth per call at most 5% of the updated tensor for the in-place updates (KV, StateKV).",
+        "",
+        "## Per-call host overhead against raw PJRT (issue 14)",
+        "",
+        "`Executable.__call__` against the same compiled executable called raw on the same device "
+        "buffers: *raw* = `execute_sharded`, unpack, wait for every result (what a call needs before it "
+        "can hand results over); *dispatch* = `execute_sharded` alone, which returns before the program "
+        f"has run. Minimum over 7 interleaved rounds of the mean of {overhead_calls} calls (CPU work: the "
+        "minimum is least moved by other processes). `bench.latency`'s overhead table is these rows.",
+        "",
+        "| program | `Executable.__call__` µs | raw µs | dispatch µs | call / raw |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in overhead:
+        note = "" if row["runs_xla"] else " (no results: not run)"
+        lines.append(
+            f"| {row['program']}{note} | {row['call'] * 1e6:.1f} | {row['raw'] * 1e6:.1f} | "
+            f"{row['dispatch'] * 1e6:.1f} | {row['call'] / row['raw']:.2f}x |"
+        )
+    lines += [
         "",
         "## bench.latency's donate and sgd_mlp, per call",
         "",
@@ -493,15 +513,17 @@ def main() -> None:
     parser.add_argument("--timed-calls", type=int, default=500, help="calls per driver for the time")
     parser.add_argument("--latency-calls", type=int, default=50,
                         help="calls per driver for bench.latency's donate and sgd_mlp")
+    parser.add_argument("--overhead-calls", type=int, default=500, help="calls per round for the overhead rows")
     parser.add_argument("--weight-mib", type=int, default=64)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS-runtime.md"))
     options = parser.parse_args()
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     rows = run(options.cache_mib, options.calls, options.timed_calls)
+    overhead = overhead_rows(options.overhead_calls)
     latency = latency_rows(options.latency_calls)
     second = second_executable(options.weight_mib)
-    text = report(rows, latency, second, options.cache_mib, options.calls, options.timed_calls,
-                  options.latency_calls, load)
+    text = report(rows, overhead, latency, second, options.cache_mib, options.calls, options.timed_calls,
+                  options.latency_calls, options.overhead_calls, load)
     with open(options.out, "w") as handle:
         handle.write(text)
     print(text)
