@@ -309,7 +309,7 @@ def overhead_rows(calls: int, rounds: int = 7) -> list[dict[str, Any]]:
     (``execute_sharded``, which returns before the program has run), on the
     seed, ``x * 2 + 1`` on 256 floats and a module with 600 state arrays;
     torch and ``DeviceTensor`` inputs.  Minimum over ``rounds`` interleaved
-    rounds of the mean of ``calls`` calls (the overhead is CPU work: the
+    rounds of the median of ``calls`` calls (the overhead is CPU work: the
     minimum is the figure least moved by other processes)."""
     from bench import workloads
 
@@ -353,10 +353,12 @@ def overhead_rows(calls: int, rounds: int = 7) -> list[dict[str, Any]]:
             for _ in range(rounds):
                 for key, fn in (("call", ours), ("raw", raw), ("dispatch", dispatch)):
                     gc.collect()
-                    start = time.perf_counter()
+                    samples = []
                     for _ in range(calls):
+                        start = time.perf_counter()
                         fn()
-                    best[key] = min(best[key], (time.perf_counter() - start) / calls)
+                        samples.append(time.perf_counter() - start)
+                    best[key] = min(best[key], statistics.median(samples))
         rows.append({"program": name, **best, "runs_xla": exe._plan is None or exe._plan.executes})
     return rows
 
@@ -451,7 +453,7 @@ def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: 
         "`Executable.__call__` against the same compiled executable called raw on the same device "
         "buffers: *raw* = `execute_sharded`, unpack, wait for every result (what a call needs before it "
         "can hand results over); *dispatch* = `execute_sharded` alone, which returns before the program "
-        f"has run. Minimum over 7 interleaved rounds of the mean of {overhead_calls} calls (CPU work: the "
+        f"has run. Minimum over 7 interleaved rounds of the median of {overhead_calls} calls (CPU work: the "
         "minimum is least moved by other processes). `bench.latency`'s overhead table is these rows.",
         "",
         "| program | `Executable.__call__` µs | raw µs | dispatch µs | call / raw |",
