@@ -505,6 +505,10 @@ def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: 
         "The second executable shares the first's device buffer (one `_StateSlot` per state tensor "
         "per module), so it adds no weight bytes; its RSS growth is compile-time memory.",
     ]
+    notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime_notes.md")
+    if os.path.exists(notes):
+        with open(notes) as handle:
+            lines += ["", handle.read().rstrip()]
     return "\n".join(lines) + "\n"
 
 
