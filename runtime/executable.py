@@ -639,7 +639,10 @@ class _CallPlan:
     layout: ``Executable._check_input``), and everything that depends on the
     tensor itself (its memory, whether a runtime buffer backs it, whether it
     may be re-seated, lazy bits, contiguity) is read on each call; no device
-    copy of a torch tensor is kept across calls.  So a tensor whose dtype,
+    copy of a torch tensor is kept across calls (the zero-copy import of a
+    read-only input, which *is* its memory, is reused while the same tensor
+    object sits at the same address: ``Executable._import_input``).  So a
+    tensor whose dtype,
     shape or device changed since the last call is refused, and one whose
     memory changed is read afresh.  State arrays are read from their slots
     on each call, so a ``load_state_dict`` or another executable's update
