@@ -130,8 +130,9 @@ def same_program_drivers(exe: hloalias.Executable, inputs: dict[int, torch.Tenso
 
     def initial() -> list[jax.Array]:
         device = exe.device
+        state = exe.state_dict()
         return [
-            jax.device_put(exe.state_dict()[name].numpy() if name is not None else inputs[index].numpy(), device)
+            jax.device_put(state[name].numpy() if name is not None else inputs[index].numpy(), device)
             for index, name in exe._arg_plan
         ]
 
