@@ -249,38 +249,24 @@ def run_child(key: str, cache_dir: str, gpt2_layers: int, calls: int, first_only
 
 
 def overheads() -> dict[str, Any]:
-    """Per-call host overhead against raw PJRT: the small graph of
-    :func:`bench.scaling.measure_overhead` and a module with 600 state arrays."""
-    import torch
+    """Per-call host overhead against raw PJRT on the same buffers, raw
+    being execute + unpack + wait for every result (what a call needs before
+    it hands results over; ``execute_sharded`` alone only dispatches, kept
+    as ``raw_dispatch_only``): ``x * 2 + 1`` on 256 floats, a module with
+    600 state arrays and the seed (:func:`bench.runtime_bench.overhead_rows`;
+    ``rows`` holds them all)."""
+    from bench import runtime_bench
 
-    import hloalias
-    from bench import scaling
-
-    small = scaling.measure_overhead(calls=2000, rounds=5)
-
-    class ManyState(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(4)) for _ in range(600))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            total = x
-            for weight in self.weights:
-                total = total + weight
-            return total
-
-    module = ManyState()
-    x = torch.randn(4)
-    exe = hloalias.compile(module, (x,))
-    device_x = exe.to_device(x)
-    arrays = [exe._state_array(name) if name is not None else device_x.array for _, name in exe._arg_plan]
-    loaded = exe._loaded
-    def raw() -> None:
-        for shards in loaded.execute_sharded(arrays).disassemble_into_single_device_arrays():
-            shards[0].block_until_ready()
-
-    many = {"call_s": _median_call(lambda: exe(device_x), 500), "raw_s": _median_call(raw, 500)}
-    return {"small": dataclasses.asdict(small) | {"ratio": small.ratio}, "state600": many}
+    rows = runtime_bench.overhead_rows(calls=500)
+    by_name = {row["program"]: row for row in rows}
+    device = by_name["x*2+1 on 256 floats (DeviceTensor input)"]
+    torch_input = by_name["x*2+1 on 256 floats (torch input)"]
+    small = {"calls": 500, "executable_call": device["call"], "raw_execute": device["raw"],
+             "raw_dispatch_only": device["dispatch"], "executable_call_torch_input": torch_input["call"],
+             "ratio": device["call"] / device["raw"]}
+    many_row = by_name["600 parameters of 4 floats (DeviceTensor input)"]
+    many = {"call_s": many_row["call"], "raw_s": many_row["raw"]}
+    return {"small": small, "state600": many, "rows": rows}
 
 
 def _fmt(seconds: float | None) -> str:

@@ -9,6 +9,16 @@ From the repository root::
 
 writes ``bench/RESULTS-runtime.md``.
 
+Per-call time is compared with two drivers of the *same* XLA program (the
+final StableHLO hloalias compiled, state and inputs already on the device,
+the same arguments donated), so the ratio is runtime overhead and nothing
+else: ``jax.jit`` of that module wrapped as a ``jax.export.Exported``, and
+raw PJRT (``execute_sharded``, unpack, wait for every result).  A hand-written
+jax program (``jax idiomatic``) is listed for reference: XLA may compile it
+differently (torch-mlir lowers the cache update to a select over the whole
+cache where jax emits a dynamic-update-slice).  Times are the median of
+per-round medians, the drivers interleaved round by round so drift hits all.
+
 Workloads:
 
 - **KV**: ``cache[:, pos].copy_(new)`` on a cache passed as an input (a
@@ -61,6 +71,93 @@ def _reset_peak() -> bool:
         return False
 
 
+def interleaved(calls: dict[str, Callable[[], Any]], count: int, rounds: int = 5) -> dict[str, float]:
+    """Median seconds per call of each of ``calls``: ``rounds`` rounds of
+    ``count // rounds`` calls each, the callables taking turns per round;
+    the median of the per-round medians."""
+    for call in calls.values():
+        for _ in range(3):
+            call()
+    per_round: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            samples = []
+            for _ in range(max(1, count // rounds)):
+                start = time.perf_counter()
+                call()
+                samples.append(time.perf_counter() - start)
+            per_round[name].append(statistics.median(samples))
+    return {name: statistics.median(values) for name, values in per_round.items()}
+
+
+def _exported(exe: hloalias.Executable) -> Any:
+    """The executable's final module as a ``jax.export.Exported`` (one
+    device, this process's platform), for ``jax.jit`` to drive."""
+    import jax.export
+    from jax import tree_util
+    from torch_mlir._mlir_libs import _stablehlo
+
+    from hloalias.runtime.pjrt import prepare_for_xla, target_stablehlo_version
+
+    artifact = _stablehlo.serialize_portable_artifact_str(prepare_for_xla(exe.mlir), target_stablehlo_version())
+    in_avals = tuple(jax.core.ShapedArray(shape, _numpy_dtype(dtype)) for shape, dtype in exe._arg_types)
+    out_avals = tuple(
+        jax.core.ShapedArray(shape, _numpy_dtype(dtype)) for shape, dtype in zip(exe._result_shapes, exe._result_dtypes)
+    )
+    return jax.export.Exported(
+        fun_name="main", in_tree=tree_util.tree_structure((tuple(range(len(in_avals))), {})), in_avals=in_avals,
+        out_tree=tree_util.tree_structure(tuple(range(len(out_avals)))), out_avals=out_avals,
+        _has_named_shardings=False, _in_named_shardings=(None,) * len(in_avals),
+        _out_named_shardings=(None,) * len(out_avals), in_shardings_hlo=(None,) * len(in_avals),
+        out_shardings_hlo=(None,) * len(out_avals), nr_devices=1, platforms=(exe.device.platform,),
+        ordered_effects=(), unordered_effects=(), disabled_safety_checks=(), mlir_module_serialized=artifact,
+        calling_convention_version=9, module_kept_var_idx=tuple(range(len(in_avals))),
+        uses_global_constants=False, _get_vjp=None,
+    )
+
+
+def _numpy_dtype(dtype: torch.dtype) -> Any:
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def same_program_drivers(exe: hloalias.Executable, inputs: dict[int, torch.Tensor]) -> dict[str, Callable[[], Any]]:
+    """Calls of ``exe``'s XLA program with every argument on the device:
+    ``jax.jit (same program)`` and ``raw PJRT``.  Each argument aliased to a
+    result (a mutation or a donor) is donated and fed that result on the
+    next call, as hloalias's runtime does; every result is waited for."""
+    donated = sorted(exe._aliases)
+    feedback = {arg: result for arg, result in exe._aliases.items() if result is not None}
+
+    def initial() -> list[jax.Array]:
+        device = exe.device
+        state = exe.state_dict()
+        return [
+            jax.device_put(state[name].numpy() if name is not None else inputs[index].numpy(), device)
+            for index, name in exe._arg_plan
+        ]
+
+    jitted = jax.jit(_exported(exe).call, donate_argnums=tuple(donated))
+    jax_args = initial()
+    raw_args = initial()
+    loaded = exe._loaded
+
+    def jax_call() -> None:
+        results = jitted(*jax_args)
+        for arg, result in feedback.items():
+            jax_args[arg] = results[result]
+        for result in results:
+            result.block_until_ready()
+
+    def raw_call() -> None:
+        results = [shards[0] for shards in loaded.execute_sharded(raw_args).disassemble_into_single_device_arrays()]
+        for arg, result in feedback.items():
+            raw_args[arg] = results[result]
+        for result in results:
+            result.block_until_ready()
+
+    return {"jax.jit (same program)": jax_call, "raw PJRT": raw_call}
+
+
 def measure(call: Callable[[], Any], calls: int, warmup: int = 3) -> tuple[float, int]:
     """Median seconds per call and the largest peak RSS growth of one call."""
     for _ in range(warmup):
@@ -101,7 +198,7 @@ def donation(x: torch.Tensor) -> torch.Tensor:
     return x * 2 + 1
 
 
-def run(cache_mib: int, calls: int) -> list[dict[str, Any]]:
+def run(cache_mib: int, calls: int, timed_calls: int) -> list[dict[str, Any]]:
     heads, dim = 16, 256
     length = cache_mib * MIB // (heads * dim * 4)
     shape = (heads, length, dim)
@@ -109,29 +206,34 @@ def run(cache_mib: int, calls: int) -> list[dict[str, Any]]:
     new = torch.randn(heads, dim)
     rows: list[dict[str, Any]] = []
 
+    def row(name: str, exe: hloalias.Executable, ours: Callable[[], Any], idiomatic: Callable[[], Any],
+            inputs: dict[int, torch.Tensor]) -> dict[str, Any]:
+        drivers = same_program_drivers(exe, inputs)
+        times = interleaved({"hloalias": ours, **drivers, "jax idiomatic": idiomatic}, timed_calls)
+        return {"workload": name, "times": times, "ours": measure(ours, calls), "jax": measure(idiomatic, calls),
+                "tensor": cache_bytes, "copies": dict(exe.host_copies)}
+
     # KV: cache passed as an input.
     exe = hloalias.compile(kv_update, (torch.zeros(shape), new))
     cache = torch.zeros(shape)
-    ours = measure(lambda: exe(cache, new), calls)
     jit = jax.jit(lambda c, n: (c.at[:, POS].set(n), n * 2), donate_argnums=0)
     state = {"c": jnp.zeros(shape), "n": jnp.asarray(new.numpy())}
 
     def jax_kv() -> None:
         state["c"], out = jit(state["c"], state["n"])
         out.block_until_ready()
+        state["c"].block_until_ready()
 
-    rows.append({"workload": "KV (cache as input)", "ours": ours, "jax": measure(jax_kv, calls),
-                 "tensor": cache_bytes, "copies": dict(exe.host_copies)})
+    rows.append(row("KV (cache as input)", exe, lambda: exe(cache, new), jax_kv, {0: torch.zeros(shape), 1: new}))
     del exe, cache, state
     gc.collect()
 
     # StateKV: cache as a module buffer.
     module = StateKV(shape)
     exe = hloalias.compile(module, (new,))
-    ours = measure(lambda: exe(new), calls)
     state = {"c": jnp.zeros(shape), "n": jnp.asarray(new.numpy())}
-    rows.append({"workload": "StateKV (cache as buffer)", "ours": ours, "jax": measure(jax_kv, calls),
-                 "tensor": cache_bytes, "copies": dict(exe.host_copies)})
+    user = exe._user_indices[0]
+    rows.append(row("StateKV (cache as buffer)", exe, lambda: exe(new), jax_kv, {user: new}))
     del exe, module, state
     gc.collect()
 
@@ -142,7 +244,6 @@ def run(cache_mib: int, calls: int) -> list[dict[str, Any]]:
     def ours_donate() -> None:
         chain["x"] = exe(chain["x"])
 
-    ours = measure(ours_donate, calls)
     jit_d = jax.jit(lambda x: x * 2 + 1, donate_argnums=0)
     jchain = {"x": jnp.zeros(shape)}
 
@@ -150,8 +251,116 @@ def run(cache_mib: int, calls: int) -> list[dict[str, Any]]:
         jchain["x"] = jit_d(jchain["x"])
         jchain["x"].block_until_ready()
 
-    rows.append({"workload": "donation (y = x*2+1)", "ours": ours, "jax": measure(jax_donate, calls),
-                 "tensor": cache_bytes, "copies": dict(exe.host_copies)})
+    rows.append(row("donation (y = x*2+1)", exe, ours_donate, jax_donate, {0: torch.zeros(shape)}))
+    return rows
+
+
+def latency_rows(timed_calls: int) -> list[dict[str, Any]]:
+    """Per-call time of bench.latency's ``donate`` and ``sgd_mlp`` workloads
+    (same configurations) with the inputs as bench.latency passes them (torch
+    tensors, the same ones every call) and device-owned as the peers pass
+    them, against the same XLA program under jax.jit and raw PJRT."""
+    from bench import workloads
+
+    rows = []
+    donate = workloads.donate_workload()
+    exe = hloalias.compile(donate.module, donate.args, donate=donate.donate)
+    x = donate.args[0]
+    chain = {"y": exe(x.clone())}
+
+    def donate_chain() -> None:
+        chain["y"] = exe(chain["y"])  # a runtime-owned result, donated: XLA writes in place
+
+    drivers = same_program_drivers(exe, {exe._user_indices[0]: x})
+    times = interleaved({"torch input (as bench.latency)": lambda: exe(x),
+                         "device-owned input (y = exe(y))": donate_chain, **drivers}, timed_calls)
+    rows.append({"workload": f"donate ({donate.title.split(': ', 1)[1]})", "times": times})
+    del exe, chain, drivers
+    gc.collect()
+
+    sgd = workloads.sgd_workload(workloads.MLPConfig())
+    exe = hloalias.compile(sgd.module, sgd.args, donate=sgd.donate)
+    on_device = [exe.to_device(a) for a in sgd.args]
+    drivers = same_program_drivers(exe, dict(zip(exe._user_indices, sgd.args)))
+    with torch.no_grad():
+        times = interleaved({"torch input (as bench.latency)": lambda: exe(*sgd.args),
+                             "device-owned input (DeviceTensor)": lambda: exe(*on_device), **drivers}, timed_calls)
+    rows.append({"workload": "sgd_mlp (4x1024 MLP, SGD-momentum step in place)", "times": times})
+    return rows
+
+
+class ManyState(torch.nn.Module):
+    """600 parameters of 4 floats, all read by one call."""
+
+    def __init__(self, count: int = 600) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(4)) for _ in range(count))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = x
+        for weight in self.weights:
+            total = total + weight
+        return total
+
+
+def overhead_rows(calls: int, rounds: int = 7) -> list[dict[str, Any]]:
+    """Per-call host overhead of ``Executable.__call__`` against raw PJRT on
+    the same buffers (execute, unpack, wait for every result: what a call
+    needs before it can hand results over) and against the dispatch alone
+    (``execute_sharded``, which returns before the program has run), on the
+    seed, ``x * 2 + 1`` on 256 floats and a module with 600 state arrays;
+    torch and ``DeviceTensor`` inputs.  Minimum over ``rounds`` interleaved
+    rounds of the median of ``calls`` calls (the overhead is CPU work: the
+    minimum is the figure least moved by other processes)."""
+    from bench import workloads
+
+    cases: list[tuple[str, hloalias.Executable, tuple[Any, ...]]] = []
+    seed = workloads.seed_workload()
+    seed_exe = hloalias.compile(seed.module, seed.args)
+    cases.append(("seed (torch input)", seed_exe, seed.args))
+    x = torch.randn(256)
+    small = hloalias.compile(donation, (x,))
+    cases.append(("x*2+1 on 256 floats (torch input)", small, (x,)))
+    cases.append(("x*2+1 on 256 floats (DeviceTensor input)", small, (small.to_device(x),)))
+    module = ManyState()
+    x4 = torch.randn(4)
+    many = hloalias.compile(module, (x4,))
+    cases.append(("600 parameters of 4 floats (torch input)", many, (x4,)))
+    cases.append(("600 parameters of 4 floats (DeviceTensor input)", many, (many.to_device(x4),)))
+    rows = []
+    for name, exe, args in cases:
+        arrays = [exe._state_array(state) if state is not None else
+                  jax.device_put(args[exe._user_indices.index(index)].to_torch().numpy()
+                                 if isinstance(args[0], hloalias.DeviceTensor)
+                                 else args[exe._user_indices.index(index)].numpy(), exe.device)
+                  for index, state in exe._arg_plan]
+        loaded = exe._loaded
+
+        def raw() -> None:
+            for shards in loaded.execute_sharded(arrays).disassemble_into_single_device_arrays():
+                shards[0].block_until_ready()
+
+        def dispatch() -> None:
+            loaded.execute_sharded(arrays)
+
+        def ours() -> None:
+            exe(*args)
+
+        best = {"call": float("inf"), "raw": float("inf"), "dispatch": float("inf")}
+        with torch.no_grad():
+            for fn in (ours, raw, dispatch):
+                for _ in range(max(10, calls // 10)):
+                    fn()
+            for _ in range(rounds):
+                for key, fn in (("call", ours), ("raw", raw), ("dispatch", dispatch)):
+                    gc.collect()
+                    samples = []
+                    for _ in range(calls):
+                        start = time.perf_counter()
+                        fn()
+                        samples.append(time.perf_counter() - start)
+                    best[key] = min(best[key], statistics.median(samples))
+        rows.append({"program": name, **best, "runs_xla": exe._plan is None or exe._plan.executes})
     return rows
 
 
@@ -185,30 +394,103 @@ def second_executable(weight_mib: int) -> dict[str, int]:
     }
 
 
-def report(rows: list[dict[str, Any]], second: dict[str, int], cache_mib: int, calls: int) -> str:
+def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: list[dict[str, Any]],
+           second: dict[str, int], cache_mib: int, calls: int, timed_calls: int, latency_calls: int,
+           overhead_calls: int, load: str) -> str:
+    timed_calls_note = f"{latency_calls} calls per driver"
     lines = [
         "# Runtime benchmark (issue 11)",
         "",
-        f"`python -m bench.runtime_bench --cache-mib {cache_mib} --calls {calls}` on CPU PJRT "
-        f"({os.cpu_count()} cores, shared machine: times are indicative). Median per-call time over "
-        f"{calls} calls after 3 warm-up calls; peak RSS growth is the largest of any one call "
-        "(VmHWM after minus VmRSS before, high-water mark reset before each call).",
+        f"`python -m bench.runtime_bench --cache-mib {cache_mib} --calls {calls} --timed-calls {timed_calls} "
+        f"--latency-calls {latency_calls} --overhead-calls {overhead_calls}` "
+        f"on CPU PJRT ({os.cpu_count()} cores, shared machine: times are indicative; load average at the "
+        f"start: {load}).",
         "",
-        "| workload | hloalias ms/call | jax.jit ms/call | ratio | hloalias peak RSS growth/call | "
-        "jax peak RSS growth/call | growth / updated tensor | host copies |",
-        "|---|---|---|---|---|---|---|---|",
+        "## Per-call time",
+        "",
+        f"Median of 5 per-round medians over {timed_calls} calls per driver, the drivers interleaved round "
+        "by round. *jax.jit (same program)* and *raw PJRT* run hloalias's final StableHLO with every "
+        "argument already on the device and the same arguments donated (the module wrapped as a "
+        "`jax.export.Exported`; raw PJRT is `execute_sharded`, unpack, wait for every result): the ratio "
+        "is the runtime's overhead. hloalias takes torch tensors (KV's `new` is imported zero-copy each "
+        "call, jax's is already a device array) and waits for every result before returning torch tensors. "
+        "*jax idiomatic* is the same computation written in jax: XLA compiles it differently.",
+        "",
+        "| workload | hloalias ms/call | jax.jit (same program) ms/call | raw PJRT ms/call | "
+        "ratio to jax.jit | ratio to raw | jax idiomatic ms/call |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        (ours_t, ours_rss), (jax_t, jax_rss) = row["ours"], row["jax"]
+        times = row["times"]
+        ours, jax_same, raw = times["hloalias"], times["jax.jit (same program)"], times["raw PJRT"]
         lines.append(
-            f"| {row['workload']} | {ours_t * 1e3:.3f} | {jax_t * 1e3:.3f} | {ours_t / jax_t:.2f}x | "
-            f"{ours_rss / MIB:.2f} MiB | {jax_rss / MIB:.2f} MiB | {100 * ours_rss / row['tensor']:.1f}% | "
-            f"{row['copies'] or 'none'} |"
+            f"| {row['workload']} | {ours * 1e3:.3f} | {jax_same * 1e3:.3f} | {raw * 1e3:.3f} | "
+            f"{ours / jax_same:.2f}x | {ours / raw:.2f}x | {times['jax idiomatic'] * 1e3:.3f} |"
+        )
+    lines += [
+        "",
+        "## Host memory per call",
+        "",
+        f"Largest peak RSS growth of one call over {calls} calls after 3 warm-up calls (VmHWM after minus "
+        "VmRSS before, high-water mark reset before each call); jax is the idiomatic program.",
+        "",
+        "| workload | hloalias peak RSS growth/call | jax peak RSS growth/call | growth / updated tensor | "
+        "host copies |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        (_, ours_rss), (_, jax_rss) = row["ours"], row["jax"]
+        lines.append(
+            f"| {row['workload']} | {ours_rss / MIB:.2f} MiB | {jax_rss / MIB:.2f} MiB | "
+            f"{100 * ours_rss / row['tensor']:.1f}% | {row['copies'] or 'none'} |"
         )
     lines += [
         "",
         f"Updated tensor: {rows[0]['tensor'] / MIB:.0f} MiB. Goals (issue 11): at most 1.5x jax.jit per call; "
         "peak RSS growth per call at most 5% of the updated tensor for the in-place updates (KV, StateKV).",
+        "",
+        "## Per-call host overhead against raw PJRT (issue 14)",
+        "",
+        "`Executable.__call__` against the same compiled executable called raw on the same device "
+        "buffers: *raw* = `execute_sharded`, unpack, wait for every result (what a call needs before it "
+        "can hand results over); *dispatch* = `execute_sharded` alone, which returns before the program "
+        f"has run. Minimum over 7 interleaved rounds of the median of {overhead_calls} calls (CPU work: the "
+        "minimum is least moved by other processes). `bench.latency`'s overhead table is these rows.",
+        "",
+        "| program | `Executable.__call__` µs | raw µs | dispatch µs | call / raw |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in overhead:
+        note = "" if row["runs_xla"] else " (no results: not run)"
+        lines.append(
+            f"| {row['program']}{note} | {row['call'] * 1e6:.1f} | {row['raw'] * 1e6:.1f} | "
+            f"{row['dispatch'] * 1e6:.1f} | {row['call'] / row['raw']:.2f}x |"
+        )
+    lines += [
+        "",
+        "## bench.latency's donate and sgd_mlp, per call",
+        "",
+        "bench.latency times `exe(*workload.args)`: the same torch tensors every call. For donate that "
+        "means a 64 MiB torch tensor donated each call, which PJRT cannot reuse (torch owns the memory), "
+        "so XLA allocates and first-touches a new 64 MiB output every call; the peers instead get a fresh "
+        "device buffer per call, prepared outside the timed region, and write it in place. The fair "
+        "hloalias figure is the device-owned row (`y = exe(y)`: the result, runtime-owned, donated back). "
+        f"Same method as above ({timed_calls_note}).",
+        "",
+        "| workload | hloalias, torch input (as bench.latency) ms | hloalias, device-owned input ms | "
+        "jax.jit (same program) ms | raw PJRT ms | device-owned / jax.jit |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in latency:
+        times = row["times"]
+        torch_in = times["torch input (as bench.latency)"]
+        device_in = next(v for k, v in times.items() if k.startswith("device-owned"))
+        jax_same, raw = times["jax.jit (same program)"], times["raw PJRT"]
+        lines.append(
+            f"| {row['workload']} | {torch_in * 1e3:.2f} | {device_in * 1e3:.2f} | {jax_same * 1e3:.2f} | "
+            f"{raw * 1e3:.2f} | {device_in / jax_same:.2f}x |"
+        )
+    lines += [
         "",
         "## A second executable of the same module",
         "",
@@ -224,19 +506,31 @@ def report(rows: list[dict[str, Any]], second: dict[str, int], cache_mib: int, c
         "The second executable shares the first's device buffer (one `_StateSlot` per state tensor "
         "per module), so it adds no weight bytes; its RSS growth is compile-time memory.",
     ]
+    notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime_notes.md")
+    if os.path.exists(notes):
+        with open(notes) as handle:
+            lines += ["", handle.read().rstrip()]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache-mib", type=int, default=64)
-    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=30, help="calls for the RSS measurement")
+    parser.add_argument("--timed-calls", type=int, default=500, help="calls per driver for the time")
+    parser.add_argument("--latency-calls", type=int, default=50,
+                        help="calls per driver for bench.latency's donate and sgd_mlp")
+    parser.add_argument("--overhead-calls", type=int, default=500, help="calls per round for the overhead rows")
     parser.add_argument("--weight-mib", type=int, default=64)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS-runtime.md"))
     options = parser.parse_args()
-    rows = run(options.cache_mib, options.calls)
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    rows = run(options.cache_mib, options.calls, options.timed_calls)
+    overhead = overhead_rows(options.overhead_calls)
+    latency = latency_rows(options.latency_calls)
     second = second_executable(options.weight_mib)
-    text = report(rows, second, options.cache_mib, options.calls)
+    text = report(rows, overhead, latency, second, options.cache_mib, options.calls, options.timed_calls,
+                  options.latency_calls, options.overhead_calls, load)
     with open(options.out, "w") as handle:
         handle.write(text)
     print(text)

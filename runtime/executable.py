@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import threading
 import weakref
@@ -688,6 +689,126 @@ class HostCopy:
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class _ArgStep:
+    """What a single-device call does with one ``@main`` argument."""
+
+    index: int
+    name: str
+    #: The module-state slot the argument reads, or None for a user input.
+    slot: _StateSlot | None
+    shape: torch.Size
+    dtype: torch.dtype
+    #: Position among the results of the argument's new value (None: not mutated).
+    mutated: int | None
+    donated: bool
+    #: Position of the result XLA writes into the argument's donated buffer
+    #: when a runtime buffer backs the input (a self-aliased mutation or a
+    #: donor aliased to a user output); None when there is none.
+    in_place: int | None
+    #: A mutated user input aliased to its own new value: a plain torch
+    #: tensor may be re-seated onto the result buffer.
+    reseat: bool
+
+    @property
+    def read_only(self) -> bool:
+        """A user input the program only reads (not written, not donated)."""
+        return self.slot is None and self.mutated is None and not self.donated and self.in_place is None
+
+
+@dataclasses.dataclass(frozen=True)
+class _ResultStep:
+    """How one user output becomes a torch tensor."""
+
+    position: int  # among the results
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+class _CallPlan:
+    """The per-call work of a single-device executable, decided once when
+    it is built: the hot call path reads this instead of re-deriving the
+    same facts from the signature on every call.
+
+    Contract: a plan holds only facts of the compiled program (argument and
+    result types, mutations, donations, aliasing, which state slot each
+    state argument reads) and never anything about a call's tensors.  Every
+    call still checks each input against it (type, dtype, shape, device,
+    layout: ``Executable._check_input``), and everything that depends on the
+    tensor itself (its memory, whether a runtime buffer backs it, whether it
+    may be re-seated, lazy bits, contiguity) is read on each call; no device
+    copy of a torch tensor is kept across calls (the zero-copy import of a
+    read-only input, which *is* its memory, is reused while the same tensor
+    object sits at the same address: ``Executable._import_input``).  So a
+    tensor whose dtype,
+    shape or device changed since the last call is refused, and one whose
+    memory changed is read afresh.  State arrays are read from their slots
+    on each call, so a ``load_state_dict`` or another executable's update
+    is seen.  Mesh (SPMD) programs have no plan: they take the general
+    path (``Executable._run``)."""
+
+    def __init__(self, exe: "Executable") -> None:
+        results = {key: position for position, key in enumerate(exe._result_keys)}
+        steps = []
+        for index, state_name in exe._arg_plan:
+            shape, dtype = exe._arg_types[index]
+            mutation_key = exe._mutation_keys[index]
+            in_place: int | None = None
+            if index in exe._self_aliased:
+                in_place = results[A.mutation_key(index)]
+            elif index in exe._donor_aliased:
+                in_place = results[exe._donor_aliased[index]]
+            steps.append(_ArgStep(
+                index, exe._names[index], exe._slots[state_name] if state_name is not None else None,
+                torch.Size(shape), dtype, results[mutation_key] if mutation_key is not None else None,
+                index in exe._donated_args, in_place, index in exe._self_aliased,
+            ))
+        self.steps: tuple[_ArgStep, ...] = tuple(steps)
+        self.state_slots = tuple(step.slot for step in steps if step.slot is not None)
+        self.user_steps = tuple(step for step in steps if step.slot is None)
+        #: The common @main order (state first, then user inputs), where
+        #: the argument list is the state arrays followed by the user ones.
+        self.state_first = all(step.slot is not None for step in steps[:len(self.state_slots)])
+        self.donated_state = tuple(step for step in steps if step.slot is not None and step.donated)
+        self.consumed = tuple(step for step in steps if step.donated and step.mutated is None)
+        #: Arguments with something to do after the call: mutated ones and
+        #: donors written in place into a runtime buffer.
+        self.after = tuple(step for step in steps if step.mutated is not None or step.in_place is not None)
+        #: Arguments whose pre-call array the commit reads.
+        self.kept = self.after + self.consumed
+        self.host_results = exe.device.platform == "cpu"
+        #: A program with no results and no donations has no effect on the
+        #: device (every output is a view of an input or a constant): it is
+        #: not run at all.
+        self.executes = bool(exe._result_keys) or any(step.donated for step in steps)
+        #: Every user output is a result of the program (no rebuilt views or
+        #: constants): outputs are made straight from the results.
+        self.direct_outputs = all(key in results for key in exe._output_keys)
+        self.outputs = tuple(
+            _ResultStep(
+                results[key], dtype, exe._result_shapes[results[key]],
+                _numel(exe._result_shapes[results[key]]) * _itemsize(dtype),
+            )
+            for key in exe._output_keys if key in results
+            for dtype in [exe._result_dtypes[results[key]]] if dtype is not None
+        )
+        self.direct_outputs = self.direct_outputs and len(self.outputs) == len(exe._output_keys)
+
+    def arguments(self, user_arrays: list[jax.Array]) -> list[jax.Array | None]:
+        """The argument list in @main order: the state slots' current arrays
+        (None where a slot's buffer was consumed) and ``user_arrays``."""
+        state = [slot.array for slot in self.state_slots]
+        if self.state_first:
+            return state + user_arrays
+        arrays: list[jax.Array | None] = [None] * len(self.steps)
+        state_values = iter(state)
+        user_values = iter(user_arrays)
+        for position, step in enumerate(self.steps):
+            arrays[position] = next(state_values) if step.slot is not None else next(user_values)
+        return arrays
+
+
 class Executable:
     """A compiled torch program.  Call it like the original function."""
 
@@ -764,14 +885,14 @@ class Executable:
         self._statics: dict[int, Any] = dict(getattr(self._signature, "static_inputs", {}) or {})
         # Mutated inputs aliased to their own new value: a torch tensor
         # backed by a runtime-owned buffer is updated in place for them.
-        self._self_aliased = {
+        self._self_aliased: set[int] = {
             index for index, result in self._aliases.items()
             if result is not None and self._result_keys[result] == A.mutation_key(index)
             and index in self._user_indices
         }
         # Donated inputs aliased to a user output: a torch tensor backed by
         # a runtime-owned buffer (an earlier result) is donated for real.
-        self._donor_aliased = {
+        self._donor_aliased: dict[int, str] = {
             index: self._result_keys[result] for index, result in self._aliases.items()
             if result is not None and index in self._user_indices and index not in self._self_aliased
             and A.parse_key(self._result_keys[result])[0] == "output"
@@ -780,6 +901,10 @@ class Executable:
             index for index in self._user_indices
             if self._mutation_keys[index] is not None or index in self._donated_args
         }
+        self._plan = _CallPlan(self) if not self._placement.spmd else None
+        #: Zero-copy imports of read-only torch inputs, reused while the same
+        #: tensor object covers the same memory (see :meth:`_import_input`).
+        self._imports: dict[int, tuple[weakref.ref[torch.Tensor], int, jax.Array]] = {}
 
     # -- final module facts ------------------------------------------------
     def _read_final_module(self, program: Program) -> None:
@@ -816,8 +941,15 @@ class Executable:
                     record.base, _torch_dtype(layout.element_type),
                     layout.sizes, layout.strides, layout.offset, identity=record.is_identity,
                 )
+        # Each rebuilt result's base key, parsed once (the call path is hot).
+        self._rebuild_bases = {
+            r.base: A.parse_key(r.base) for r in self._rebuilds.values() if r.base is not None
+        }
         function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
         self._result_shapes = [tuple(ir.RankedTensorType(t).shape) for t in function_type.results]
+        self._result_dtypes = [
+            _TORCH_DTYPES.get(str(ir.RankedTensorType(t).element_type)) for t in function_type.results
+        ]
         arguments = self._signature.arguments
         self._arg_types = [
             (tuple(ir.RankedTensorType(t).shape), _torch_dtype(ir.RankedTensorType(t).element_type))
@@ -1027,8 +1159,10 @@ class Executable:
         for index, value in inputs.items():
             self._check_input(index, value)
         self._check_writes(inputs)
-        lock = self._group.lock if self._slots else contextlib.nullcontext()
+        lock = self._group.lock if self._slots else _NO_LOCK
         with lock:
+            if self._plan is not None:
+                return self._run_planned(self._plan, inputs)
             return self._run(inputs)
 
     def _user_leaves(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -1087,7 +1221,8 @@ class Executable:
                     f"input '{name}' is an inference tensor and the program writes to it in place "
                     "outside inference mode (eager PyTorch refuses this too)"
                 )
-            if any(stride == 0 and size > 1 for size, stride in zip(value.shape, value.stride())):
+            strides = value.stride()
+            if 0 in strides and any(stride == 0 and size > 1 for size, stride in zip(value.shape, strides)):
                 raise ExecutionError(
                     f"input '{name}' has elements that share memory (an expanded tensor) and the "
                     "program writes to it in place (eager PyTorch refuses this too); pass a clone"
@@ -1217,6 +1352,197 @@ class Executable:
             arg_tensors[index] = value if value.is_contiguous() and not value.is_conj() and not value.is_neg() else array_to_torch(new_value)
         return self._assemble_outputs(inputs, arg_tensors, produced)
 
+    def _run_planned(self, plan: _CallPlan, inputs: dict[int, Any]) -> Any:
+        """:meth:`_run` for one device, driven by ``plan`` (see
+        :class:`_CallPlan`): the same steps and guarantees, with the facts of
+        the program precomputed and, after the call, work only for the
+        arguments that have some.  Inputs were checked by ``__call__``."""
+        if not plan.executes:
+            self._calls += 1
+            views_of: dict[int, Any] = {}
+            for step in plan.user_steps:
+                value = inputs[step.index]
+                if not isinstance(value, DeviceTensor):
+                    tensor = _resolved(value)
+                    views_of[step.index] = tensor if tensor.is_contiguous() else tensor.contiguous()
+            return self._assemble_outputs(inputs, views_of, {})
+        bases: dict[int, torch.Tensor] = {}
+        backings: dict[int, HostBacking] = {}
+        reseatable: set[int] = set()
+        user_arrays: list[jax.Array] = []
+        for step in plan.user_steps:
+            value = inputs[step.index]
+            if isinstance(value, DeviceTensor):
+                user_arrays.append(value.array)
+                continue
+            if step.in_place is not None:
+                backing = _backing_of(value)
+                if backing is not None:
+                    backings[step.index] = backing
+                    bases[step.index] = value
+                    user_arrays.append(backing.array)
+                    continue
+                if step.reseat and _can_reseat(value):
+                    # Decided before the zero-copy export below adds a
+                    # reference to the storage (released asynchronously).
+                    reseatable.add(step.index)
+            tensor = _resolved(value)
+            tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
+            bases[step.index] = tensor
+            if step.read_only and tensor is value and plan.host_results:
+                user_arrays.append(self._import_input(step.index, value))
+            else:
+                user_arrays.append(torch_to_device(tensor, self.device, owned=False))
+        arrays = plan.arguments(user_arrays)
+        del user_arrays
+        if plan.donated_state:
+            self._check_donated_state(plan)
+        try:
+            results = self._loaded.execute_sharded(arrays)
+            outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
+            # Zero-copy imports of caller tensors are read until the program
+            # ends: return only then (the caller may write them next).
+            for output in outputs:
+                output.block_until_ready()
+        except Exception as error:
+            for step in plan.steps:
+                if step.slot is not None:
+                    self._state_array(step.name)  # a consumed state buffer, in words
+            raise ExecutionError(f"XLA execution failed: {error}") from None
+        del results
+        self._calls += 1
+        # The arrays of state and DeviceTensors that commit reads; dropping
+        # the list drops the zero-copy imports of caller tensors (they hold
+        # a reference to the caller's storage, which would block re-seating).
+        kept: dict[int, Any] = {step.index: arrays[step.index] for step in plan.kept}
+        del arrays
+        moved = self._check_in_place(plan, inputs, backings, outputs) if backings else _NOTHING
+        # Commit: nothing below can fail on valid inputs (checked above).
+        if plan.consumed:
+            call_name = f"in call {self._calls}"
+            for step in plan.consumed:
+                value = inputs.get(step.index)
+                if step.slot is not None:
+                    if kept[step.index].is_deleted():
+                        step.slot.array = None
+                        step.slot.consumed_by = call_name
+                elif isinstance(value, DeviceTensor):
+                    value._consume(call_name)
+        arg_tensors: dict[int, Any] = {}
+        for step in plan.after:
+            new_value = outputs[step.mutated] if step.mutated is not None else None
+            if step.slot is not None:
+                if new_value is not None:
+                    step.slot.array = self._commit(step.name, kept[step.index], new_value)
+                    step.slot.consumed_by = None
+                continue
+            value = inputs[step.index]
+            backing = backings.get(step.index)
+            if backing is not None and not step.reseat and step.in_place is not None and backing.array.is_deleted():
+                # XLA wrote the aliased output into the donated buffer: that
+                # output now owns the memory the consumed tensor still shows.
+                backing.rebind(outputs[step.in_place])
+            if isinstance(value, DeviceTensor):
+                if new_value is not None:
+                    value._rebind(self._commit(None, kept[step.index], new_value))
+                continue
+            if new_value is None:
+                continue
+            if step.index not in moved:
+                self._update_caller_tensor(step.index, value, new_value, backing, step.index in reseatable)
+            # Views of the new value share the caller's tensor, as in eager;
+            # a non-contiguous caller's tensor cannot be the base of the
+            # recorded row-major layouts, so they view the new value instead.
+            arg_tensors[step.index] = value if value.is_contiguous() and not value.is_conj() and not value.is_neg() else array_to_torch(new_value)
+        if plan.direct_outputs:
+            if plan.host_results:
+                flat = [_host_result(outputs[result.position], result) for result in plan.outputs]
+            else:
+                flat = [array_to_torch(outputs[result.position]) for result in plan.outputs]
+            if self._flat_outputs:
+                return flat[0] if self._single_output else tuple(flat)
+            return pytree.tree_unflatten(flat, self._signature.out_spec)
+        for step in plan.user_steps:
+            if step.index not in arg_tensors and step.index in bases:
+                arg_tensors[step.index] = bases[step.index]
+        return self._assemble_outputs(inputs, arg_tensors, dict(zip(self._result_keys, outputs)))
+
+    def _import_input(self, index: int, tensor: torch.Tensor) -> jax.Array:
+        """The CPU device's zero-copy view of read-only input ``tensor``
+        (contiguous, no lazy bits).  The import of the previous call is
+        reused while it is the same tensor object at the same address: the
+        import *is* that memory (no copy), so it always shows the tensor's
+        current data, however it was written (``.numpy()`` writes bump no
+        version counter), and it keeps the memory it views alive.  Shape and
+        dtype were checked, so the same address means the same bytes.  The
+        entry goes when the tensor does (or a new tensor is passed); only
+        read-only inputs are imported this way, so it never stands in the way
+        of re-seating a written one, nor is it ever donated."""
+        found = self._imports.get(index)
+        address = tensor.data_ptr()
+        if found is not None and found[0]() is tensor and found[1] == address:
+            return found[2]
+        # Exported from a new tensor over the same storage: an export of
+        # ``tensor`` itself would keep its Python object alive (torch
+        # preserves it while its C++ tensor is referenced), so the entry
+        # would never go.
+        array = torch_to_device(tensor.detach(), self.device, owned=False)
+        if array.unsafe_buffer_pointer() == address:  # zero-copy: safe to reuse
+            reference = weakref.ref(tensor, functools.partial(_forget_import, self._imports, index))
+            self._imports[index] = (reference, address, array)
+        return array
+
+    def _check_donated_state(self, plan: _CallPlan) -> None:
+        """DonatedBufferError for a donated state buffer already consumed,
+        ExecutionError for one buffer taken twice as a donor (tied state).
+        Other state is not checked here: a consumed buffer is None in the
+        argument list or a deleted array, which PJRT refuses before running
+        anything, and the error path of the call names it."""
+        donors: dict[int, int] = {}
+        for step in plan.donated_state:
+            array = self._state_array(step.name)
+            if id(array) in donors:
+                raise ExecutionError(
+                    f"module state '{step.name}' is the same buffer as "
+                    f"'{self._names[donors[id(array)]]}' (tied) and the program writes or "
+                    "donates it; XLA cannot take one buffer twice as a donor"
+                )
+            donors[id(array)] = step.index
+
+    def _check_in_place(
+        self, plan: _CallPlan, inputs: dict[int, Any], backings: dict[int, HostBacking],
+        outputs: list[jax.Array],
+    ) -> set[int] | frozenset[int]:
+        """Check that XLA wrote each donated runtime buffer's aliased result
+        in place (the runtime relies on it: the caller's tensor shows that
+        memory).  PJRT does so whenever it takes a donation; if it ever did
+        not, the donated memory is released under the tensor, so the tensor
+        is moved onto the result (correct when nothing else views its
+        storage); with other views, ExecutionError: they show released memory.
+        Returns the inputs so moved (they hold their new value)."""
+        moved: set[int] = set()
+        for index, backing in backings.items():
+            if not backing.array.is_deleted():
+                continue  # not donated: XLA wrote elsewhere and commit copies back
+            step = plan.steps[index]
+            assert step.in_place is not None
+            result = outputs[step.in_place]
+            if result.unsafe_buffer_pointer() == backing.address:
+                continue
+            value = inputs[index]
+            alone = _can_reseat(value)
+            tensor, fresh = host_backed_tensor(result, value.dtype, tuple(value.shape), backing.nbytes)
+            with torch.no_grad():
+                value.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
+            _register_backing(fresh)
+            moved.add(index)
+            if not alone:
+                raise ExecutionError(
+                    f"XLA wrote the new value of input '{step.name}' to a new buffer instead of into its "
+                    "donated buffer; the tensor now holds it, but other views of its old memory are invalid"
+                )
+        return moved
+
     def _update_caller_tensor(
         self, index: int, value: torch.Tensor, new_value: jax.Array, backing: HostBacking | None,
         reseatable: bool,
@@ -1268,7 +1594,7 @@ class Executable:
         torch_results: dict[str, Any] = {}
 
         def base_tensor(key: str) -> Any:
-            kind, index = A.parse_key(key)
+            kind, index = self._rebuild_bases[key]
             if kind == "output":
                 return result(key)
             state_name = self._arg_plan[index][1]
@@ -1331,7 +1657,7 @@ class Executable:
         expected_shape, expected_dtype = self._arg_types[index]
         if (
             isinstance(value, torch.Tensor) and value.dtype == expected_dtype and value.shape == expected_shape
-            and value.device.type == "cpu" and value.layout is torch.strided
+            and value.is_cpu and value.layout is torch.strided
         ):
             return
         name = self._names[index]
@@ -1357,32 +1683,59 @@ class Executable:
             )
 
 
-_BACKINGS: dict[int, "weakref.ref[HostBacking]"] = {}
+_NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing
+_NOTHING: frozenset[int] = frozenset()
+_BACKINGS: dict[int, "_BackingRef"] = {}
+
+
+class _BackingRef(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to a :class:`HostBacking` that knows its address
+    (one is made per CPU result of every call: no closure per entry)."""
+
+    __slots__ = ("address",)
+    address: int
+
+
+def _forget_backing(reference: _BackingRef) -> None:
+    if _BACKINGS.get(reference.address) is reference:
+        del _BACKINGS[reference.address]
 
 
 def _register_backing(backing: HostBacking) -> None:
     """Index ``backing`` by address; the entry goes when the backing does."""
-    address = backing.address
+    reference = _BackingRef(backing, _forget_backing)
+    reference.address = backing.address
+    _BACKINGS[backing.address] = reference
 
-    def forget(reference: "weakref.ref[HostBacking]") -> None:
-        if _BACKINGS.get(address) is reference:
-            del _BACKINGS[address]
 
-    _BACKINGS[address] = weakref.ref(backing, forget)
+def _forget_import(imports: dict[int, Any], index: int, reference: "weakref.ref[torch.Tensor]") -> None:
+    """Drop input ``index``'s cached import once its tensor is gone."""
+    found = imports.get(index)
+    if found is not None and found[0] is reference:
+        del imports[index]
 
 
 def _backing_of(tensor: torch.Tensor) -> HostBacking | None:
     """The runtime buffer backing all of ``tensor`` (re-seated by an earlier
     call), or None."""
-    if tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
+    found = _BACKINGS.get(tensor.data_ptr())  # the first element's address
+    if found is None or tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
         return None
-    found = _BACKINGS.get(tensor.untyped_storage().data_ptr())
-    backing = found() if found is not None else None
+    backing: HostBacking | None = found()
     if backing is None or backing.array.is_deleted():
         return None
     if backing.nbytes != tensor.untyped_storage().nbytes() or backing.nbytes != tensor.numel() * tensor.element_size():
         return None
     return backing
+
+
+def _host_result(array: jax.Array, result: _ResultStep) -> torch.Tensor:
+    """:func:`_result_tensor` of a CPU result, its type from the call plan."""
+    if result.nbytes == 0:
+        return array_to_torch(array)
+    tensor, backing = host_backed_tensor(array, result.dtype, result.shape, result.nbytes)
+    _register_backing(backing)
+    return tensor
 
 
 def _result_tensor(array: jax.Array) -> torch.Tensor:
@@ -1431,11 +1784,14 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
-    """First and one-past-last byte of ``tensor``'s elements in memory."""
+    """First and one-past-last byte of ``tensor``'s elements in memory
+    (``data_ptr`` is the first element's address, offset included)."""
     size = tensor.element_size()
-    start = tensor.untyped_storage().data_ptr() + tensor.storage_offset() * size
+    start = tensor.data_ptr()
+    if tensor.is_contiguous():
+        return start, start + tensor.numel() * size
     extent = sum((int(n) - 1) * abs(int(s)) for n, s in zip(tensor.shape, tensor.stride()))
-    return int(start), int(start + (extent + 1) * size)
+    return start, start + (extent + 1) * size
 
 
 _EXACT_OVERLAP_LIMIT = 1 << 20

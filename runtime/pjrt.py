@@ -44,6 +44,9 @@ from hloalias.mlir import (
 from hloalias.repro import write_repro
 from hloalias.runtime import disk_cache
 
+# torch's C-level DLPack export (Tensor.__dlpack__ wraps it in Python checks).
+_torch_to_dlpack: Any = getattr(torch.utils.dlpack, "to_dlpack")
+
 
 @dataclasses.dataclass(frozen=True)
 class MemoryStats:
@@ -162,16 +165,20 @@ def memory_stats(loaded: Any) -> MemoryStats:
 def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Array:
     """``tensor`` on ``device``.  On a CPU device with ``owned=False`` this is
     zero-copy (DLPack).  ``owned=True`` always copies into a buffer PJRT
-    owns, which it can reuse when the array is donated."""
-    tensor = tensor.detach()
+    owns, which it can reuse when the array is donated.  ``tensor`` must have
+    no lazy conjugate/negative bit (DLPack exports the raw memory)."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    if device.platform == "cpu" and not owned and tensor.device.type == "cpu":
+    if not owned and tensor.is_cpu and device.platform == "cpu":
         if _dlpack_to_buffer is not None:
-            # jaxlib's direct entry: ~10x cheaper than jax.dlpack.from_dlpack,
-            # which dominates the per-call host overhead otherwise.
+            # jaxlib's direct entry, fed torch's C-level export: ~3x cheaper
+            # than jax.dlpack.from_dlpack (which dominates the per-call host
+            # overhead otherwise); the checks Tensor.__dlpack__ makes in
+            # Python (grad, conjugate bit, layout) are the caller's.
             try:
-                return _dlpack_to_buffer(tensor.__dlpack__(), device, None)
+                return _dlpack_to_buffer(_torch_to_dlpack(tensor), device, None)
             except Exception:
                 pass
         with jax.enable_x64(True):
@@ -199,6 +206,15 @@ def array_to_torch(array: jax.Array) -> torch.Tensor:
     return torch.utils.dlpack.from_dlpack(np.asarray(array).copy())
 
 
+# numpy's array-interface type string of the torch dtypes numpy has: a
+# result tensor in one of them is built in one step (others through bytes).
+_TYPESTRS: dict[torch.dtype, str] = {
+    torch.float64: "<f8", torch.float32: "<f4", torch.float16: "<f2",
+    torch.int64: "<i8", torch.int32: "<i4", torch.int16: "<i2", torch.int8: "|i1",
+    torch.uint8: "|u1", torch.bool: "|b1", torch.complex64: "<c8", torch.complex128: "<c16",
+}
+
+
 class HostBacking:
     """A PJRT-owned CPU buffer lent to torch *without* a DLPack export, so
     PJRT still sees itself as the buffer's only owner and can donate it
@@ -209,35 +225,52 @@ class HostBacking:
     after a call donated ``array`` in place, :meth:`rebind` hands ownership
     to the result, which lives at the same address.  Only for buffers
     aliased to their own new value: a donated buffer XLA did not write in
-    place would be freed under the tensor."""
+    place is freed under the tensor (the runtime checks the address after
+    every such call; see ``Executable``).
 
-    def __init__(self, array: jax.Array) -> None:
+    ``nbytes``, when the caller knows it (from the compiled program's
+    types), saves reading it from the array."""
+
+    # One is made per CPU result of every call: slots keep that cheap.
+    __slots__ = ("array", "address", "nbytes", "__array_interface__", "__weakref__")
+
+    def __init__(self, array: jax.Array, nbytes: int | None = None) -> None:
         # Execution and transfers are asynchronous: the raw pointer is only
         # safe to read once the buffer is ready (DLPack would wait too).
         array.block_until_ready()
         self.array = array
         self.address = array.unsafe_buffer_pointer()
-        self.nbytes = array.nbytes
-        self.__array_interface__ = {
-            "data": (self.address, False), "shape": (self.nbytes,), "typestr": "|u1", "version": 3,
-        }
+        self.nbytes = array.nbytes if nbytes is None else nbytes
+        self.__array_interface__: dict[str, Any] | None = None
+
+    def _interface(self, shape: tuple[int, ...], typestr: str) -> dict[str, Any]:
+        return {"data": (self.address, False), "shape": shape, "typestr": typestr, "version": 3}
 
     def tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """A torch tensor over the buffer's memory (no copy)."""
-        raw = torch.from_numpy(np.asarray(self))
-        return raw.view(dtype).view(shape)
+        """A torch tensor over the buffer's memory (no copy), row-major."""
+        # numpy reads the interface once, when the array is made; the array
+        # (and through it the torch tensor) keeps this object as its base.
+        typestr = _TYPESTRS.get(dtype)
+        if typestr is not None:
+            self.__array_interface__ = self._interface(shape, typestr)
+            return torch.from_numpy(np.asarray(self))
+        self.__array_interface__ = self._interface((self.nbytes,), "|u1")
+        return torch.from_numpy(np.asarray(self)).view(dtype).view(shape)
 
     def rebind(self, array: jax.Array) -> bool:
         """Take ``array`` as the owner of the memory; False (nothing changed)
-        unless it lives at the same address."""
-        if array.unsafe_buffer_pointer() != self.address or array.nbytes != self.nbytes:
+        unless it lives at the same address.  ``array`` is the aliased new
+        value of this buffer's array, so it has the same type and size."""
+        if array.unsafe_buffer_pointer() != self.address:
             return False
         array.block_until_ready()
         self.array = array
         return True
 
 
-def host_backed_tensor(array: jax.Array, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[torch.Tensor, HostBacking]:
+def host_backed_tensor(
+    array: jax.Array, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int | None = None
+) -> tuple[torch.Tensor, HostBacking]:
     """A torch tensor backed by the CPU buffer ``array`` (see :class:`HostBacking`)."""
-    backing = HostBacking(array)
+    backing = HostBacking(array, nbytes)
     return backing.tensor(dtype, shape), backing

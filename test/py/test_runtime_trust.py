@@ -450,3 +450,166 @@ def test_4_donating_a_result_to_the_next_call_reuses_its_buffer() -> None:
         y = exe(y)
         assert y.data_ptr() == address  # XLA wrote in place into the donated result
     assert torch.equal(y, torch.full((64,), 15.0))
+
+
+# -- 15: the precomputed call plan (issue 14) ------------------------------------------------
+# A plan holds facts of the program only: a tensor that changes between calls
+# is checked (and read) afresh on every call.
+
+
+def test_15_a_tensor_whose_shape_or_dtype_changed_since_the_last_call_is_refused() -> None:
+    exe = hloalias.compile(write_first_row, (torch.zeros(4, 8), torch.zeros(8)))
+    cache, row = torch.zeros(4, 8), torch.ones(8)
+    exe(cache, row)  # cache is now backed by the runtime's buffer
+    for changed in (torch.zeros(5, 8), torch.zeros(4, 8, dtype=torch.float64)):
+        cache.data = changed
+        with pytest.raises(ExecutionError, match="input 'cache' is torch.float"):
+            exe(cache, row)
+        assert torch.equal(cache, changed)  # untouched
+    row.data = torch.ones(8, dtype=torch.int32)
+    cache.data = torch.zeros(4, 8)
+    with pytest.raises(ExecutionError, match="input 'row' is torch.int32"):
+        exe(cache, row)
+    with pytest.raises(ExecutionError, match="input 'row' is on device 'meta'"):
+        exe(cache, torch.ones(8, device="meta"))
+
+
+def test_15_a_re_seated_tensor_moved_to_other_memory_is_read_from_there() -> None:
+    exe = hloalias.compile(write_first_row, (torch.zeros(4, 8), torch.zeros(8)))
+    cache = torch.zeros(4, 8)
+    exe(cache, torch.ones(8))
+    elsewhere = torch.full((4, 8), 7.0)
+    cache.set_(elsewhere.untyped_storage(), 0, (4, 8), (8, 1))  # now shares 'elsewhere'
+    exe(cache, torch.full((8,), 2.0))
+    expected = torch.full((4, 8), 7.0)
+    expected[0] = 2.0
+    assert torch.equal(cache, expected) and torch.equal(elsewhere, expected)  # a view of it, as eager
+    # Transposed strides over the same storage: the new layout is honoured.
+    storage = torch.arange(32.0).untyped_storage()
+    cache.set_(storage, 0, (4, 8), (1, 4))
+    eager = torch.arange(32.0).reshape(8, 4).t().clone()
+    eager[0] = 3.0
+    exe(cache, torch.full((8,), 3.0))
+    assert torch.equal(cache, eager)
+
+
+def test_15_an_input_written_through_numpy_between_calls_is_read_afresh() -> None:
+    exe = hloalias.compile(lambda x: x * 2, (torch.zeros(4),))
+    x = torch.zeros(4)
+    assert torch.equal(exe(x), torch.zeros(4))
+    x.numpy()[:] = 3.0  # does not bump x._version
+    assert torch.equal(exe(x), torch.full((4,), 6.0))
+
+
+class ReadsWeight(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+def test_15_state_consumed_by_another_executable_is_a_donated_buffer_error() -> None:
+    module = ReadsWeight()
+    reader = hloalias.compile(module, (torch.ones(4),))
+    donor = hloalias.compile(module, (torch.ones(4, dtype=torch.float32) * 2,), donate_state=["weight"], pipeline=None)
+    with torch.no_grad():
+        torch.testing.assert_close(donor(torch.ones(4)), torch.ones(4))
+        if not donor._slots["weight"].consumed_by:
+            pytest.skip("XLA kept the donated weight (no temporary to reuse it for)")
+        with pytest.raises(hloalias.DonatedBufferError, match="module state 'weight' was donated in call 1"):
+            reader(torch.ones(4))
+        reader.load_state_dict({"weight": torch.full((4,), 3.0)})
+        torch.testing.assert_close(reader(torch.ones(4)), torch.full((4,), 3.0))
+
+
+class _NotInPlace:
+    """A loaded executable whose result ``position`` comes back in a new
+    buffer instead of the donated one (what the runtime assumes XLA never
+    does): the original result is dropped, so its memory is released."""
+
+    def __init__(self, loaded: Any, position: int) -> None:
+        self.loaded, self.position = loaded, position
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loaded, name)
+
+    def execute_sharded(self, arrays: Any) -> Any:
+        import jax
+
+        shards = [list(s) for s in self.loaded.execute_sharded(arrays).disassemble_into_single_device_arrays()]
+        shards[self.position] = [jax.device_put(shards[self.position][0], may_alias=False).block_until_ready()]
+
+        class Results:
+            def disassemble_into_single_device_arrays(self) -> Any:
+                return shards
+
+        return Results()
+
+
+def test_15_xla_writing_a_donated_runtime_buffer_elsewhere_moves_the_tensor() -> None:
+    exe = hloalias.compile(write_first_row, (torch.zeros(4, 8), torch.zeros(8)))
+    cache = torch.zeros(4, 8)
+    exe(cache, torch.ones(8))  # re-seated: later calls donate its buffer
+    real = exe._loaded
+    exe._loaded = _NotInPlace(real, exe._result_keys.index("mutation:0"))
+    address = cache.data_ptr()
+    out = exe(cache, torch.full((8,), 2.0))
+    assert cache.data_ptr() != address  # moved onto the result, off the released memory
+    assert torch.equal(cache[0], torch.full((8,), 2.0)) and torch.equal(cache[1:], torch.zeros(3, 8))
+    assert torch.equal(out, torch.full((8,), 4.0))
+    exe._loaded = real
+    exe(cache, torch.full((8,), 5.0))
+    assert torch.equal(cache[0], torch.full((8,), 5.0)) and exe.host_copies == {}
+
+
+def test_15_xla_writing_elsewhere_under_a_held_view_is_an_error() -> None:
+    exe = hloalias.compile(write_first_row, (torch.zeros(4, 8), torch.zeros(8)))
+    cache = torch.zeros(4, 8)
+    exe(cache, torch.ones(8))
+    row_view = cache[1]  # a view of the buffer XLA is about to release
+    exe._loaded = _NotInPlace(exe._loaded, exe._result_keys.index("mutation:0"))
+    with pytest.raises(ExecutionError, match="input 'cache' to a new buffer.*other views of its old memory"):
+        exe(cache, torch.full((8,), 2.0))
+    assert torch.equal(cache[0], torch.full((8,), 2.0))  # the tensor itself holds its new value
+    del row_view  # shows released memory: never read
+
+
+def test_15_a_read_only_input_moved_or_resized_between_calls_is_read_from_its_new_memory() -> None:
+    exe = hloalias.compile(lambda x: x * 2, (torch.zeros(4),))
+    x = torch.zeros(4)
+    exe(x)
+    x.set_(torch.full((4,), 5.0).untyped_storage(), 0, (4,), (1,))  # other memory
+    assert torch.equal(exe(x), torch.full((4,), 10.0))
+    x.untyped_storage().resize_(0)  # storage reallocated in place
+    x.untyped_storage().resize_(16)
+    x.fill_(1.0)
+    assert torch.equal(exe(x), torch.full((4,), 2.0))
+    x.set_(torch.arange(8.0).untyped_storage(), 0, (4,), (2,))  # strided: copied, not imported as is
+    assert torch.equal(exe(x), torch.tensor([0.0, 4.0, 8.0, 12.0]))
+
+
+def test_15_a_read_only_input_is_not_held_after_the_caller_drops_it() -> None:
+    import gc
+    import weakref
+
+    exe = hloalias.compile(lambda x: x * 2, (torch.zeros(1024),))
+    x = torch.ones(1024)
+    exe(x)
+    storage = weakref.ref(x.untyped_storage())
+    del x
+    gc.collect()
+    assert exe._imports == {}
+    assert storage() is None
+
+
+def test_15_an_input_read_by_one_executable_and_written_by_another_stays_right() -> None:
+    reader = hloalias.compile(lambda x: x * 2, (torch.zeros(4, 8),))
+    writer = hloalias.compile(write_first_row, (torch.zeros(4, 8), torch.zeros(8)))
+    cache = torch.zeros(4, 8)
+    for step in range(1, 4):
+        assert torch.equal(reader(cache)[0], torch.full((8,), 2.0 * (step - 1)))
+        writer(cache, torch.full((8,), float(step)))
+        assert torch.equal(cache[0], torch.full((8,), float(step)))
+    assert torch.equal(reader(cache)[0], torch.full((8,), 6.0))
