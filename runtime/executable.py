@@ -771,6 +771,19 @@ class _CallPlan:
         #: the argument list is the state arrays followed by the user ones.
         self.state_first = all(step.slot is not None for step in steps[:len(self.state_slots)])
         self.donated_state = tuple(step for step in steps if step.slot is not None and step.donated)
+        #: State whose slot layout may differ from the one this program
+        #: reads (permute-conv-kernel-state): (position among the state
+        #: arrays, name, slot, the layout read here).  Compared on each call,
+        #: since a slot's layout can change after the plan is built; it only
+        #: ever changes back to torch's (a later executable that writes,
+        #: donates or views the tensor), so state that is in torch's layout
+        #: now and read in torch's layout here stays matched and is not listed.
+        state_steps = [step for step in steps if step.slot is not None]
+        self.stored_layouts = tuple(
+            (position, step.name, step.slot, exe._stored_layouts.get(step.name))
+            for position, step in enumerate(state_steps)
+            if step.slot is not None and (step.name in exe._stored_layouts or step.slot.layout is not None)
+        )
         self.consumed = tuple(step for step in steps if step.donated and step.mutated is None)
         #: Arguments with something to do after the call: mutated ones and
         #: donors written in place into a runtime buffer.
@@ -795,10 +808,15 @@ class _CallPlan:
         )
         self.direct_outputs = self.direct_outputs and len(self.outputs) == len(exe._output_keys)
 
-    def arguments(self, user_arrays: list[jax.Array]) -> list[jax.Array | None]:
+    def arguments(self, exe: "Executable", user_arrays: list[jax.Array]) -> list[jax.Array | None]:
         """The argument list in @main order: the state slots' current arrays
-        (None where a slot's buffer was consumed) and ``user_arrays``."""
+        (None where a slot's buffer was consumed; a copy in this program's
+        layout where the slot holds another: ``Executable._state_array``)
+        and ``user_arrays``."""
         state = [slot.array for slot in self.state_slots]
+        for position, name, slot, layout in self.stored_layouts:
+            if slot.layout != layout:
+                state[position] = exe._state_array(name)
         if self.state_first:
             return state + user_arrays
         arrays: list[jax.Array | None] = [None] * len(self.steps)
@@ -1393,7 +1411,7 @@ class Executable:
                 user_arrays.append(self._import_input(step.index, value))
             else:
                 user_arrays.append(torch_to_device(tensor, self.device, owned=False))
-        arrays = plan.arguments(user_arrays)
+        arrays = plan.arguments(self, user_arrays)
         del user_arrays
         if plan.donated_state:
             self._check_donated_state(plan)
