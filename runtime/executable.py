@@ -28,8 +28,10 @@
 - Inputs must match the example inputs' shapes and dtypes; anything else is
   an :class:`ExecutionError` (compile again for another signature).  Calls
   bind like the eager function: positional or keyword, in any order.
-- Non-contiguous user inputs, and inputs with a lazy conjugate or negative
-  bit, are copied first; views rebuilt from them are views of that copy.
+- Non-contiguous user inputs are copied to the device row-major; a
+  returned view of one is a view of the caller's tensor in its own strides
+  (:mod:`hloalias.runtime.strided_views`).  Inputs with a lazy conjugate or
+  negative bit are resolved first; views of them view the resolved copy.
 - Two inputs that share memory where the program writes or donates either
   are refused before anything runs (eager would let one see the other's
   update mid-program; XLA cannot).
@@ -70,6 +72,7 @@ from hloalias.pipeline import (
 )
 from hloalias.runtime.export_cache import import_cached
 from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_shardings
+from hloalias.runtime.strided_views import strided_view_of
 from hloalias.runtime.pjrt import (
     HostBacking,
     MemoryStats,
@@ -1361,13 +1364,14 @@ class Executable:
                     value._rebind(self._commit(None, kept[index], new_value))
                 continue
             if new_value is None:
-                arg_tensors[index] = bases[index]
+                arg_tensors[index] = _view_base(value, bases[index])
                 continue
             self._update_caller_tensor(index, value, new_value, backings.get(index), index in reseatable)
-            # Views of the new value share the caller's tensor, as in eager;
-            # a non-contiguous caller's tensor cannot be the base of the
-            # recorded row-major layouts, so they view the new value instead.
-            arg_tensors[index] = value if value.is_contiguous() and not value.is_conj() and not value.is_neg() else array_to_torch(new_value)
+            # Views of the new value share the caller's tensor, as in eager
+            # (whatever its strides: _assemble_outputs); one with a lazy bit
+            # holds other values than its storage, so they view the new value.
+            view_base = _view_base(value, None)
+            arg_tensors[index] = view_base if view_base is not None else array_to_torch(new_value)
         return self._assemble_outputs(inputs, arg_tensors, produced)
 
     def _run_planned(self, plan: _CallPlan, inputs: dict[int, Any]) -> Any:
@@ -1381,8 +1385,7 @@ class Executable:
             for step in plan.user_steps:
                 value = inputs[step.index]
                 if not isinstance(value, DeviceTensor):
-                    tensor = _resolved(value)
-                    views_of[step.index] = tensor if tensor.is_contiguous() else tensor.contiguous()
+                    views_of[step.index] = _view_base(value, _resolved(value))
             return self._assemble_outputs(inputs, views_of, {})
         bases: dict[int, torch.Tensor] = {}
         backings: dict[int, HostBacking] = {}
@@ -1468,10 +1471,11 @@ class Executable:
                 continue
             if step.index not in moved:
                 self._update_caller_tensor(step.index, value, new_value, backing, step.index in reseatable)
-            # Views of the new value share the caller's tensor, as in eager;
-            # a non-contiguous caller's tensor cannot be the base of the
-            # recorded row-major layouts, so they view the new value instead.
-            arg_tensors[step.index] = value if value.is_contiguous() and not value.is_conj() and not value.is_neg() else array_to_torch(new_value)
+            # Views of the new value share the caller's tensor, as in eager
+            # (whatever its strides: _assemble_outputs); one with a lazy bit
+            # holds other values than its storage, so they view the new value.
+            view_base = _view_base(value, None)
+            arg_tensors[step.index] = view_base if view_base is not None else array_to_torch(new_value)
         if plan.direct_outputs:
             if plan.host_results:
                 flat = [_host_result(outputs[result.position], result) for result in plan.outputs]
@@ -1482,7 +1486,7 @@ class Executable:
             return pytree.tree_unflatten(flat, self._signature.out_spec)
         for step in plan.user_steps:
             if step.index not in arg_tensors and step.index in bases:
-                arg_tensors[step.index] = bases[step.index]
+                arg_tensors[step.index] = _view_base(inputs[step.index], bases[step.index])
         return self._assemble_outputs(inputs, arg_tensors, dict(zip(self._result_keys, outputs)))
 
     def _import_input(self, index: int, tensor: torch.Tensor) -> jax.Array:
@@ -1635,7 +1639,7 @@ class Executable:
                 else:
                     base = base_tensor(rebuild.base)
                     same = rebuild.identity and base.dtype == rebuild.dtype
-                    value = base if same else _as_view(base, rebuild)
+                    value = base if same else _view_of(base, rebuild)
                     if value.requires_grad:
                         # Compiled results never carry autograd history:
                         # a pass-through of a grad input is its detach().
@@ -1839,6 +1843,32 @@ def _element_bytes(tensor: torch.Tensor) -> torch.Tensor:
         offsets = (offsets[:, None] + torch.arange(n, dtype=torch.int64) * s).reshape(-1)
     base = tensor.untyped_storage().data_ptr()
     return (base + offsets[:, None] * size + torch.arange(size, dtype=torch.int64)).reshape(-1)
+
+
+def _view_base(value: Any, fallback: Any) -> Any:
+    """The tensor a rebuilt view of user input ``value`` is a view of: the
+    caller's tensor itself, whatever its strides (as in eager), unless it
+    carries a lazy conjugate/negative bit (its storage then holds other
+    values than it shows): then ``fallback``, the resolved copy."""
+    if isinstance(value, torch.Tensor) and not value.is_conj() and not value.is_neg():
+        return value
+    return fallback
+
+
+def _view_of(base: torch.Tensor, rebuild: _Rebuild) -> torch.Tensor:
+    """The removed result as a view of ``base``.  The recorded geometry is
+    in ``base``'s row-major layout; a caller's tensor laid out otherwise
+    (``y.t()``, channels-last) gets the view of its own storage that holds
+    the same elements (:func:`strided_view_of`), as eager's view does, and
+    only where no strided view holds them (or the view changes the dtype)
+    a view of a row-major copy."""
+    if base.is_contiguous():
+        return _as_view(base, rebuild)
+    if base.dtype == rebuild.dtype:
+        view = strided_view_of(base, rebuild.sizes, rebuild.strides, rebuild.offset)
+        if view is not None:
+            return view
+    return _as_view(base.contiguous(), rebuild)
 
 
 def _as_view(base: torch.Tensor, rebuild: _Rebuild) -> torch.Tensor:

@@ -6,7 +6,8 @@ StableHLO values have).  A caller's tensor that is not row-major
 (``y.t()``, channels-last) holds the same elements elsewhere in its
 storage; :func:`strided_view_of` finds the view of that tensor holding the
 view's elements, when one exists, so a returned view shares the caller's
-storage as it does in eager.
+storage as it does in eager (``Executable`` rebuilds every view of a
+user input through it when the input is not row-major).
 """
 
 from __future__ import annotations

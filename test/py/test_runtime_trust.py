@@ -5,6 +5,7 @@ convention, errors that are ours.  One case (or more) per numbered item."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -613,3 +614,38 @@ def test_15_an_input_read_by_one_executable_and_written_by_another_stays_right()
         writer(cache, torch.full((8,), float(step)))
         assert torch.equal(cache[0], torch.full((8,), float(step)))
     assert torch.equal(reader(cache)[0], torch.full((8,), 6.0))
+
+
+# -- views of inputs whose layout is not row-major ---------------------------------------------
+
+NON_ROW_MAJOR_VIEWS: dict[str, tuple[Callable[[], torch.Tensor], Callable[[torch.Tensor], Any]]] = {
+    # (the caller's tensor, the program): every first result is a view of the input in eager.
+    "row_of_transpose_read_only": (
+        lambda: torch.arange(12.0).reshape(3, 4).t(), lambda x: (x[1], x * 2),
+    ),
+    "slice_of_mutated_channels_last": (
+        lambda: torch.arange(96.0).reshape(2, 3, 4, 4).to(memory_format=torch.channels_last),
+        lambda x: (x.mul_(2)[:, :1], x.sum()),
+    ),
+    "view_only_program": (lambda: torch.arange(48.0).reshape(6, 8)[::2, 1::3], lambda x: (x[1:],)),
+    "input_returned_as_is": (lambda: torch.arange(12.0).reshape(3, 4).t(), lambda x: (x, x + 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NON_ROW_MAJOR_VIEWS))
+def test_view_of_a_non_row_major_input_is_a_view_of_the_callers_tensor(name: str) -> None:
+    """A returned view of an input laid out otherwise than row-major
+    (transposed, channels-last, strided) is a view of the caller's tensor,
+    as in eager: a write through it reaches the caller (it was a view of a
+    row-major copy)."""
+    make, program = NON_ROW_MAJOR_VIEWS[name]
+    executable = hloalias.compile(program, (make(),))
+    ours_input, eager_input = make(), make()
+    ours, eager = executable(ours_input)[0], program(eager_input)[0]
+    torch.testing.assert_close(ours, eager, rtol=0, atol=0)
+    torch.testing.assert_close(ours_input, eager_input, rtol=0, atol=0)
+    assert ours.untyped_storage().data_ptr() == ours_input.untyped_storage().data_ptr()
+    assert ours.storage_offset() == eager.storage_offset()
+    ours.fill_(-1.0)
+    eager.fill_(-1.0)
+    torch.testing.assert_close(ours_input, eager_input, rtol=0, atol=0)
