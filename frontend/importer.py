@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.fx.experimental.symbolic_shapes
 from torch.export import ExportedProgram
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
@@ -213,7 +214,9 @@ def import_torch(
     try:
         exported = decompose(exported, _decomposition_table())
     except Exception as error:  # torch raises many types here
-        raise TorchImportError(f"torch.export decompositions failed: {error}") from error
+        raise TorchImportError(
+            f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
+        ) from error
     _clamp_slice_bounds(exported.graph_module.graph)
     _float_comparison_scalars(exported.graph_module.graph)
     _strided_copies_to_clones(exported.graph_module.graph)
@@ -448,7 +451,23 @@ def _export(
                 f"torch.export failed for {_describe(f)}: it returns a {type_name}, which hloalias "
                 f"cannot return.{hint}"
             ) from error
-        raise TorchImportError(f"torch.export failed for {_describe(f)}: {error}") from error
+        raise TorchImportError(
+            f"torch.export failed for {_describe(f)}{_data_dependent_hint(error)}: {error}"
+        ) from error
+
+
+def _data_dependent_hint(error: BaseException) -> str:
+    """What to write instead, when ``error`` is torch's failure to trace a
+    tensor's value used as a Python number (empty otherwise)."""
+    if not isinstance(error, torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode):
+        return ""
+    return (
+        ". The program uses a tensor's value as a Python number: indexing with a 0-d tensor "
+        "(`x[:, pos] = v`, `x[pos]`) calls `pos.item()`, as do `int(t)` and `if t > 0:`. An XLA "
+        "program reads no values on the host: index with the tensor "
+        "(`x.index_copy_(dim, pos.view(1), v.unsqueeze(dim))`, `x.index_select(dim, pos.view(1))`, "
+        "`torch.where`), or pass a Python int (baked into the program: one compile per value)"
+    )
 
 
 _UNKNOWN_OUTPUT_RE = re.compile(r"Found <class '([^']+)'> in output, which is not a known type")

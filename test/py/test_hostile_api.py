@@ -453,6 +453,12 @@ IMPORT_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any
     "unknown_output_type": (
         lambda x: ValueError(x), (torch.randn(2, 3),), {}, "torch.export failed for",
     ),
+    # cache[:, pos] with a 0-d tensor pos: pos.item() in the trace.
+    "tensor_value_used_as_index": (
+        lambda cache, new, pos: cache[:, pos].copy_(new),
+        (torch.zeros(2, 8, 4), torch.randn(2, 4), torch.tensor(3)), {},
+        "uses a tensor's value as a Python number",
+    ),
     # torch-mlir does not know silu_backward (a torch.operator): the message
     # names it, not the embedding before it, which lowers fine.
     "op_torch_mlir_cannot_lower": (
