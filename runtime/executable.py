@@ -234,7 +234,12 @@ class _StateSlot:
     def array(self, value: jax.Array | None) -> None:
         # A program compiled for the other interpretation of the same bits
         # (bf16 vs. its i16 bits) wrote the state: store its bits as ours.
-        if value is not None and _torch_dtype_of_jax(value.dtype) != self.stored_dtype:
+        # (``_array``, when set, has the stored dtype: the usual case is one
+        # dtype comparison.)
+        current = self._array
+        if value is not None and (current is None or value.dtype != current.dtype) and (
+            _torch_dtype_of_jax(value.dtype) != self.stored_dtype
+        ):
             value = self._reinterpreted(value)
         self._array = value
 
@@ -293,8 +298,9 @@ class _StateSlot:
         array = self._array
         fresh = None if array is None or array.is_deleted() else self.array_in(array, self.layout, None)
         self.bits = None
-        # A consumed (deleted) buffer stays as it is: using it still names the donation.
-        self._array = fresh if fresh is not None else array
+        # A consumed buffer becomes None (using it still names the donation):
+        # ``_array``, when set, always has the stored dtype.
+        self._array = fresh
 
 
 def _form_text(layout: StoredLayout | None, bits: torch.dtype | None = None) -> str:
