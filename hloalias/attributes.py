@@ -39,6 +39,16 @@ On ``@main``'s arguments (``arg_attrs``):
     that hold the permuted tensor's elements in reverse order
     (``tensor.permute(P).flip(R)``), for a convolution that reads its kernel
     with ``window_reversal`` on them.
+``hloalias.stored_bits_of``  (type: ``bf16``, ``f16``, ``f32`` or ``f64``)
+    Written by ``store-state-as-bits`` on module state: the argument holds
+    the bit pattern of a torch tensor of this float element type, and its
+    type is the same shape in the signless integer of the same width
+    (``tensor.view(torch.int16)`` for bf16/f16).  When the state is mutated
+    its new value (the ``hloalias.mutates`` result) has that integer type
+    too.  The runtime uploads the state's bits once and reinterprets them
+    for ``state_dict()``.  Only on state (not a user input) without
+    ``mhlo.sharding`` or ``hloalias.stored_permutation``, that is no rebuilt
+    view's base (neither ``arg:I`` nor ``mutation:I``).
 
 On ``@main``'s results (``res_attrs``):
 
@@ -98,6 +108,7 @@ ARG_DONATION: Final = "hloalias.donation"
 ARG_UNUSED_DONATION: Final = "hloalias.unused_donation"
 ARG_STORED_PERMUTATION: Final = "hloalias.stored_permutation"
 ARG_STORED_REVERSED: Final = "hloalias.stored_reversed"
+ARG_STORED_BITS_OF: Final = "hloalias.stored_bits_of"
 RESULT_ROLE: Final = "hloalias.role"
 RESULT_OUTPUT: Final = "hloalias.output"
 RESULT_MUTATES: Final = "hloalias.mutates"

@@ -40,8 +40,11 @@ REMOVAL_REASONS = (A.REASON_VIEW, A.REASON_PASS_THROUGH, A.REASON_DUPLICATE, A.R
 # Contract attributes on arguments and results: what ``to_attrs`` owns.
 _ARG_NAMES = (
     A.ARG_KIND, A.ARG_NAME, A.ALIASING_OUTPUT, A.BUFFER_DONOR, A.ARG_DONATION, A.ARG_UNUSED_DONATION,
-    A.SHARDING, A.ARG_STORED_PERMUTATION, A.ARG_STORED_REVERSED,
+    A.SHARDING, A.ARG_STORED_PERMUTATION, A.ARG_STORED_REVERSED, A.ARG_STORED_BITS_OF,
 )
+
+#: Float element types state may be stored as bits of (``hloalias.stored_bits_of``), with their width.
+BITS_OF_FLOAT = {"bf16": 16, "f16": 16, "f32": 32, "f64": 64}
 _RESULT_NAMES = (A.RESULT_ROLE, A.RESULT_OUTPUT, A.RESULT_MUTATES, A.RESULT_STORAGE, A.SHARDING)
 
 
@@ -136,6 +139,8 @@ class ArgRecord:
     sharding: str | None = None  # mhlo.sharding without blanks; None: one device
     # hloalias.stored_permutation / stored_reversed: how the state's device buffer holds it
     stored_layout: StoredLayout | None = None
+    # hloalias.stored_bits_of: the float element type ("bf16") whose bits the integer buffer holds
+    stored_bits_of: str | None = None
 
     @property
     def overwritten(self) -> bool:
@@ -181,9 +186,21 @@ class ArgRecord:
         if reversed_dims is not None and permutation is None:
             raise IRError(f"{what(A.ARG_STORED_REVERSED)} needs '{A.ARG_STORED_PERMUTATION}' beside it")
         layout = None if permutation is None else StoredLayout(permutation, reversed_dims or ())
+        bits_of = None
+        if A.ARG_STORED_BITS_OF in attrs:
+            try:
+                bits_of = str(ir.TypeAttr(attrs[A.ARG_STORED_BITS_OF]).value)
+            except ValueError:
+                raise IRError(
+                    f"{what(A.ARG_STORED_BITS_OF)} must be a type, got {attrs[A.ARG_STORED_BITS_OF]}"
+                ) from None
+            if bits_of not in BITS_OF_FLOAT:
+                raise IRError(
+                    f"{what(A.ARG_STORED_BITS_OF)} is {bits_of}, expected one of {', '.join(BITS_OF_FLOAT)}"
+                )
         return ArgRecord(
             kind, opt_string(A.ARG_NAME), aliasing, donor, donation, opt_string(A.ARG_UNUSED_DONATION),
-            _sharding(opt_string(A.SHARDING)), layout,
+            _sharding(opt_string(A.SHARDING)), layout, bits_of,
         )
 
     def to_attrs(self, attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attribute]:
@@ -207,6 +224,8 @@ class ArgRecord:
             out[A.ARG_STORED_PERMUTATION] = ir.DenseI64ArrayAttr.get(list(self.stored_layout.permutation))
             if self.stored_layout.reversed:
                 out[A.ARG_STORED_REVERSED] = ir.DenseI64ArrayAttr.get(list(self.stored_layout.reversed))
+        if self.stored_bits_of is not None:
+            out[A.ARG_STORED_BITS_OF] = ir.TypeAttr.get(ir.Type.parse(self.stored_bits_of))
         return out
 
 
@@ -508,6 +527,7 @@ class Signature:
                 state = "a removed result" if record.base in seen else "no result of @main"
                 raise IRError(f"{what} is {record.base}, which is {state}: a base must be kept")
         self._check_stored_permutations()
+        self._check_stored_bits()
         holders: dict[int, int] = {}
         for index, arg in enumerate(self.args):
             if arg.aliasing_output is None:
@@ -562,6 +582,35 @@ class Signature:
             if arg.sharding is not None:
                 raise IRError(f"{what} is on a sharded argument: its sharding is in torch's dimensions")
 
+    def _check_stored_bits(self) -> None:
+        """``hloalias.stored_bits_of`` only on unsharded, unpermuted state
+        that no rebuilt view uses as its base, whose type (and its new
+        value's) is the same-width signless integer."""
+        bases = {record.base for record in self.removed if record.base is not None}
+        for index, arg in enumerate(self.args):
+            if arg.stored_bits_of is None:
+                continue
+            what = f"{self.arg_what(index)}: '{A.ARG_STORED_BITS_OF}' = {arg.stored_bits_of}"
+            width = BITS_OF_FLOAT[arg.stored_bits_of]
+            element = ir.RankedTensorType(self.arg_types[index]).element_type
+            if not (isinstance(element, ir.IntegerType) and element.is_signless and element.width == width):
+                raise IRError(f"{what} is on an argument of type {self.arg_types[index]}, expected element type i{width}")
+            if arg.kind not in ("parameter", "buffer", "constant"):
+                raise IRError(f"{what} is on {'an argument without a kind' if arg.kind is None else 'a ' + arg.kind}: "
+                              "only module state is stored as bits")
+            if arg.stored_layout is not None:
+                raise IRError(f"{what} is on an argument also stored permuted ('{A.ARG_STORED_PERMUTATION}')")
+            if A.arg_key(index) in bases or A.mutation_key(index) in bases:
+                raise IRError(f"{what} is on the base of a rebuilt view: the view needs torch's dtype")
+            if arg.sharding is not None:
+                raise IRError(f"{what} is on a sharded argument")
+            for position, result in enumerate(self.results):
+                if result.mutates == index and self.result_types[position] != self.arg_types[index]:
+                    raise IRError(
+                        f"{what}, but its new value (result {position}) has type {self.result_types[position]}: "
+                        "state and new value are stored alike"
+                    )
+
     def write(self, main: func.FuncOp) -> None:
         """Write the records to ``main`` in canonical form, keeping any
         attribute that is not part of the contract."""
@@ -594,7 +643,7 @@ def verify(main: func.FuncOp) -> Signature:
 
 
 __all__ = [
-    "ArgRecord", "DONATION_ORIGINS", "Layout", "inverse_permutation", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord", "StoredLayout",
+    "ArgRecord", "BITS_OF_FLOAT", "DONATION_ORIGINS", "Layout", "inverse_permutation", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord", "StoredLayout",
     "Signature", "check_key", "read_removed_results", "row_major_strides", "verify",
     "write_removed_results",
 ]

@@ -21,6 +21,7 @@ from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowS
 from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
 from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
 from hloalias.passes.reduce_window_in_conv_layout import PoolLayoutReport, ReduceWindowInConvLayout
+from hloalias.passes.store_state_as_bits import BitsReport, StoreStateAsBits
 
 
 def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
@@ -36,12 +37,14 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         OrderInPlaceUpdates.name: OrderInPlaceUpdates.from_options,
         PermuteConvKernelState.name: PermuteConvKernelState.from_options,
         ReduceWindowInConvLayout.name: ReduceWindowInConvLayout.from_options,
+        StoreStateAsBits.name: StoreStateAsBits.from_options,
     }
 
 
 __all__ = [
     "AliasDonatedBuffers",
     "AliasReport",
+    "BitsReport",
     "BitcastOverwriteScatter",
     "BitcastScatterReport",
     "BroadcastFoldReport",
@@ -58,6 +61,7 @@ __all__ = [
     "PoolLayoutReport",
     "ReduceWindowInConvLayout",
     "ReturnedMatvecAsReduce",
+    "StoreStateAsBits",
     "ViewReport",
     "WindowScatterIndices",
     "WindowScatterReport",

@@ -30,16 +30,19 @@ DEFAULT_PIPELINE = (
 
 STATE_LAYOUT_PASS = "permute-conv-kernel-state"
 POOL_LAYOUT_PASS = "reduce-window-in-conv-layout"
+STATE_BITS_PASS = "store-state-as-bits"
 
 #: The default pipeline, then the two layout passes measured on XLA:CPU
-#: (``reduce-window-in-conv-layout``, ``permute-conv-kernel-state``): what
+#: (``reduce-window-in-conv-layout``, ``permute-conv-kernel-state``) and
+#: ``store-state-as-bits`` (state XLA:CPU would copy to bit-cast it, as
+#: ``bitcast-overwrite-scatter`` leaves a bf16 cache): what
 #: ``hloalias.compile`` runs for a program on one CPU device when no pipeline
 #: is given.  Not the default pipeline itself: ``permute-conv-kernel-state``
-#: changes ``@main``'s argument types (the runtime uploads that state
-#: permuted; another caller of the module would have to as well), and both
-#: target the layouts XLA:CPU's convolution uses (other backends are not
-#: measured).
-CPU_PIPELINE = DEFAULT_PIPELINE[: -len(")")] + f", {POOL_LAYOUT_PASS}, {STATE_LAYOUT_PASS})"
+#: and ``store-state-as-bits`` change ``@main``'s argument types (the runtime
+#: uploads that state permuted or as bits; another caller of the module
+#: would have to as well), and all three target copies measured on XLA:CPU
+#: (other backends are not measured).
+CPU_PIPELINE = DEFAULT_PIPELINE[: -len(")")] + f", {POOL_LAYOUT_PASS}, {STATE_LAYOUT_PASS}, {STATE_BITS_PASS})"
 
 
 def with_fixed_layouts(pipeline: str, layouts: tuple[str, ...]) -> str:
@@ -51,6 +54,18 @@ def with_fixed_layouts(pipeline: str, layouts: tuple[str, ...]) -> str:
         return pipeline
     option = f"{STATE_LAYOUT_PASS}{{layouts={','.join(layouts)}}}"
     texts = [option if e.name == STATE_LAYOUT_PASS and not e.options else e.text for e in elements]
+    return f"builtin.module({', '.join(texts)})"
+
+
+def with_fixed_dtypes(pipeline: str, dtypes: tuple[str, ...]) -> str:
+    """``pipeline`` with ``dtypes`` (``NAME:torch`` / ``NAME:bits``) as the
+    option of each ``store-state-as-bits`` that has no options; unchanged
+    when ``dtypes`` is empty or the pass is not in it."""
+    elements = parse_pipeline(pipeline)
+    if not dtypes or not any(e.name == STATE_BITS_PASS and not e.options for e in elements):
+        return pipeline
+    option = f"{STATE_BITS_PASS}{{dtypes={','.join(dtypes)}}}"
+    texts = [option if e.name == STATE_BITS_PASS and not e.options else e.text for e in elements]
     return f"builtin.module({', '.join(texts)})"
 
 
@@ -263,11 +278,13 @@ __all__ = [
     "CPU_PIPELINE",
     "DEFAULT_PIPELINE",
     "POOL_LAYOUT_PASS",
+    "STATE_BITS_PASS",
     "STATE_LAYOUT_PASS",
     "PipelineElement",
     "build_pass_manager",
     "module_cache_key",
     "parse_pipeline",
     "run_pipeline",
+    "with_fixed_dtypes",
     "with_fixed_layouts",
 ]

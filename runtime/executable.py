@@ -68,6 +68,7 @@ from hloalias.pipeline import (
     module_cache_key,
     parse_pipeline,
     run_pipeline,
+    with_fixed_dtypes,
     with_fixed_layouts,
 )
 from hloalias.runtime.export_cache import import_cached
@@ -195,33 +196,80 @@ class _StateSlot:
     ``layout`` is the buffer's layout: None for torch's, else the buffer
     holds ``tensor.permute(P).flip(R)`` (``hloalias.stored_permutation`` and
     ``stored_reversed``, written by ``permute-conv-kernel-state`` on
-    read-only convolution kernels).  It is fixed by the first executable that uses the slot and
-    changes only back to torch's layout (:meth:`to_torch_layout`), when a
-    later executable writes, donates or views the tensor.  An executable
-    that reads it in another layout copies it into its own on each call."""
+    read-only convolution kernels).  ``bits`` is the buffer's dtype when it
+    holds the tensor's bit pattern as the same-width integer
+    (``tensor.view(torch.int16)``: ``hloalias.stored_bits_of``, written by
+    ``store-state-as-bits``), else None.  Both are fixed by the first
+    executable that uses the slot and change only back to torch's
+    (:meth:`to_torch_layout`, :meth:`to_torch_dtype`), when a later
+    executable writes, donates or views the tensor in torch's.  An
+    executable that reads it in another form copies it into its own on
+    each call; one that writes it in the other dtype has its new value
+    stored back as the slot's dtype (the ``array`` setter)."""
 
     def __init__(
         self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None,
-        layout: StoredLayout | None = None,
+        layout: StoredLayout | None = None, bits: torch.dtype | None = None,
     ) -> None:
         self.source: weakref.ref[torch.Tensor] = weakref.ref(source)
         self.version = source._version
         self.device = device
         self.put = put if put is not None else (lambda t: torch_to_device(t, device, owned=True))
         self.layout = layout
-        self.array: jax.Array | None = self.upload(_resolved(source))
+        self.torch_dtype = source.dtype
+        self.bits = bits
+        self._array: jax.Array | None = None
+        self.array = self.upload(_resolved(source))
         self.consumed_by: str | None = None
         self.nbytes = source.numel() * source.element_size()
 
+    @property
+    def stored_dtype(self) -> torch.dtype:
+        """The dtype of the slot's buffer: ``bits``, else torch's."""
+        return self.bits if self.bits is not None else self.torch_dtype
+
+    @property
+    def array(self) -> jax.Array | None:
+        """The slot's buffer (None once consumed by a donation), always in
+        the slot's layout and dtype."""
+        return self._array
+
+    @array.setter
+    def array(self, value: jax.Array | None) -> None:
+        # A program compiled for the other interpretation of the same bits
+        # (bf16 vs. its i16 bits) wrote the state: store its bits as ours.
+        # (``_array``, when set, has the stored dtype: the usual case is one
+        # dtype comparison.)
+        current = self._array
+        if value is not None and (current is None or value.dtype != current.dtype) and (
+            _torch_dtype_of_jax(value.dtype) != self.stored_dtype
+        ):
+            value = self._reinterpreted(value)
+        self._array = value
+
+    def _reinterpreted(self, value: jax.Array) -> jax.Array:
+        """``value`` (the state's bits in the other dtype of the same width)
+        in the slot's dtype: copied into the current buffer when that is
+        alive and writable on the host (views of it stay live), else into a
+        new one."""
+        tensor = array_to_torch(value).view(self.stored_dtype)
+        current = self._array
+        if current is not None and not current.is_deleted() and _writable_on_host(current):
+            array_to_torch(current).copy_(tensor)
+            return current
+        return self.put(tensor)
+
     def upload(self, tensor: torch.Tensor) -> jax.Array:
-        """A new device buffer holding ``tensor`` (torch's layout) in the slot's layout."""
-        return self.put(_stored_form(tensor, self.layout))
+        """A new device buffer holding ``tensor`` (torch's layout and dtype) in the slot's."""
+        return self.put(_stored_form(tensor, self.layout, self.bits))
 
     def torch_value(self, array: jax.Array) -> torch.Tensor:
-        """``array`` (a buffer in the slot's layout) as a torch tensor in
-        torch's layout: on CPU a zero-copy view unless the layout flips
+        """``array`` (a buffer in the slot's layout and dtype) as a torch
+        tensor in torch's: on CPU a zero-copy view unless the layout flips
         dimensions (torch has no negative strides: then a copy)."""
         tensor = array_to_torch(array)
+        if self.bits is not None:
+            tensor = tensor.view(self.torch_dtype)
         if self.layout is None:
             return tensor
         if self.layout.reversed:
@@ -229,37 +277,50 @@ class _StateSlot:
         return tensor.permute(self.layout.inverse)
 
     def write(self, tensor: torch.Tensor) -> None:
-        """Copy ``tensor`` (torch's layout) into the slot's buffer in place."""
+        """Copy ``tensor`` (torch's layout and dtype) into the slot's buffer in place."""
         assert self.array is not None
-        array_to_torch(self.array).copy_(_stored_form(tensor, self.layout))
+        array_to_torch(self.array).copy_(_stored_form(tensor, self.layout, self.bits))
 
-    def array_in(self, array: jax.Array, layout: StoredLayout | None) -> jax.Array:
-        """``array`` (in the slot's layout) copied into ``layout`` (None:
-        torch's), for an executable compiled for another layout."""
-        return self.put(_stored_form(self.torch_value(array), layout))
+    def array_in(self, array: jax.Array, layout: StoredLayout | None, bits: torch.dtype | None = None) -> jax.Array:
+        """``array`` (in the slot's layout and dtype) copied into ``layout``
+        and ``bits`` (None: torch's), for an executable compiled for another
+        form."""
+        return self.put(_stored_form(self.torch_value(array), layout, bits))
 
     def to_torch_layout(self) -> None:
         """Store the buffer in torch's layout from now on (a copy, once)."""
         if self.layout is None:
             return
         if self.array is not None and not self.array.is_deleted():
-            self.array = self.array_in(self.array, None)
+            self.array = self.array_in(self.array, None, self.bits)
         self.layout = None
 
+    def to_torch_dtype(self) -> None:
+        """Store the buffer in torch's dtype from now on (a copy, once)."""
+        if self.bits is None:
+            return
+        array = self._array
+        fresh = None if array is None or array.is_deleted() else self.array_in(array, self.layout, None)
+        self.bits = None
+        # A consumed buffer becomes None (using it still names the donation):
+        # ``_array``, when set, always has the stored dtype.
+        self._array = fresh
 
-def _layout_text(layout: StoredLayout | None) -> str:
-    return "torch's layout" if layout is None else layout.describe()
+
+def _form_text(layout: StoredLayout | None, bits: torch.dtype | None = None) -> str:
+    text = "torch's layout" if layout is None else layout.describe()
+    return text if bits is None else f"{text} as {str(bits).removeprefix('torch.')} bits"
 
 
-def _stored_form(tensor: torch.Tensor, layout: StoredLayout | None) -> torch.Tensor:
-    """``tensor`` (torch's layout) as ``layout`` stores it (a contiguous copy
-    unless the layout is torch's)."""
-    if layout is None:
-        return tensor
-    stored = tensor.permute(layout.permutation)
-    if layout.reversed:
-        stored = stored.flip(layout.reversed)
-    return stored.contiguous()
+def _stored_form(tensor: torch.Tensor, layout: StoredLayout | None, bits: torch.dtype | None = None) -> torch.Tensor:
+    """``tensor`` (torch's layout and dtype) as ``layout`` and ``bits`` store
+    it (a contiguous copy unless the layout is torch's; the bits are a view)."""
+    if layout is not None:
+        tensor = tensor.permute(layout.permutation)
+        if layout.reversed:
+            tensor = tensor.flip(layout.reversed)
+        tensor = tensor.contiguous()
+    return tensor if bits is None else tensor.view(bits)
 
 
 class _StateGroup:
@@ -273,20 +334,25 @@ class _StateGroup:
     def slot(
         self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None,
         layout: StoredLayout | None = None, needs_torch_layout: bool = False,
+        bits: torch.dtype | None = None, needs_torch_dtype: bool = False,
     ) -> _StateSlot:
         """The slot of ``source`` on ``device``, created (copied to the
         device, by ``put`` when given: a mesh placement, in ``layout``) on first use; re-read when torch changed ``source``
         since.  An existing slot keeps its layout unless ``needs_torch_layout``
         (the program writes, donates or views the tensor): then it is stored
-        in torch's layout from now on."""
+        in torch's layout from now on; likewise its dtype (``bits``) unless
+        ``needs_torch_dtype`` (the program writes or donates it in torch's
+        dtype, or views it)."""
         with self.lock:
             slot = self.existing(source, device)
             if slot is None:
-                slot = _StateSlot(source, device, put, layout)
+                slot = _StateSlot(source, device, put, layout, bits)
                 self._slots[(id(source), device.platform, device.id)] = weakref.ref(slot)
                 return slot
             if needs_torch_layout:
                 slot.to_torch_layout()
+            if needs_torch_dtype:
+                slot.to_torch_dtype()
             if source._version != slot.version:
                 slot.array = slot.upload(_resolved(source))
                 slot.version = source._version
@@ -308,6 +374,17 @@ class _StateGroup:
             slot = self.existing(tensor, device)
             if slot is not None:
                 entries.append(f"{name}:{'torch' if slot.layout is None else slot.layout.spec()}")
+        return tuple(entries)
+
+    def fixed_dtypes(self, state: dict[str, torch.Tensor], device: Any) -> tuple[str, ...]:
+        """``store-state-as-bits``'s ``dtypes`` entries for the state that
+        already has a slot here: a new program reads those buffers in the
+        dtype they are stored in."""
+        entries = []
+        for name, tensor in state.items():
+            slot = self.existing(tensor, device)
+            if slot is not None:
+                entries.append(f"{name}:{'torch' if slot.bits is None else 'bits'}")
         return tuple(entries)
 
 
@@ -554,7 +631,8 @@ def _pipeline_for(pipeline: str | None, program: Program, group: _StateGroup, ta
     has a device buffer in ``group`` is read in the layout it is stored in."""
     if pipeline is None:
         pipeline = CPU_PIPELINE if target.platform == "cpu" and not spmd else DEFAULT_PIPELINE
-    return with_fixed_layouts(pipeline, group.fixed_layouts(program.state, target))
+    pipeline = with_fixed_layouts(pipeline, group.fixed_layouts(program.state, target))
+    return with_fixed_dtypes(pipeline, group.fixed_dtypes(program.state, target))
 
 
 def _passes_in(pipeline: str) -> set[str]:
@@ -871,6 +949,7 @@ class Executable:
             name: self._group.slot(
                 value, device, self._state_put(state_index[name]), self._stored_layouts.get(name),
                 needs_torch_layout=name in self._torch_layout_state,
+                bits=self._stored_bits.get(name), needs_torch_dtype=name in self._torch_dtype_state,
             )
             for name, value in program.state.items()
         }
@@ -952,6 +1031,21 @@ class Executable:
                 arg.name for index, arg in enumerate(contract.args)
                 if arg.name is not None and (arg.overwritten or index in mutated or A.arg_key(index) in bases)
             }
+            # State this program stores as integer bits (store-state-as-bits),
+            # and state whose buffer must hold torch's dtype: viewed, or
+            # written or donated by this program in torch's dtype.
+            self._stored_bits = {
+                arg.name: _torch_dtype(ir.RankedTensorType(contract.arg_types[index]).element_type)
+                for index, arg in enumerate(contract.args)
+                if arg.name is not None and arg.stored_bits_of is not None
+            }
+            self._torch_dtype_state = {
+                arg.name for index, arg in enumerate(contract.args)
+                if arg.name is not None and (
+                    A.arg_key(index) in bases or A.mutation_key(index) in bases
+                    or (arg.stored_bits_of is None and (arg.overwritten or index in mutated))
+                )
+            }
             self._rebuilds: dict[str, _Rebuild] = {}
             for record in contract.removed:
                 if record.base is None or record.layout is None:
@@ -980,6 +1074,9 @@ class Executable:
             if arg.stored_layout is not None:  # checked against torch's shape (load_state_dict)
                 shape, dtype = self._arg_types[index]
                 self._arg_types[index] = (tuple(shape[d] for d in arg.stored_layout.inverse), dtype)
+            if arg.stored_bits_of is not None:  # checked against torch's dtype (load_state_dict)
+                shape, _ = self._arg_types[index]
+                self._arg_types[index] = (shape, _TORCH_DTYPES[arg.stored_bits_of])
         self._names = [a.name for a in arguments]
         # Per-call plans, computed once: the call path is hot.
         self._user_indices = self._signature.user_input_indices()
@@ -1047,11 +1144,14 @@ class Executable:
             if slot is None:
                 continue  # an input: listed above
             wanted = self._stored_layouts.get(name)
-            if slot.layout != wanted:
+            wanted_bits = self._stored_bits.get(name)
+            if slot.layout != wanted or slot.bits != wanted_bits:
                 reason = (
-                    f"{count} call(s) so far: the module's shared buffer is stored as {_layout_text(slot.layout)} "
-                    f"(fixed by another executable of the module), this program reads {_layout_text(wanted)}, "
-                    "so each call copies it into this program's layout"
+                    f"{count} call(s) so far: the module's shared buffer is stored as "
+                    f"{_form_text(slot.layout, slot.bits)} (fixed by another executable of the module), this "
+                    f"program reads {_form_text(wanted, wanted_bits)}, so each call copies it into this "
+                    "program's layout"
+                    + (", and a new value it writes back into the buffer's dtype" if slot.bits != wanted_bits else "")
                 )
             else:
                 reason = (
@@ -1087,6 +1187,11 @@ class Executable:
             lines.append(
                 f"state '{name}' is read as {layout.describe()}, the layout its convolution reads "
                 "(permute-conv-kernel-state); state_dict() returns torch's layout"
+            )
+        for name, bits in self._stored_bits.items():
+            lines.append(
+                f"state '{name}' is stored as its {str(bits).removeprefix('torch.')} bit pattern, the type the "
+                "program reads and writes it as (store-state-as-bits); state_dict() returns torch's dtype"
             )
         plan = self.host_copy_plan()
         lines.append("host copies per call:" + ("" if plan else " none"))
@@ -1137,7 +1242,7 @@ class Executable:
                     continue  # written in place below
                 if isinstance(value, torch.Tensor):
                     fresh[name] = slot.upload(value)
-                elif slot.layout is not None:
+                elif slot.layout is not None or slot.bits is not None:
                     fresh[name] = slot.upload(array_to_torch(value))
                 else:
                     fresh[name] = jax.device_put(value, self.device, may_alias=False)
@@ -1659,10 +1764,11 @@ class Executable:
         array = self._slot_array(name)
         slot = self._slots[name]
         wanted = self._stored_layouts.get(name)
-        if slot.layout == wanted:
+        wanted_bits = self._stored_bits.get(name)
+        if slot.layout == wanted and slot.bits == wanted_bits:
             return array
         self._count_copy(name)
-        return slot.array_in(array, wanted)
+        return slot.array_in(array, wanted, wanted_bits)
 
     def _slot_array(self, name: str) -> jax.Array:
         """State ``name``'s buffer, in the slot's layout."""

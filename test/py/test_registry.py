@@ -29,6 +29,7 @@ EXPECTED_PASS_NAMES = {
     "order-in-place-updates",
     "permute-conv-kernel-state",
     "reduce-window-in-conv-layout",
+    "store-state-as-bits",
 }
 
 

@@ -465,7 +465,7 @@ def test_fixed_layouts_go_to_the_pass_without_options() -> None:
     its own, is left as written."""
     assert with_fixed_layouts(CPU_PIPELINE, ()) == CPU_PIPELINE
     fixed = with_fixed_layouts(CPU_PIPELINE, ("a.weight:torch", "b.weight:2.3.1.0/0.1"))
-    assert fixed.endswith("permute-conv-kernel-state{layouts=a.weight:torch,b.weight:2.3.1.0/0.1})")
+    assert "permute-conv-kernel-state{layouts=a.weight:torch,b.weight:2.3.1.0/0.1}," in fixed
     assert fixed.startswith(CPU_PIPELINE[: CPU_PIPELINE.index("permute-conv-kernel-state")])
     assert with_fixed_layouts(DEFAULT_PIPELINE, ("a.weight:torch",)) == DEFAULT_PIPELINE
     own = "builtin.module(permute-conv-kernel-state{layouts=a.weight:torch})"
