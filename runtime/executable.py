@@ -852,18 +852,22 @@ class _CallPlan:
         #: the argument list is the state arrays followed by the user ones.
         self.state_first = all(step.slot is not None for step in steps[:len(self.state_slots)])
         self.donated_state = tuple(step for step in steps if step.slot is not None and step.donated)
-        #: State whose slot layout may differ from the one this program
-        #: reads (permute-conv-kernel-state): (position among the state
-        #: arrays, name, slot, the layout read here).  Compared on each call,
-        #: since a slot's layout can change after the plan is built; it only
-        #: ever changes back to torch's (a later executable that writes,
-        #: donates or views the tensor), so state that is in torch's layout
-        #: now and read in torch's layout here stays matched and is not listed.
+        #: State whose slot form may differ from the one this program reads
+        #: (permute-conv-kernel-state's layout, store-state-as-bits' dtype):
+        #: (position among the state arrays, name, slot, the layout and bits
+        #: read here).  Compared on each call, since a slot's form can change
+        #: after the plan is built; it only ever changes back to torch's (a
+        #: later executable that writes, donates or views the tensor), so
+        #: state in torch's form now and read so here stays matched and is
+        #: not listed.
         state_steps = [step for step in steps if step.slot is not None]
         self.stored_layouts = tuple(
-            (position, step.name, step.slot, exe._stored_layouts.get(step.name))
+            (position, step.name, step.slot, exe._stored_layouts.get(step.name), exe._stored_bits.get(step.name))
             for position, step in enumerate(state_steps)
-            if step.slot is not None and (step.name in exe._stored_layouts or step.slot.layout is not None)
+            if step.slot is not None and (
+                step.name in exe._stored_layouts or step.slot.layout is not None
+                or step.name in exe._stored_bits or step.slot.bits is not None
+            )
         )
         self.consumed = tuple(step for step in steps if step.donated and step.mutated is None)
         #: Arguments with something to do after the call: mutated ones and
@@ -895,8 +899,8 @@ class _CallPlan:
         layout where the slot holds another: ``Executable._state_array``)
         and ``user_arrays``."""
         state = [slot.array for slot in self.state_slots]
-        for position, name, slot, layout in self.stored_layouts:
-            if slot.layout != layout:
+        for position, name, slot, layout, bits in self.stored_layouts:
+            if slot.layout != layout or slot.bits != bits:
                 state[position] = exe._state_array(name)
         if self.state_first:
             return state + user_arrays
@@ -1627,7 +1631,7 @@ class Executable:
         anything, and the error path of the call names it."""
         donors: dict[int, int] = {}
         for step in plan.donated_state:
-            array = self._state_array(step.name)
+            array = self._slot_array(step.name)  # the buffer itself: no copy in another form
             if id(array) in donors:
                 raise ExecutionError(
                     f"module state '{step.name}' is the same buffer as "
