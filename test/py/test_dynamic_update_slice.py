@@ -15,6 +15,7 @@ import hloalias
 from hloalias.mlir import new_context, parse_module, print_module
 from hloalias.passes import ScatterToDynamicUpdateSlice, SelectToDynamicUpdateSlice
 from hloalias.pipeline import DEFAULT_PIPELINE
+from hloalias.runtime.executable import Executable
 from hloalias.runtime.pjrt import array_to_torch, compile_module, device_for, torch_to_device
 
 SHAPE = (3, 16, 8)
@@ -44,7 +45,8 @@ class RowCopy(torch.nn.Module):
         return cache[:, 14:] * 2
 
 
-def _ops(executable: hloalias.Executable) -> str:  # type: ignore[name-defined]
+def _ops(executable: Executable) -> str:
+    """The executable's final StableHLO as text."""
     return str(executable.mlir)
 
 
@@ -203,9 +205,7 @@ def test_default_pipeline_runs_both_before_bitcast_overwrite_scatter() -> None:
     assert position("select-to-dynamic-update-slice") < position("bitcast-overwrite-scatter")
 
 
-def test_eager_model_copy_is_unchanged() -> None:
-    # The models above take the cache as an argument: deep copies are not needed,
-    # but a module with the cache as state must match too.
+def test_one_row_index_copy_into_module_state_matches_eager() -> None:
     class StateRow(torch.nn.Module):
         cache: torch.Tensor
 
