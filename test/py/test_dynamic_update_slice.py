@@ -76,6 +76,19 @@ def test_select_scatter_is_an_update_slice() -> None:
     assert "stablehlo.select" not in text and "iota" not in text
 
 
+class NegativeSelectWrite(torch.nn.Module):
+    """``cache[:, -2] = new``: setitem with a negative Python int."""
+
+    def forward(self, cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        cache[:, -2] = new
+        return new * 2
+
+
+def test_select_scatter_with_a_negative_index_matches_eager() -> None:
+    text = _check_write(NegativeSelectWrite())
+    assert "stablehlo.dynamic_update_slice" in text and "stablehlo.select" not in text
+
+
 def test_one_row_index_copy_with_a_dynamic_index_matches_eager() -> None:
     torch.manual_seed(1)
     model = RowCopy()
