@@ -112,6 +112,8 @@ def _single_window(operation: ir.Operation) -> _Window | None:
     if len(operation.operands) != 3 or len(operation.results) != 1:
         return None
     operand, indices, updates = operation.operands
+    if not all(isinstance(v.type, ir.RankedTensorType) for v in (operand, indices, updates)):
+        return None
     types = [ir.RankedTensorType(v.type) for v in (operand, indices, updates)]
     if not all(t.has_static_shape for t in types) or types[2].element_type != types[0].element_type:
         return None

@@ -78,6 +78,11 @@ def _shape(value: ir.Value) -> list[int]:
     return list(ir.RankedTensorType(value.type).shape)
 
 
+def _static(value: ir.Value) -> bool:
+    """True when ``value`` is a ranked tensor of static shape."""
+    return isinstance(value.type, ir.RankedTensorType) and bool(value.type.has_static_shape)
+
+
 def _splat_integer(value: ir.Value) -> int | None:
     """The integer every element of a splat ``stablehlo.constant`` holds."""
     constant = _producer(value, "stablehlo.constant")
@@ -121,9 +126,11 @@ def _layout_source(value: ir.Value) -> ir.Value | None:
 def _coordinate(value: ir.Value) -> int | None:
     """The dimension ``d`` when every element of ``value`` is its own
     coordinate along ``d`` (an integer ``iota`` seen through layout ops)."""
+    if not _static(value):
+        return None
     source = _layout_source(value)
     if source is not None:
-        return _through_layout(value, _coordinate(source), source)
+        return _through_layout(value, _coordinate(source), source) if _static(source) else None
     add = _producer(value, "stablehlo.add")
     if add is not None:
         return _coordinate(add.operands[0]) if _splat_integer(add.operands[1]) == 0 else None
@@ -135,16 +142,18 @@ def _coordinate(value: ir.Value) -> int | None:
         return None  # a narrow iota may wrap
     for name in ("stablehlo.iota", "stablehlo.dynamic_iota"):
         iota = _producer(value, name)
-        if iota is not None and ir.RankedTensorType(value.type).has_static_shape:
+        if iota is not None:
             return int(ir.IntegerAttr(iota.attributes["iota_dimension"]).value)
     return None
 
 
 def _single_index(mask: ir.Value) -> tuple[int, int] | None:
     """``(d, k)`` when ``mask`` is true exactly where coordinate ``d`` is ``k``."""
+    if not _static(mask):
+        return None
     source = _layout_source(mask)
     if source is not None:
-        found = _single_index(source)
+        found = _single_index(source) if _static(source) else None
         if found is None:
             return None
         dimension = _through_layout(mask, found[0], source)
@@ -169,6 +178,8 @@ class _Counter:
         """``select(coord_d == k, t, f)`` -> ``dynamic_update_slice(f, t[d: k..k+1], k at d)``."""
         operation = op.operation
         mask, on_true, on_false = operation.operands
+        if not all(_static(v) for v in (mask, on_true, on_false)):
+            return True
         result_type = ir.RankedTensorType(operation.results[0].type)
         if not result_type.has_static_shape or _shape(mask) != list(result_type.shape):
             return True
