@@ -4,7 +4,7 @@
 // The pass has no options: any is an error.
 // RUN: not hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(scatter-to-dynamic-update-slice{bogus=1})' 2>&1 | filecheck %s --check-prefix=ERR
 
-// REPORT-COUNT-7: scatter-to-dynamic-update-slice: 0 scatters are dynamic-update-slices (0 guarded against out-of-bounds indices)
+// REPORT-COUNT-8: scatter-to-dynamic-update-slice: 0 scatters are dynamic-update-slices (0 guarded against out-of-bounds indices)
 // REPORT-NOT: scatter-to-dynamic-update-slice: 1
 // ERR: scatter_to_dynamic_update_slice_invalid.mlir: error: scatter-to-dynamic-update-slice: unknown option 'bogus' (options: none)
 
@@ -102,6 +102,20 @@ func.func @main(%a: tensor<8xf32>, %b: tensor<8xi32>, %pos: tensor<1xi64>, %ua: 
     stablehlo.return %na, %nb : tensor<f32>, tensor<i32>
   }) : (tensor<8xf32>, tensor<8xi32>, tensor<1xi64>, tensor<1xf32>, tensor<1xi32>) -> (tensor<8xf32>, tensor<8xi32>)
   return %1#0, %1#1 : tensor<8xf32>, tensor<8xi32>
+}
+// CHECK-LABEL: func.func @main
+// CHECK:         "stablehlo.scatter"
+// CHECK-NOT:     dynamic_update_slice
+
+// -----
+
+// A dynamic batch: the window's extent is not known.
+func.func @main(%cache: tensor<?x8x4xf32>, %new: tensor<?x1x4xf32>, %pos: tensor<1x1xi64>) -> tensor<?x8x4xf32> {
+  %1 = "stablehlo.scatter"(%cache, %pos, %new) <{scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0, 2], inserted_window_dims = [1], scatter_dims_to_operand_dims = [1], index_vector_dim = 1>}> ({
+  ^bb0(%old: tensor<f32>, %upd: tensor<f32>):
+    stablehlo.return %upd : tensor<f32>
+  }) : (tensor<?x8x4xf32>, tensor<1x1xi64>, tensor<?x1x4xf32>) -> tensor<?x8x4xf32>
+  return %1 : tensor<?x8x4xf32>
 }
 // CHECK-LABEL: func.func @main
 // CHECK:         "stablehlo.scatter"

@@ -102,3 +102,14 @@ func.func @main(%x: tensor<5x3xf32>, %t: tensor<5x3xf32>) -> tensor<5x3xf32> {
 // CHECK-LABEL: func.func @main
 // CHECK:         stablehlo.select
 // CHECK-NOT:     dynamic_update_slice
+
+// -----
+
+// A dynamic extent.
+func.func @main(%x: tensor<?x3xf32>, %t: tensor<?x3xf32>, %m: tensor<?x3xi1>) -> tensor<?x3xf32> {
+  %r = stablehlo.select %m, %t, %x : tensor<?x3xi1>, tensor<?x3xf32>
+  return %r : tensor<?x3xf32>
+}
+// CHECK-LABEL: func.func @main
+// CHECK:         stablehlo.select
+// CHECK-NOT:     dynamic_update_slice
