@@ -17,6 +17,8 @@ from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewRep
 from hloalias.passes.fold_broadcast_into_dot_general import BroadcastFoldReport, FoldBroadcastIntoDotGeneral
 from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
 from hloalias.passes.returned_matvec_as_reduce import MatvecReport, ReturnedMatvecAsReduce
+from hloalias.passes.select_to_dynamic_update_slice import SelectToDynamicUpdateSlice, SelectToUpdateSliceReport
+from hloalias.passes.scatter_to_dynamic_update_slice import ScatterToDynamicUpdateSlice, ScatterToUpdateSliceReport
 from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
 from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
 from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
@@ -34,6 +36,8 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
         ReturnedMatvecAsReduce.name: ReturnedMatvecAsReduce.from_options,
         WindowScatterIndices.name: WindowScatterIndices.from_options,
+        ScatterToDynamicUpdateSlice.name: ScatterToDynamicUpdateSlice.from_options,
+        SelectToDynamicUpdateSlice.name: SelectToDynamicUpdateSlice.from_options,
         OrderInPlaceUpdates.name: OrderInPlaceUpdates.from_options,
         PermuteConvKernelState.name: PermuteConvKernelState.from_options,
         ReduceWindowInConvLayout.name: ReduceWindowInConvLayout.from_options,
@@ -61,6 +65,10 @@ __all__ = [
     "PoolLayoutReport",
     "ReduceWindowInConvLayout",
     "ReturnedMatvecAsReduce",
+    "ScatterToDynamicUpdateSlice",
+    "ScatterToUpdateSliceReport",
+    "SelectToDynamicUpdateSlice",
+    "SelectToUpdateSliceReport",
     "StoreStateAsBits",
     "ViewReport",
     "WindowScatterIndices",

@@ -25,6 +25,8 @@ EXPECTED_PASS_NAMES = {
     "fold-broadcast-into-dot-general",
     "bitcast-overwrite-scatter",
     "window-scatter-indices",
+    "scatter-to-dynamic-update-slice",
+    "select-to-dynamic-update-slice",
     "returned-matvec-as-reduce",
     "order-in-place-updates",
     "permute-conv-kernel-state",
@@ -200,8 +202,10 @@ def test_parse_pipeline_of_the_default_and_the_empty_pipeline() -> None:
     assert [e.name for e in parse_pipeline(DEFAULT_PIPELINE)] == [
         "fold-transpose-into-dot-general",
         "fold-broadcast-into-dot-general",
-        "bitcast-overwrite-scatter",
         "window-scatter-indices",
+        "scatter-to-dynamic-update-slice",
+        "select-to-dynamic-update-slice",
+        "bitcast-overwrite-scatter",
         "eliminate-view-results",
         "alias-donated-buffers",
     ]
