@@ -404,12 +404,14 @@ def write_report(
 
     add("## Per-call host overhead\n")
     add(f"`f(x) = x * 2 + 1` on 256 f32, input already on the device (`exe.to_device`). Median of "
-        f"{overhead.calls} calls per variant, interleaved in 5 rounds.\n")
+        f"{overhead.calls} calls per variant, interleaved in 5 rounds. `Executable.__call__` returns "
+        "torch tensors of results that have been computed, so compare it with *raw + unpack + wait*; "
+        "`bench/RESULTS-runtime.md` breaks the difference down.\n")
     add("| Call | median (µs) | vs raw |")
     add("|---|---:|---:|")
     for call_label, per_call in (
-        ("raw `exe._loaded.execute_sharded(arrays)`", overhead.raw_execute),
-        ("raw + `disassemble_into_single_device_arrays()`", overhead.raw_execute_and_unpack),
+        ("raw `exe._loaded.execute_sharded(arrays)` (dispatch only: returns before the program has run)", overhead.raw_execute),
+        ("raw + `disassemble_into_single_device_arrays()` + wait for every result", overhead.raw_execute_and_unpack),
         ("`Executable.__call__(device_tensor)`", overhead.executable_call),
         ("`Executable.__call__(torch_tensor)` (zero-copy DLPack input)", overhead.executable_call_torch_input),
     ):

@@ -188,7 +188,11 @@ def measure_overhead(calls: int = 3000, rounds: int = 5) -> Overhead:
         loaded.execute_sharded(arrays)
 
     def raw_unpack() -> None:
-        loaded.execute_sharded(arrays).disassemble_into_single_device_arrays()
+        # What a call needs before it can hand results over: the program
+        # has run (``execute_sharded`` alone returns before it has).
+        for shards in loaded.execute_sharded(arrays).disassemble_into_single_device_arrays():
+            for shard in shards:
+                shard.block_until_ready()
 
     for fn in (call, call_torch, raw, raw_unpack):  # warm-up
         _median_call(fn, 200)

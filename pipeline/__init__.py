@@ -206,6 +206,9 @@ def build_pass_manager(
     instances: list[ModulePass[Any]] = []
     with context:
         pm = passmanager.PassManager("builtin.module")
+        # An hloalias pass right after another verified the contract on its
+        # way out, and nothing ran in between: no second check on entry.
+        after_hloalias_pass = False
         for element in parse_pipeline(text):
             if element.name in registry:
                 if element.nested:
@@ -213,9 +216,11 @@ def build_pass_manager(
                         f"pass '{element.name}' takes no nested pipeline: '{element.text}'"
                     )
                 instance = registry[element.name](element.options)
-                instance.add_to(pm, reports)
+                instance.add_to(pm, reports, verify_on_entry=not after_hloalias_pass)
                 instances.append(instance)
+                after_hloalias_pass = True
                 continue
+            after_hloalias_pass = False
             try:
                 pm.add(element.text)
             except ValueError as error:
