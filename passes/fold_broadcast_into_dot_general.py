@@ -31,6 +31,7 @@ from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
+from hloalias.passes.stablehlo_values import shape_of
 from hloalias.passes.fold_transpose_into_dot_general import TransposeFolder
 
 
@@ -75,8 +76,6 @@ def _single_use(value: ir.Value) -> bool:
     return len(list(value.uses)) == 1
 
 
-def _shape(value: ir.Value) -> list[int]:
-    return list(ir.RankedTensorType(value.type).shape)
 
 
 def _batch_broadcast(value: ir.Value) -> ir.Operation | None:
@@ -118,7 +117,7 @@ class _Counter:
             if broadcast is None:
                 continue
             source = broadcast.operands[0]
-            source_shape, target_shape = _shape(source), _shape(broadcast.results[0])
+            source_shape, target_shape = shape_of(source), shape_of(broadcast.results[0])
             mapping = list(ir.DenseI64ArrayAttr(broadcast.attributes["broadcast_dimensions"]))
             added = set(range(len(target_shape))) - set(mapping)
             if added != set(batching[side]):
@@ -131,7 +130,7 @@ class _Counter:
                 continue
             # The other side's batch dims become free dims, ordered by position;
             # the result lists batch dims first, then that side's free dims.
-            other_rank = len(_shape(operands[other]))
+            other_rank = len(shape_of(operands[other]))
             other_free = [d for d in range(other_rank) if d not in contracting[other]]
             expected = batching[other] + [d for d in other_free if d not in batching[other]]
             if other_free != expected:

@@ -33,6 +33,7 @@ from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
+from hloalias.passes.stablehlo_values import shape_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +66,6 @@ class ReturnedMatvecAsReduce(ModulePass[MatvecReport]):
         return MatvecReport(counter.rewritten)
 
 
-def _shape(value: ir.Value) -> list[int]:
-    return list(ir.RankedTensorType(value.type).shape)
 
 
 def _only_returned(value: ir.Value) -> bool:
@@ -100,7 +99,7 @@ class _Counter:
             return True
         batching = [list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions)]
         contracting = [list(numbers.lhs_contracting_dimensions), list(numbers.rhs_contracting_dimensions)]
-        shapes = [_shape(operands[0]), _shape(operands[1])]
+        shapes = [shape_of(operands[0]), shape_of(operands[1])]
         free = [
             [d for d in range(len(shapes[side])) if d not in batching[side] and d not in contracting[side]]
             for side in (0, 1)

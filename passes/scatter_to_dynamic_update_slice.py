@@ -42,6 +42,7 @@ from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
+from hloalias.passes.stablehlo_values import constant_integers, shape_of
 from hloalias.passes.bitcast_overwrite_scatter import is_overwrite_region
 
 
@@ -80,22 +81,8 @@ class ScatterToDynamicUpdateSlice(ModulePass[ScatterToUpdateSliceReport]):
         return ScatterToUpdateSliceReport(counter.rewritten, counter.guarded)
 
 
-def _shape(value: ir.Value) -> list[int]:
-    return list(ir.RankedTensorType(value.type).shape)
 
 
-def _constant_integers(value: ir.Value) -> list[int] | None:
-    """The elements of ``value`` when a ``stablehlo.constant`` defines it."""
-    owner = value.owner
-    if not isinstance(owner, (ir.OpView, ir.Operation)) or owner.operation.name != "stablehlo.constant":
-        return None
-    attribute = owner.operation.attributes["value"]
-    if not isinstance(attribute, ir.DenseIntElementsAttr):
-        return None
-    count = math.prod(_shape(value))
-    if attribute.is_splat:
-        return [int(ir.IntegerAttr(attribute.get_splat_value()).value)] * count
-    return [int(attribute[i]) for i in range(count)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +114,7 @@ def _single_window(operation: ir.Operation) -> _Window | None:
     numbers = _stablehlo.ScatterDimensionNumbers(operation.attributes["scatter_dimension_numbers"])
     if list(numbers.input_batching_dims) or list(numbers.scatter_indices_batching_dims):
         return None
-    operand_shape, indices_shape, updates_shape = _shape(operand), _shape(indices), _shape(updates)
+    operand_shape, indices_shape, updates_shape = shape_of(operand), shape_of(indices), shape_of(updates)
     index_dim = numbers.index_vector_dim
     if any(n != 1 for d, n in enumerate(indices_shape) if d != index_dim):
         return None  # zero or several index vectors
@@ -164,9 +151,9 @@ class _Counter:
         if window is None:
             return True
         operand, indices, updates = operation.operands
-        operand_shape = _shape(operand)
+        operand_shape = shape_of(operand)
         index_type = ir.RankedTensorType(indices.type).element_type
-        constant = _constant_integers(indices)
+        constant = constant_integers(indices)
         in_bounds = constant is not None and all(
             0 <= start <= operand_shape[d] - window.sizes[d] for start, d in zip(constant, window.operand_dims)
         )

@@ -35,6 +35,7 @@ from typing import ClassVar
 from torch_mlir import ir, rewrite
 
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
+from hloalias.passes.stablehlo_values import producer, shape_of, splat_integer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +68,8 @@ class SelectToDynamicUpdateSlice(ModulePass[SelectToUpdateSliceReport]):
         return SelectToUpdateSliceReport(counter.rewritten)
 
 
-def _producer(value: ir.Value, name: str) -> ir.Operation | None:
-    owner = value.owner
-    if isinstance(owner, (ir.OpView, ir.Operation)) and owner.operation.name == name:
-        return owner.operation
-    return None
 
 
-def _shape(value: ir.Value) -> list[int]:
-    return list(ir.RankedTensorType(value.type).shape)
 
 
 def _static(value: ir.Value) -> bool:
@@ -83,15 +77,6 @@ def _static(value: ir.Value) -> bool:
     return isinstance(value.type, ir.RankedTensorType) and bool(value.type.has_static_shape)
 
 
-def _splat_integer(value: ir.Value) -> int | None:
-    """The integer every element of a splat ``stablehlo.constant`` holds."""
-    constant = _producer(value, "stablehlo.constant")
-    if constant is None:
-        return None
-    attribute = constant.attributes["value"]
-    if not isinstance(attribute, ir.DenseIntElementsAttr) or not attribute.is_splat:
-        return None
-    return int(ir.IntegerAttr(attribute.get_splat_value()).value)
 
 
 def _through_layout(value: ir.Value, dimension: int | None, source: ir.Value) -> int | None:
@@ -100,14 +85,14 @@ def _through_layout(value: ir.Value, dimension: int | None, source: ir.Value) ->
     expand it; None when it does not land on one dimension of its own size."""
     if dimension is None:
         return None
-    source_shape, shape = _shape(source), _shape(value)
-    if _producer(value, "stablehlo.reshape") is not None:
+    source_shape, shape = shape_of(source), shape_of(value)
+    if producer(value, "stablehlo.reshape") is not None:
         kept_source = [d for d, n in enumerate(source_shape) if n != 1]
         kept = [d for d, n in enumerate(shape) if n != 1]
         if [source_shape[d] for d in kept_source] != [shape[d] for d in kept] or dimension not in kept_source:
             return None
         return kept[kept_source.index(dimension)]
-    broadcast = _producer(value, "stablehlo.broadcast_in_dim")
+    broadcast = producer(value, "stablehlo.broadcast_in_dim")
     assert broadcast is not None
     mapping = list(ir.DenseI64ArrayAttr(broadcast.attributes["broadcast_dimensions"]))
     target = mapping[dimension]
@@ -117,9 +102,9 @@ def _through_layout(value: ir.Value, dimension: int | None, source: ir.Value) ->
 def _layout_source(value: ir.Value) -> ir.Value | None:
     """The operand of the reshape or ``broadcast_in_dim`` producing ``value``."""
     for name in ("stablehlo.reshape", "stablehlo.broadcast_in_dim"):
-        producer = _producer(value, name)
-        if producer is not None:
-            return producer.operands[0]
+        defining = producer(value, name)
+        if defining is not None:
+            return defining.operands[0]
     return None
 
 
@@ -131,17 +116,17 @@ def _coordinate(value: ir.Value) -> int | None:
     source = _layout_source(value)
     if source is not None:
         return _through_layout(value, _coordinate(source), source) if _static(source) else None
-    add = _producer(value, "stablehlo.add")
+    add = producer(value, "stablehlo.add")
     if add is not None:
-        return _coordinate(add.operands[0]) if _splat_integer(add.operands[1]) == 0 else None
-    multiply = _producer(value, "stablehlo.multiply")
+        return _coordinate(add.operands[0]) if splat_integer(add.operands[1]) == 0 else None
+    multiply = producer(value, "stablehlo.multiply")
     if multiply is not None:
-        return _coordinate(multiply.operands[0]) if _splat_integer(multiply.operands[1]) == 1 else None
+        return _coordinate(multiply.operands[0]) if splat_integer(multiply.operands[1]) == 1 else None
     element_type = ir.RankedTensorType(value.type).element_type
     if not isinstance(element_type, ir.IntegerType) or element_type.width < 32:
         return None  # a narrow iota may wrap
     for name in ("stablehlo.iota", "stablehlo.dynamic_iota"):
-        iota = _producer(value, name)
+        iota = producer(value, name)
         if iota is not None:
             return int(ir.IntegerAttr(iota.attributes["iota_dimension"]).value)
     return None
@@ -158,12 +143,12 @@ def _single_index(mask: ir.Value) -> tuple[int, int] | None:
             return None
         dimension = _through_layout(mask, found[0], source)
         return None if dimension is None else (dimension, found[1])
-    compare = _producer(mask, "stablehlo.compare")
+    compare = producer(mask, "stablehlo.compare")
     if compare is None or str(compare.attributes["comparison_direction"]) != "#stablehlo<comparison_direction EQ>":
         return None
     lhs, rhs = compare.operands
     for coordinate, constant in ((lhs, rhs), (rhs, lhs)):
-        k = _splat_integer(constant)
+        k = splat_integer(constant)
         d = _coordinate(coordinate)
         if k is not None and d is not None:
             return d, k
@@ -181,7 +166,7 @@ class _Counter:
         if not all(_static(v) for v in (mask, on_true, on_false)):
             return True
         result_type = ir.RankedTensorType(operation.results[0].type)
-        if not result_type.has_static_shape or _shape(mask) != list(result_type.shape):
+        if not result_type.has_static_shape or shape_of(mask) != list(result_type.shape):
             return True
         found = _single_index(mask)
         if found is None:

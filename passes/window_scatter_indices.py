@@ -35,6 +35,7 @@ from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
+from hloalias.passes.stablehlo_values import producer, shape_of, splat_integer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,57 +68,41 @@ class WindowScatterIndices(ModulePass[WindowScatterReport]):
         return WindowScatterReport(counter.windowed)
 
 
-def _producer(value: ir.Value, name: str) -> ir.Operation | None:
-    owner = value.owner
-    if isinstance(owner, (ir.OpView, ir.Operation)) and owner.operation.name == name:
-        return owner.operation
-    return None
 
 
-def _shape(value: ir.Value) -> list[int]:
-    return list(ir.RankedTensorType(value.type).shape)
 
 
-def _splat_integer(value: ir.Value) -> int | None:
-    """The integer every element of a splat ``stablehlo.constant`` holds."""
-    constant = _producer(value, "stablehlo.constant")
-    if constant is None:
-        return None
-    attribute = constant.attributes["value"]
-    if not isinstance(attribute, ir.DenseIntElementsAttr) or not attribute.is_splat:
-        return None
-    return int(ir.IntegerAttr(attribute.get_splat_value()).value)
 
 
 def _is_arange(value: ir.Value) -> bool:
     """True when the rank-1 ``value`` is ``0, 1, ..., n-1``: an ``iota`` or
     ``dynamic_iota`` (static result), optionally ``* 1`` then ``+ 0``."""
-    add = _producer(value, "stablehlo.add")
+    add = producer(value, "stablehlo.add")
     if add is not None:
-        if _splat_integer(add.operands[1]) != 0:
+        if splat_integer(add.operands[1]) != 0:
             return False
         value = add.operands[0]
-    multiply = _producer(value, "stablehlo.multiply")
+    multiply = producer(value, "stablehlo.multiply")
     if multiply is not None:
-        if _splat_integer(multiply.operands[1]) != 1:
+        if splat_integer(multiply.operands[1]) != 1:
             return False
         value = multiply.operands[0]
     for name in ("stablehlo.iota", "stablehlo.dynamic_iota"):
-        iota = _producer(value, name)
+        iota = producer(value, name)
         if iota is not None:
             dimension = ir.IntegerAttr(iota.attributes["iota_dimension"]).value
-            return dimension == 0 and len(_shape(value)) == 1 and ir.RankedTensorType(value.type).has_static_shape
+            return dimension == 0 and len(shape_of(value)) == 1 and ir.RankedTensorType(value.type).has_static_shape
     return False
 
 
 def _strip_unit_reshapes(value: ir.Value) -> ir.Value:
     """Look through reshapes that only add or drop size-1 dimensions."""
     while True:
-        reshape = _producer(value, "stablehlo.reshape")
+        reshape = producer(value, "stablehlo.reshape")
         if reshape is None:
             return value
         source = reshape.operands[0]
-        if [n for n in _shape(source) if n != 1] != [n for n in _shape(value) if n != 1]:
+        if [n for n in shape_of(source) if n != 1] != [n for n in shape_of(value) if n != 1]:
             return value
         value = source
 
@@ -135,11 +120,11 @@ class _Component:
 
 def _classify(value: ir.Value, rank: int) -> _Component:
     """What is known about the component ``value`` (shape = the updates')."""
-    broadcast = _producer(value, "stablehlo.broadcast_in_dim")
+    broadcast = producer(value, "stablehlo.broadcast_in_dim")
     if broadcast is None:
         return _Component(value, None, frozenset())
     source = broadcast.operands[0]
-    source_shape = _shape(source)
+    source_shape = shape_of(source)
     mapping = list(ir.DenseI64ArrayAttr(broadcast.attributes["broadcast_dimensions"]))
     varying = [mapping[p] for p, n in enumerate(source_shape) if n != 1]
     constant = frozenset(d for d in range(rank) if d not in varying)
@@ -158,24 +143,24 @@ class _Counter:
         if len(operation.operands) != 3:
             return True
         numbers = _stablehlo.ScatterDimensionNumbers(operation.attributes["scatter_dimension_numbers"])
-        operand_shape = _shape(operation.operands[0])
+        operand_shape = shape_of(operation.operands[0])
         indices, updates = operation.operands[1], operation.operands[2]
-        updates_shape = _shape(updates)
+        updates_shape = shape_of(updates)
         index_dim = numbers.index_vector_dim
         if (
             list(numbers.update_window_dims)
             or list(numbers.input_batching_dims)
             or sorted(numbers.inserted_window_dims) != list(range(len(operand_shape)))
-            or index_dim != len(_shape(indices)) - 1
+            or index_dim != len(shape_of(indices)) - 1
         ):
             return True
-        concatenate = _producer(indices, "stablehlo.concatenate")
+        concatenate = producer(indices, "stablehlo.concatenate")
         if concatenate is None or ir.IntegerAttr(concatenate.attributes["dimension"]).value != index_dim:
             return True
         components = []
         for part in concatenate.operands:
-            reshape = _producer(part, "stablehlo.reshape")
-            if reshape is None or _shape(part)[-1] != 1 or _shape(reshape.operands[0]) != updates_shape:
+            reshape = producer(part, "stablehlo.reshape")
+            if reshape is None or shape_of(part)[-1] != 1 or shape_of(reshape.operands[0]) != updates_shape:
                 return True
             components.append(_classify(reshape.operands[0], len(updates_shape)))
         operand_dims = list(numbers.scattered_dims_to_operand_dims)
@@ -239,7 +224,7 @@ def _first_of_each_window(
 ) -> ir.Value:
     """``component`` at coordinate 0 of every window dimension, shaped
     ``batch_shape + [1]`` (the component is constant along those dims)."""
-    shape = _shape(component)
+    shape = shape_of(component)
     limits = [1 if d in window_dims else n for d, n in enumerate(shape)]
     sliced = ir.Operation.create(
         "stablehlo.slice",
