@@ -221,14 +221,10 @@ def test_batchnorm_train_mode_updates_buffers_and_params() -> None:
     assert {"buffer.bn.running_mean", "buffer.bn.running_var", "buffer.bn.num_batches_tracked"} <= names
 
 
-def test_tiny_gpt2_training_step_equals_eager() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-    )
-    torch.manual_seed(0)
-    eager_model = transformers.GPT2LMHeadModel(config).train()
+def _causal_lm_trains_like_eager(eager_model: Any, **call: Any) -> Any:
+    """Three AdamW steps of ``eager_model`` (a transformers causal LM, train
+    mode) compiled against the same steps in eager: equal losses, and equal
+    parameters after ``write_back``.  Returns the compiled copy's model."""
     model = copy.deepcopy(eager_model)
     eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=1e-3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -237,7 +233,7 @@ def test_tiny_gpt2_training_step_equals_eager() -> None:
 
     def step_of(m: Any, o: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
         def step(ids: torch.Tensor) -> torch.Tensor:
-            loss = m(input_ids=ids, labels=ids).loss
+            loss = m(input_ids=ids, labels=ids, **call).loss
             loss.backward()
             o.step()
             o.zero_grad()
@@ -253,6 +249,17 @@ def test_tiny_gpt2_training_step_equals_eager() -> None:
     eager_state, state = eager_model.state_dict(), model.state_dict()
     for key in eager_state:
         torch.testing.assert_close(state[key], eager_state[key], rtol=1e-4, atol=1e-5, msg=key)
+    return model
+
+
+def test_tiny_gpt2_training_step_equals_eager() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    model = _causal_lm_trains_like_eager(transformers.GPT2LMHeadModel(config).train())
     # Tied weights (wte and lm_head) are one slot, updated once.
     assert model.lm_head.weight is model.transformer.wte.weight
 
@@ -349,31 +356,7 @@ def test_tiny_llama_training_step_equals_eager() -> None:
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
     )
     torch.manual_seed(0)
-    eager_model = transformers.LlamaForCausalLM(config).train()
-    model = copy.deepcopy(eager_model)
-    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=1e-3)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    generator = torch.Generator().manual_seed(3)
-    batches = [torch.randint(0, 64, (2, 16), generator=generator) for _ in range(3)]
-
-    def step_of(m: Any, o: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
-        def step(ids: torch.Tensor) -> torch.Tensor:
-            loss = m(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            return loss  # type: ignore[no-any-return]
-
-        return step
-
-    train = hloalias.compile_training_step(step_of(model, opt), model, opt, (batches[0],))
-    for ids in batches:
-        eager_loss = step_of(eager_model, eager_opt)(ids)
-        torch.testing.assert_close(train(ids), eager_loss.detach(), rtol=1e-5, atol=1e-5)
-    train.write_back()
-    eager_state, state = eager_model.state_dict(), model.state_dict()
-    for key in eager_state:
-        torch.testing.assert_close(state[key], eager_state[key], rtol=1e-4, atol=1e-5, msg=key)
+    _causal_lm_trains_like_eager(transformers.LlamaForCausalLM(config).train(), use_cache=False)
 
 
 def test_data_dependent_control_flow_names_the_line() -> None:
