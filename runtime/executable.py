@@ -1005,6 +1005,23 @@ class Executable:
             index for index in self._user_indices
             if self._mutation_keys[index] is not None or index in self._donated_args
         }
+        # Read by every call (hot): each user input's expected type, the
+        # inputs written in place (eager's refusals apply to them), and the
+        # pairs of inputs that must not share memory (either is written).
+        self._input_types: tuple[tuple[int, torch.Size, torch.dtype], ...] = tuple(
+            (index, torch.Size(self._arg_types[index][0]), self._arg_types[index][1])
+            for index in self._user_indices
+        )
+        self._written_in_place: tuple[int, ...] = tuple(
+            index for index in self._user_indices
+            if index in self._writes and self._mutation_keys[index] is not None
+        )
+        self._write_pairs: tuple[tuple[int, int], ...] = tuple(
+            (first, second)
+            for position, first in enumerate(self._user_indices)
+            for second in self._user_indices[position + 1:]
+            if first in self._writes or second in self._writes
+        )
         self._plan = _CallPlan(self) if not self._placement.spmd else None
         #: Zero-copy imports of read-only torch inputs, reused while the same
         #: tensor object covers the same memory (see :meth:`_import_input`).
@@ -1286,9 +1303,16 @@ class Executable:
         else:
             leaves = self._user_leaves(args, kwargs)
         inputs: dict[int, Any] = dict(zip(self._user_indices, leaves))
-        for index, value in inputs.items():
-            self._check_input(index, value)
-        self._check_writes(inputs)
+        for (index, shape, dtype), value in zip(self._input_types, leaves):
+            # The common case inline; anything else (DeviceTensor, errors)
+            # through the full check.
+            if not (
+                isinstance(value, torch.Tensor) and value.dtype == dtype and value.shape == shape
+                and value.is_cpu and value.layout is torch.strided
+            ):
+                self._check_input(index, value)
+        if self._write_pairs or self._written_in_place:
+            self._check_writes(inputs)
         lock = self._group.lock if self._slots else _NO_LOCK
         with lock:
             if self._plan is not None:
@@ -1336,44 +1360,38 @@ class Executable:
         XLA cannot reproduce: a written input that requires grad (leaf) or is
         an inference tensor, one whose elements overlap each other, and two
         inputs sharing memory where either is written or donated."""
-        for index in self._writes:
+        for index in self._written_in_place:
             value = inputs[index]
-            if not isinstance(value, torch.Tensor) or self._mutation_keys[index] is None:
+            if not isinstance(value, torch.Tensor):
                 continue
-            name = self._names[index]
             if value.requires_grad and value.is_leaf and torch.is_grad_enabled():
                 raise ExecutionError(
-                    f"input '{name}' is a leaf tensor that requires grad and the program writes to it in "
-                    "place (eager PyTorch refuses this too); pass x.detach() or call under torch.no_grad()"
+                    f"input '{self._names[index]}' is a leaf tensor that requires grad and the program writes "
+                    "to it in place (eager PyTorch refuses this too); pass x.detach() or call under "
+                    "torch.no_grad()"
                 )
             if value.is_inference() and not torch.is_inference_mode_enabled():
                 raise ExecutionError(
-                    f"input '{name}' is an inference tensor and the program writes to it in place "
-                    "outside inference mode (eager PyTorch refuses this too)"
+                    f"input '{self._names[index]}' is an inference tensor and the program writes to it in "
+                    "place outside inference mode (eager PyTorch refuses this too)"
                 )
             strides = value.stride()
             if 0 in strides and any(stride == 0 and size > 1 for size, stride in zip(value.shape, strides)):
                 raise ExecutionError(
-                    f"input '{name}' has elements that share memory (an expanded tensor) and the "
-                    "program writes to it in place (eager PyTorch refuses this too); pass a clone"
+                    f"input '{self._names[index]}' has elements that share memory (an expanded tensor) and "
+                    "the program writes to it in place (eager PyTorch refuses this too); pass a clone"
                 )
-        if not self._writes:
-            return
-        indices = list(inputs)
-        for position, first in enumerate(indices):
-            for second in indices[position + 1:]:
-                if first not in self._writes and second not in self._writes:
-                    continue
-                if _share_memory(inputs[first], inputs[second]):
-                    writer = first if first in self._writes else second
-                    other = second if writer == first else first
-                    verb = "writes to" if self._mutation_keys[writer] is not None else "donates"
-                    raise ExecutionError(
-                        f"inputs '{self._names[writer]}' and '{self._names[other]}' share memory and the "
-                        f"program {verb} '{self._names[writer]}'; XLA cannot reproduce what eager "
-                        f"PyTorch would do (one input seeing the other's update); pass separate "
-                        f"tensors, e.g. '{self._names[other]}'.clone()"
-                    )
+        for first, second in self._write_pairs:
+            if _share_memory(inputs[first], inputs[second]):
+                writer = first if first in self._writes else second
+                other = second if writer == first else first
+                verb = "writes to" if self._mutation_keys[writer] is not None else "donates"
+                raise ExecutionError(
+                    f"inputs '{self._names[writer]}' and '{self._names[other]}' share memory and the "
+                    f"program {verb} '{self._names[writer]}'; XLA cannot reproduce what eager "
+                    f"PyTorch would do (one input seeing the other's update); pass separate "
+                    f"tensors, e.g. '{self._names[other]}'.clone()"
+                )
 
     def _run(self, inputs: dict[int, Any]) -> Any:
         arrays: list[jax.Array] = []
@@ -1546,7 +1564,13 @@ class Executable:
         # a reference to the caller's storage, which would block re-seating).
         kept: dict[int, Any] = {step.index: arrays[step.index] for step in plan.kept}
         del arrays
-        moved = self._check_in_place(plan, inputs, backings, outputs) if backings else _NOTHING
+        moved: set[int] | frozenset[int] = _NOTHING
+        for index, backing in backings.items():
+            if backing.array.is_deleted() and (
+                outputs[plan.steps[index].in_place].unsafe_buffer_pointer() != backing.address  # type: ignore[index]
+            ):
+                moved = self._check_in_place(plan, inputs, backings, outputs)
+                break
         # Commit: nothing below can fail on valid inputs (checked above).
         if plan.consumed:
             call_name = f"in call {self._calls}"
@@ -1568,23 +1592,28 @@ class Executable:
                 continue
             value = inputs[step.index]
             backing = backings.get(step.index)
-            if backing is not None and not step.reseat and step.in_place is not None and backing.array.is_deleted():
-                # XLA wrote the aliased output into the donated buffer: that
-                # output now owns the memory the consumed tensor still shows.
-                backing.rebind(outputs[step.in_place])
+            written_in_place = False
+            if backing is not None and step.index not in moved and backing.array.is_deleted():
+                # XLA wrote the aliased result into the donated buffer (its
+                # address was checked above; it is ready): that result now
+                # owns the memory the caller's tensor shows.
+                backing.array = outputs[step.in_place]  # type: ignore[index]
+                written_in_place = True
             if isinstance(value, DeviceTensor):
                 if new_value is not None:
                     value._rebind(self._commit(None, kept[step.index], new_value))
                 continue
             if new_value is None:
                 continue
-            if step.index not in moved:
+            if not written_in_place and step.index not in moved:
                 self._update_caller_tensor(step.index, value, new_value, backing, step.index in reseatable)
-            # Views of the new value share the caller's tensor, as in eager
-            # (whatever its strides: _assemble_outputs); one with a lazy bit
-            # holds other values than its storage, so they view the new value.
-            view_base = _view_base(value, None)
-            arg_tensors[step.index] = view_base if view_base is not None else array_to_torch(new_value)
+            if not plan.direct_outputs:
+                # Views of the new value share the caller's tensor, as in
+                # eager (whatever its strides: _assemble_outputs); one with a
+                # lazy bit holds other values than its storage, so they view
+                # the new value.
+                view_base = _view_base(value, None)
+                arg_tensors[step.index] = view_base if view_base is not None else array_to_torch(new_value)
         if plan.direct_outputs:
             if plan.host_results:
                 flat = [_host_result(outputs[result.position], result) for result in plan.outputs]
@@ -1817,27 +1846,28 @@ class Executable:
 
 _NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing
 _NOTHING: frozenset[int] = frozenset()
-_BACKINGS: dict[int, "_BackingRef"] = {}
-
-
-class _BackingRef(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference to a :class:`HostBacking` that knows its address
-    (one is made per CPU result of every call: no closure per entry)."""
-
-    __slots__ = ("address",)
-    address: int
-
-
-def _forget_backing(reference: _BackingRef) -> None:
-    if _BACKINGS.get(reference.address) is reference:
-        del _BACKINGS[reference.address]
+#: Runtime buffers lent to torch, by address: weak references, so an entry
+#: never keeps a buffer alive.  A dead entry is harmless (lookups check the
+#: referent) and is replaced when its address is reused, which the
+#: allocator does all the time; the dead ones left are swept once the table
+#: has doubled since the last sweep, so it stays proportional to the live
+#: buffers at O(1) amortized cost per registration.  (A callback per entry
+#: would do the same work on every result's release: one is made per CPU
+#: result of every call.)
+_BACKINGS: dict[int, "weakref.ref[HostBacking]"] = {}
+_BACKINGS_SWEEP_AT = [64]
 
 
 def _register_backing(backing: HostBacking) -> None:
-    """Index ``backing`` by address; the entry goes when the backing does."""
-    reference = _BackingRef(backing, _forget_backing)
-    reference.address = backing.address
-    _BACKINGS[backing.address] = reference
+    """Index ``backing`` by address (see ``_BACKINGS``)."""
+    _BACKINGS[backing.address] = weakref.ref(backing)
+    if len(_BACKINGS) >= _BACKINGS_SWEEP_AT[0]:
+        dead = [(address, reference) for address, reference in list(_BACKINGS.items()) if reference() is None]
+        for address, reference in dead:
+            # Another thread may have registered a live buffer there since.
+            if _BACKINGS.get(address) is reference:
+                _BACKINGS.pop(address, None)
+        _BACKINGS_SWEEP_AT[0] = max(64, 2 * len(_BACKINGS))
 
 
 def _forget_import(imports: dict[int, Any], index: int, reference: "weakref.ref[torch.Tensor]") -> None:
@@ -1862,10 +1892,11 @@ def _backing_of(tensor: torch.Tensor) -> HostBacking | None:
 
 
 def _host_result(array: jax.Array, result: _ResultStep) -> torch.Tensor:
-    """:func:`_result_tensor` of a CPU result, its type from the call plan."""
+    """:func:`_result_tensor` of a CPU result the call has waited for, its
+    type from the call plan."""
     if result.nbytes == 0:
         return array_to_torch(array)
-    tensor, backing = host_backed_tensor(array, result.dtype, result.shape, result.nbytes)
+    tensor, backing = host_backed_tensor(array, result.dtype, result.shape, result.nbytes, ready=True)
     _register_backing(backing)
     return tensor
 

@@ -234,10 +234,12 @@ class HostBacking:
     # One is made per CPU result of every call: slots keep that cheap.
     __slots__ = ("array", "address", "nbytes", "__array_interface__", "__weakref__")
 
-    def __init__(self, array: jax.Array, nbytes: int | None = None) -> None:
+    def __init__(self, array: jax.Array, nbytes: int | None = None, *, ready: bool = False) -> None:
         # Execution and transfers are asynchronous: the raw pointer is only
         # safe to read once the buffer is ready (DLPack would wait too).
-        array.block_until_ready()
+        # ``ready``: the caller has already waited for it.
+        if not ready:
+            array.block_until_ready()
         self.array = array
         self.address = array.unsafe_buffer_pointer()
         self.nbytes = array.nbytes if nbytes is None else nbytes
@@ -269,8 +271,10 @@ class HostBacking:
 
 
 def host_backed_tensor(
-    array: jax.Array, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int | None = None
+    array: jax.Array, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int | None = None, *,
+    ready: bool = False,
 ) -> tuple[torch.Tensor, HostBacking]:
-    """A torch tensor backed by the CPU buffer ``array`` (see :class:`HostBacking`)."""
-    backing = HostBacking(array, nbytes)
+    """A torch tensor backed by the CPU buffer ``array`` (see :class:`HostBacking`);
+    ``ready``: the caller has already waited for ``array``."""
+    backing = HostBacking(array, nbytes, ready=ready)
     return backing.tensor(dtype, shape), backing

@@ -453,6 +453,28 @@ def test_4_donating_a_result_to_the_next_call_reuses_its_buffer() -> None:
     assert torch.equal(y, torch.full((64,), 15.0))
 
 
+def test_4_backing_registry_stays_bounded_and_keeps_the_live_buffers() -> None:
+    """Results dropped by the caller leave dead registry entries that are
+    swept; a donated chain kept alive across many sweeps is still found
+    (written in place) on every call."""
+    from hloalias.runtime import executable
+
+    donate = hloalias.compile(lambda x: x * 2 + 1, (torch.zeros(64),), donate_argnums=[0])
+    fresh = hloalias.compile(lambda x: x + 1, (torch.zeros(32),))
+    y = donate(torch.zeros(64))
+    address = y.data_ptr()
+    held = [fresh(torch.zeros(32)) for _ in range(300)]  # 300 live entries
+    for step in range(2000):
+        fresh(torch.zeros(32))  # dropped at once: a dead entry
+        if step % 100 == 0:
+            y = donate(y)
+            assert y.data_ptr() == address  # still found: XLA wrote in place
+    assert all(torch.equal(t, torch.ones(32)) for t in held)
+    live = sum(1 for reference in executable._BACKINGS.values() if reference() is not None)
+    assert live >= len(held) + 1
+    assert len(executable._BACKINGS) <= 2 * live + 64
+
+
 # -- 15: the precomputed call plan (issue 14) ------------------------------------------------
 # A plan holds facts of the program only: a tensor that changes between calls
 # is checked (and read) afresh on every call.
