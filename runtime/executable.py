@@ -218,6 +218,9 @@ class _StateSlot:
         self.layout = layout
         self.torch_dtype = source.dtype
         self.bits = bits
+        #: Call plans whose cached argument lists hold this slot's buffer:
+        #: replacing the buffer drops those lists (see ``_CallPlan``).
+        self.readers: list[weakref.ref[_CallPlan]] = []
         self._array: jax.Array | None = None
         self.array = self.upload(_resolved(source))
         self.consumed_by: str | None = None
@@ -246,6 +249,16 @@ class _StateSlot:
         ):
             value = self._reinterpreted(value)
         self._array = value
+        if self.readers:
+            self._forget_cached_lists()
+
+    def _forget_cached_lists(self) -> None:
+        """Drop the argument lists of the plans reading this slot: they hold
+        the replaced buffer (and would keep it alive)."""
+        for reader in self.readers:
+            plan = reader()
+            if plan is not None:
+                plan.state_arrays = None
 
     def _reinterpreted(self, value: jax.Array) -> jax.Array:
         """``value`` (the state's bits in the other dtype of the same width)
@@ -305,6 +318,7 @@ class _StateSlot:
         # A consumed buffer becomes None (using it still names the donation):
         # ``_array``, when set, always has the stored dtype.
         self._array = fresh
+        self._forget_cached_lists()
 
 
 def _form_text(layout: StoredLayout | None, bits: torch.dtype | None = None) -> str:
@@ -847,6 +861,17 @@ class _CallPlan:
             ))
         self.steps: tuple[_ArgStep, ...] = tuple(steps)
         self.state_slots = tuple(step.slot for step in steps if step.slot is not None)
+        #: The state slots' buffers in argument order, kept between calls
+        #: (reading hundreds of slots per call costs more than the list:
+        #: the execute that follows runs with the slots' objects in cache).
+        #: Every replacement of a slot's buffer drops it (the slot's
+        #: ``readers``), always under the module's lock, as calls run; so it
+        #: never holds a replaced buffer, nor keeps one alive.
+        self.state_arrays: list[jax.Array | None] | None = None
+        reader = weakref.ref(self)
+        for slot in set(self.state_slots):
+            slot.readers[:] = [r for r in slot.readers if r() is not None]
+            slot.readers.append(reader)
         self.user_steps = tuple(step for step in steps if step.slot is None)
         #: The common @main order (state first, then user inputs), where
         #: the argument list is the state arrays followed by the user ones.
@@ -898,10 +923,14 @@ class _CallPlan:
         (None where a slot's buffer was consumed; a copy in this program's
         layout where the slot holds another: ``Executable._state_array``)
         and ``user_arrays``."""
-        state = [slot.array for slot in self.state_slots]
-        for position, name, slot, layout, bits in self.stored_layouts:
-            if slot.layout != layout or slot.bits != bits:
-                state[position] = exe._state_array(name)
+        state = self.state_arrays
+        if state is None:
+            state = self.state_arrays = [slot.array for slot in self.state_slots]
+        if self.stored_layouts:
+            state = list(state)  # the copies below are this call's only
+            for position, name, slot, layout, bits in self.stored_layouts:
+                if slot.layout != layout or slot.bits != bits:
+                    state[position] = exe._state_array(name)
         if self.state_first:
             return state + user_arrays
         arrays: list[jax.Array | None] = [None] * len(self.steps)

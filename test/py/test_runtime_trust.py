@@ -237,6 +237,53 @@ def test_3_two_executables_of_one_module_share_its_state() -> None:
     assert torch.equal(other.state_dict()["buf"], torch.ones(8))
 
 
+class ReadAndWrite(torch.nn.Module):
+    """Decode-like: one program writes the buffer, another only reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 8:
+            self.buf.add_(x)
+            return x * 2
+        return self.buf * x.sum()
+
+
+def test_3_a_reading_executable_sees_every_replacement_of_shared_state() -> None:
+    """The reader's argument list is kept between its calls: a write by the
+    other executable (donated: a new buffer), a load_state_dict of a
+    DeviceTensor (a new buffer) and of a torch tensor (written in place)
+    must each show in its next call, and the list must not keep a replaced
+    buffer alive."""
+    import gc
+    import weakref
+
+    eager, module = ReadAndWrite(), ReadAndWrite()
+    write = hloalias.compile(module, (torch.ones(8),))
+    read = hloalias.compile(module, (torch.ones(2),))
+    assert write._slots["buf"] is read._slots["buf"]
+    one = torch.ones(2)
+    assert torch.equal(read(one), eager(one))  # the list is built here
+    old = weakref.ref(read._slots["buf"].array)
+    for step in range(3):
+        write(torch.full((8,), float(step + 1)))
+        eager(torch.full((8,), float(step + 1)))
+        assert torch.equal(read(one), eager(one))
+    gc.collect()
+    assert old() is None  # donated, then dropped by the reader's list too
+    replaced = weakref.ref(read._slots["buf"].array)
+    read.load_state_dict({"buf": read.to_device(torch.full((8,), 7.0))})
+    gc.collect()
+    assert replaced() is None  # no list keeps the replaced buffer
+    assert torch.equal(read(one), torch.full((8,), 14.0))
+    read.load_state_dict({"buf": torch.full((8,), 3.0)})
+    assert torch.equal(read(one), torch.full((8,), 6.0))
+    assert torch.equal(write(torch.ones(8)), torch.full((8,), 2.0))
+    assert torch.equal(read(one), torch.full((8,), 8.0))
+
+
 class Tied(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
