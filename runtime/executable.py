@@ -917,6 +917,23 @@ class _CallPlan:
             for dtype in [exe._result_dtypes[results[key]]] if dtype is not None
         )
         self.direct_outputs = self.direct_outputs and len(self.outputs) == len(exe._output_keys)
+        #: For a program that is not run: when every user output is a user
+        #: input or a same-dtype view of one, (input index, rebuild) per
+        #: output; :meth:`Executable._input_views` then makes the outputs
+        #: without the general assembly.  None otherwise.
+        self.input_views: tuple[tuple[int, _Rebuild], ...] | None = None
+        if not self.executes:
+            recipes = []
+            for key in exe._output_keys:
+                rebuild = exe._rebuilds.get(key)
+                if rebuild is None or rebuild.base is None:
+                    break
+                kind, index = exe._rebuild_bases[rebuild.base]
+                if kind != "arg" or exe._arg_plan[index][1] is not None or rebuild.dtype != exe._arg_types[index][1]:
+                    break
+                recipes.append((index, rebuild))
+            else:
+                self.input_views = tuple(recipes)
 
     def arguments(self, exe: "Executable", user_arrays: list[jax.Array]) -> list[jax.Array | None]:
         """The argument list in @main order: the state slots' current arrays
@@ -1537,6 +1554,10 @@ class Executable:
         arguments that have some.  Inputs were checked by ``__call__``."""
         if not plan.executes:
             self._calls += 1
+            if plan.input_views is not None:
+                outputs = self._input_views(plan.input_views, inputs)
+                if outputs is not None:
+                    return outputs
             views_of: dict[int, Any] = {}
             for step in plan.user_steps:
                 value = inputs[step.index]
@@ -1655,6 +1676,28 @@ class Executable:
             if step.index not in arg_tensors and step.index in bases:
                 arg_tensors[step.index] = _view_base(inputs[step.index], bases[step.index])
         return self._assemble_outputs(inputs, arg_tensors, dict(zip(self._result_keys, outputs)))
+
+    def _input_views(self, recipes: tuple[tuple[int, _Rebuild], ...], inputs: dict[int, Any]) -> Any:
+        """The outputs of a program that is not run and returns only user
+        inputs and same-dtype views of them (``_CallPlan.input_views``), as
+        the general assembly makes them for plain row-major tensors without
+        grad or lazy bits: the input itself, or ``as_strided`` on it.  None
+        (nothing done) for any other input: the caller takes the general
+        path."""
+        flat = []
+        for index, rebuild in recipes:
+            value = inputs[index]
+            if (
+                type(value) is not torch.Tensor or value.requires_grad or value.is_conj() or value.is_neg()
+                or not value.is_contiguous()
+            ):
+                return None
+            flat.append(value if rebuild.identity else value.as_strided(
+                rebuild.sizes, rebuild.strides, value.storage_offset() + rebuild.offset
+            ))
+        if self._flat_outputs:
+            return flat[0] if self._single_output else tuple(flat)
+        return pytree.tree_unflatten(flat, self._signature.out_spec)
 
     def _import_input(self, index: int, tensor: torch.Tensor) -> jax.Array:
         """The CPU device's zero-copy view of read-only input ``tensor``
