@@ -304,6 +304,28 @@ class ManyState(torch.nn.Module):
         return total
 
 
+def best_of_rounds(timed: dict[str, Callable[[], Any]], calls: int, rounds: int) -> dict[str, float]:
+    """Seconds per call of each of ``timed`` (under ``torch.no_grad``): the
+    minimum over ``rounds`` interleaved rounds of the median of ``calls``
+    calls, after ``calls // 10`` (at least 10) warm-up calls each.  CPU work:
+    the minimum is the figure least moved by other processes."""
+    best = {name: float("inf") for name in timed}
+    with torch.no_grad():
+        for fn in timed.values():
+            for _ in range(max(10, calls // 10)):
+                fn()
+        for _ in range(rounds):
+            for name, fn in timed.items():
+                gc.collect()
+                samples = []
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    fn()
+                    samples.append(time.perf_counter() - start)
+                best[name] = min(best[name], statistics.median(samples))
+    return best
+
+
 def overhead_rows(calls: int, rounds: int = 7) -> list[dict[str, Any]]:
     """Per-call host overhead of ``Executable.__call__`` against raw PJRT on
     the same buffers (execute, unpack, wait for every result: what a call
@@ -347,20 +369,7 @@ def overhead_rows(calls: int, rounds: int = 7) -> list[dict[str, Any]]:
         def ours() -> None:
             exe(*args)
 
-        best = {"call": float("inf"), "raw": float("inf"), "dispatch": float("inf")}
-        with torch.no_grad():
-            for fn in (ours, raw, dispatch):
-                for _ in range(max(10, calls // 10)):
-                    fn()
-            for _ in range(rounds):
-                for key, fn in (("call", ours), ("raw", raw), ("dispatch", dispatch)):
-                    gc.collect()
-                    samples = []
-                    for _ in range(calls):
-                        start = time.perf_counter()
-                        fn()
-                        samples.append(time.perf_counter() - start)
-                    best[key] = min(best[key], statistics.median(samples))
+        best = best_of_rounds({"call": ours, "raw": raw, "dispatch": dispatch}, calls, rounds)
         rows.append({"program": name, **best, "runs_xla": exe._plan is None or exe._plan.executes})
     return rows
 
@@ -407,20 +416,7 @@ def floor_rows(cache_mib: int, calls: int, rounds: int = 7) -> list[dict[str, An
         "hloalias call": lambda: exe(cache, new),
         "the output conversion alone, in its own loop": conversion_alone,
     }
-    best = {name: float("inf") for name in timed}
-    with torch.no_grad():
-        for fn in timed.values():
-            for _ in range(max(10, calls // 10)):
-                fn()
-        for _ in range(rounds):
-            for name, fn in timed.items():
-                gc.collect()
-                samples = []
-                for _ in range(calls):
-                    start = time.perf_counter()
-                    fn()
-                    samples.append(time.perf_counter() - start)
-                best[name] = min(best[name], statistics.median(samples))
+    best = best_of_rounds(timed, calls, rounds)
     return [{"driver": name, "seconds": seconds} for name, seconds in best.items()]
 
 
