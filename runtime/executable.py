@@ -1158,6 +1158,15 @@ class Executable:
         out_spec = self._signature.out_spec
         flat_in = pytree.tree_structure((tuple(range(len(self._user_indices))), {}))
         self._flat_inputs = in_spec == flat_in
+        # A program compiled from keyword tensors only (HF's recipes:
+        # ``module(input_ids=..., cache_position=...)``): their names in the
+        # compiled order, for calls passing exactly those keywords.
+        self._keyword_leaves: tuple[str, ...] | None = None
+        parts = in_spec.children()
+        if len(parts) == 2 and parts[1].type is dict and not getattr(self._signature, "static_inputs", None):
+            names = tuple(parts[1].context)
+            if in_spec == pytree.tree_structure(((), {name: 0 for name in names})):
+                self._keyword_leaves = names
         self._output_keys = [A.output_key(i) for i in range(out_spec.num_leaves)]
         self._constant_outputs = {
             A.output_key(i): v for i, v in self._signature.constant_outputs.items()
@@ -1346,6 +1355,12 @@ class Executable:
         """Run the program; see the module docstring for the semantics."""
         if not kwargs and self._flat_inputs and len(args) == len(self._user_indices) and not self._convention.keywords:
             leaves = list(args)
+        elif (
+            not args and self._keyword_leaves is not None and len(kwargs) == len(self._keyword_leaves)
+            and all(isinstance(kwargs.get(name), (torch.Tensor, DeviceTensor)) for name in self._keyword_leaves)
+        ):
+            # The keywords compiled, each a tensor: nothing to bind.
+            leaves = [kwargs[name] for name in self._keyword_leaves]
         else:
             leaves = self._user_leaves(args, kwargs)
         inputs: dict[int, Any] = dict(zip(self._user_indices, leaves))
