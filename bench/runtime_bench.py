@@ -338,11 +338,15 @@ class ManyState(torch.nn.Module):
         return total
 
 
-def best_of_rounds(timed: dict[str, Callable[[], Any]], calls: int, rounds: int) -> dict[str, float]:
+def best_of_rounds(
+    timed: dict[str, Callable[[], Any]], calls: int, rounds: int, per_round: dict[str, list[float]] | None = None,
+) -> dict[str, float]:
     """Seconds per call of each of ``timed`` (under ``torch.no_grad``): the
     minimum over ``rounds`` interleaved rounds of the median of ``calls``
     calls, after ``calls // 10`` (at least 10) warm-up calls each.  CPU work:
-    the minimum is the figure least moved by other processes."""
+    the minimum is the figure least moved by other processes.  Each round's
+    medians are appended to ``per_round`` when given (ratios of drivers
+    timed side by side in one round move less than their minima)."""
     best = {name: float("inf") for name in timed}
     with torch.no_grad():
         for fn in timed.values():
@@ -357,6 +361,8 @@ def best_of_rounds(timed: dict[str, Callable[[], Any]], calls: int, rounds: int)
                     fn()
                     samples.append(time.perf_counter() - start)
                 best[name] = min(best[name], statistics.median(samples))
+                if per_round is not None:
+                    per_round.setdefault(name, []).append(statistics.median(samples))
     return best
 
 
@@ -403,8 +409,11 @@ def overhead_rows(calls: int, rounds: int = 7) -> list[dict[str, Any]]:
         def ours() -> None:
             exe(*args)
 
-        best = best_of_rounds({"call": ours, "raw": raw, "dispatch": dispatch}, calls, rounds)
-        rows.append({"program": name, **best, "runs_xla": exe._plan is None or exe._plan.executes})
+        per_round: dict[str, list[float]] = {}
+        best = best_of_rounds({"call": ours, "raw": raw, "dispatch": dispatch}, calls, rounds, per_round)
+        ratios = [call / raw_time for call, raw_time in zip(per_round["call"], per_round["raw"])]
+        rows.append({"program": name, **best, "runs_xla": exe._plan is None or exe._plan.executes,
+                     "round_ratio": statistics.median(ratios)})
     return rows
 
 
@@ -581,14 +590,14 @@ def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: 
         f"has run. Minimum over 7 interleaved rounds of the median of {overhead_calls} calls (CPU work: the "
         "minimum is least moved by other processes). `bench.latency`'s overhead table is these rows.",
         "",
-        "| program | `Executable.__call__` µs | raw µs | dispatch µs | call / raw |",
-        "|---|---:|---:|---:|---:|",
+        "| program | `Executable.__call__` µs | raw µs | dispatch µs | call / raw | call / raw, median of the rounds' ratios |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for row in overhead:
         note = "" if row["runs_xla"] else " (no results: not run)"
         lines.append(
             f"| {row['program']}{note} | {row['call'] * 1e6:.1f} | {row['raw'] * 1e6:.1f} | "
-            f"{row['dispatch'] * 1e6:.1f} | {row['call'] / row['raw']:.2f}x |"
+            f"{row['dispatch'] * 1e6:.1f} | {row['call'] / row['raw']:.2f}x | {row['round_ratio']:.2f}x |"
         )
     lines += [
         "",

@@ -1374,10 +1374,16 @@ class Executable:
                 self._check_input(index, value)
         if self._write_pairs or self._written_in_place:
             self._check_writes(inputs)
-        lock = self._group.lock if self._slots else _NO_LOCK
-        with lock:
-            if self._plan is not None:
-                return self._run_planned(self._plan, inputs)
+        plan = self._plan
+        if plan is not None and plan.input_views is not None:
+            # Not run, no state, no donation: nothing to serialize.
+            outputs = self._input_views(plan.input_views, inputs)
+            if outputs is not None:
+                self._calls += 1
+                return outputs
+        with self._group.lock if self._slots else _NO_LOCK:
+            if plan is not None:
+                return self._run_planned(plan, inputs)
             return self._run(inputs)
 
     def _user_leaves(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -1569,10 +1575,6 @@ class Executable:
         arguments that have some.  Inputs were checked by ``__call__``."""
         if not plan.executes:
             self._calls += 1
-            if plan.input_views is not None:
-                outputs = self._input_views(plan.input_views, inputs)
-                if outputs is not None:
-                    return outputs
             views_of: dict[int, Any] = {}
             for step in plan.user_steps:
                 value = inputs[step.index]
