@@ -121,11 +121,19 @@ def _numpy_dtype(dtype: torch.dtype) -> Any:
     return torch.empty((), dtype=dtype).numpy().dtype
 
 
-def same_program_drivers(exe: hloalias.Executable, inputs: dict[int, torch.Tensor]) -> dict[str, Callable[[], Any]]:
+JAX_TO_TORCH = "jax.jit (same program) + the output as a torch tensor (`torch.from_dlpack`)"
+
+
+def same_program_drivers(
+    exe: hloalias.Executable, inputs: dict[int, torch.Tensor], torch_output: int | None = None,
+) -> dict[str, Callable[[], Any]]:
     """Calls of ``exe``'s XLA program with every argument on the device:
     ``jax.jit (same program)`` and ``raw PJRT``.  Each argument aliased to a
     result (a mutation or a donor) is donated and fed that result on the
-    next call, as hloalias's runtime does; every result is waited for."""
+    next call, as hloalias's runtime does; every result is waited for.
+    With ``torch_output`` (a result position), also :data:`JAX_TO_TORCH`:
+    the ``jax.jit`` call returning that result as a torch tensor (zero
+    copy), what a torch caller of the same program through jax gets."""
     donated = sorted(exe._aliases)
     feedback = {arg: result for arg, result in exe._aliases.items() if result is not None}
 
@@ -145,13 +153,14 @@ def same_program_drivers(exe: hloalias.Executable, inputs: dict[int, torch.Tenso
         raw_args = initial()
     loaded = exe._loaded
 
-    def jax_call() -> None:
+    def jax_call() -> Any:
         with jax.enable_x64(True):
             results = jitted(*jax_args)
         for arg, result in feedback.items():
             jax_args[arg] = results[result]
         for result in results:
             result.block_until_ready()
+        return results
 
     def raw_call() -> None:
         results = [shards[0] for shards in loaded.execute_sharded(raw_args).disassemble_into_single_device_arrays()]
@@ -160,7 +169,11 @@ def same_program_drivers(exe: hloalias.Executable, inputs: dict[int, torch.Tenso
         for result in results:
             result.block_until_ready()
 
-    return {"jax.jit (same program)": jax_call, "raw PJRT": raw_call}
+    drivers: dict[str, Callable[[], Any]] = {"jax.jit (same program)": jax_call, "raw PJRT": raw_call}
+    if torch_output is not None:
+        position = torch_output
+        drivers[JAX_TO_TORCH] = lambda: torch.from_dlpack(jax_call()[position])
+    return drivers
 
 
 def measure(call: Callable[[], Any], calls: int, warmup: int = 3) -> tuple[float, int]:
@@ -423,7 +436,9 @@ def floor_rows(cache_mib: int, calls: int, rounds: int = 7) -> list[dict[str, An
     through jaxlib's Python API (``execute_sharded``, unpack, wait: the entry
     the runtime uses), the same plus turning the user output into a torch
     tensor a later call can donate (``HostBacking``: what every CPU call
-    returns), and the hloalias call.  Also the conversion alone, timed in a
+    returns), ``jax.jit`` with its output as a torch tensor (what a torch
+    caller of the same program through jax gets), ``jax.jit`` with one
+    small torch op between calls, and the hloalias call.  Also the conversion alone, timed in a
     loop of its own.  Minimum over ``rounds`` of the median of ``calls``."""
     from hloalias.runtime.pjrt import host_backed_tensor
 
@@ -432,10 +447,10 @@ def floor_rows(cache_mib: int, calls: int, rounds: int = 7) -> list[dict[str, An
     new = torch.randn(heads, dim)
     exe = hloalias.compile(kv_update, (torch.zeros(shape), new))
     cache = torch.zeros(shape)
-    drivers = same_program_drivers(exe, {0: torch.zeros(shape), 1: new})
+    output = exe._result_keys.index("output:0")
+    drivers = same_program_drivers(exe, {0: torch.zeros(shape), 1: new}, torch_output=output)
     loaded = exe._loaded
     args = [jax.device_put(np.zeros(shape, np.float32), exe.device), jax.device_put(new.numpy(), exe.device)]
-    output = exe._result_keys.index("output:0")
     feedback = {arg: result for arg, result in exe._aliases.items() if result is not None}
 
     def raw_and_tensor() -> torch.Tensor:
@@ -447,6 +462,15 @@ def floor_rows(cache_mib: int, calls: int, rounds: int = 7) -> list[dict[str, An
         tensor, _ = host_backed_tensor(results[output], torch.float32, (heads, dim), heads * dim * 4, ready=True)
         return tensor
 
+    # jax.jit with one small torch op between calls, nothing else changed:
+    # what a torch program's own work between steps does to jax's
+    # tight-loop figure.
+    jax_call = drivers["jax.jit (same program)"]
+
+    def jax_and_torch_op() -> None:
+        jax_call()
+        torch.empty(heads, dim)
+
     ready = jax.device_put(np.ones((heads, dim), np.float32), exe.device).block_until_ready()
 
     def conversion_alone() -> torch.Tensor:
@@ -456,6 +480,8 @@ def floor_rows(cache_mib: int, calls: int, rounds: int = 7) -> list[dict[str, An
         "jax.jit (same program)": drivers["jax.jit (same program)"],
         "raw PJRT (execute_sharded, unpack, wait)": drivers["raw PJRT"],
         "raw PJRT + the output as a donatable torch tensor": raw_and_tensor,
+        JAX_TO_TORCH: drivers[JAX_TO_TORCH],
+        "jax.jit (same program) + `torch.empty(16, 256)` between calls": jax_and_torch_op,
         "hloalias call": lambda: exe(cache, new),
         "the output conversion alone, in its own loop": conversion_alone,
     }
@@ -493,6 +519,14 @@ def second_executable(weight_mib: int) -> dict[str, int]:
     }
 
 
+def _same_program_cells(times: dict[str, float]) -> str:
+    """The table cells hloalias, jax.jit (same program) and raw PJRT in
+    ms/call, then hloalias's ratio to each of the two."""
+    ours, jax_same, raw = times["hloalias"], times["jax.jit (same program)"], times["raw PJRT"]
+    return (f"{ours * 1e3:.3f} | {jax_same * 1e3:.3f} | {raw * 1e3:.3f} | "
+            f"{ours / jax_same:.2f}x | {ours / raw:.2f}x")
+
+
 def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: list[dict[str, Any]],
            floor: list[dict[str, Any]], decode: list[dict[str, Any]], second: dict[str, int], cache_mib: int, calls: int, timed_calls: int, latency_calls: int,
            overhead_calls: int, load: str) -> str:
@@ -520,11 +554,9 @@ def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: 
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        times = row["times"]
-        ours, jax_same, raw = times["hloalias"], times["jax.jit (same program)"], times["raw PJRT"]
         lines.append(
-            f"| {row['workload']} | {ours * 1e3:.3f} | {jax_same * 1e3:.3f} | {raw * 1e3:.3f} | "
-            f"{ours / jax_same:.2f}x | {ours / raw:.2f}x | {times['jax idiomatic'] * 1e3:.3f} |"
+            f"| {row['workload']} | {_same_program_cells(row['times'])} | "
+            f"{row['times']['jax idiomatic'] * 1e3:.3f} |"
         )
     jax_floor = next(row["seconds"] for row in floor if row["driver"] == "jax.jit (same program)")
     lines += [
@@ -554,12 +586,7 @@ def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: 
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in decode:
-        times = row["times"]
-        ours, jax_same, raw = times["hloalias"], times["jax.jit (same program)"], times["raw PJRT"]
-        lines.append(
-            f"| {row['workload']} | {row['arguments']} | {ours * 1e3:.3f} | {jax_same * 1e3:.3f} | "
-            f"{raw * 1e3:.3f} | {ours / jax_same:.2f}x | {ours / raw:.2f}x |"
-        )
+        lines.append(f"| {row['workload']} | {row['arguments']} | {_same_program_cells(row['times'])} |")
     lines += [
         "",
         "## Host memory per call",
