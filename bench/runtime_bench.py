@@ -481,7 +481,7 @@ def floor_rows(cache_mib: int, calls: int, rounds: int = 7) -> list[dict[str, An
         "raw PJRT (execute_sharded, unpack, wait)": drivers["raw PJRT"],
         "raw PJRT + the output as a donatable torch tensor": raw_and_tensor,
         JAX_TO_TORCH: drivers[JAX_TO_TORCH],
-        "jax.jit (same program) + `torch.empty(16, 256)` between calls": jax_and_torch_op,
+        f"jax.jit (same program) + `torch.empty({heads}, {dim})` between calls": jax_and_torch_op,
         "hloalias call": lambda: exe(cache, new),
         "the output conversion alone, in its own loop": conversion_alone,
     }

@@ -1376,7 +1376,8 @@ class Executable:
             self._check_writes(inputs)
         plan = self._plan
         if plan is not None and plan.input_views is not None:
-            # Not run, no state, no donation: nothing to serialize.
+            # Not run (no results, no donation) and every output a view of
+            # a user input: no state is read or written, nothing to serialize.
             outputs = self._input_views(plan.input_views, inputs)
             if outputs is not None:
                 self._calls += 1
