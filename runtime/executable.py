@@ -77,6 +77,7 @@ from hloalias.runtime.strided_views import strided_view_of
 from hloalias.runtime.pjrt import (
     HostBacking,
     MemoryStats,
+    SingleDeviceDispatch,
     array_to_torch,
     compile_module,
     device_for,
@@ -804,11 +805,18 @@ class _ArgStep:
     #: A mutated user input aliased to its own new value: a plain torch
     #: tensor may be re-seated onto the result buffer.
     reseat: bool
+    #: A user input the program only reads (not written, not donated).
+    read_only: bool = dataclasses.field(init=False)
+    #: The argument's size in bytes.
+    nbytes: int = dataclasses.field(init=False)
 
-    @property
-    def read_only(self) -> bool:
-        """A user input the program only reads (not written, not donated)."""
-        return self.slot is None and self.mutated is None and not self.donated and self.in_place is None
+    def __post_init__(self) -> None:
+        # Read on every call: computed once.
+        object.__setattr__(
+            self, "read_only",
+            self.slot is None and self.mutated is None and not self.donated and self.in_place is None,
+        )
+        object.__setattr__(self, "nbytes", _numel(self.shape) * _itemsize(self.dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -901,6 +909,8 @@ class _CallPlan:
         #: Arguments whose pre-call array the commit reads.
         self.kept = self.after + self.consumed
         self.host_results = exe.device.platform == "cpu"
+        #: How the program runs: jaxlib's C++ dispatch where it has one.
+        self.dispatch = SingleDeviceDispatch(exe._loaded, exe.device)
         #: A program with no results and no donations has no effect on the
         #: device (every output is a view of an input or a constant): it is
         #: not run at all.
@@ -1058,6 +1068,10 @@ class Executable:
             (index, torch.Size(self._arg_types[index][0]), self._arg_types[index][1])
             for index in self._user_indices
         )
+        #: Each user input's size in bytes (its checked shape and dtype).
+        self._input_nbytes: dict[int, int] = {
+            index: _numel(shape) * _itemsize(dtype) for index, shape, dtype in self._input_types
+        }
         self._written_in_place: tuple[int, ...] = tuple(
             index for index in self._user_indices
             if index in self._writes and self._mutation_keys[index] is not None
@@ -1449,8 +1463,9 @@ class Executable:
                     f"input '{self._names[index]}' has elements that share memory (an expanded tensor) and "
                     "the program writes to it in place (eager PyTorch refuses this too); pass a clone"
                 )
+        nbytes = self._input_nbytes
         for first, second in self._write_pairs:
-            if _share_memory(inputs[first], inputs[second]):
+            if _share_memory(inputs[first], inputs[second], nbytes[first], nbytes[second]):
                 writer = first if first in self._writes else second
                 other = second if writer == first else first
                 verb = "writes to" if self._mutation_keys[writer] is not None else "donates"
@@ -1592,7 +1607,7 @@ class Executable:
                 user_arrays.append(value.array)
                 continue
             if step.in_place is not None:
-                backing = _backing_of(value)
+                backing = _backing_of(value, step.nbytes)
                 if backing is not None:
                     backings[step.index] = backing
                     bases[step.index] = value
@@ -1611,21 +1626,20 @@ class Executable:
                 user_arrays.append(torch_to_device(tensor, self.device, owned=False))
         arrays = plan.arguments(self, user_arrays)
         del user_arrays
-        if plan.donated_state:
+        if len(plan.donated_state) > 1:
+            # Only two donors can be one buffer; a consumed one fails in
+            # the dispatch below, whose error path names it.
             self._check_donated_state(plan)
         try:
-            results = self._loaded.execute_sharded(arrays)
-            outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
+            outputs = plan.dispatch.run(arrays)
             # Zero-copy imports of caller tensors are read until the program
             # ends: return only then (the caller may write them next).
-            for output in outputs:
-                output.block_until_ready()
+            plan.dispatch.wait(outputs)
         except Exception as error:
             for step in plan.steps:
                 if step.slot is not None:
                     self._state_array(step.name)  # a consumed state buffer, in words
             raise ExecutionError(f"XLA execution failed: {error}") from None
-        del results
         self._calls += 1
         # The arrays of state and DeviceTensors that commit reads; dropping
         # the list drops the zero-copy imports of caller tensors (they hold
@@ -1761,7 +1775,7 @@ class Executable:
 
     def _check_in_place(
         self, plan: _CallPlan, inputs: dict[int, Any], backings: dict[int, HostBacking],
-        outputs: list[jax.Array],
+        outputs: Sequence[jax.Array],
     ) -> set[int] | frozenset[int]:
         """Check that XLA wrote each donated runtime buffer's aliased result
         in place (the runtime relies on it: the caller's tensor shows that
@@ -1967,16 +1981,19 @@ def _forget_import(imports: dict[int, Any], index: int, reference: "weakref.ref[
         del imports[index]
 
 
-def _backing_of(tensor: torch.Tensor) -> HostBacking | None:
+def _backing_of(tensor: torch.Tensor, nbytes: int | None = None) -> HostBacking | None:
     """The runtime buffer backing all of ``tensor`` (re-seated by an earlier
-    call), or None."""
+    call), or None.  ``nbytes``, when the caller knows it (a checked
+    input), is ``tensor.numel() * tensor.element_size()``."""
     found = _BACKINGS.get(tensor.data_ptr())  # the first element's address
     if found is None or tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
         return None
     backing: HostBacking | None = found()
     if backing is None or backing.array.is_deleted():
         return None
-    if backing.nbytes != tensor.untyped_storage().nbytes() or backing.nbytes != tensor.numel() * tensor.element_size():
+    if nbytes is None:
+        nbytes = tensor.numel() * tensor.element_size()
+    if backing.nbytes != nbytes or backing.nbytes != tensor.untyped_storage().nbytes():
         return None
     return backing
 
@@ -2036,13 +2053,15 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+def _byte_span(tensor: torch.Tensor, nbytes: int | None = None) -> tuple[int, int]:
     """First and one-past-last byte of ``tensor``'s elements in memory
-    (``data_ptr`` is the first element's address, offset included)."""
-    size = tensor.element_size()
+    (``data_ptr`` is the first element's address, offset included);
+    ``nbytes``, when the caller knows it (a checked input), is
+    ``numel() * element_size()``."""
     start = tensor.data_ptr()
     if tensor.is_contiguous():
-        return start, start + tensor.numel() * size
+        return start, start + (tensor.numel() * tensor.element_size() if nbytes is None else nbytes)
+    size = tensor.element_size()
     extent = sum((int(n) - 1) * abs(int(s)) for n, s in zip(tensor.shape, tensor.stride()))
     return start, start + (extent + 1) * size
 
@@ -2050,15 +2069,20 @@ def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
 _EXACT_OVERLAP_LIMIT = 1 << 20
 
 
-def _share_memory(first: Any, second: Any) -> bool:
+def _share_memory(first: Any, second: Any, first_nbytes: int | None = None, second_nbytes: int | None = None) -> bool:
     """Whether two inputs have a byte in common (the same DeviceTensor
-    twice, or torch tensors whose elements overlap)."""
+    twice, or torch tensors whose elements overlap).  ``first_nbytes`` and
+    ``second_nbytes``, when the caller knows them (checked inputs), are
+    each tensor's ``numel() * element_size()``."""
     if isinstance(first, DeviceTensor) or isinstance(second, DeviceTensor):
         return first is second
-    if first.numel() == 0 or second.numel() == 0:
+    if first_nbytes is None or second_nbytes is None:
+        first_nbytes = first.numel() * first.element_size()
+        second_nbytes = second.numel() * second.element_size()
+    if first_nbytes == 0 or second_nbytes == 0:
         return False
-    a_start, a_end = _byte_span(first)
-    b_start, b_end = _byte_span(second)
+    a_start, a_end = _byte_span(first, first_nbytes)
+    b_start, b_end = _byte_span(second, second_nbytes)
     if a_end <= b_start or b_end <= a_start:
         return False
     if first.numel() > _EXACT_OVERLAP_LIMIT or second.numel() > _EXACT_OVERLAP_LIMIT:

@@ -8,6 +8,8 @@ and are stripped before serialization."""
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -24,6 +26,18 @@ try:
     _buffer_to_dlpack = getattr(_jaxlib_ext, "buffer_to_dlpack_managed_tensor", None)
 except ImportError:  # a jaxlib without the extension entries: use the public path
     _dlpack_to_buffer = _buffer_to_dlpack = None
+try:
+    # jaxlib's C++ dispatch of a loaded executable (SingleDeviceDispatch);
+    # private: without it every call takes execute_sharded.
+    from jax._src import tree_util as _jax_tree_util
+    from jax._src.interpreters import pxla as _jax_pxla
+    from jax._src.lib import _jax as _jaxlib_dispatch
+
+    _jax_pjit: Any = getattr(_jaxlib_dispatch, "pjit", None)
+    if not hasattr(_jax_pxla, "MeshExecutableFastpathData"):
+        _jax_pjit = None
+except ImportError:
+    _jax_pjit = None
 from jaxlib.mlir.dialects import stablehlo as jaxlib_stablehlo
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
@@ -188,6 +202,130 @@ def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Ar
     with jax.enable_x64(True):
         host = jax.dlpack.from_dlpack(tensor.cpu())
         return jax.device_put(host, device, may_alias=False)
+
+
+class SingleDeviceDispatch:
+    """Runs a single-device loaded executable on a list of device arrays
+    (:attr:`run`: its results, one array each) and waits for the results
+    (:meth:`wait`).
+
+    Through jaxlib's C++ dispatch (the fast path ``jax.jit`` and
+    ``jax.stages.Compiled`` calls use) where this jaxlib has it: that path
+    matches the arguments' types and placements against the ones of a
+    call it has seen and runs the executable without Python, ~3 us less
+    per call than ``execute_sharded`` and unpacking its results (KV step,
+    same-process A/B: 25.1 -> 22.2 us, ``bench/runtime_notes.md``).  A call it has not seen
+    (the first, or arguments of another placement or weak type) runs
+    through ``execute_sharded`` here, and its argument and result types
+    become a new fast-path entry.  Arguments that are not live device
+    arrays (a consumed buffer) fail as ``execute_sharded`` fails: the
+    caller names them.  Donation and aliasing are the executable's own
+    either way: both paths run the same loaded program.  After
+    ``MAX_MISSES`` such calls (a caller alternating placements) it stops
+    consulting the fast path and calls ``execute_sharded`` directly.
+    ``fast=False``: ``execute_sharded`` always (any ``loaded`` with that
+    method, as tests substitute)."""
+
+    MAX_MISSES = 8
+
+    __slots__ = ("run", "_loaded", "_sharding", "_misses", "_poll")
+
+    def __init__(self, loaded: Any, device: Any, *, fast: bool = True) -> None:
+        self._loaded = loaded
+        self._misses = 0
+        self._poll = True
+        self._sharding = jax.sharding.SingleDeviceSharding(device)
+        #: ``run(arrays)``: the results of one execution, in order.
+        self.run: Callable[[Sequence[jax.Array | None]], Sequence[jax.Array]] = self._execute_sharded
+        call = self._fast_call() if fast else None
+        if call is not None:
+            self.run = lambda arrays: call(*arrays)
+
+    def wait(self, results: Sequence[jax.Array]) -> None:
+        """Return once every result is ready (raise a failed one's error).
+        Polls first (:func:`wait_ready`) while this program's results have
+        come within the poll bound; after one that has not (a longer
+        program, which a polling caller would only keep from a core), it
+        blocks at once until a call's wait is short again."""
+        if self._poll:
+            self._poll = wait_ready(results)
+            return
+        start = time.perf_counter_ns()
+        for result in results:
+            result.block_until_ready()
+        self._poll = time.perf_counter_ns() - start < READY_SPIN_NS
+
+    def _execute_sharded(self, arrays: Sequence[jax.Array | None]) -> list[jax.Array]:
+        results = self._loaded.execute_sharded(list(arrays))
+        return [shards[0] for shards in results.disassemble_into_single_device_arrays()]
+
+    def _execute_positional(self, *arrays: Any) -> tuple[jax.Array, ...]:
+        return tuple(self._execute_sharded(arrays))
+
+    def _fast_call(self) -> Any:
+        if _jax_pjit is None:
+            return None
+        try:
+            # ``fun`` is what jaxlib calls instead under ``jax.disable_jit()``.
+            return _jax_pjit(
+                "hloalias", self._execute_positional, self._cache_miss, [], [], _jax_pxla.JitGlobalCppCacheKeys(),
+                _jax_tree_util.dispatch_registry, _refuse_non_array,
+            )
+        except Exception:  # another jaxlib's signature: the Python path
+            return None
+
+    def _cache_miss(self, *arrays: Any) -> tuple[tuple[jax.Array, ...], Any, bool]:
+        """jaxlib's callback for a call its fast path has no entry for:
+        (results, the fast-path entry for calls like this one or None,
+        False: keep the function's cache)."""
+        results = tuple(self._execute_sharded(arrays))
+        self._misses += 1
+        if self._misses > self.MAX_MISSES:
+            self.run = self._execute_sharded
+            return results, None, False
+        if not all(isinstance(result, xla_client.ArrayImpl) for result in results):
+            return results, None, False
+        _, tree = _jax_tree_util.dispatch_registry.flatten(results, None)
+        entry = _jax_pxla.MeshExecutableFastpathData(
+            self._loaded, tree, [self._sharding] * len(arrays), [result.sharding for result in results],
+            [result.aval for result in results], [result._committed for result in results],
+            [True] * len(arrays), [None] * len(arrays), [],
+        )
+        return results, entry, False
+
+
+#: How long a wait polls a result before it blocks, in ns.
+READY_SPIN_NS = 100_000
+
+
+def wait_ready(arrays: Sequence[jax.Array], spin_ns: int = READY_SPIN_NS) -> bool:
+    """Return once every array in ``arrays`` is ready; raise the error of
+    one whose computation failed.  Polls for up to ``spin_ns`` before
+    blocking; returns whether the arrays were ready within it.
+
+    ``block_until_ready`` on a result that is not ready yet puts the
+    caller to sleep at once, and being woken up when PJRT's worker is done
+    costs ~25-100 us on a virtual machine: more than the whole of a small
+    program.  Polling keeps the caller awake for the few microseconds such
+    a program takes (``bench/runtime_notes.md``)."""
+    deadline = 0
+    in_time = True
+    for array in arrays:
+        if in_time and not array.is_ready():
+            if not deadline:
+                deadline = time.perf_counter_ns() + spin_ns
+            while not array.is_ready():
+                if time.perf_counter_ns() >= deadline:
+                    in_time = False
+                    break
+        array.block_until_ready()
+    return in_time
+
+
+def _refuse_non_array(value: Any, sharding: Any, layout: Any) -> Any:
+    """The fast path's conversion of an argument that is not a device
+    array: none is made (the runtime passes only device arrays)."""
+    raise TypeError(f"not a device array: {type(value).__name__}")
 
 
 def array_to_torch(array: jax.Array) -> torch.Tensor:

@@ -451,3 +451,80 @@ def test_missing_device_raises() -> None:
     """A platform with no PJRT device here is an ExecutionError naming it."""
     with pytest.raises(hloalias.ExecutionError, match="'tpu'"):
         hloalias.compile(double, (torch.randn(2),), device="tpu")
+
+
+def _write_row(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    cache[0].copy_(new)
+    return new * 2
+
+
+def test_calls_take_jaxlibs_cpp_dispatch_and_still_update_in_place() -> None:
+    """After the first call, calls run through jaxlib's C++ fast path (no
+    further cache misses) and XLA still writes the re-seated cache in place."""
+    from hloalias.runtime import pjrt
+
+    if pjrt._jax_pjit is None:
+        pytest.skip("this jaxlib has no C++ dispatch entry")
+    exe = hloalias.compile(_write_row, (torch.zeros(4, 3), torch.zeros(3)))
+    cache = torch.zeros(4, 3)
+    exe(cache, torch.ones(3))
+    address = cache.data_ptr()
+    for step in range(2, 7):
+        out = exe(cache, torch.full((3,), float(step)))
+        assert torch.equal(out, torch.full((3,), 2.0 * step)) and torch.equal(cache[0], torch.full((3,), float(step)))
+    assert exe._plan is not None and exe._plan.dispatch._misses == 1
+    assert cache.data_ptr() == address and exe.host_copies == {}
+
+
+def test_calls_under_jax_disable_jit_run() -> None:
+    import jax
+
+    exe = hloalias.compile(_write_row, (torch.zeros(4, 3), torch.zeros(3)))
+    cache = torch.zeros(4, 3)
+    exe(cache, torch.ones(3))
+    with jax.disable_jit():
+        out = exe(cache, torch.full((3,), 5.0))
+    assert torch.equal(out, torch.full((3,), 10.0)) and torch.equal(cache[0], torch.full((3,), 5.0))
+
+
+def test_dispatch_falls_back_to_execute_sharded_after_many_signatures() -> None:
+    """Arguments of ever new types for the fast path (weak-typed or not,
+    four scalars: 16 kinds) stop it being consulted after MAX_MISSES; the
+    results stay right throughout."""
+    import itertools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from hloalias.runtime.pjrt import SingleDeviceDispatch
+
+    exe = hloalias.compile(lambda a, b, c, d: a + 2 * b + 3 * c + 4 * d, tuple(torch.zeros(()) for _ in range(4)))
+    dispatch = SingleDeviceDispatch(exe._loaded, exe.device)
+    for kinds in itertools.product((False, True), repeat=4):
+        arrays = [
+            jax.device_put(jnp.asarray(1.0) if weak else np.float32(1.0), exe.device) for weak in kinds
+        ]
+        (result,) = dispatch.run(arrays)
+        assert float(result) == 10.0
+    assert dispatch._misses == SingleDeviceDispatch.MAX_MISSES + 1
+    assert dispatch.run == dispatch._execute_sharded
+
+
+def test_a_wait_longer_than_the_poll_bound_blocks_from_then_on() -> None:
+    """A program that runs longer than READY_SPIN_NS (a 512x512 matmul:
+    268 MFLOP, far more than 100 us of two CPU cores) ends the polling; the
+    results are right either way."""
+    from hloalias.runtime.pjrt import SingleDeviceDispatch, torch_to_device, wait_ready
+
+    a = torch.randn(512, 512)
+    exe = hloalias.compile(lambda x: x @ x, (a,))
+    dispatch = SingleDeviceDispatch(exe._loaded, exe.device)
+    arrays = [torch_to_device(a, exe.device, owned=False)]
+    results = dispatch.run(arrays)
+    dispatch.wait(results)
+    assert dispatch._poll is False
+    results = dispatch.run(arrays)
+    dispatch.wait(results)
+    torch.testing.assert_close(torch.from_dlpack(results[0]), a @ a, rtol=1e-4, atol=1e-3)
+    assert wait_ready(results, spin_ns=0)  # ready already: in time
