@@ -319,7 +319,9 @@ def wait_ready(arrays: Sequence[jax.Array], spin_ns: int = READY_SPIN_NS) -> boo
                     in_time = False
                     break
         array.block_until_ready()
-    return in_time
+    # Ready only after the bound (the caller may have been descheduled
+    # while it polled) is not in time either.
+    return in_time and (not deadline or time.perf_counter_ns() < deadline)
 
 
 def _refuse_non_array(value: Any, sharding: Any, layout: Any) -> Any:
