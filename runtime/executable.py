@@ -1646,8 +1646,8 @@ class Executable:
         arrays = plan.arguments(self, user_arrays)
         del user_arrays
         if len(plan.donated_state) > 1:
-            # Only two donors can be one buffer; a consumed one fails in
-            # the dispatch below, whose error path names it.
+            # A tie takes two donors; a consumed donor fails in the
+            # dispatch below, whose error path names it.
             self._check_donated_state(plan)
         try:
             outputs = plan.dispatch.run(arrays)
@@ -2133,13 +2133,25 @@ def _view_of(base: torch.Tensor, rebuild: _Rebuild) -> torch.Tensor:
     """The removed result as a view of ``base``.  The recorded geometry is
     in ``base``'s row-major layout; a caller's tensor laid out otherwise
     (``y.t()``, channels-last) gets the view of its own storage that holds
-    the same elements (:func:`strided_view_of`), as eager's view does, and
-    only where no strided view holds them (or the view changes the dtype)
+    the same elements (:func:`strided_view_of`; for a view to another
+    dtype, of the caller's tensor reinterpreted as eager's ``view(dtype)``
+    does), as eager's view does, and only where no strided view holds them
     a view of a row-major copy."""
     if base.is_contiguous():
         return _as_view(base, rebuild)
-    if base.dtype == rebuild.dtype:
-        view = strided_view_of(base, rebuild.sizes, rebuild.strides, rebuild.offset)
+    caller: torch.Tensor | None = base
+    if base.dtype != rebuild.dtype:
+        # Eager's ``x.view(dtype)`` reinterprets the caller's own storage: at
+        # any strides for a dtype of the same width, and for a narrower one
+        # where torch allows it (last dimension contiguous).  The recorded
+        # geometry is in the reinterpreted row-major layout.
+        assert rebuild.dtype is not None  # only dead results lack one
+        try:
+            caller = (base.detach() if base.requires_grad else base).view(rebuild.dtype)
+        except RuntimeError:
+            caller = None
+    if caller is not None:
+        view = strided_view_of(caller, rebuild.sizes, rebuild.strides, rebuild.offset)
         if view is not None:
             return view
     return _as_view(base.contiguous(), rebuild)

@@ -32,12 +32,20 @@ REGRESSIONS = {
     ),
     "buffer_copied_from_intermediate_buffer_returned": _program(
         ["v0 = x0 * 2.0", f"{BUFFER_LOCAL}.copy_(v0)"], [BUFFER_LOCAL], [BUFFER_LOCAL], buffer=BUFFER
-    ),    # scripts/fuzz.sh, seed 1796104784, 2,000 programs: torch-mlir folded
+    ),
+    # scripts/fuzz.sh, seed 1796104784, 2,000 programs: torch-mlir folded
     # ``x0 > 0`` of the constant x0 (after fill_) to False, so masked_fill_
     # was lost.  Fixed by the importer giving comparisons float scalars.
     "masked_fill_after_fill_compares_a_constant_with_an_int": _program(
         ["x0.fill_(1.5)", "x0.masked_fill_(x0 > 0, -2.0)"], ["x0"], ["x0"],
         [TensorSpec("x0", (2, 3), "float32")],
+    ),
+    # scripts/fuzz.sh, seed 1796175676, 2,000 programs: a same-width dtype
+    # view of a non-contiguous input came back as a view of a row-major copy
+    # (a copy per result), not of the input.  Fixed by rebuilding it on the
+    # caller's tensor reinterpreted as eager's view(dtype) does.
+    "same_width_dtype_view_of_a_non_contiguous_input_returned_twice": _program(
+        ["v0 = x0.view(torch.int32)"], ["v0", "v0"], ["x0", "x0"], [NON_CONTIGUOUS_4x1x3],
     ),
 }
 

@@ -455,6 +455,37 @@ def test_11_view_dtype_of_another_width_is_a_view(dtype: torch.dtype, example: t
     assert torch.equal(x.view(torch.uint8), torch.zeros_like(x.view(torch.uint8)))
 
 
+@pytest.mark.parametrize(
+    ("dtype", "make"),
+    [
+        (torch.int32, lambda: torch.arange(24.0).reshape(4, 1, 6)[..., ::2]),  # same width, strided
+        (torch.int32, lambda: torch.arange(12.0).reshape(3, 4).t()),  # same width, transposed
+        (torch.int8, lambda: torch.arange(24.0).reshape(4, 6)[::2]),  # narrower, rows strided
+    ],
+    ids=["same_width_strided", "same_width_transposed", "narrower_rows_strided"],
+)
+def test_11_view_dtype_of_a_non_contiguous_input_views_the_callers_storage(
+    dtype: torch.dtype, make: Callable[[], torch.Tensor],
+) -> None:
+    """As eager's: a view of the caller's own storage at its strides (it was
+    a view of a row-major copy, one per result), so a write through it
+    reaches the input."""
+    def program(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.view(dtype), x.view(dtype)
+
+    exe = hloalias.compile(program, (make(),))
+    x = make()
+    first, second = exe(x)
+    eager_first, _ = program(make())
+    assert first.dtype == dtype and torch.equal(first, eager_first)
+    assert [s for n, s in zip(first.shape, first.stride()) if n > 1] == [
+        s for n, s in zip(eager_first.shape, eager_first.stride()) if n > 1
+    ]
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    first.fill_(0)  # zero bits: 0.0 in x
+    assert torch.equal(x, torch.zeros_like(x)) and torch.equal(second, torch.zeros_like(second))
+
+
 def test_11_view_dtype_to_a_wider_type_is_a_named_import_limit() -> None:
     """torch-mlir cannot lower a widening view(dtype); the error says which
     op (the pass's layout rule for it is covered in lit)."""
