@@ -484,7 +484,8 @@ def floor_rows(cache_mib: int, calls: int, rounds: int = 7) -> list[dict[str, An
     # jax.jit with work between calls, its own time still timed alone: what
     # a torch program's own work between steps does to jax's tight loop.
     jax_call = drivers["jax.jit (same program)"]
-    between = {"torch": lambda: torch.empty(heads, dim), "python": lambda: _spin(40_000)}
+    torch_op_between = f"jax.jit (same program), `torch.empty({heads}, {dim})` between calls"
+    python_between = "jax.jit (same program), 40 µs of Python between calls"
 
     ready = jax.device_put(np.ones((heads, dim), np.float32), exe.device).block_until_ready()
 
@@ -497,15 +498,12 @@ def floor_rows(cache_mib: int, calls: int, rounds: int = 7) -> list[dict[str, An
         "the runtime's dispatch (jaxlib's C++ fast path) and wait": runtime_dispatch,
         "the runtime's dispatch and wait + the output as a donatable torch tensor": dispatch_and_tensor,
         JAX_TO_TORCH: drivers[JAX_TO_TORCH],
-        f"jax.jit (same program), `torch.empty({heads}, {dim})` between calls": jax_call,
-        "jax.jit (same program), 40 µs of Python between calls": jax_call,
+        torch_op_between: jax_call,
+        python_between: jax_call,
         "hloalias call": lambda: exe(cache, new),
         "the output conversion alone, in its own loop": conversion_alone,
     }
-    after = {
-        f"jax.jit (same program), `torch.empty({heads}, {dim})` between calls": between["torch"],
-        "jax.jit (same program), 40 µs of Python between calls": between["python"],
-    }
+    after = {torch_op_between: lambda: torch.empty(heads, dim), python_between: lambda: _spin(40_000)}
     best = best_of_rounds(timed, calls, rounds, after=after)
     return [{"driver": name, "seconds": seconds} for name, seconds in best.items()]
 
