@@ -807,8 +807,6 @@ class _ArgStep:
     reseat: bool
     #: A user input the program only reads (not written, not donated).
     read_only: bool = dataclasses.field(init=False)
-    #: The argument's size in bytes.
-    nbytes: int = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         # Read on every call: computed once.
@@ -816,7 +814,6 @@ class _ArgStep:
             self, "read_only",
             self.slot is None and self.mutated is None and not self.donated and self.in_place is None,
         )
-        object.__setattr__(self, "nbytes", _numel(self.shape) * _itemsize(self.dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1513,7 +1510,7 @@ class Executable:
             # an input is copied into PJRT-owned shards.
             spmd = self._placement.spmd
             aliased = not spmd and (index in self._self_aliased or index in self._donor_aliased)
-            backing = _backing_of(value) if aliased else None
+            backing = _backing_of(value, self._input_nbytes[index]) if aliased else None
             if backing is not None:
                 backings[index] = backing
                 bases[index] = value
@@ -1606,27 +1603,22 @@ class Executable:
         backings: dict[int, HostBacking] = {}
         reseatable: set[int] = set()
         user_arrays: list[jax.Array] = []
-        imports = self._imports
         for step in plan.user_steps:
             value = inputs[step.index]
             if isinstance(value, DeviceTensor):
                 user_arrays.append(value.array)
                 continue
-            if step.read_only and plan.host_results:
-                # The common read-only input: its import of the last call,
-                # when it is still the same plain tensor at the same address
-                # (what _import_input checks, read inline).
-                found = imports.get(step.index)
-                plain: torch.Tensor = value  # checked by __call__: not a DeviceTensor, so a tensor
-                if (
-                    found is not None and found[0]() is plain and plain.data_ptr() == found[1]
-                    and plain.is_contiguous() and not plain.is_conj() and not plain.is_neg()
-                ):
-                    bases[step.index] = plain
-                    user_arrays.append(found[2])
-                    continue
+            if (
+                step.read_only and plan.host_results
+                and value.is_contiguous() and not value.is_conj() and not value.is_neg()
+            ):
+                # The common read-only input: imported as it is (the import
+                # of the last call reused while it is the same tensor).
+                bases[step.index] = value
+                user_arrays.append(self._import_input(step.index, value))
+                continue
             if step.in_place is not None:
-                backing = _backing_of(value, step.nbytes)
+                backing = _backing_of(value, self._input_nbytes[step.index])
                 if backing is not None:
                     backings[step.index] = backing
                     bases[step.index] = value
@@ -1639,10 +1631,7 @@ class Executable:
             tensor = _resolved(value)
             tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
             bases[step.index] = tensor
-            if step.read_only and tensor is value and plan.host_results:
-                user_arrays.append(self._import_input(step.index, value))
-            else:
-                user_arrays.append(torch_to_device(tensor, self.device, owned=False))
+            user_arrays.append(torch_to_device(tensor, self.device, owned=False))
         arrays = plan.arguments(self, user_arrays)
         del user_arrays
         if len(plan.donated_state) > 1:
@@ -2000,18 +1989,16 @@ def _forget_import(imports: dict[int, Any], index: int, reference: "weakref.ref[
         del imports[index]
 
 
-def _backing_of(tensor: torch.Tensor, nbytes: int | None = None) -> HostBacking | None:
+def _backing_of(tensor: torch.Tensor, nbytes: int) -> HostBacking | None:
     """The runtime buffer backing all of ``tensor`` (re-seated by an earlier
-    call), or None.  ``nbytes``, when the caller knows it (a checked
-    input), is ``tensor.numel() * tensor.element_size()``."""
+    call), or None.  ``nbytes`` is ``tensor``'s size in bytes (a checked
+    input's, known from the program)."""
     found = _BACKINGS.get(tensor.data_ptr())  # the first element's address
     if found is None or tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
         return None
     backing: HostBacking | None = found()
     if backing is None or backing.array.is_deleted():
         return None
-    if nbytes is None:
-        nbytes = tensor.numel() * tensor.element_size()
     if backing.nbytes != nbytes or backing.nbytes != tensor.untyped_storage().nbytes():
         return None
     return backing
@@ -2072,14 +2059,13 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _byte_span(tensor: torch.Tensor, nbytes: int | None = None) -> tuple[int, int]:
+def _byte_span(tensor: torch.Tensor, nbytes: int) -> tuple[int, int]:
     """First and one-past-last byte of ``tensor``'s elements in memory
     (``data_ptr`` is the first element's address, offset included);
-    ``nbytes``, when the caller knows it (a checked input), is
-    ``numel() * element_size()``."""
+    ``nbytes`` is its size in bytes."""
     start = tensor.data_ptr()
     if tensor.is_contiguous():
-        return start, start + (tensor.numel() * tensor.element_size() if nbytes is None else nbytes)
+        return start, start + nbytes
     size = tensor.element_size()
     extent = sum((int(n) - 1) * abs(int(s)) for n, s in zip(tensor.shape, tensor.stride()))
     return start, start + (extent + 1) * size
@@ -2088,16 +2074,13 @@ def _byte_span(tensor: torch.Tensor, nbytes: int | None = None) -> tuple[int, in
 _EXACT_OVERLAP_LIMIT = 1 << 20
 
 
-def _share_memory(first: Any, second: Any, first_nbytes: int | None = None, second_nbytes: int | None = None) -> bool:
+def _share_memory(first: Any, second: Any, first_nbytes: int, second_nbytes: int) -> bool:
     """Whether two inputs have a byte in common (the same DeviceTensor
-    twice, or torch tensors whose elements overlap).  ``first_nbytes`` and
-    ``second_nbytes``, when the caller knows them (checked inputs), are
-    each tensor's ``numel() * element_size()``."""
+    twice, or torch tensors whose elements overlap); ``first_nbytes`` and
+    ``second_nbytes`` are their sizes in bytes (checked inputs: known from
+    the program)."""
     if isinstance(first, DeviceTensor) or isinstance(second, DeviceTensor):
         return first is second
-    if first_nbytes is None or second_nbytes is None:
-        first_nbytes = first.numel() * first.element_size()
-        second_nbytes = second.numel() * second.element_size()
     if first_nbytes == 0 or second_nbytes == 0:
         return False
     a_start, a_end = _byte_span(first, first_nbytes)

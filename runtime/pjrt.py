@@ -24,16 +24,16 @@ try:
 
     _dlpack_to_buffer = getattr(_jaxlib_ext, "dlpack_managed_tensor_to_buffer", None)
     _buffer_to_dlpack = getattr(_jaxlib_ext, "buffer_to_dlpack_managed_tensor", None)
+    # jaxlib's C++ dispatch of a loaded executable (SingleDeviceDispatch).
+    _jax_pjit: Any = getattr(_jaxlib_ext, "pjit", None)
 except ImportError:  # a jaxlib without the extension entries: use the public path
-    _dlpack_to_buffer = _buffer_to_dlpack = None
+    _dlpack_to_buffer = _buffer_to_dlpack = _jax_pjit = None
 try:
-    # jaxlib's C++ dispatch of a loaded executable (SingleDeviceDispatch);
-    # private: without it every call takes execute_sharded.
+    # What that dispatch's entries are built from; private: without them
+    # every call takes execute_sharded.
     from jax._src import tree_util as _jax_tree_util
     from jax._src.interpreters import pxla as _jax_pxla
-    from jax._src.lib import _jax as _jaxlib_dispatch
 
-    _jax_pjit: Any = getattr(_jaxlib_dispatch, "pjit", None)
     if not hasattr(_jax_pxla, "MeshExecutableFastpathData"):
         _jax_pjit = None
 except ImportError:
