@@ -47,7 +47,7 @@ import inspect
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import torch
@@ -83,8 +83,14 @@ from hloalias.runtime.pjrt import (
     device_for,
     host_backed_tensor,
     memory_stats,
+    native_enabled,
     torch_to_device,
 )
+
+try:  # the native call path; built with the package (setup.py), optional
+    from hloalias.runtime import _lane
+except ImportError:  # not built here: every call takes the Python path
+    _lane = None  # type: ignore[assignment]
 
 
 class DeviceTensor:
@@ -965,6 +971,64 @@ class _CallPlan:
         return arrays
 
 
+#: What a native lane returns for a call it leaves to the Python path.
+_LANE_FALLBACK = object()
+
+
+def _native_lane(exe: "Executable", plan: _CallPlan | None) -> Any:
+    """The native call path (``hloalias.runtime._lane.Lane``, see its source
+    for the contract) of ``exe``, or None where it has none: the extension
+    is not built, ``HLOALIAS_NATIVE=0``, or the plan is of another kind than
+    the lane runs.  That kind: a CPU program that runs, every output one of
+    its results (no rebuilt views, constants, empty results), no state
+    consumed (a donated torch input is left as it is), state first in
+    ``@main`` and read in the slots' own form, and every user input either
+    read only or written (or donated) in place into the runtime buffer
+    backing it.  Calls of that kind whose inputs it does not take (another
+    type, layout or memory; an input eager refuses to write; overlapping
+    inputs; a consumed or tied donated state buffer) still take the Python
+    path, call by call."""
+    if _lane is None or plan is None or not native_enabled():
+        return None
+    if not (
+        plan.executes and plan.direct_outputs and plan.host_results and plan.state_first
+        and not any(step.slot is not None for step in plan.consumed)
+        and not plan.stored_layouts
+        and tuple(step.index for step in plan.user_steps) == tuple(exe._user_indices)
+        and all(result.nbytes > 0 for result in plan.outputs)
+    ):
+        return None
+    user_position = {index: position for position, index in enumerate(exe._user_indices)}
+    users = []
+    for step in plan.user_steps:
+        if not step.read_only and step.in_place is None:
+            return None  # written but not in place: the Python path copies or re-seats
+        users.append((
+            step.index, step.in_place is not None, step.index in exe._written_in_place, step.dtype,
+            tuple(step.shape), exe._input_nbytes[step.index], step.index,
+            step.in_place if step.in_place is not None else -1,
+        ))
+    state = tuple(
+        (step.index, step.mutated, step.slot) for step in plan.after if step.slot is not None and step.mutated is not None
+    )
+    if exe._single_output:
+        mode, unflatten = 0, None
+    elif exe._flat_outputs:
+        mode, unflatten = 1, None
+    else:
+        spec = exe._signature.out_spec
+        mode, unflatten = 2, (lambda flat: pytree.tree_unflatten(flat, spec))
+    return _lane.Lane(
+        exe, plan, tuple(users),
+        tuple((user_position[first], user_position[second]) for first, second in exe._write_pairs),
+        state, tuple(step.index for step in plan.donated_state),
+        tuple((result.position, result.dtype, tuple(result.shape), result.nbytes) for result in plan.outputs),
+        tuple(step.index for step in plan.kept), mode, not plan.state_slots, unflatten,
+        exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
+        _register_backing, exe._import_input, exe._finish_planned, exe._execution_failed, _LANE_FALLBACK,
+    )
+
+
 class Executable:
     """A compiled torch program.  Call it like the original function."""
 
@@ -1088,6 +1152,9 @@ class Executable:
         #: Zero-copy imports of read-only torch inputs, reused while the same
         #: tensor object covers the same memory (see :meth:`_import_input`).
         self._imports: dict[int, tuple[weakref.ref[torch.Tensor], int, jax.Array]] = {}
+        #: The native call path for calls the plan's common kind covers
+        #: (:func:`_native_lane`), or None: every call takes the Python path.
+        self._lane = _native_lane(self, self._plan)
 
     # -- final module facts ------------------------------------------------
     def _read_final_module(self, program: Program) -> None:
@@ -1369,8 +1436,9 @@ class Executable:
     # -- calling -----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program; see the module docstring for the semantics."""
+        leaves: Sequence[Any]
         if not kwargs and len(args) == self._positional_arity:
-            leaves = list(args)
+            leaves = args
         elif (
             not args and self._keyword_leaves is not None and len(kwargs) == len(self._keyword_leaves)
             and all(isinstance(kwargs.get(name), (torch.Tensor, DeviceTensor)) for name in self._keyword_leaves)
@@ -1379,6 +1447,10 @@ class Executable:
             leaves = [kwargs[name] for name in self._keyword_leaves]
         else:
             leaves = self._user_leaves(args, kwargs)
+        if self._lane is not None:
+            outputs = self._lane(leaves)
+            if outputs is not _LANE_FALLBACK:
+                return outputs
         inputs: dict[int, Any] = dict(zip(self._user_indices, leaves))
         for (index, shape, dtype), value in zip(self._input_types, leaves):
             # The common case inline; anything else (DeviceTensor, errors)
@@ -1644,20 +1716,39 @@ class Executable:
             # ends: return only then (the caller may write them next).
             plan.dispatch.wait(outputs)
         except Exception as error:
-            for step in plan.steps:
-                if step.slot is not None:
-                    self._state_array(step.name)  # a consumed state buffer, in words
-            raise ExecutionError(f"XLA execution failed: {error}") from None
+            self._execution_failed(plan, error)
         self._calls += 1
         # The arrays of state and DeviceTensors that commit reads; dropping
         # the list drops the zero-copy imports of caller tensors (they hold
         # a reference to the caller's storage, which would block re-seating).
         kept: dict[int, Any] = {step.index: arrays[step.index] for step in plan.kept}
         del arrays
+        return self._finish_planned(plan, inputs, bases, backings, reseatable, kept, outputs)
+
+    def _execution_failed(self, plan: _CallPlan, error: Exception) -> NoReturn:
+        """Raise the error of a planned call whose execution failed
+        (:class:`DonatedBufferError` naming a consumed state buffer, else
+        :class:`ExecutionError`).  Nothing was committed."""
+        for step in plan.steps:
+            if step.slot is not None:
+                self._state_array(step.name)  # a consumed state buffer, in words
+        raise ExecutionError(f"XLA execution failed: {error}") from None
+
+    def _finish_planned(
+        self, plan: _CallPlan, inputs: dict[int, Any], bases: dict[int, torch.Tensor],
+        backings: dict[int, HostBacking], reseatable: set[int], kept: dict[int, Any], outputs: Sequence[jax.Array],
+    ) -> Any:
+        """The commit and outputs of a planned call that ran (``outputs``,
+        ready; ``_calls`` counts it): ``bases`` are the caller tensors (or
+        their resolved copies) the arguments were made from, ``backings``
+        the runtime buffers passed for inputs they back, ``reseatable`` the
+        inputs that may move onto their new buffer, ``kept`` the pre-call
+        arrays of :attr:`_CallPlan.kept`.  Also the native call path's
+        (``_lane``) for a call whose results are not the usual ones."""
         moved: set[int] | frozenset[int] = _NOTHING
-        for index, backing in backings.items():
-            if backing.array.is_deleted() and (
-                outputs[plan.steps[index].in_place].unsafe_buffer_pointer() != backing.address  # type: ignore[index]
+        for index, lent in backings.items():
+            if lent.array.is_deleted() and (
+                outputs[plan.steps[index].in_place].unsafe_buffer_pointer() != lent.address  # type: ignore[index]
             ):
                 moved = self._check_in_place(plan, inputs, backings, outputs)
                 break

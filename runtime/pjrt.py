@@ -8,6 +8,7 @@ and are stripped before serialization."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,6 +58,11 @@ from hloalias.mlir import (
 )
 from hloalias.repro import write_repro
 from hloalias.runtime import disk_cache
+
+try:  # the wait policy in native code (runtime/_lane.cpp), where it is built
+    from hloalias.runtime._lane import Waiter as NativeWaiter
+except ImportError:
+    NativeWaiter = None  # type: ignore[assignment,misc]
 
 # torch's C-level DLPack export (Tensor.__dlpack__ wraps it in Python checks).
 _torch_to_dlpack: Any = getattr(torch.utils.dlpack, "to_dlpack")
@@ -228,20 +234,36 @@ class SingleDeviceDispatch:
 
     MAX_MISSES = 8
 
-    __slots__ = ("run", "_loaded", "_sharding", "_misses", "_poll")
+    __slots__ = ("run", "entry", "wait", "_loaded", "_sharding", "_misses", "_poll")
 
     def __init__(self, loaded: Any, device: Any, *, fast: bool = True) -> None:
         self._loaded = loaded
         self._misses = 0
         self._poll = True
+        #: ``wait(results)``: return once every result is ready (raise a
+        #: failed one's error); the policy is :meth:`_wait`'s, in native code
+        #: where it is built and not turned off (``native_enabled``).
+        self.wait: Callable[[Sequence[jax.Array]], None] = (
+            NativeWaiter(READY_SPIN_NS) if NativeWaiter is not None and native_enabled() else self._wait
+        )
         self._sharding = jax.sharding.SingleDeviceSharding(device)
         #: ``run(arrays)``: the results of one execution, in order.
         self.run: Callable[[Sequence[jax.Array | None]], Sequence[jax.Array]] = self._execute_sharded
         call = self._fast_call() if fast else None
+        #: jaxlib's fast-path function, called with the arrays as positional
+        #: arguments (what :attr:`run` calls), or None where ``run`` does not
+        #: take it: the native call path calls it directly.
+        self.entry: Any = call
         if call is not None:
             self.run = lambda arrays: call(*arrays)
 
-    def wait(self, results: Sequence[jax.Array]) -> None:
+    @property
+    def polling(self) -> bool:
+        """Whether the next :attr:`wait` polls first (see :meth:`_wait`)."""
+        wait = self.wait
+        return bool(wait.polling) if NativeWaiter is not None and isinstance(wait, NativeWaiter) else self._poll
+
+    def _wait(self, results: Sequence[jax.Array]) -> None:
         """Return once every result is ready (raise a failed one's error).
         Polls first (:func:`wait_ready`) while this program's results have
         come within the poll bound; after one that has not (a longer
@@ -282,6 +304,7 @@ class SingleDeviceDispatch:
         self._misses += 1
         if self._misses > self.MAX_MISSES:
             self.run = self._execute_sharded
+            self.entry = None
             return results, None, False
         if not all(isinstance(result, xla_client.ArrayImpl) for result in results):
             return results, None, False
@@ -322,6 +345,12 @@ def wait_ready(arrays: Sequence[jax.Array], spin_ns: int = READY_SPIN_NS) -> boo
     # Ready only after the bound (the caller may have been descheduled
     # while it polled) is not in time either.
     return in_time and (not deadline or time.perf_counter_ns() < deadline)
+
+
+def native_enabled() -> bool:
+    """Whether native code may serve calls: ``HLOALIAS_NATIVE=0`` turns it
+    off (every call on the Python path), read when an executable is made."""
+    return os.environ.get("HLOALIAS_NATIVE", "1") != "0"
 
 
 def _refuse_non_array(value: Any, sharding: Any, layout: Any) -> Any:

@@ -1,6 +1,7 @@
 # Sourced by the other scripts: make sure .venv exists with hloalias and its
 # pinned dependencies installed (editable), then export HLOALIAS_PYTHON.
-# Reinstalls when pyproject.toml changes.  Never pulls a CUDA build of torch:
+# Reinstalls when pyproject.toml, setup.py or the native call path's source
+# (runtime/_lane.cpp) change.  Never pulls a CUDA build of torch:
 # the CPU wheel is taken from /opt/wheels when present, and the project pins
 # torch==2.13.0, which that wheel satisfies.
 set -euo pipefail
@@ -9,7 +10,13 @@ venv="$repo_root/.venv"
 python_bin="${HLOALIAS_BOOTSTRAP_PYTHON:-python3.11}"
 command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
 stamp="$venv/.hloalias-installed"
-want="$(sha256sum "$repo_root/pyproject.toml" | cut -d' ' -f1)"
+# The native call path (runtime/_lane.cpp, built by setup.py against the
+# installed torch) is rebuilt when its source or build changes, too.
+want="$(cat "$repo_root/pyproject.toml" "$repo_root/setup.py" "$repo_root/runtime/_lane.cpp" | sha256sum | cut -d' ' -f1)"
+# This project's machines have a C++ compiler: a native path that does not
+# build is an error here (HLOALIAS_REQUIRE_NATIVE=0 lets the install go on
+# without it, every call on the Python path).
+export HLOALIAS_REQUIRE_NATIVE="${HLOALIAS_REQUIRE_NATIVE:-1}"
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[hloalias] setting up $venv (first use; takes a few minutes)" >&2
   [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
@@ -17,7 +24,10 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   [ -d /opt/wheels ] && find_links=(--find-links /opt/wheels)
   "$venv/bin/python" -m pip install -q --upgrade pip </dev/null
   "$venv/bin/python" -m pip install -q "${find_links[@]}" "torch==2.13.0" </dev/null
-  "$venv/bin/python" -m pip install -q "${find_links[@]}" -e "$repo_root[test,bench]" </dev/null
+  # The extension builds against the torch just installed: no isolated
+  # build environment (it would fetch another torch).
+  "$venv/bin/python" -m pip install -q "setuptools>=68" wheel </dev/null
+  "$venv/bin/python" -m pip install -q "${find_links[@]}" --no-build-isolation -e "$repo_root[test,bench]" </dev/null
   echo "$want" >"$stamp"
 fi
 export HLOALIAS_PYTHON="$venv/bin/python"

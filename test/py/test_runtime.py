@@ -523,7 +523,7 @@ def test_a_wait_longer_than_the_poll_bound_blocks_from_then_on() -> None:
     arrays = [torch_to_device(a, exe.device, owned=False)]
     results = dispatch.run(arrays)
     dispatch.wait(results)
-    assert dispatch._poll is False
+    assert dispatch.polling is False
     results = dispatch.run(arrays)
     dispatch.wait(results)
     torch.testing.assert_close(torch.from_dlpack(results[0]), a @ a, rtol=1e-4, atol=1e-3)

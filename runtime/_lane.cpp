@@ -1,0 +1,898 @@
+// The native call path of a single-device CPU executable (hloalias.runtime._lane).
+//
+// A Lane runs one call of an Executable whose call plan (runtime/executable.py,
+// _CallPlan) is of the common kind: every user input a plain torch CPU tensor,
+// read-only inputs imported zero-copy, written inputs backed by a runtime
+// buffer from an earlier call (so XLA writes them in place), mutated state
+// donated and written in place, every output a result of the program.  It does
+// what Executable._run_planned does for such a call, without the interpreter:
+// the per-call checks read the tensors' C++ metadata, and result tensors are
+// made over the runtime's buffers with torch's from_blob.
+//
+// Contract (what keeps it exact):
+// - Before the program runs nothing is changed.  Any input or state the lane
+//   does not handle (another type, dtype, shape, device, layout, lazy bit,
+//   non-contiguous memory, an input eager would refuse to write, two inputs
+//   whose bytes overlap, no runtime buffer behind a written input, a consumed
+//   state buffer, an active dispatch or function mode) returns the `fallback`
+//   object: the caller then takes the Python path, which checks everything
+//   again and raises the error, copies or re-seats as it always does.
+// - After the program ran, results that are not the usual ones (a written
+//   input XLA did not write in place, a state buffer still alive because a
+//   view of it is held) go to Executable._finish_planned, the Python commit,
+//   with everything the Python path would pass it.  A failed execution goes
+//   to Executable._execution_failed, which raises.
+// - The dispatch and the wait are the plan's own (SingleDeviceDispatch.run
+//   and .wait); the lock is the module's, held as the Python path holds it.
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+
+#include <time.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+struct UserInput {
+  PyObject* index;  // the @main argument index (a Python int): the key of exe._imports
+  bool in_place;    // false: read-only, imported zero-copy
+  bool written;     // eager's refusals for in-place writes apply
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  int64_t nbytes;
+  Py_ssize_t argument;  // position in the argument list
+  Py_ssize_t result;    // in_place: the result XLA writes into its buffer
+};
+
+struct MutatedState {
+  Py_ssize_t argument;
+  Py_ssize_t result;
+  PyObject* slot;
+};
+
+struct Output {
+  Py_ssize_t result;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  PyObject* nbytes;  // a Python int
+};
+
+enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
+
+struct Lane {
+  PyObject_HEAD
+  // Every Python object the lane holds, for GC traversal.  Index constants below.
+  PyObject* refs[16];
+  std::vector<UserInput>* users;
+  std::vector<std::pair<Py_ssize_t, Py_ssize_t>>* pairs;
+  std::vector<MutatedState>* state;
+  std::vector<Output>* outputs;
+  std::vector<Py_ssize_t>* donated_state;  // argument positions of donated state
+  std::vector<PyObject*>* kept;  // Python ints: the arguments whose pre-call arrays the commit reads
+  std::vector<PyObject*>* held;  // objects inside the vectors above (owned)
+  int mode;
+  bool stateless;  // no state arguments: the argument list is the user arrays
+  Py_ssize_t calls;
+  Py_ssize_t fallbacks;
+  Py_ssize_t finished_in_python;
+};
+
+enum {
+  EXE, PLAN, UNFLATTEN_FN, LOCK, IMPORTS, BACKINGS, SWEEP_AT, HOST_BACKING,
+  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, FALLBACK, EMPTY_TUPLE, NREFS
+};
+static_assert(NREFS <= 16, "refs");
+
+PyObject* s_array;
+PyObject* s_address;
+PyObject* s_nbytes;
+PyObject* s_interface;
+PyObject* s_consumed_by;
+PyObject* s_is_deleted;
+PyObject* s_unsafe_buffer_pointer;
+PyObject* s_run;
+PyObject* s_dispatch;
+PyObject* s_entry;
+PyObject* s_is_ready;
+PyObject* s_block_until_ready;
+PyObject* s_wait;
+PyObject* s_arguments;
+PyObject* s_acquire;
+PyObject* s_release;
+PyObject* s_calls;
+
+bool intern(PyObject** slot, const char* text) {
+  *slot = PyUnicode_InternFromString(text);
+  return *slot != nullptr;
+}
+
+PyObject* call_method0(PyObject* object, PyObject* name) {
+  PyObject* args[] = {object};
+  return PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+}
+
+// 1 true, 0 false, -1 error.
+int is_deleted(PyObject* array) {
+  PyObject* result = call_method0(array, s_is_deleted);
+  if (result == nullptr) return -1;
+  int truth = PyObject_IsTrue(result);
+  Py_DECREF(result);
+  return truth;
+}
+
+// The buffer address of a device array; 0 with an error set on failure.
+uintptr_t buffer_address(PyObject* array) {
+  PyObject* result = call_method0(array, s_unsafe_buffer_pointer);
+  if (result == nullptr) return 0;
+  uintptr_t address = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(result));
+  Py_DECREF(result);
+  return address;
+}
+
+// A Python attribute read as an integer; -1 with an error set (or on a mismatch of type).
+long long int_attribute(PyObject* object, PyObject* name) {
+  PyObject* value = PyObject_GetAttr(object, name);
+  if (value == nullptr) return -1;
+  long long result = PyLong_Check(value) ? PyLong_AsLongLong(value) : -1;
+  Py_DECREF(value);
+  return result;
+}
+
+class HeldLock {
+ public:
+  explicit HeldLock(PyObject* lock) : lock_(lock) {}
+  bool acquire() {
+    if (lock_ == Py_None) return true;
+    PyObject* result = call_method0(lock_, s_acquire);
+    if (result == nullptr) return false;
+    Py_DECREF(result);
+    held_ = true;
+    return true;
+  }
+  ~HeldLock() {
+    if (!held_) return;
+    // Release keeps any error being raised.
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject* result = call_method0(lock_, s_release);
+    if (result == nullptr) {
+      PyErr_WriteUnraisable(lock_);
+    } else {
+      Py_DECREF(result);
+    }
+    PyErr_Restore(type, value, traceback);
+  }
+
+ private:
+  PyObject* lock_;
+  bool held_ = false;
+};
+
+// Owned references, dropped together.
+class Refs {
+ public:
+  ~Refs() {
+    for (PyObject* object : objects_) Py_XDECREF(object);
+  }
+  PyObject* keep(PyObject* object) {
+    objects_.push_back(object);
+    return object;
+  }
+
+ private:
+  std::vector<PyObject*> objects_;
+};
+
+// A torch CPU tensor over `address`, row-major, which keeps `owner` alive.
+PyObject* tensor_over(PyObject* owner, uintptr_t address, const Output& output) {
+  Py_INCREF(owner);
+  at::Tensor tensor;
+  try {
+    tensor = at::from_blob(
+        reinterpret_cast<void*>(address), output.shape,
+        [owner](void*) {
+          // The last reference may go on any thread, or at exit.
+          if (_Py_IsFinalizing()) return;
+          PyGILState_STATE state = PyGILState_Ensure();
+          Py_DECREF(owner);
+          PyGILState_Release(state);
+        },
+        at::TensorOptions().dtype(output.dtype).device(at::kCPU));
+  } catch (const std::exception& error) {
+    Py_DECREF(owner);
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return nullptr;
+  }
+  return THPVariable_Wrap(std::move(tensor));
+}
+
+// The HostBacking of `array` (runtime/pjrt.py), registered in _BACKINGS, as
+// HostBacking.__init__ with ready=True and _register_backing make it.
+PyObject* new_backing(Lane* self, PyObject* array, uintptr_t address, PyObject* nbytes) {
+  auto* type = reinterpret_cast<PyTypeObject*>(self->refs[HOST_BACKING]);
+  PyObject* backing = type->tp_new(type, self->refs[EMPTY_TUPLE], nullptr);
+  if (backing == nullptr) return nullptr;
+  PyObject* py_address = PyLong_FromUnsignedLongLong(address);
+  if (py_address == nullptr || PyObject_SetAttr(backing, s_array, array) < 0 ||
+      PyObject_SetAttr(backing, s_address, py_address) < 0 || PyObject_SetAttr(backing, s_nbytes, nbytes) < 0 ||
+      PyObject_SetAttr(backing, s_interface, Py_None) < 0) {
+    Py_XDECREF(py_address);
+    Py_DECREF(backing);
+    return nullptr;
+  }
+  PyObject* registry = self->refs[BACKINGS];
+  long long sweep_at = PyLong_AsLongLong(PyList_GET_ITEM(self->refs[SWEEP_AT], 0));
+  if (PyDict_GET_SIZE(registry) + 1 >= sweep_at) {
+    // The sweep is Python's (_register_backing): it registers and sweeps.
+    Py_DECREF(py_address);
+    PyObject* args[] = {backing};
+    PyObject* done = PyObject_Vectorcall(self->refs[REGISTER_BACKING], args, 1, nullptr);
+    if (done == nullptr) {
+      Py_DECREF(backing);
+      return nullptr;
+    }
+    Py_DECREF(done);
+    return backing;
+  }
+  PyObject* reference = PyWeakref_NewRef(backing, nullptr);
+  int status = reference == nullptr ? -1 : PyDict_SetItem(registry, py_address, reference);
+  Py_XDECREF(reference);
+  Py_DECREF(py_address);
+  if (status < 0) {
+    Py_DECREF(backing);
+    return nullptr;
+  }
+  return backing;
+}
+
+enum class Pre { READY, FALLBACK, ERROR };
+
+// The checks of Executable.__call__ and _check_writes for one tensor: true
+// when the lane can take it as it is.
+bool takes(const UserInput& input, PyObject* object, const at::Tensor*& out) {
+  if (!THPVariable_CheckExact(object)) return false;
+  const at::Tensor& tensor = THPVariable_Unpack(object);
+  if (!tensor.defined() || tensor.layout() != at::kStrided || !tensor.device().is_cpu() ||
+      tensor.scalar_type() != input.dtype || !tensor.has_storage() || tensor.is_conj() || tensor.is_neg() ||
+      tensor._is_zerotensor() || tensor.unsafeGetTensorImpl()->is_python_dispatch()) {
+    return false;
+  }
+  auto sizes = tensor.sizes();
+  if (static_cast<size_t>(sizes.size()) != input.shape.size()) return false;
+  for (size_t i = 0; i < input.shape.size(); ++i) {
+    if (sizes[i] != input.shape[i]) return false;
+  }
+  if (!tensor.is_contiguous()) return false;
+  if (input.written) {
+    // Eager refuses these writes; the Python path raises its error.
+    if (tensor.requires_grad() && tensor.is_leaf() && c10::GradMode::is_enabled()) return false;
+    if (tensor.is_inference() && !c10::InferenceMode::is_enabled()) return false;
+  }
+  if (input.in_place && tensor.storage_offset() != 0) return false;
+  out = &tensor;
+  return true;
+}
+
+PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
+  if (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) {
+    PyErr_SetString(PyExc_TypeError, "Lane takes the user inputs as one sequence");
+    return nullptr;
+  }
+  if (PyTuple_GET_SIZE(args) != 1) {
+    PyErr_SetString(PyExc_TypeError, "Lane takes the user inputs as one sequence");
+    return nullptr;
+  }
+  PyObject* fallback = self->refs[FALLBACK];
+  PyObject* leaves = PySequence_Fast(PyTuple_GET_ITEM(args, 0), "user inputs");
+  if (leaves == nullptr) return nullptr;
+  Refs refs;
+  refs.keep(leaves);
+  const std::vector<UserInput>& users = *self->users;
+  if (PySequence_Fast_GET_SIZE(leaves) != static_cast<Py_ssize_t>(users.size())) {
+    ++self->fallbacks;
+    return Py_NewRef(fallback);
+  }
+  PyObject** leaf = PySequence_Fast_ITEMS(leaves);
+  std::vector<uintptr_t> addresses(users.size());
+  std::vector<const at::Tensor*> tensors(users.size());
+  try {
+    // A dispatch or function mode could see or change tensor operations the
+    // Python path makes; it takes such calls.
+    if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 || at::impl::torch_function_mode_enabled()) {
+      ++self->fallbacks;
+      return Py_NewRef(fallback);
+    }
+    for (size_t j = 0; j < users.size(); ++j) {
+      if (!takes(users[j], leaf[j], tensors[j])) {
+        ++self->fallbacks;
+        return Py_NewRef(fallback);
+      }
+      addresses[j] = reinterpret_cast<uintptr_t>(tensors[j]->data_ptr());
+    }
+  } catch (const std::exception&) {
+    ++self->fallbacks;
+    return Py_NewRef(fallback);
+  }
+  // Inputs whose bytes overlap where either is written or donated: the
+  // Python path decides (and refuses).  Contiguous tensors: each covers its
+  // byte span exactly.
+  for (const auto& [first, second] : *self->pairs) {
+    int64_t first_bytes = users[first].nbytes, second_bytes = users[second].nbytes;
+    if (first_bytes == 0 || second_bytes == 0) continue;
+    if (addresses[first] < addresses[second] + second_bytes && addresses[second] < addresses[first] + first_bytes) {
+      ++self->fallbacks;
+      return Py_NewRef(fallback);
+    }
+  }
+
+  HeldLock lock(self->refs[LOCK]);
+  if (!lock.acquire()) return nullptr;
+
+  PyObject* user_arrays = refs.keep(PyList_New(static_cast<Py_ssize_t>(users.size())));
+  if (user_arrays == nullptr) return nullptr;
+  std::vector<PyObject*> backings(users.size(), nullptr);  // borrowed: alive while the registry's referent is
+  for (size_t j = 0; j < users.size(); ++j) {
+    const UserInput& input = users[j];
+    PyObject* array = nullptr;
+    if (!input.in_place) {
+      // Executable._import_input's reuse test, else that method itself.
+      PyObject* found = PyDict_GetItemWithError(self->refs[IMPORTS], input.index);
+      if (found == nullptr && PyErr_Occurred()) return nullptr;
+      if (found != nullptr && PyTuple_Check(found) && PyTuple_GET_SIZE(found) == 3 &&
+          PyWeakref_GetObject(PyTuple_GET_ITEM(found, 0)) == leaf[j] &&
+          PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(found, 1)) == addresses[j]) {
+        array = Py_NewRef(PyTuple_GET_ITEM(found, 2));
+      } else {
+        if (PyErr_Occurred()) return nullptr;
+        PyObject* call_args[] = {input.index, leaf[j]};
+        array = PyObject_Vectorcall(self->refs[IMPORT_INPUT], call_args, 2, nullptr);
+        if (array == nullptr) return nullptr;
+      }
+    } else {
+      // _backing_of: the runtime buffer that backs all of the tensor.
+      PyObject* address = refs.keep(PyLong_FromUnsignedLongLong(addresses[j]));
+      if (address == nullptr) return nullptr;
+      PyObject* reference = PyDict_GetItemWithError(self->refs[BACKINGS], address);
+      if (reference == nullptr && PyErr_Occurred()) return nullptr;
+      PyObject* backing = reference != nullptr && PyWeakref_CheckRef(reference) ? PyWeakref_GetObject(reference) : Py_None;
+      if (backing == Py_None) {
+        ++self->fallbacks;
+        return Py_NewRef(fallback);
+      }
+      refs.keep(Py_NewRef(backing));
+      array = PyObject_GetAttr(backing, s_array);
+      if (array == nullptr) return nullptr;
+      refs.keep(array);
+      int deleted = is_deleted(array);
+      if (deleted < 0) return nullptr;
+      long long nbytes = int_attribute(backing, s_nbytes);
+      if (nbytes < 0 && PyErr_Occurred()) return nullptr;
+      if (deleted || nbytes != input.nbytes ||
+          static_cast<long long>(tensors[j]->storage().nbytes()) != input.nbytes) {
+        ++self->fallbacks;
+        return Py_NewRef(fallback);
+      }
+      backings[j] = backing;
+      Py_INCREF(array);
+    }
+    PyList_SET_ITEM(user_arrays, static_cast<Py_ssize_t>(j), array);
+  }
+  // The argument list (state first): _CallPlan.arguments, or, with no
+  // state, the user arrays themselves (what it returns then).
+  PyObject* arrays;
+  if (self->stateless) {
+    arrays = user_arrays;
+  } else {
+    PyObject* arguments_args[] = {self->refs[PLAN], self->refs[EXE], user_arrays};
+    arrays = refs.keep(
+        PyObject_VectorcallMethod(s_arguments, arguments_args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
+    if (arrays == nullptr) return nullptr;
+  }
+  if (!PyList_Check(arrays)) {
+    PyErr_SetString(PyExc_TypeError, "_CallPlan.arguments returned no list");
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arrays); ++i) {
+    if (PyList_GET_ITEM(arrays, i) == Py_None) {  // a consumed state buffer: the Python path names it
+      ++self->fallbacks;
+      return Py_NewRef(fallback);
+    }
+  }
+  // One buffer twice among the donated state (tied state both written):
+  // the Python path refuses it (Executable._check_donated_state).
+  const std::vector<Py_ssize_t>& donated = *self->donated_state;
+  for (size_t a = 0; a < donated.size(); ++a) {
+    for (size_t b = a + 1; b < donated.size(); ++b) {
+      if (PyList_GET_ITEM(arrays, donated[a]) == PyList_GET_ITEM(arrays, donated[b])) {
+        ++self->fallbacks;
+        return Py_NewRef(fallback);
+      }
+    }
+  }
+
+  // Run and wait, through the plan's dispatch (read on each call, as the
+  // Python path reads it).
+  PyObject* dispatch = refs.keep(PyObject_GetAttr(self->refs[PLAN], s_dispatch));
+  if (dispatch == nullptr) return nullptr;
+  // jaxlib's fast-path function where the dispatch has one (`entry`,
+  // called as `run` calls it), else `run`.
+  PyObject* entry = PyObject_GetAttr(dispatch, s_entry);
+  if (entry == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return nullptr;
+    PyErr_Clear();
+    entry = Py_NewRef(Py_None);
+  }
+  refs.keep(entry);
+  PyObject* results;
+  if (entry != Py_None) {
+    results = PyObject_Vectorcall(entry, PySequence_Fast_ITEMS(arrays), PyList_GET_SIZE(arrays), nullptr);
+  } else {
+    PyObject* run = refs.keep(PyObject_GetAttr(dispatch, s_run));
+    if (run == nullptr) return nullptr;
+    PyObject* run_args[] = {arrays};
+    results = PyObject_Vectorcall(run, run_args, 1, nullptr);
+  }
+  if (results != nullptr) {
+    refs.keep(results);
+    PyObject* wait_args[] = {dispatch, results};
+    PyObject* waited = PyObject_VectorcallMethod(s_wait, wait_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    // (`wait` is the dispatch's Waiter where it is native: called as it is.)
+    if (waited == nullptr) results = nullptr;
+    Py_XDECREF(waited);
+  }
+  if (results == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != nullptr) PyException_SetTraceback(value, traceback);
+    PyObject* failed_args[] = {self->refs[PLAN], value};
+    PyObject* none = PyObject_Vectorcall(self->refs[FAILED], failed_args, 2, nullptr);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    Py_XDECREF(none);
+    if (none != nullptr) PyErr_SetString(PyExc_RuntimeError, "Executable._execution_failed returned");
+    return nullptr;
+  }
+  PyObject* results_fast = refs.keep(PySequence_Fast(results, "results"));
+  if (results_fast == nullptr) return nullptr;
+  PyObject** result = PySequence_Fast_ITEMS(results_fast);
+  Py_ssize_t result_count = PySequence_Fast_GET_SIZE(results_fast);
+
+  // The call ran: counted, as _run_planned counts it.
+  long long calls = int_attribute(self->refs[EXE], s_calls);
+  if (calls < 0) return nullptr;
+  PyObject* new_calls = refs.keep(PyLong_FromLongLong(calls + 1));
+  if (new_calls == nullptr || PyObject_SetAttr(self->refs[EXE], s_calls, new_calls) < 0) return nullptr;
+
+  // The usual results?  Written inputs written in place (their donated
+  // buffer gone, the result at its address), mutated state's old buffer gone.
+  bool usual = true;
+  for (size_t j = 0; j < users.size() && usual; ++j) {
+    const UserInput& input = users[j];
+    if (!input.in_place) continue;
+    if (input.result >= result_count) return nullptr;
+    int deleted = is_deleted(PyList_GET_ITEM(arrays, input.argument));
+    if (deleted < 0) return nullptr;
+    uintptr_t address = buffer_address(result[input.result]);
+    if (PyErr_Occurred()) return nullptr;
+    usual = deleted && address == addresses[j];
+  }
+  for (const MutatedState& state : *self->state) {
+    if (!usual) break;
+    int deleted = is_deleted(PyList_GET_ITEM(arrays, state.argument));
+    if (deleted < 0) return nullptr;
+    usual = deleted;
+  }
+  if (!usual) {
+    // Executable._finish_planned, with what _run_planned would pass.
+    ++self->finished_in_python;
+    PyObject* inputs = refs.keep(PyDict_New());
+    PyObject* bases = refs.keep(PyDict_New());
+    PyObject* backing_map = refs.keep(PyDict_New());
+    PyObject* reseatable = refs.keep(PySet_New(nullptr));
+    PyObject* kept = refs.keep(PyDict_New());
+    if (inputs == nullptr || bases == nullptr || backing_map == nullptr || reseatable == nullptr || kept == nullptr) {
+      return nullptr;
+    }
+    for (size_t j = 0; j < users.size(); ++j) {
+      if (PyDict_SetItem(inputs, users[j].index, leaf[j]) < 0 || PyDict_SetItem(bases, users[j].index, leaf[j]) < 0) {
+        return nullptr;
+      }
+      if (backings[j] != nullptr && PyDict_SetItem(backing_map, users[j].index, backings[j]) < 0) return nullptr;
+    }
+    for (PyObject* index : *self->kept) {
+      Py_ssize_t position = PyLong_AsSsize_t(index);
+      if (PyDict_SetItem(kept, index, PyList_GET_ITEM(arrays, position)) < 0) return nullptr;
+    }
+    PyObject* finish_args[] = {self->refs[PLAN], inputs, bases, backing_map, reseatable, kept, results_fast};
+    return PyObject_Vectorcall(self->refs[FINISH], finish_args, 7, nullptr);
+  }
+
+  // Commit (nothing below fails on valid inputs).
+  for (size_t j = 0; j < users.size(); ++j) {
+    if (backings[j] != nullptr && PyObject_SetAttr(backings[j], s_array, result[users[j].result]) < 0) return nullptr;
+  }
+  for (const MutatedState& state : *self->state) {
+    if (state.result >= result_count) return nullptr;
+    if (PyObject_SetAttr(state.slot, s_array, result[state.result]) < 0 ||
+        PyObject_SetAttr(state.slot, s_consumed_by, Py_None) < 0) {
+      return nullptr;
+    }
+  }
+  ++self->calls;
+
+  // The outputs: torch tensors over the runtime's buffers (_host_result).
+  const std::vector<Output>& outputs = *self->outputs;
+  PyObject* flat = refs.keep(PyTuple_New(static_cast<Py_ssize_t>(outputs.size())));
+  if (flat == nullptr) return nullptr;
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Output& output = outputs[k];
+    if (output.result >= result_count) return nullptr;
+    PyObject* array = result[output.result];
+    uintptr_t address = buffer_address(array);
+    if (PyErr_Occurred()) return nullptr;
+    PyObject* backing = new_backing(self, array, address, output.nbytes);
+    if (backing == nullptr) return nullptr;
+    PyObject* tensor = tensor_over(backing, address, output);
+    Py_DECREF(backing);  // the tensor holds it
+    if (tensor == nullptr) return nullptr;
+    PyTuple_SET_ITEM(flat, static_cast<Py_ssize_t>(k), tensor);
+  }
+  if (self->mode == SINGLE) return Py_NewRef(PyTuple_GET_ITEM(flat, 0));
+  if (self->mode == TUPLE) return Py_NewRef(flat);
+  PyObject* list = refs.keep(PySequence_List(flat));
+  if (list == nullptr) return nullptr;
+  PyObject* unflatten_args[] = {list};
+  return PyObject_Vectorcall(self->refs[UNFLATTEN_FN], unflatten_args, 1, nullptr);
+}
+
+PyObject* lane_call(Lane* self, PyObject* args, PyObject* kwargs) {
+  // No C++ exception may leave the extension (it would abort the process).
+  // Before the program runs they are caught where they arise (a fallback);
+  // one from here is torch's, raised as Python's RuntimeError.
+  try {
+    return run_call(self, args, kwargs);
+  } catch (const std::exception& error) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, error.what());
+    return nullptr;
+  }
+}
+
+// Lane(exe, plan, users, pairs, state, donated_state, outputs, kept, mode, stateless, unflatten,
+//      lock, imports, backings, sweep_at, host_backing, register_backing,
+//      import_input, finish, failed, fallback); see hloalias.runtime.executable._native_lane.
+int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
+  PyObject *exe, *plan, *users, *pairs, *state, *donated, *outputs, *kept, *unflatten, *lock, *imports, *backings,
+      *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *fallback;
+  int mode, stateless;
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!ipOOO!O!O!OOOOOO", &exe, &plan, &PyTuple_Type, &users,
+                        &PyTuple_Type, &pairs, &PyTuple_Type, &state, &PyTuple_Type, &donated, &PyTuple_Type,
+                        &outputs, &PyTuple_Type, &kept,
+                        &mode, &stateless, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
+                        &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &fallback)) {
+    return -1;
+  }
+  if (!PyType_Check(host_backing) || PyList_GET_SIZE(sweep_at) != 1 || mode < SINGLE || mode > UNFLATTEN) {
+    PyErr_SetString(PyExc_TypeError, "Lane: malformed arguments");
+    return -1;
+  }
+  PyObject* empty = PyTuple_New(0);
+  if (empty == nullptr) return -1;
+  PyObject* given[NREFS] = {exe, plan, unflatten, lock, imports, backings, sweep_at, host_backing,
+                            register_backing, import_input, finish, failed, fallback, empty};
+  for (int i = 0; i < NREFS; ++i) {
+    if (i != EMPTY_TUPLE) Py_INCREF(given[i]);
+    Py_XSETREF(self->refs[i], given[i]);
+  }
+  self->mode = mode;
+  self->stateless = stateless != 0;
+  auto hold = [self](PyObject* object) {
+    Py_INCREF(object);
+    self->held->push_back(object);
+    return object;
+  };
+  auto dtype_of = [](PyObject* object, at::ScalarType& out) {
+    if (!THPDtype_Check(object)) {
+      PyErr_SetString(PyExc_TypeError, "Lane: expected a torch.dtype");
+      return false;
+    }
+    out = reinterpret_cast<THPDtype*>(object)->scalar_type;
+    return true;
+  };
+  auto shape_of = [](PyObject* object, std::vector<int64_t>& out) {
+    PyObject* fast = PySequence_Fast(object, "Lane: a shape");
+    if (fast == nullptr) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+      out.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i)));
+    }
+    Py_DECREF(fast);
+    return !PyErr_Occurred();
+  };
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(users); ++i) {
+    PyObject *index, *dtype, *shape;
+    int in_place, written;
+    long long nbytes;
+    Py_ssize_t argument, result;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(users, i), "OppOOLnn", &index, &in_place, &written, &dtype, &shape,
+                          &nbytes, &argument, &result)) {
+      return -1;
+    }
+    UserInput input{hold(index), in_place != 0, written != 0, at::ScalarType::Undefined, {}, nbytes, argument, result};
+    if (!dtype_of(dtype, input.dtype) || !shape_of(shape, input.shape)) return -1;
+    self->users->push_back(std::move(input));
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(pairs); ++i) {
+    Py_ssize_t first, second;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(pairs, i), "nn", &first, &second)) return -1;
+    Py_ssize_t count = static_cast<Py_ssize_t>(self->users->size());
+    if (first < 0 || second < 0 || first >= count || second >= count) {
+      PyErr_SetString(PyExc_ValueError, "Lane: a pair names no user input");
+      return -1;
+    }
+    self->pairs->emplace_back(first, second);
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(state); ++i) {
+    Py_ssize_t argument, result;
+    PyObject* slot;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(state, i), "nnO", &argument, &result, &slot)) return -1;
+    self->state->push_back({argument, result, hold(slot)});
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(donated); ++i) {
+    Py_ssize_t argument = PyLong_AsSsize_t(PyTuple_GET_ITEM(donated, i));
+    if (argument < 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Lane: a negative argument position");
+      return -1;
+    }
+    self->donated_state->push_back(argument);
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(outputs); ++i) {
+    Py_ssize_t result;
+    PyObject *dtype, *shape, *nbytes;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(outputs, i), "nOOO!", &result, &dtype, &shape, &PyLong_Type, &nbytes)) {
+      return -1;
+    }
+    Output output{result, at::ScalarType::Undefined, {}, hold(nbytes)};
+    if (!dtype_of(dtype, output.dtype) || !shape_of(shape, output.shape)) return -1;
+    self->outputs->push_back(std::move(output));
+  }
+  if (mode == SINGLE && self->outputs->size() != 1) {
+    PyErr_SetString(PyExc_ValueError, "Lane: a single output needs one result");
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kept); ++i) {
+    PyObject* index = PyTuple_GET_ITEM(kept, i);
+    if (!PyLong_Check(index)) {
+      PyErr_SetString(PyExc_TypeError, "Lane: kept arguments are ints");
+      return -1;
+    }
+    self->kept->push_back(hold(index));
+  }
+  return 0;
+}
+
+PyObject* lane_new(PyTypeObject* type, PyObject*, PyObject*) {
+  auto* self = reinterpret_cast<Lane*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  for (auto& ref : self->refs) ref = nullptr;
+  self->users = new std::vector<UserInput>();
+  self->pairs = new std::vector<std::pair<Py_ssize_t, Py_ssize_t>>();
+  self->state = new std::vector<MutatedState>();
+  self->outputs = new std::vector<Output>();
+  self->kept = new std::vector<PyObject*>();
+  self->donated_state = new std::vector<Py_ssize_t>();
+  self->held = new std::vector<PyObject*>();
+  self->mode = SINGLE;
+  self->stateless = false;
+  self->calls = self->fallbacks = self->finished_in_python = 0;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+int lane_traverse(Lane* self, visitproc visit, void* arg) {
+  for (PyObject* ref : self->refs) Py_VISIT(ref);
+  for (PyObject* object : *self->held) Py_VISIT(object);
+  return 0;
+}
+
+int lane_clear(Lane* self) {
+  for (auto& ref : self->refs) Py_CLEAR(ref);
+  std::vector<PyObject*> held;
+  held.swap(*self->held);
+  self->users->clear();
+  self->state->clear();
+  self->outputs->clear();
+  self->kept->clear();
+  self->donated_state->clear();
+  for (PyObject* object : held) Py_DECREF(object);
+  return 0;
+}
+
+void lane_dealloc(Lane* self) {
+  PyObject_GC_UnTrack(self);
+  lane_clear(self);
+  delete self->users;
+  delete self->pairs;
+  delete self->state;
+  delete self->outputs;
+  delete self->kept;
+  delete self->donated_state;
+  delete self->held;
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyObject* lane_counts(Lane* self, void*) {
+  return Py_BuildValue("{s:n,s:n,s:n}", "calls", self->calls, "fallbacks", self->fallbacks, "finished_in_python",
+                       self->finished_in_python);
+}
+
+PyGetSetDef lane_getset[] = {
+    {"counts", reinterpret_cast<getter>(lane_counts), nullptr,
+     "{'calls': calls the lane ran and committed, 'fallbacks': calls it left to the Python path before running, "
+     "'finished_in_python': calls it ran whose commit was Python's}",
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject LaneType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+int64_t monotonic_ns() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);  // time.perf_counter_ns's clock
+  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
+// hloalias.runtime.pjrt.wait_ready (whose docstring is the contract),
+// without an interpreter loop: 1 in time, 0 not, -1 an error.
+int wait_ready_in(PyObject* sequence, int64_t spin) {
+  PyObject* arrays = PySequence_Fast(sequence, "wait_ready: arrays");
+  if (arrays == nullptr) return -1;
+  Refs refs;
+  refs.keep(arrays);
+  int64_t deadline = 0;
+  bool in_time = true;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(arrays); ++i) {
+    PyObject* array = PySequence_Fast_GET_ITEM(arrays, i);
+    if (in_time) {
+      for (;;) {
+        PyObject* ready = call_method0(array, s_is_ready);
+        if (ready == nullptr) return -1;
+        int truth = PyObject_IsTrue(ready);
+        Py_DECREF(ready);
+        if (truth < 0) return -1;
+        if (truth) break;
+        int64_t now = monotonic_ns();
+        if (deadline == 0) {
+          deadline = now + spin;
+        } else if (now >= deadline) {
+          in_time = false;
+          break;
+        }
+      }
+    }
+    PyObject* done = call_method0(array, s_block_until_ready);
+    if (done == nullptr) return -1;
+    Py_DECREF(done);
+  }
+  return in_time && (deadline == 0 || monotonic_ns() < deadline) ? 1 : 0;
+}
+
+// wait_ready(arrays, spin_ns) -> bool
+PyObject* wait_ready(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "wait_ready(arrays, spin_ns)");
+    return nullptr;
+  }
+  long long spin = PyLong_AsLongLong(args[1]);
+  if (spin == -1 && PyErr_Occurred()) return nullptr;
+  int in_time = wait_ready_in(args[0], spin);
+  return in_time < 0 ? nullptr : PyBool_FromLong(in_time);
+}
+
+// Waiter(spin_ns): SingleDeviceDispatch's wait policy (runtime/pjrt.py,
+// SingleDeviceDispatch._wait, whose docstring is the contract) as a native
+// callable: waiter(results) returns once every result is ready.
+struct Waiter {
+  PyObject_HEAD
+  int64_t spin;
+  bool poll;
+};
+
+int waiter_init(Waiter* self, PyObject* args, PyObject* kwargs) {
+  long long spin;
+  if (!PyArg_ParseTuple(args, "L", &spin)) return -1;
+  self->spin = spin;
+  self->poll = true;
+  return 0;
+}
+
+PyObject* waiter_call(Waiter* self, PyObject* args, PyObject* kwargs) {
+  PyObject* results;
+  if ((kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) || !PyArg_ParseTuple(args, "O", &results)) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "Waiter(results)");
+    return nullptr;
+  }
+  if (self->poll) {
+    int in_time = wait_ready_in(results, self->spin);
+    if (in_time < 0) return nullptr;
+    self->poll = in_time == 1;
+    Py_RETURN_NONE;
+  }
+  PyObject* arrays = PySequence_Fast(results, "Waiter: results");
+  if (arrays == nullptr) return nullptr;
+  Refs refs;
+  refs.keep(arrays);
+  int64_t start = monotonic_ns();
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(arrays); ++i) {
+    PyObject* done = call_method0(PySequence_Fast_GET_ITEM(arrays, i), s_block_until_ready);
+    if (done == nullptr) return nullptr;
+    Py_DECREF(done);
+  }
+  self->poll = monotonic_ns() - start < self->spin;
+  Py_RETURN_NONE;
+}
+
+PyObject* waiter_polling(Waiter* self, void*) { return PyBool_FromLong(self->poll); }
+
+PyGetSetDef waiter_getset[] = {
+    {"polling", reinterpret_cast<getter>(waiter_polling), nullptr, "whether the next wait polls first", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject WaiterType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyMethodDef module_methods[] = {
+    {"wait_ready", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(wait_ready)), METH_FASTCALL,
+     "wait_ready(arrays, spin_ns) -> bool: see hloalias.runtime.pjrt.wait_ready."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_lane",
+                          "The native call path of single-device CPU executables (see Lane).", -1, module_methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__lane() {
+  if (!intern(&s_array, "array") || !intern(&s_address, "address") || !intern(&s_nbytes, "nbytes") ||
+      !intern(&s_interface, "__array_interface__") || !intern(&s_consumed_by, "consumed_by") ||
+      !intern(&s_is_deleted, "is_deleted") || !intern(&s_unsafe_buffer_pointer, "unsafe_buffer_pointer") ||
+      !intern(&s_run, "run") || !intern(&s_dispatch, "dispatch") || !intern(&s_entry, "entry") || !intern(&s_is_ready, "is_ready") ||
+      !intern(&s_block_until_ready, "block_until_ready") || !intern(&s_wait, "wait") || !intern(&s_arguments, "arguments") ||
+      !intern(&s_acquire, "acquire") || !intern(&s_release, "release") || !intern(&s_calls, "_calls")) {
+    return nullptr;
+  }
+  LaneType.tp_name = "hloalias.runtime._lane.Lane";
+  LaneType.tp_basicsize = sizeof(Lane);
+  LaneType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  LaneType.tp_doc = "One executable's native call path: lane(user_inputs) -> outputs, or the fallback object.";
+  LaneType.tp_new = lane_new;
+  LaneType.tp_init = reinterpret_cast<initproc>(lane_init);
+  LaneType.tp_call = reinterpret_cast<ternaryfunc>(lane_call);
+  LaneType.tp_traverse = reinterpret_cast<traverseproc>(lane_traverse);
+  LaneType.tp_clear = reinterpret_cast<inquiry>(lane_clear);
+  LaneType.tp_dealloc = reinterpret_cast<destructor>(lane_dealloc);
+  LaneType.tp_getset = lane_getset;
+  if (PyType_Ready(&LaneType) < 0) return nullptr;
+  WaiterType.tp_name = "hloalias.runtime._lane.Waiter";
+  WaiterType.tp_basicsize = sizeof(Waiter);
+  WaiterType.tp_flags = Py_TPFLAGS_DEFAULT;
+  WaiterType.tp_doc = "Waiter(spin_ns): waiter(results) returns once every result is ready (SingleDeviceDispatch's policy).";
+  WaiterType.tp_new = PyType_GenericNew;
+  WaiterType.tp_init = reinterpret_cast<initproc>(waiter_init);
+  WaiterType.tp_call = reinterpret_cast<ternaryfunc>(waiter_call);
+  WaiterType.tp_getset = waiter_getset;
+  if (PyType_Ready(&WaiterType) < 0) return nullptr;
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) return nullptr;
+  if (PyModule_AddObjectRef(module, "Lane", reinterpret_cast<PyObject*>(&LaneType)) < 0 ||
+      PyModule_AddObjectRef(module, "Waiter", reinterpret_cast<PyObject*>(&WaiterType)) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

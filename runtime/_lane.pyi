@@ -1,0 +1,25 @@
+"""Type stub of the native call path (runtime/_lane.cpp)."""
+
+from typing import Any
+
+class Lane:
+    """One executable's native call path: ``lane(user_inputs)`` returns the
+    call's outputs, or the ``fallback`` object given at construction when
+    the call is left to the Python path (nothing was changed)."""
+
+    def __init__(self, *args: Any) -> None: ...
+    def __call__(self, user_inputs: Any, /) -> Any: ...
+    @property
+    def counts(self) -> dict[str, int]: ...
+
+def wait_ready(arrays: Any, spin_ns: int, /) -> bool:
+    """hloalias.runtime.pjrt.wait_ready in native code."""
+
+class Waiter:
+    """SingleDeviceDispatch's wait policy in native code:
+    ``waiter(results)`` returns once every result is ready."""
+
+    def __init__(self, spin_ns: int, /) -> None: ...
+    def __call__(self, results: Any, /) -> None: ...
+    @property
+    def polling(self) -> bool: ...
