@@ -80,6 +80,8 @@ struct Lane {
   std::vector<PyObject*>* held;  // objects inside the vectors above (owned)
   int mode;
   bool stateless;  // no state arguments: the argument list is the user arrays
+  bool refill;      // each state argument a slot of its own: the plan's cached list can be refilled
+  Py_ssize_t state_count;  // state arguments (first in the argument list)
   Py_ssize_t calls;
   Py_ssize_t fallbacks;
   Py_ssize_t finished_in_python;
@@ -101,6 +103,8 @@ PyObject* s_unsafe_buffer_pointer;
 PyObject* s_run;
 PyObject* s_dispatch;
 PyObject* s_entry;
+PyObject* s_state_arrays;
+PyObject* s_stored_array;
 PyObject* s_is_ready;
 PyObject* s_block_until_ready;
 PyObject* s_wait;
@@ -253,8 +257,6 @@ PyObject* new_backing(Lane* self, PyObject* array, uintptr_t address, PyObject* 
   return backing;
 }
 
-enum class Pre { READY, FALLBACK, ERROR };
-
 // The checks of Executable.__call__ and _check_writes for one tensor: true
 // when the lane can take it as it is.
 bool takes(const UserInput& input, PyObject* object, const at::Tensor*& out) {
@@ -301,6 +303,10 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     return Py_NewRef(fallback);
   }
   PyObject** leaf = PySequence_Fast_ITEMS(leaves);
+  // The module's lock first (as the Python path holds it for the whole
+  // call): the tensors are read once, under it, and used as read.
+  HeldLock lock(self->refs[LOCK]);
+  if (!lock.acquire()) return nullptr;
   std::vector<uintptr_t> addresses(users.size());
   std::vector<const at::Tensor*> tensors(users.size());
   try {
@@ -332,9 +338,6 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       return Py_NewRef(fallback);
     }
   }
-
-  HeldLock lock(self->refs[LOCK]);
-  if (!lock.acquire()) return nullptr;
 
   PyObject* user_arrays = refs.keep(PyList_New(static_cast<Py_ssize_t>(users.size())));
   if (user_arrays == nullptr) return nullptr;
@@ -388,8 +391,25 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   // The argument list (state first): _CallPlan.arguments, or, with no
   // state, the user arrays themselves (what it returns then).
   PyObject* arrays;
+  PyObject* cached = nullptr;
+  if (!self->stateless) {
+    cached = refs.keep(PyObject_GetAttr(self->refs[PLAN], s_state_arrays));
+    if (cached == nullptr) return nullptr;
+  }
   if (self->stateless) {
     arrays = user_arrays;
+  } else if (PyList_Check(cached) && PyList_GET_SIZE(cached) == self->state_count) {
+    // The plan's cached state arrays followed by the user arrays: what
+    // _CallPlan.arguments returns for this plan (state first, no other form).
+    arrays = refs.keep(PyList_New(self->state_count + static_cast<Py_ssize_t>(users.size())));
+    if (arrays == nullptr) return nullptr;
+    for (Py_ssize_t i = 0; i < self->state_count; ++i) {
+      PyList_SET_ITEM(arrays, i, Py_NewRef(PyList_GET_ITEM(cached, i)));
+    }
+    for (size_t j = 0; j < users.size(); ++j) {
+      PyList_SET_ITEM(arrays, self->state_count + static_cast<Py_ssize_t>(j),
+                      Py_NewRef(PyList_GET_ITEM(user_arrays, static_cast<Py_ssize_t>(j))));
+    }
   } else {
     PyObject* arguments_args[] = {self->refs[PLAN], self->refs[EXE], user_arrays};
     arrays = refs.keep(
@@ -529,6 +549,27 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       return nullptr;
     }
   }
+  if (self->refill && !self->state->empty()) {
+    // Setting a slot's array dropped the plan's cached list (_StateSlot's
+    // readers).  Under the lock the other state arrays are the ones this
+    // call read, so the plan's list is this call's with each new buffer in
+    // place: kept for the next call, unless a slot stored another array
+    // than the result (its setter reinterprets another dtype's bits).
+    PyObject* state_arrays = refs.keep(PyList_GetSlice(arrays, 0, self->state_count));
+    if (state_arrays == nullptr) return nullptr;
+    bool same = true;
+    for (const MutatedState& state : *self->state) {
+      PyObject* stored = PyObject_GetAttr(state.slot, s_stored_array);
+      if (stored == nullptr) return nullptr;
+      same = stored == result[state.result];
+      if (!same) {
+        Py_DECREF(stored);
+        break;
+      }
+      PyList_SetItem(state_arrays, state.argument, stored);  // steals
+    }
+    if (same && PyObject_SetAttr(self->refs[PLAN], s_state_arrays, state_arrays) < 0) return nullptr;
+  }
   ++self->calls;
 
   // The outputs: torch tensors over the runtime's buffers (_host_result).
@@ -568,17 +609,18 @@ PyObject* lane_call(Lane* self, PyObject* args, PyObject* kwargs) {
   }
 }
 
-// Lane(exe, plan, users, pairs, state, donated_state, outputs, kept, mode, stateless, unflatten,
+// Lane(exe, plan, users, pairs, state, donated_state, outputs, kept, mode, stateless, refill, state_count, unflatten,
 //      lock, imports, backings, sweep_at, host_backing, register_backing,
 //      import_input, finish, failed, fallback); see hloalias.runtime.executable._native_lane.
 int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject *exe, *plan, *users, *pairs, *state, *donated, *outputs, *kept, *unflatten, *lock, *imports, *backings,
       *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *fallback;
-  int mode, stateless;
-  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!ipOOO!O!O!OOOOOO", &exe, &plan, &PyTuple_Type, &users,
+  int mode, stateless, refill;
+  Py_ssize_t state_count;
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!ippnOOO!O!O!OOOOOO", &exe, &plan, &PyTuple_Type, &users,
                         &PyTuple_Type, &pairs, &PyTuple_Type, &state, &PyTuple_Type, &donated, &PyTuple_Type,
                         &outputs, &PyTuple_Type, &kept,
-                        &mode, &stateless, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
+                        &mode, &stateless, &refill, &state_count, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
                         &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &fallback)) {
     return -1;
   }
@@ -596,6 +638,8 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   }
   self->mode = mode;
   self->stateless = stateless != 0;
+  self->refill = refill != 0;
+  self->state_count = state_count;
   auto hold = [self](PyObject* object) {
     Py_INCREF(object);
     self->held->push_back(object);
@@ -693,6 +737,8 @@ PyObject* lane_new(PyTypeObject* type, PyObject*, PyObject*) {
   self->held = new std::vector<PyObject*>();
   self->mode = SINGLE;
   self->stateless = false;
+  self->refill = false;
+  self->state_count = 0;
   self->calls = self->fallbacks = self->finished_in_python = 0;
   return reinterpret_cast<PyObject*>(self);
 }
@@ -861,7 +907,8 @@ PyMODINIT_FUNC PyInit__lane() {
   if (!intern(&s_array, "array") || !intern(&s_address, "address") || !intern(&s_nbytes, "nbytes") ||
       !intern(&s_interface, "__array_interface__") || !intern(&s_consumed_by, "consumed_by") ||
       !intern(&s_is_deleted, "is_deleted") || !intern(&s_unsafe_buffer_pointer, "unsafe_buffer_pointer") ||
-      !intern(&s_run, "run") || !intern(&s_dispatch, "dispatch") || !intern(&s_entry, "entry") || !intern(&s_is_ready, "is_ready") ||
+      !intern(&s_run, "run") || !intern(&s_dispatch, "dispatch") || !intern(&s_entry, "entry") || !intern(&s_state_arrays, "state_arrays") ||
+      !intern(&s_stored_array, "_array") || !intern(&s_is_ready, "is_ready") ||
       !intern(&s_block_until_ready, "block_until_ready") || !intern(&s_wait, "wait") || !intern(&s_arguments, "arguments") ||
       !intern(&s_acquire, "acquire") || !intern(&s_release, "release") || !intern(&s_calls, "_calls")) {
     return nullptr;

@@ -36,7 +36,12 @@
   are refused before anything runs (eager would let one see the other's
   update mid-program; XLA cannot).
 - A call that fails leaves the module state and every caller tensor as they
-  were.  Calls of executables that share module state are serialized."""
+  were.  Calls of executables that share module state are serialized.
+- Single-device CPU calls of the common kind (see :func:`_native_lane`) run
+  in native code (``hloalias.runtime._lane``) with the same results and
+  errors: a call it does not take runs here, in Python, before anything
+  changed.  ``HLOALIAS_NATIVE=0`` (read when an executable is made) keeps
+  every call in Python."""
 
 from __future__ import annotations
 
@@ -877,7 +882,9 @@ class _CallPlan:
         #: the execute that follows runs with the slots' objects in cache).
         #: Every replacement of a slot's buffer drops it (the slot's
         #: ``readers``), always under the module's lock, as calls run; so it
-        #: never holds a replaced buffer, nor keeps one alive.
+        #: never holds a replaced buffer, nor keeps one alive.  (The native
+        #: call path refills it after its own commit, still under the lock,
+        #: with the buffers the slots then hold.)
         self.state_arrays: list[jax.Array | None] | None = None
         reader = weakref.ref(self)
         for slot in set(self.state_slots):
@@ -975,34 +982,52 @@ class _CallPlan:
 _LANE_FALLBACK = object()
 
 
-def _native_lane(exe: "Executable", plan: _CallPlan | None) -> Any:
+def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
+    """Why ``exe`` has no native call path (words for ``explain()``), or
+    None when it can have one (see :func:`_native_lane`)."""
+    if _lane is None:
+        return "the native call path (hloalias.runtime._lane) is not built here"
+    if not native_enabled():
+        return "HLOALIAS_NATIVE=0"
+    if plan is None:
+        return "a mesh program"
+    if not plan.host_results:
+        return "not a CPU program"
+    if not plan.executes:
+        return "the program does not run (its outputs are views of its inputs)"
+    if not plan.direct_outputs or not all(result.nbytes > 0 for result in plan.outputs):
+        return "an output is a rebuilt view, a constant or empty"
+    if any(step.slot is not None for step in plan.consumed):
+        return "module state is consumed by a donation"
+    if plan.stored_layouts:
+        return "module state is read in another layout or dtype than its buffer's"
+    if not plan.state_first or tuple(step.index for step in plan.user_steps) != tuple(exe._user_indices):
+        return "the arguments are not in state-then-inputs order"
+    for step in plan.user_steps:
+        if not step.read_only and step.in_place is None:
+            return f"input '{step.name}' is written but not in place (its new value is copied back)"
+    return None
+
+
+def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | None]:
     """The native call path (``hloalias.runtime._lane.Lane``, see its source
-    for the contract) of ``exe``, or None where it has none: the extension
-    is not built, ``HLOALIAS_NATIVE=0``, or the plan is of another kind than
-    the lane runs.  That kind: a CPU program that runs, every output one of
-    its results (no rebuilt views, constants, empty results), no state
-    consumed (a donated torch input is left as it is), state first in
-    ``@main`` and read in the slots' own form, and every user input either
-    read only or written (or donated) in place into the runtime buffer
-    backing it.  Calls of that kind whose inputs it does not take (another
-    type, layout or memory; an input eager refuses to write; overlapping
-    inputs; a consumed or tied donated state buffer) still take the Python
-    path, call by call."""
-    if _lane is None or plan is None or not native_enabled():
-        return None
-    if not (
-        plan.executes and plan.direct_outputs and plan.host_results and plan.state_first
-        and not any(step.slot is not None for step in plan.consumed)
-        and not plan.stored_layouts
-        and tuple(step.index for step in plan.user_steps) == tuple(exe._user_indices)
-        and all(result.nbytes > 0 for result in plan.outputs)
-    ):
-        return None
+    for the contract) of ``exe`` and None, or None and why it has none
+    (:func:`_lane_refusal`): the extension is not built, ``HLOALIAS_NATIVE=0``,
+    or the plan is of another kind than the lane runs.  That kind: a CPU
+    program that runs, every output one of its results (no rebuilt views,
+    constants, empty results), no state consumed (a donated torch input is
+    left as it is), state first in ``@main`` and read in the slots' own
+    form, and every user input either read only or written (or donated) in
+    place into the runtime buffer backing it.  Calls of that kind whose
+    inputs it does not take (another type, layout or memory; an input eager
+    refuses to write; overlapping inputs; a consumed or tied donated state
+    buffer) still take the Python path, call by call."""
+    refusal = _lane_refusal(exe, plan)
+    if refusal is not None or plan is None or _lane is None:
+        return None, refusal
     user_position = {index: position for position, index in enumerate(exe._user_indices)}
     users = []
     for step in plan.user_steps:
-        if not step.read_only and step.in_place is None:
-            return None  # written but not in place: the Python path copies or re-seats
         users.append((
             step.index, step.in_place is not None, step.index in exe._written_in_place, step.dtype,
             tuple(step.shape), exe._input_nbytes[step.index], step.index,
@@ -1018,15 +1043,17 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> Any:
     else:
         spec = exe._signature.out_spec
         mode, unflatten = 2, (lambda flat: pytree.tree_unflatten(flat, spec))
-    return _lane.Lane(
+    lane = _lane.Lane(
         exe, plan, tuple(users),
         tuple((user_position[first], user_position[second]) for first, second in exe._write_pairs),
         state, tuple(step.index for step in plan.donated_state),
         tuple((result.position, result.dtype, tuple(result.shape), result.nbytes) for result in plan.outputs),
-        tuple(step.index for step in plan.kept), mode, not plan.state_slots, unflatten,
+        tuple(step.index for step in plan.kept), mode, not plan.state_slots,
+        len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots), unflatten,
         exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
         _register_backing, exe._import_input, exe._finish_planned, exe._execution_failed, _LANE_FALLBACK,
     )
+    return lane, None
 
 
 class Executable:
@@ -1153,8 +1180,9 @@ class Executable:
         #: tensor object covers the same memory (see :meth:`_import_input`).
         self._imports: dict[int, tuple[weakref.ref[torch.Tensor], int, jax.Array]] = {}
         #: The native call path for calls the plan's common kind covers
-        #: (:func:`_native_lane`), or None: every call takes the Python path.
-        self._lane = _native_lane(self, self._plan)
+        #: (:func:`_native_lane`), or None: every call takes the Python path
+        #: (``_python_only_reason`` says why).
+        self._lane, self._python_only_reason = _native_lane(self, self._plan)
 
     # -- final module facts ------------------------------------------------
     def _read_final_module(self, program: Program) -> None:
@@ -1335,8 +1363,20 @@ class Executable:
             "+ temp {temp_bytes} = {total_bytes} bytes".format(**stats)
         )
         lines.extend(self._host_copy_lines())
+        lines.append(self._call_path_line())
         lines.extend(self._placement.describe(self.memory_stats_per_device))
         return "\n".join(lines)
+
+    def _call_path_line(self) -> str:
+        if self._lane is None:
+            return f"call path: Python ({self._python_only_reason})"
+        counts = self._lane.counts
+        return (
+            f"call path: native (hloalias.runtime._lane); calls so far: {counts['calls']} run natively, "
+            f"{counts['fallbacks']} left to the Python path before running (inputs it does not take), "
+            f"{counts['finished_in_python']} run natively and committed by the Python path (results not "
+            "written in place)"
+        )
 
     def _host_copy_lines(self) -> list[str]:
         lines = []

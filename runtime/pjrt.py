@@ -398,7 +398,13 @@ class HostBacking:
     every such call; see ``Executable``).
 
     ``nbytes``, when the caller knows it (from the compiled program's
-    types), saves reading it from the array."""
+    types), saves reading it from the array.
+
+    The native call path (runtime/_lane.cpp) makes these for its results
+    too: it sets the slots ``__init__`` sets (``array``, ``address``,
+    ``nbytes``; no interface) and makes the tensor with torch's
+    ``from_blob``, whose deleter holds this object as the numpy array
+    does here."""
 
     # One is made per CPU result of every call: slots keep that cheap.
     __slots__ = ("array", "address", "nbytes", "__array_interface__", "__weakref__")

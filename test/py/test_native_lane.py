@@ -277,3 +277,59 @@ def test_result_tensors_keep_their_buffers_and_free_them_when_dropped() -> None:
     del held
     gc.collect()
     assert sum(1 for reference in registry.values() if reference() is not None) < live
+
+
+def test_the_native_wait_is_the_python_wait() -> None:
+    from hloalias.runtime import _lane as native
+    from hloalias.runtime.pjrt import torch_to_device, wait_ready
+
+    a = torch.randn(256, 256)
+    exe = hloalias.compile(lambda x: x @ x, (a,))
+    arrays = [torch_to_device(a, exe.device, owned=False)]
+    assert exe._plan is not None
+    results = exe._plan.dispatch.run(arrays)
+    assert native.wait_ready(results, 10**9) is True  # polled to the end, within a second
+    assert native.wait_ready(results, 0) is True and wait_ready(results, spin_ns=0)  # ready already: in time
+    torch.testing.assert_close(torch.from_dlpack(results[0]), a @ a, rtol=1e-4, atol=1e-3)
+
+
+def test_explain_names_the_call_path_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    exe = hloalias.compile(kv_update, (torch.zeros(3, 5, 4), torch.zeros(3, 4)))
+    cache = torch.zeros(3, 5, 4)
+    for _ in range(3):
+        exe(cache, torch.ones(3, 4))
+    assert (
+        "call path: native (hloalias.runtime._lane); calls so far: 2 run natively, 1 left to the Python path"
+        in exe.explain()
+    )
+    module = Accumulate()
+    viewing = hloalias.compile(module, (torch.ones(1, 8),))
+    assert "call path: Python (an output is a rebuilt view, a constant or empty)" in viewing.explain()
+    assert "call path: Python (HLOALIAS_NATIVE=0)" in python_path(monkeypatch, kv_update, (cache, torch.ones(3, 4))).explain()
+
+
+class AddAndDouble(torch.nn.Module):
+    buf: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.buf.add_(x.reshape(-1, 8).sum(0))
+        return x * 2
+
+
+def test_executables_sharing_state_see_each_others_updates_under_the_lane() -> None:
+    # Each lane refills its plan's cached state list after its commit; the
+    # other executable's list was dropped by the commit and is rebuilt.
+    eager, module = AddAndDouble(), AddAndDouble()
+    one = hloalias.compile(module, (torch.ones(8),))
+    rows = hloalias.compile(module, (torch.ones(2, 8),))
+    assert one._lane is not None and rows._lane is not None
+    for step in range(6):
+        x = torch.full((8,), float(step)) if step % 3 else torch.full((2, 8), float(step))
+        exe = one if x.dim() == 1 else rows
+        assert torch.equal(exe(x), eager(x))
+        assert torch.equal(one.state_dict()["buf"], eager.buf)
+    assert counts(one)["calls"] + counts(rows)["calls"] == 6
