@@ -26,7 +26,7 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   "$venv/bin/python" -m pip install -q "${find_links[@]}" "torch==2.13.0" </dev/null
   # The extension builds against the torch just installed: no isolated
   # build environment (it would fetch another torch).
-  "$venv/bin/python" -m pip install -q "setuptools>=68" wheel </dev/null
+  "$venv/bin/python" -m pip install -q "setuptools>=68" wheel "numpy>=2" </dev/null
   "$venv/bin/python" -m pip install -q "${find_links[@]}" --no-build-isolation -e "$repo_root[test,bench]" </dev/null
   echo "$want" >"$stamp"
 fi
