@@ -18,6 +18,9 @@ jax program (``jax idiomatic``) is listed for reference: XLA may compile it
 differently (torch-mlir lowers the cache update to a select over the whole
 cache where jax emits a dynamic-update-slice).  Times are the median of
 per-round medians, the drivers interleaved round by round so drift hits all.
+Each hloalias workload is also timed on the Python call path (the same
+workload compiled with ``HLOALIAS_NATIVE=0``): what a call costs where the
+native call path (runtime/_lane.cpp) is not built or does not apply.
 
 Workloads:
 
@@ -610,7 +613,8 @@ def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: 
         "argument already on the device and the same arguments donated (the module wrapped as a "
         "`jax.export.Exported`; raw PJRT is `execute_sharded`, unpack, wait for every result): the ratio "
         "is the runtime's overhead. hloalias takes torch tensors (KV's `new` is imported zero-copy each "
-        "call, jax's is already a device array) and waits for every result before returning torch tensors. "
+        "call, jax's is already a device array) and waits for every result before returning torch tensors; "
+        "*its Python path* is the same workload compiled with `HLOALIAS_NATIVE=0` (no native call path). "
         "*jax idiomatic* is the same computation written in jax: XLA compiles it differently.",
         "",
         "| workload | hloalias ms/call | its Python path ms/call | jax.jit (same program) ms/call | "
@@ -631,10 +635,11 @@ def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: 
         f"{overhead_calls} calls; the work *between calls* is not timed). The goal (at most 1.5x "
         f"`jax.jit`) leaves {jax_floor * 1.5e6:.1f} µs here. The runtime enters the executable as "
         "`jax.jit` does (jaxlib's C++ fast path) and polls before it waits; the torch tensor every CPU "
-        "call must return (one `HostBacking`, which a later call can donate) comes on top, and so do "
-        "the call's own checks. The two rows with work between calls show what that work does to the "
-        "next call: past ~20-40 µs idle, PJRT's worker threads park, and waking them costs more than "
-        "the program.",
+        "call must return (one `HostBacking`, which a later call can donate) comes on top, made here the "
+        "Python path's way. The hloalias call runs in native code (`runtime/_lane.cpp`: its checks, "
+        "commit and a `from_blob` result tensor); the row after it is the same call on the Python path. "
+        "The two rows with work between calls show what that work does to the next call: past ~20-40 µs "
+        "idle, PJRT's worker threads park, and waking them costs more than the program.",
         "",
         "| driver | µs/call | / jax.jit |",
         "|---|---:|---:|",

@@ -154,37 +154,14 @@ def test_an_active_dispatch_mode_takes_the_python_path() -> None:
     assert counts(exe)["fallbacks"] == start + 1
 
 
-class NotInPlace:
-    """A loaded executable whose ``position`` result comes back in a new
-    buffer instead of the donated one."""
-
-    def __init__(self, loaded: Any, position: int) -> None:
-        self.loaded, self.position = loaded, position
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loaded, name)
-
-    def execute_sharded(self, arrays: Any) -> Any:
-        import jax
-
-        shards = [list(s) for s in self.loaded.execute_sharded(arrays).disassemble_into_single_device_arrays()]
-        shards[self.position] = [jax.device_put(shards[self.position][0], may_alias=False).block_until_ready()]
-
-        class Results:
-            def disassemble_into_single_device_arrays(self) -> Any:
-                return shards
-
-        return Results()
-
-
 def test_results_that_are_not_the_usual_ones_are_committed_by_the_python_path() -> None:
-    from hloalias.runtime.pjrt import SingleDeviceDispatch
+    # XLA writing a donated buffer's result elsewhere (test_runtime_trust's stand-in).
+    from test_runtime_trust import _NotInPlace, _run_not_in_place
 
     exe = hloalias.compile(kv_update, (torch.zeros(3, 5, 4), torch.zeros(3, 4)))
     cache = torch.zeros(3, 5, 4)
     exe(cache, torch.zeros(3, 4))
-    assert exe._plan is not None
-    exe._plan.dispatch = SingleDeviceDispatch(NotInPlace(exe._loaded, exe._result_keys.index("mutation:0")), exe.device, fast=False)
+    _run_not_in_place(exe, _NotInPlace(exe._loaded, exe._result_keys.index("mutation:0")))
     address = cache.data_ptr()
     out = exe(cache, torch.ones(3, 4))
     assert counts(exe)["finished_in_python"] == 1
@@ -192,7 +169,7 @@ def test_results_that_are_not_the_usual_ones_are_committed_by_the_python_path() 
     assert torch.equal(cache[:, 2], torch.ones(3, 4)) and torch.equal(out, torch.full((3, 4), 2.0))
 
 
-class Accumulate(torch.nn.Module):
+class AccumulateRows(torch.nn.Module):
     buf: torch.Tensor
 
     def __init__(self) -> None:
@@ -205,7 +182,7 @@ class Accumulate(torch.nn.Module):
 
 
 def test_a_held_view_of_state_from_another_executable_stays_live_under_the_lane() -> None:
-    module = Accumulate()
+    module = AccumulateRows()
     viewing = hloalias.compile(module, (torch.ones(1, 8),))  # returns a view of the state
     writing = hloalias.compile(module, (torch.ones(8),))  # returns a result: the lane's kind
     assert viewing._lane is None and writing._lane is not None
@@ -302,34 +279,22 @@ def test_explain_names_the_call_path_and_why(monkeypatch: pytest.MonkeyPatch) ->
         "call path: native (hloalias.runtime._lane); calls so far: 2 run natively, 1 left to the Python path"
         in exe.explain()
     )
-    module = Accumulate()
+    module = AccumulateRows()
     viewing = hloalias.compile(module, (torch.ones(1, 8),))
     assert "call path: Python (an output is a rebuilt view, a constant or empty)" in viewing.explain()
     assert "call path: Python (HLOALIAS_NATIVE=0)" in python_path(monkeypatch, kv_update, (cache, torch.ones(3, 4))).explain()
 
 
-class AddAndDouble(torch.nn.Module):
-    buf: torch.Tensor
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("buf", torch.zeros(8))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.buf.add_(x.reshape(-1, 8).sum(0))
-        return x * 2
-
-
 def test_executables_sharing_state_see_each_others_updates_under_the_lane() -> None:
     # Each lane refills its plan's cached state list after its commit; the
     # other executable's list was dropped by the commit and is rebuilt.
-    eager, module = AddAndDouble(), AddAndDouble()
+    eager, module = AccumulateRows(), AccumulateRows()
     one = hloalias.compile(module, (torch.ones(8),))
-    rows = hloalias.compile(module, (torch.ones(2, 8),))
-    assert one._lane is not None and rows._lane is not None
+    two = hloalias.compile(module, (torch.ones(16),))  # also 1-D: returns x * 2, the lane's kind
+    assert one._lane is not None and two._lane is not None
     for step in range(6):
-        x = torch.full((8,), float(step)) if step % 3 else torch.full((2, 8), float(step))
-        exe = one if x.dim() == 1 else rows
+        x = torch.full((8,), float(step)) if step % 3 else torch.full((16,), float(step))
+        exe = one if x.numel() == 8 else two
         assert torch.equal(exe(x), eager(x))
         assert torch.equal(one.state_dict()["buf"], eager.buf)
-    assert counts(one)["calls"] + counts(rows)["calls"] == 6
+    assert counts(one)["calls"] + counts(two)["calls"] == 6
