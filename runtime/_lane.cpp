@@ -22,8 +22,9 @@
 //   view of it is held) go to Executable._finish_planned, the Python commit,
 //   with everything the Python path would pass it.  A failed execution goes
 //   to Executable._execution_failed, which raises.
-// - The dispatch and the wait are the plan's own (SingleDeviceDispatch.run
-//   and .wait); the lock is the module's, held as the Python path holds it.
+// - The dispatch and the wait are the plan's own (SingleDeviceDispatch's
+//   fast-path `entry`, else `run`, and `wait`); the lock is the module's,
+//   held as the Python path holds it.
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -43,13 +44,13 @@ namespace {
 
 struct UserInput {
   PyObject* index;  // the @main argument index (a Python int): the key of exe._imports
+  Py_ssize_t argument;  // the same index: the input's position in the argument list
   bool in_place;    // false: read-only, imported zero-copy
   bool written;     // eager's refusals for in-place writes apply
   at::ScalarType dtype;
   std::vector<int64_t> shape;
   int64_t nbytes;
-  Py_ssize_t argument;  // position in the argument list
-  Py_ssize_t result;    // in_place: the result XLA writes into its buffer
+  Py_ssize_t result;  // in_place: the result XLA writes into its buffer
 };
 
 struct MutatedState {
@@ -67,10 +68,16 @@ struct Output {
 
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
+// The Python objects a Lane holds (Lane::refs), by position.
+enum {
+  EXE, PLAN, UNFLATTEN_FN, LOCK, IMPORTS, BACKINGS, SWEEP_AT, HOST_BACKING,
+  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, FALLBACK, EMPTY_TUPLE, NREFS
+};
+
 struct Lane {
   PyObject_HEAD
-  // Every Python object the lane holds, for GC traversal.  Index constants below.
-  PyObject* refs[16];
+  // Every Python object the lane holds (also for GC traversal).
+  PyObject* refs[NREFS];
   std::vector<UserInput>* users;
   std::vector<std::pair<Py_ssize_t, Py_ssize_t>>* pairs;
   std::vector<MutatedState>* state;
@@ -79,19 +86,12 @@ struct Lane {
   std::vector<PyObject*>* kept;  // Python ints: the arguments whose pre-call arrays the commit reads
   std::vector<PyObject*>* held;  // objects inside the vectors above (owned)
   int mode;
-  bool stateless;  // no state arguments: the argument list is the user arrays
   bool refill;      // each state argument a slot of its own: the plan's cached list can be refilled
-  Py_ssize_t state_count;  // state arguments (first in the argument list)
+  Py_ssize_t state_count;  // state arguments (first in the argument list); none: the list is the user arrays
   Py_ssize_t calls;
   Py_ssize_t fallbacks;
   Py_ssize_t finished_in_python;
 };
-
-enum {
-  EXE, PLAN, UNFLATTEN_FN, LOCK, IMPORTS, BACKINGS, SWEEP_AT, HOST_BACKING,
-  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, FALLBACK, EMPTY_TUPLE, NREFS
-};
-static_assert(NREFS <= 16, "refs");
 
 PyObject* s_array;
 PyObject* s_address;
@@ -183,6 +183,7 @@ class HeldLock {
 // Owned references, dropped together.
 class Refs {
  public:
+  Refs() { objects_.reserve(16); }  // a call keeps about a dozen
   ~Refs() {
     for (PyObject* object : objects_) Py_XDECREF(object);
   }
@@ -284,11 +285,7 @@ bool takes(const UserInput& input, PyObject* object, const at::Tensor*& out) {
 }
 
 PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
-  if (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) {
-    PyErr_SetString(PyExc_TypeError, "Lane takes the user inputs as one sequence");
-    return nullptr;
-  }
-  if (PyTuple_GET_SIZE(args) != 1) {
+  if ((kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) || PyTuple_GET_SIZE(args) != 1) {
     PyErr_SetString(PyExc_TypeError, "Lane takes the user inputs as one sequence");
     return nullptr;
   }
@@ -392,11 +389,11 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   // state, the user arrays themselves (what it returns then).
   PyObject* arrays;
   PyObject* cached = nullptr;
-  if (!self->stateless) {
+  if (self->state_count > 0) {
     cached = refs.keep(PyObject_GetAttr(self->refs[PLAN], s_state_arrays));
     if (cached == nullptr) return nullptr;
   }
-  if (self->stateless) {
+  if (self->state_count == 0) {
     arrays = user_arrays;
   } else if (PyList_Check(cached) && PyList_GET_SIZE(cached) == self->state_count) {
     // The plan's cached state arrays followed by the user arrays: what
@@ -609,18 +606,18 @@ PyObject* lane_call(Lane* self, PyObject* args, PyObject* kwargs) {
   }
 }
 
-// Lane(exe, plan, users, pairs, state, donated_state, outputs, kept, mode, stateless, refill, state_count, unflatten,
+// Lane(exe, plan, users, pairs, state, donated_state, outputs, kept, mode, refill, state_count, unflatten,
 //      lock, imports, backings, sweep_at, host_backing, register_backing,
 //      import_input, finish, failed, fallback); see hloalias.runtime.executable._native_lane.
 int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject *exe, *plan, *users, *pairs, *state, *donated, *outputs, *kept, *unflatten, *lock, *imports, *backings,
       *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *fallback;
-  int mode, stateless, refill;
+  int mode, refill;
   Py_ssize_t state_count;
-  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!ippnOOO!O!O!OOOOOO", &exe, &plan, &PyTuple_Type, &users,
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!ipnOOO!O!O!OOOOOO", &exe, &plan, &PyTuple_Type, &users,
                         &PyTuple_Type, &pairs, &PyTuple_Type, &state, &PyTuple_Type, &donated, &PyTuple_Type,
                         &outputs, &PyTuple_Type, &kept,
-                        &mode, &stateless, &refill, &state_count, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
+                        &mode, &refill, &state_count, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
                         &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &fallback)) {
     return -1;
   }
@@ -637,7 +634,6 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
     Py_XSETREF(self->refs[i], given[i]);
   }
   self->mode = mode;
-  self->stateless = stateless != 0;
   self->refill = refill != 0;
   self->state_count = state_count;
   auto hold = [self](PyObject* object) {
@@ -666,12 +662,17 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
     PyObject *index, *dtype, *shape;
     int in_place, written;
     long long nbytes;
-    Py_ssize_t argument, result;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(users, i), "OppOOLnn", &index, &in_place, &written, &dtype, &shape,
-                          &nbytes, &argument, &result)) {
+    Py_ssize_t result;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(users, i), "O!ppOOLn", &PyLong_Type, &index, &in_place, &written, &dtype,
+                          &shape, &nbytes, &result)) {
       return -1;
     }
-    UserInput input{hold(index), in_place != 0, written != 0, at::ScalarType::Undefined, {}, nbytes, argument, result};
+    Py_ssize_t argument = PyLong_AsSsize_t(index);
+    if (argument < 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Lane: a negative argument index");
+      return -1;
+    }
+    UserInput input{hold(index), argument, in_place != 0, written != 0, at::ScalarType::Undefined, {}, nbytes, result};
     if (!dtype_of(dtype, input.dtype) || !shape_of(shape, input.shape)) return -1;
     self->users->push_back(std::move(input));
   }
@@ -736,7 +737,6 @@ PyObject* lane_new(PyTypeObject* type, PyObject*, PyObject*) {
   self->donated_state = new std::vector<Py_ssize_t>();
   self->held = new std::vector<PyObject*>();
   self->mode = SINGLE;
-  self->stateless = false;
   self->refill = false;
   self->state_count = 0;
   self->calls = self->fallbacks = self->finished_in_python = 0;

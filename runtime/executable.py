@@ -1026,13 +1026,13 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
     if refusal is not None or plan is None or _lane is None:
         return None, refusal
     user_position = {index: position for position, index in enumerate(exe._user_indices)}
-    users = []
-    for step in plan.user_steps:
-        users.append((
+    users = tuple(
+        (
             step.index, step.in_place is not None, step.index in exe._written_in_place, step.dtype,
-            tuple(step.shape), exe._input_nbytes[step.index], step.index,
-            step.in_place if step.in_place is not None else -1,
-        ))
+            tuple(step.shape), exe._input_nbytes[step.index], step.in_place if step.in_place is not None else -1,
+        )
+        for step in plan.user_steps
+    )
     state = tuple(
         (step.index, step.mutated, step.slot) for step in plan.after if step.slot is not None and step.mutated is not None
     )
@@ -1044,11 +1044,11 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
         spec = exe._signature.out_spec
         mode, unflatten = 2, (lambda flat: pytree.tree_unflatten(flat, spec))
     lane = _lane.Lane(
-        exe, plan, tuple(users),
+        exe, plan, users,
         tuple((user_position[first], user_position[second]) for first, second in exe._write_pairs),
         state, tuple(step.index for step in plan.donated_state),
         tuple((result.position, result.dtype, tuple(result.shape), result.nbytes) for result in plan.outputs),
-        tuple(step.index for step in plan.kept), mode, not plan.state_slots,
+        tuple(step.index for step in plan.kept), mode,
         len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots), unflatten,
         exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
         _register_backing, exe._import_input, exe._finish_planned, exe._execution_failed, _LANE_FALLBACK,
