@@ -210,6 +210,7 @@ def import_torch(
     exported, state_aliases = _merge_aliased_state(exported, owned=exported is not f)
     if not isinstance(f, ExportedProgram):
         _pin_eager_copies(exported)
+        _explicit_copy_conversions(exported)
     eager_storage = _eager_output_storage(exported)
     try:
         exported = decompose(exported, _decomposition_table())
@@ -767,6 +768,45 @@ def _float_comparison_scalars(graph: torch.fx.Graph) -> None:
             continue
         if isinstance(scalar, int) and not isinstance(scalar, bool):
             node.args = (tensor, float(scalar), *node.args[2:])
+
+
+def _explicit_copy_conversions(exported: ExportedProgram) -> None:
+    """Spell out the conversion and broadcast of every ``dst.copy_(src)``
+    whose ``src`` has another dtype or shape than ``dst`` (in place): the
+    source becomes ``src.to(dst.dtype).expand(dst.shape)``, what eager's
+    ``copy_`` computes.  torch's functionalization treats a same-shape
+    ``copy_`` as "the new value is ``src``" whatever the dtypes, and a
+    broadcasting one as ``src`` unexpanded, so the mutation's new value
+    (and every read of ``dst`` after it: ``return self.buf``) would carry
+    ``src``'s dtype or shape (pinned by
+    ``test_runtime_transaction.py::test_functionalization_drops_copy_conversions_upstream``)."""
+    graph = exported.graph_module.graph
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.copy_.default or len(node.args) < 2:
+            continue
+        destination, source = node.args[0], node.args[1]
+        if not isinstance(destination, torch.fx.Node) or not isinstance(source, torch.fx.Node):
+            continue
+        wanted, given = destination.meta.get("val"), source.meta.get("val")
+        if not isinstance(wanted, torch.Tensor) or not isinstance(given, torch.Tensor):
+            continue
+        value = source
+        with graph.inserting_before(node):
+            if given.dtype != wanted.dtype:
+                value = graph.call_function(torch.ops.aten._to_copy.default, (value,), {"dtype": wanted.dtype})
+                value.meta = dict(source.meta)
+                given = value.meta["val"] = given.to(wanted.dtype)
+            if tuple(given.shape) != tuple(wanted.shape):
+                expanded = graph.call_function(torch.ops.aten.expand.default, (value, list(wanted.shape)))
+                expanded.meta = dict(source.meta)
+                expanded.meta["val"] = given.expand(wanted.shape)
+                value = expanded
+        if value is not source:
+            node.args = (destination, value, *node.args[2:])
+            changed = True
+    if changed:
+        exported.graph_module.recompile()
 
 
 def _strided_copies_to_clones(graph: torch.fx.Graph) -> None:

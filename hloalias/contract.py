@@ -14,6 +14,14 @@ and never parse attribute dictionaries themselves.
   so a module that breaks the contract fails at compile time.
 - :meth:`Signature.write` writes records back, always in canonical form
   (every result has its role, and its output number or mutated argument).
+- :class:`DonationRequest` and :func:`resolve_donations` are the one record
+  of what a caller asked to donate and the one reading of it: ``compile``
+  (``donate``, ``donate_argnums``, ``donate_argnames``, ``donate_state``)
+  and ``alias-donated-buffers{donate=...}`` (``state:NAME``, ``input:NAME``,
+  an argument index, or a bare name that must be unambiguous) both resolve
+  through it; the result is written once, as ``jax.buffer_donor`` on the
+  arguments (:attr:`ArgRecord.buffer_donor`), which the pass and the runtime
+  read.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import func
 
 from hloalias import attributes as A
-from hloalias.errors import IRError
+from hloalias.errors import DonationError, IRError
 from hloalias.mlir import (
     arg_attr_dicts,
     return_op,
@@ -647,3 +655,117 @@ __all__ = [
     "Signature", "check_key", "read_removed_results", "row_major_strides", "verify",
     "write_removed_results",
 ]
+
+
+# -- donation requests -------------------------------------------------------------------
+
+#: How a donation request names its argument: ``any`` a user input or state
+#: by name, or a user input by position (``compile``'s ``donate``; a name
+#: that is both is refused); ``input_position`` a user input by its position
+#: among the user inputs; ``input`` a user input by name; ``state`` a
+#: parameter, buffer or constant by name; ``arg`` an ``@main`` argument by
+#: index (the pass option's bare number).
+DONATION_KINDS = ("any", "input_position", "input", "state", "arg")
+_STATE_KINDS = ("parameter", "buffer", "constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class DonationRequest:
+    """One request to donate an argument of ``@main``: ``kind`` (one of
+    :data:`DONATION_KINDS`) says how ``target`` names it."""
+
+    kind: str
+    target: int | str
+
+    @staticmethod
+    def parse(text: str) -> "DonationRequest":
+        """The pass option's spelling: ``state:NAME``, ``input:NAME``, an
+        argument index (ASCII digits), or a bare name (``any``)."""
+        for prefix, kind in (("state:", "state"), ("input:", "input")):
+            if text.startswith(prefix):
+                return DonationRequest(kind, text[len(prefix):])
+        if text.isascii() and text.isdigit():
+            return DonationRequest("arg", int(text))
+        return DonationRequest("any", text)
+
+    def spelling(self) -> str:
+        """The request as the pass option spells it."""
+        if self.kind in ("state", "input"):
+            return f"{self.kind}:{self.target}"
+        return str(self.target)
+
+
+def resolve_donations(
+    kinds: Sequence[str | None], names: Sequence[str | None], requests: Sequence[DonationRequest], *,
+    in_pass: bool = False,
+) -> list[int]:
+    """The ``@main`` argument indices ``requests`` donate, in order, given
+    each argument's ``hloalias.kind`` and ``hloalias.name`` (None where it
+    has none: such an argument counts as a user input).
+    :class:`DonationError` names the request that is unknown, out of range,
+    ambiguous (a bare name that is both a user input and state), donated
+    twice, or (``compile``'s requests) a lifted constant; ``in_pass``: the
+    words of the pass option (arguments by index; constants are left to
+    ``exclude_kinds``)."""
+    user_inputs = [i for i, kind in enumerate(kinds) if kind == "user_input" or kind is None]
+    by_input: dict[str | None, int] = {}
+    by_state: dict[str | None, int] = {}
+    for i in user_inputs:
+        if names[i] is not None:
+            by_input.setdefault(names[i], i)
+    for i, kind in enumerate(kinds):
+        if kind in _STATE_KINDS and names[i] is not None:
+            by_state.setdefault(names[i], i)
+
+    def label(index: int) -> str:
+        return names[index] or f"arg{index}"
+
+    chosen: list[int] = []
+    for request in requests:
+        target = request.target
+        if request.kind not in DONATION_KINDS:
+            raise DonationError(f"unknown donation kind '{request.kind}' (known: {', '.join(DONATION_KINDS)})")
+        if request.kind == "arg":
+            assert isinstance(target, int)
+            if not 0 <= target < len(kinds):
+                raise DonationError(f"donate names argument {target}, but @main has {len(kinds)} arguments")
+            index = target
+        elif isinstance(target, int):
+            if request.kind not in ("any", "input_position"):
+                raise DonationError(f"donate: {request.kind} donations are by name, got {target!r}")
+            if not 0 <= target < len(user_inputs):
+                raise DonationError(
+                    f"donate names user input {target}, but the program has {len(user_inputs)} user inputs"
+                )
+            index = user_inputs[target]
+        else:
+            as_input = by_input.get(target) if request.kind in ("any", "input") else None
+            as_state = by_state.get(target) if request.kind in ("any", "state") else None
+            if as_input is not None and as_state is not None:
+                raise DonationError(
+                    f"donate name '{target}' is ambiguous: it is user input '{target}' "
+                    f"(input:{target}, donate_argnames=['{target}'] or "
+                    f"donate_argnums=[{user_inputs.index(as_input)}]) and {kinds[as_state]} '{target}' "
+                    f"(state:{target}, donate_state=['{target}'])"
+                )
+            found = as_input if as_input is not None else as_state
+            if found is None:
+                known_by_kind: dict[str, list[str | None]] = {
+                    "any": [label(i) for i in range(len(kinds))], "input": list(by_input), "state": list(by_state),
+                }
+                known = known_by_kind.get(request.kind, [])
+                what = {"any": "argument" if in_pass else "tensor", "input": "user input", "state": "module state"}
+                listed = ", ".join(str(k) for k in known) or "none"
+                raise DonationError(
+                    f"donate names unknown {what.get(request.kind, 'argument')} '{target}' "
+                    + (f"(arguments: {listed})" if in_pass and request.kind == "any" else f"(known: {listed})")
+                )
+            index = found
+        if index in chosen:
+            if in_pass:
+                raise DonationError(f"argument {index} ('{label(index)}') is donated twice")
+            raise DonationError(f"'{label(index)}' is donated twice")
+        if kinds[index] == "constant" and not in_pass:
+            raise DonationError(f"'{label(index)}' is a lifted constant and cannot be donated")
+        chosen.append(index)
+    return chosen

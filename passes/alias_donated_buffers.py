@@ -34,8 +34,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import func
 
 from hloalias import attributes as A
-from hloalias.contract import Signature, placement_text, verify
-from hloalias.errors import PassError
+from hloalias.contract import DonationRequest, Signature, placement_text, resolve_donations, verify
+from hloalias.errors import DonationError, PassError
 from hloalias.mlir import find_main, ranked_tensor, tensor_bytes
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like
 
@@ -132,7 +132,11 @@ class AliasDonatedBuffers(ModulePass[AliasReport]):
         metadata={"help": "honour explicit donors (the donate option and jax.buffer_donor in the IR)"},
     )
     donate: tuple[str, ...] = dataclasses.field(
-        default=(), metadata={"help": "arguments to donate, by index or hloalias.name"}
+        default=(),
+        metadata={
+            "help": "arguments to donate: state:NAME (a parameter, buffer or constant), input:NAME (a user "
+            "input), an @main argument index, or a bare hloalias.name that names one argument only"
+        },
     )
     exclude_kinds: tuple[str, ...] = dataclasses.field(
         default=(),
@@ -210,12 +214,13 @@ class _State:
             if offered and options.explicit:
                 explicit.append(index)
 
-        requested: set[int] = set()
-        for request in options.donate:
-            index = _resolve(request, names, options.name)
-            if index in requested:
-                raise PassError(f"{options.name}: argument {index} ('{names[index]}') is donated twice")
-            requested.add(index)
+        try:
+            requested = set(resolve_donations(
+                [arg.kind for arg in contract.args], names,
+                [DonationRequest.parse(request) for request in options.donate], in_pass=True,
+            ))
+        except DonationError as error:
+            raise PassError(f"{options.name}: {error}") from None
         if options.explicit:
             explicit = sorted(set(explicit) | requested)
 
@@ -348,17 +353,3 @@ class _State:
                 )
             )
         dataclasses.replace(self.contract, args=tuple(args)).write(main)
-
-
-def _resolve(request: str, names: list[str], pass_name: str) -> int:
-    if request.isdigit():
-        index = int(request)
-        if index >= len(names):
-            raise PassError(f"{pass_name}: donate names argument {index}, but @main has {len(names)} arguments")
-        return index
-    matches = [i for i, name in enumerate(names) if name == request]
-    if not matches:
-        raise PassError(
-            f"{pass_name}: donate names unknown argument '{request}' (arguments: {', '.join(names)})"
-        )
-    return matches[0]

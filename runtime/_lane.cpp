@@ -22,6 +22,10 @@
 //   view of it is held) go to Executable._finish_planned, the Python commit,
 //   with everything the Python path would pass it.  A failed execution goes
 //   to Executable._execution_failed, which raises.
+// - Every call is a transaction: once the program ran (its donated buffers
+//   are gone), any error before the commit is done (KeyboardInterrupt in the
+//   wait, a failed attribute write) goes to Executable._settle, which
+//   completes the commit in Python, and is then raised as it came.
 // - The dispatch and the wait are the plan's own (SingleDeviceDispatch's
 //   fast-path `entry`, else `run`, and `wait`); the lock is the module's,
 //   held as the Python path holds it.
@@ -71,7 +75,7 @@ enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
   EXE, PLAN, UNFLATTEN_FN, LOCK, IMPORTS, BACKINGS, SWEEP_AT, HOST_BACKING,
-  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, FALLBACK, EMPTY_TUPLE, NREFS
+  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, SETTLE, FALLBACK, EMPTY_TUPLE, NREFS
 };
 
 struct Lane {
@@ -457,62 +461,9 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     PyObject* run_args[] = {arrays};
     results = PyObject_Vectorcall(run, run_args, 1, nullptr);
   }
-  if (results != nullptr) {
-    refs.keep(results);
-    PyObject* wait_args[] = {dispatch, results};
-    PyObject* waited = PyObject_VectorcallMethod(s_wait, wait_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-    // (`wait` is the dispatch's Waiter where it is native: called as it is.)
-    if (waited == nullptr) results = nullptr;
-    Py_XDECREF(waited);
-  }
-  if (results == nullptr) {
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyErr_NormalizeException(&type, &value, &traceback);
-    if (traceback != nullptr) PyException_SetTraceback(value, traceback);
-    PyObject* failed_args[] = {self->refs[PLAN], value};
-    PyObject* none = PyObject_Vectorcall(self->refs[FAILED], failed_args, 2, nullptr);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(traceback);
-    Py_XDECREF(none);
-    if (none != nullptr) PyErr_SetString(PyExc_RuntimeError, "Executable._execution_failed returned");
-    return nullptr;
-  }
-  PyObject* results_fast = refs.keep(PySequence_Fast(results, "results"));
-  if (results_fast == nullptr) return nullptr;
-  PyObject** result = PySequence_Fast_ITEMS(results_fast);
-  Py_ssize_t result_count = PySequence_Fast_GET_SIZE(results_fast);
-
-  // The call ran: counted, as _run_planned counts it.
-  long long calls = int_attribute(self->refs[EXE], s_calls);
-  if (calls < 0) return nullptr;
-  PyObject* new_calls = refs.keep(PyLong_FromLongLong(calls + 1));
-  if (new_calls == nullptr || PyObject_SetAttr(self->refs[EXE], s_calls, new_calls) < 0) return nullptr;
-
-  // The usual results?  Written inputs written in place (their donated
-  // buffer gone, the result at its address), mutated state's old buffer gone.
-  bool usual = true;
-  for (size_t j = 0; j < users.size() && usual; ++j) {
-    const UserInput& input = users[j];
-    if (!input.in_place) continue;
-    if (input.result >= result_count) return nullptr;
-    int deleted = is_deleted(PyList_GET_ITEM(arrays, input.argument));
-    if (deleted < 0) return nullptr;
-    uintptr_t address = buffer_address(result[input.result]);
-    if (PyErr_Occurred()) return nullptr;
-    usual = deleted && address == addresses[j];
-  }
-  for (const MutatedState& state : *self->state) {
-    if (!usual) break;
-    int deleted = is_deleted(PyList_GET_ITEM(arrays, state.argument));
-    if (deleted < 0) return nullptr;
-    usual = deleted;
-  }
-  if (!usual) {
-    // Executable._finish_planned, with what _run_planned would pass.
-    ++self->finished_in_python;
+  // The commit of Executable._finish_planned (`fn`: it, or _settle), with
+  // what _run_planned would pass it.
+  auto commit_in_python = [&](PyObject* fn, PyObject* results_seq) -> PyObject* {
     PyObject* inputs = refs.keep(PyDict_New());
     PyObject* bases = refs.keep(PyDict_New());
     PyObject* backing_map = refs.keep(PyDict_New());
@@ -531,19 +482,95 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       Py_ssize_t position = PyLong_AsSsize_t(index);
       if (PyDict_SetItem(kept, index, PyList_GET_ITEM(arrays, position)) < 0) return nullptr;
     }
-    PyObject* finish_args[] = {self->refs[PLAN], inputs, bases, backing_map, reseatable, kept, results_fast};
-    return PyObject_Vectorcall(self->refs[FINISH], finish_args, 7, nullptr);
+    PyObject* commit_args[] = {self->refs[PLAN], inputs, bases, backing_map, reseatable, kept, results_seq};
+    return PyObject_Vectorcall(fn, commit_args, 7, nullptr);
+  };
+  // The program ran and an error stops the call before its commit is done:
+  // Executable._settle completes it; the error is raised as it came.
+  auto settle = [&](PyObject* ran) -> PyObject* {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject* sequence = PySequence_Fast(ran, "results");
+    if (sequence != nullptr) {
+      refs.keep(sequence);
+      Py_XDECREF(commit_in_python(self->refs[SETTLE], sequence));
+    }
+    PyErr_Clear();  // _settle raises nothing of its own over the call's error
+    PyErr_Restore(type, value, traceback);
+    return nullptr;
+  };
+  PyObject* ran = results;
+  if (results != nullptr) {
+    refs.keep(results);
+    PyObject* wait_args[] = {dispatch, results};
+    PyObject* waited = PyObject_VectorcallMethod(s_wait, wait_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    // (`wait` is the dispatch's Waiter where it is native: called as it is.)
+    if (waited == nullptr) results = nullptr;
+    Py_XDECREF(waited);
+  }
+  if (results == nullptr) {
+    // Not an execution error (KeyboardInterrupt in the wait): the program
+    // ran, so the call commits before the error leaves.
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return ran != nullptr ? settle(ran) : nullptr;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != nullptr) PyException_SetTraceback(value, traceback);
+    PyObject* failed_args[] = {self->refs[PLAN], value};
+    PyObject* none = PyObject_Vectorcall(self->refs[FAILED], failed_args, 2, nullptr);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    Py_XDECREF(none);
+    if (none != nullptr) PyErr_SetString(PyExc_RuntimeError, "Executable._execution_failed returned");
+    return nullptr;
+  }
+  PyObject* results_fast = refs.keep(PySequence_Fast(results, "results"));
+  if (results_fast == nullptr) return settle(results);
+  PyObject** result = PySequence_Fast_ITEMS(results_fast);
+  Py_ssize_t result_count = PySequence_Fast_GET_SIZE(results_fast);
+
+  // The call ran: counted, as _run_planned counts it.
+  long long calls = int_attribute(self->refs[EXE], s_calls);
+  if (calls < 0) return settle(results_fast);
+  PyObject* new_calls = refs.keep(PyLong_FromLongLong(calls + 1));
+  if (new_calls == nullptr || PyObject_SetAttr(self->refs[EXE], s_calls, new_calls) < 0) return settle(results_fast);
+
+  // The usual results?  Written inputs written in place (their donated
+  // buffer gone, the result at its address), mutated state's old buffer gone.
+  bool usual = true;
+  for (size_t j = 0; j < users.size() && usual; ++j) {
+    const UserInput& input = users[j];
+    if (!input.in_place) continue;
+    if (input.result >= result_count) return settle(results_fast);
+    int deleted = is_deleted(PyList_GET_ITEM(arrays, input.argument));
+    if (deleted < 0) return settle(results_fast);
+    uintptr_t address = buffer_address(result[input.result]);
+    if (PyErr_Occurred()) return settle(results_fast);
+    usual = deleted && address == addresses[j];
+  }
+  for (const MutatedState& state : *self->state) {
+    if (!usual) break;
+    int deleted = is_deleted(PyList_GET_ITEM(arrays, state.argument));
+    if (deleted < 0) return settle(results_fast);
+    usual = deleted;
+  }
+  if (!usual) {
+    // Executable._finish_planned, with what _run_planned would pass.
+    ++self->finished_in_python;
+    PyObject* done = commit_in_python(self->refs[FINISH], results_fast);
+    return done != nullptr ? done : settle(results_fast);
   }
 
   // Commit (nothing below fails on valid inputs).
   for (size_t j = 0; j < users.size(); ++j) {
-    if (backings[j] != nullptr && PyObject_SetAttr(backings[j], s_array, result[users[j].result]) < 0) return nullptr;
+    if (backings[j] != nullptr && PyObject_SetAttr(backings[j], s_array, result[users[j].result]) < 0) return settle(results_fast);
   }
   for (const MutatedState& state : *self->state) {
-    if (state.result >= result_count) return nullptr;
+    if (state.result >= result_count) return settle(results_fast);
     if (PyObject_SetAttr(state.slot, s_array, result[state.result]) < 0 ||
         PyObject_SetAttr(state.slot, s_consumed_by, Py_None) < 0) {
-      return nullptr;
+      return settle(results_fast);
     }
   }
   if (self->refill && !self->state->empty()) {
@@ -553,11 +580,11 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     // place: kept for the next call, unless a slot stored another array
     // than the result (its setter reinterprets another dtype's bits).
     PyObject* state_arrays = refs.keep(PyList_GetSlice(arrays, 0, self->state_count));
-    if (state_arrays == nullptr) return nullptr;
+    if (state_arrays == nullptr) return settle(results_fast);
     bool same = true;
     for (const MutatedState& state : *self->state) {
       PyObject* stored = PyObject_GetAttr(state.slot, s_stored_array);
-      if (stored == nullptr) return nullptr;
+      if (stored == nullptr) return settle(results_fast);
       same = stored == result[state.result];
       if (!same) {
         Py_DECREF(stored);
@@ -565,7 +592,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       }
       PyList_SetItem(state_arrays, state.argument, stored);  // steals
     }
-    if (same && PyObject_SetAttr(self->refs[PLAN], s_state_arrays, state_arrays) < 0) return nullptr;
+    if (same && PyObject_SetAttr(self->refs[PLAN], s_state_arrays, state_arrays) < 0) return settle(results_fast);
   }
   ++self->calls;
 
@@ -608,17 +635,17 @@ PyObject* lane_call(Lane* self, PyObject* args, PyObject* kwargs) {
 
 // Lane(exe, plan, users, pairs, state, donated_state, outputs, kept, mode, refill, state_count, unflatten,
 //      lock, imports, backings, sweep_at, host_backing, register_backing,
-//      import_input, finish, failed, fallback); see hloalias.runtime.executable._native_lane.
+//      import_input, finish, failed, settle, fallback); see hloalias.runtime.executable._native_lane.
 int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject *exe, *plan, *users, *pairs, *state, *donated, *outputs, *kept, *unflatten, *lock, *imports, *backings,
-      *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *fallback;
+      *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle, *fallback;
   int mode, refill;
   Py_ssize_t state_count;
-  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!ipnOOO!O!O!OOOOOO", &exe, &plan, &PyTuple_Type, &users,
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!ipnOOO!O!O!OOOOOOO", &exe, &plan, &PyTuple_Type, &users,
                         &PyTuple_Type, &pairs, &PyTuple_Type, &state, &PyTuple_Type, &donated, &PyTuple_Type,
                         &outputs, &PyTuple_Type, &kept,
                         &mode, &refill, &state_count, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
-                        &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &fallback)) {
+                        &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &settle, &fallback)) {
     return -1;
   }
   if (!PyType_Check(host_backing) || PyList_GET_SIZE(sweep_at) != 1 || mode < SINGLE || mode > UNFLATTEN) {
@@ -628,7 +655,7 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject* empty = PyTuple_New(0);
   if (empty == nullptr) return -1;
   PyObject* given[NREFS] = {exe, plan, unflatten, lock, imports, backings, sweep_at, host_backing,
-                            register_backing, import_input, finish, failed, fallback, empty};
+                            register_backing, import_input, finish, failed, settle, fallback, empty};
   for (int i = 0; i < NREFS; ++i) {
     if (i != EMPTY_TUPLE) Py_INCREF(given[i]);
     Py_XSETREF(self->refs[i], given[i]);

@@ -45,10 +45,12 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import inspect
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -63,7 +65,7 @@ from torch_mlir import ir
 from hloalias import attributes as A
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage, import_torch
-from hloalias.contract import Signature, StoredLayout, verify
+from hloalias.contract import DonationRequest, Signature, StoredLayout, resolve_donations, verify
 from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
@@ -179,11 +181,41 @@ class CacheStats:
 
     hits: int = 0
     misses: int = 0
+    #: Entries dropped because the cache was full (least recently used first).
+    evictions: int = 0
 
 
-_CACHE: dict[tuple[str, str], Any] = {}
+#: How many loaded XLA executables the in-process cache keeps (least
+#: recently used dropped first; ``HLOALIAS_EXECUTABLE_CACHE_SIZE``, read at
+#: import, sets another).  An evicted program stays loaded while an
+#: ``Executable`` holds it; compiling it again reads the disk cache.
+EXECUTABLE_CACHE_SIZE = int(os.environ.get("HLOALIAS_EXECUTABLE_CACHE_SIZE", "64"))
+
+_CACHE: "collections.OrderedDict[tuple[str, str], Any]" = collections.OrderedDict()
 _CACHE_STATS = CacheStats()
 _CACHE_LOCK = threading.Lock()
+
+
+def _cache_get(slot: tuple[str, str]) -> Any:
+    """The cached executable of ``slot`` (now the most recently used), or None."""
+    with _CACHE_LOCK:
+        loaded = _CACHE.get(slot)
+        if loaded is not None:
+            _CACHE.move_to_end(slot)
+            _CACHE_STATS.hits += 1
+        return loaded
+
+
+def _cache_put(slot: tuple[str, str], loaded: Any) -> None:
+    """Keep ``loaded`` under ``slot``, dropping the least recently used
+    entries beyond :data:`EXECUTABLE_CACHE_SIZE`."""
+    with _CACHE_LOCK:
+        _CACHE[slot] = loaded
+        _CACHE.move_to_end(slot)
+        _CACHE_STATS.misses += 1
+        while len(_CACHE) > max(EXECUTABLE_CACHE_SIZE, 0):
+            _CACHE.popitem(last=False)
+            _CACHE_STATS.evictions += 1
 
 
 def cache_stats() -> CacheStats:
@@ -195,7 +227,7 @@ def clear_cache() -> None:
     """Drop every cached XLA executable and reset the counters."""
     with _CACHE_LOCK:
         _CACHE.clear()
-        _CACHE_STATS.hits = _CACHE_STATS.misses = 0
+        _CACHE_STATS.hits = _CACHE_STATS.misses = _CACHE_STATS.evictions = 0
 
 
 # -- module state shared by executables ---------------------------------------------
@@ -621,20 +653,15 @@ def compile(  # noqa: A001 - the name users expect
     final_text = print_module(program.torch_mlir_module)
     key = module_cache_key(final_text)
     cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices))
-    with _CACHE_LOCK:
-        loaded = _CACHE.get(cache_slot)
-        hit = loaded is not None
-        if hit:
-            _CACHE_STATS.hits += 1
+    loaded = _cache_get(cache_slot)
+    hit = loaded is not None
     if not hit:
         options = None
         if placement.spmd:
             sharded = result_shardings(program.torch_mlir_module)
             options = placement.compile_options(sharded)
         loaded = compile_module(final_text, target, options=options, devices=placement.devices)
-        with _CACHE_LOCK:
-            _CACHE[cache_slot] = loaded
-            _CACHE_STATS.misses += 1
+        _cache_put(cache_slot, loaded)
     # Reports of the final module (all runs of each pass together), not
     # of the last run; None when the pipeline did not run the pass.
     ran = _passes_in(pipeline_text)
@@ -691,24 +718,17 @@ def _checked_compile_arguments(
     return tuple(example_args), dict(kwargs)
 
 
-@dataclasses.dataclass(frozen=True)
-class _DonationRequest:
-    """One donation request: ``kind`` is ``any`` (from ``donate``),
-    ``argnum``, ``argname`` or ``state``."""
-
-    kind: str
-    target: int | str
-
-
 def _donation_requests(
     donate: Any, argnums: Any, argnames: Any, state: Any
-) -> list[_DonationRequest]:
-    requests: list[_DonationRequest] = []
-    for option, kind, allowed in (
-        ("donate", "any", (int, str)), ("donate_argnums", "argnum", (int,)),
-        ("donate_argnames", "argname", (str,)), ("donate_state", "state", (str,)),
+) -> list[DonationRequest]:
+    """``compile``'s donation arguments as the contract's requests
+    (:class:`hloalias.contract.DonationRequest`), or DonationError naming a
+    malformed one."""
+    requests: list[DonationRequest] = []
+    for option, kind, allowed, value in (
+        ("donate", "any", (int, str), donate), ("donate_argnums", "input_position", (int,), argnums),
+        ("donate_argnames", "input", (str,), argnames), ("donate_state", "state", (str,), state),
     ):
-        value = {"donate": donate, "donate_argnums": argnums, "donate_argnames": argnames, "donate_state": state}[option]
         if isinstance(value, (str, int)) or not isinstance(value, (tuple, list)):
             raise DonationError(
                 f"{option} must be a list or tuple, got {type(value).__name__} {value!r}"
@@ -716,9 +736,9 @@ def _donation_requests(
             )
         for entry in value:
             if isinstance(entry, bool) or not isinstance(entry, allowed):
-                what = "positions or names" if kind == "any" else ("positions" if kind == "argnum" else "names")
+                what = {"any": "positions or names", "input_position": "positions"}.get(kind, "names")
                 raise DonationError(f"{option} entries are {what}, got {entry!r}")
-            requests.append(_DonationRequest(kind, entry))
+            requests.append(DonationRequest(kind, entry))
     return requests
 
 
@@ -734,43 +754,11 @@ def _check_mesh_arguments(mesh: Any, shardings: Any) -> None:
         mesh.devices()  # a mesh larger than the platform fails before the import
 
 
-def _resolve_donations(program: Program, requests: list[_DonationRequest]) -> list[int]:
+def _resolve_donations(program: Program, requests: list[DonationRequest]) -> list[int]:
+    """The ``@main`` arguments ``requests`` donate (the contract's one
+    reading of a donation request: :func:`hloalias.contract.resolve_donations`)."""
     arguments = program.signature.arguments
-    user_inputs = program.signature.user_input_indices()
-    user_names = {arguments[i].name: i for i in user_inputs}
-    state_names = {a.name: a.index for a in arguments if a.kind != "user_input"}
-    chosen: list[int] = []
-    for request in requests:
-        target = request.target
-        if isinstance(target, int):
-            if not 0 <= target < len(user_inputs):
-                raise DonationError(
-                    f"donate names user input {target}, but the program has {len(user_inputs)} user inputs"
-                )
-            index = user_inputs[target]
-        else:
-            as_input = user_names.get(target) if request.kind in ("any", "argname") else None
-            as_state = state_names.get(target) if request.kind in ("any", "state") else None
-            if as_input is not None and as_state is not None:
-                raise DonationError(
-                    f"donate name '{target}' is ambiguous: it is user input '{target}' "
-                    f"(donate_argnames=['{target}'] or donate_argnums=[{user_inputs.index(as_input)}]) "
-                    f"and {arguments[as_state].kind} '{target}' (donate_state=['{target}'])"
-                )
-            found = as_input if as_input is not None else as_state
-            if found is None:
-                known = {"any": [a.name for a in arguments], "argname": list(user_names), "state": list(state_names)}
-                what = {"any": "tensor", "argname": "user input", "state": "module state"}[request.kind]
-                raise DonationError(
-                    f"donate names unknown {what} '{target}' (known: {', '.join(known[request.kind]) or 'none'})"
-                )
-            index = found
-        if index in chosen:
-            raise DonationError(f"'{arguments[index].name}' is donated twice")
-        if arguments[index].kind == "constant":
-            raise DonationError(f"'{arguments[index].name}' is a lifted constant and cannot be donated")
-        chosen.append(index)
-    return chosen
+    return resolve_donations([a.kind for a in arguments], [a.name for a in arguments], requests)
 
 
 def _mark_donors(program: Program, donated: list[int]) -> None:
@@ -810,20 +798,25 @@ class _ArgStep:
     mutated: int | None
     donated: bool
     #: Position of the result XLA writes into the argument's donated buffer
-    #: when a runtime buffer backs the input (a self-aliased mutation or a
-    #: donor aliased to a user output); None when there is none.
+    #: when a runtime buffer backs the input (a self-aliased mutation: the
+    #: caller's tensor is to hold that value); None when there is none.  A
+    #: donor aliased to a user output has none: a donated torch tensor is
+    #: left as it was, wherever its memory came from (an earlier result's
+    #: runtime buffer is not handed to XLA to overwrite).
     in_place: int | None
     #: A mutated user input aliased to its own new value: a plain torch
     #: tensor may be re-seated onto the result buffer.
     reseat: bool
-    #: A user input the program only reads (not written, not donated).
-    read_only: bool = dataclasses.field(init=False)
+    #: A user input passed as a zero-copy import of the caller's memory:
+    #: not written, and no runtime buffer to write in place (read only, or
+    #: donated: PJRT cannot take memory it does not own, so XLA writes the
+    #: result elsewhere and the tensor is left as it was).
+    imported: bool = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         # Read on every call: computed once.
         object.__setattr__(
-            self, "read_only",
-            self.slot is None and self.mutated is None and not self.donated and self.in_place is None,
+            self, "imported", self.slot is None and self.mutated is None and self.in_place is None,
         )
 
 
@@ -868,8 +861,6 @@ class _CallPlan:
             in_place: int | None = None
             if index in exe._self_aliased:
                 in_place = results[A.mutation_key(index)]
-            elif index in exe._donor_aliased:
-                in_place = results[exe._donor_aliased[index]]
             steps.append(_ArgStep(
                 index, exe._names[index], exe._slots[state_name] if state_name is not None else None,
                 torch.Size(shape), dtype, results[mutation_key] if mutation_key is not None else None,
@@ -1004,7 +995,7 @@ def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
     if not plan.state_first or tuple(step.index for step in plan.user_steps) != tuple(exe._user_indices):
         return "the arguments are not in state-then-inputs order"
     for step in plan.user_steps:
-        if not step.read_only and step.in_place is None:
+        if not step.imported and step.in_place is None:
             return f"input '{step.name}' is written but not in place (its new value is copied back)"
     return None
 
@@ -1051,7 +1042,7 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
         tuple(step.index for step in plan.kept), mode,
         len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots), unflatten,
         exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
-        _register_backing, exe._import_input, exe._finish_planned, exe._execution_failed, _LANE_FALLBACK,
+        _register_backing, exe._import_input, exe._finish_planned, exe._execution_failed, exe._settle, _LANE_FALLBACK,
     )
     return lane, None
 
@@ -1142,13 +1133,6 @@ class Executable:
             index for index, result in self._aliases.items()
             if result is not None and self._result_keys[result] == A.mutation_key(index)
             and index in self._user_indices
-        }
-        # Donated inputs aliased to a user output: a torch tensor backed by
-        # a runtime-owned buffer (an earlier result) is donated for real.
-        self._donor_aliased: dict[int, str] = {
-            index: self._result_keys[result] for index, result in self._aliases.items()
-            if result is not None and index in self._user_indices and index not in self._self_aliased
-            and A.parse_key(self._result_keys[result])[0] == "output"
         }
         self._writes = {
             index for index in self._user_indices
@@ -1621,7 +1605,9 @@ class Executable:
             # Host backings and re-seating are for one CPU device; on a mesh
             # an input is copied into PJRT-owned shards.
             spmd = self._placement.spmd
-            aliased = not spmd and (index in self._self_aliased or index in self._donor_aliased)
+            # Only a mutated input's runtime buffer is written in place: a
+            # donated tensor is left as it was, wherever it came from.
+            aliased = not spmd and index in self._self_aliased
             backing = _backing_of(value, self._input_nbytes[index]) if aliased else None
             if backing is not None:
                 backings[index] = backing
@@ -1679,10 +1665,6 @@ class Executable:
                     slot.consumed_by = None
                 continue
             value = inputs[index]
-            if index in self._donor_aliased and index in backings and backings[index].array.is_deleted():
-                # XLA wrote the aliased output into the donated buffer: that
-                # output now owns the memory the consumed tensor still shows.
-                backings[index].rebind(produced[self._donor_aliased[index]])
             if isinstance(value, DeviceTensor):
                 if new_value is not None:
                     value._rebind(self._commit(None, kept[index], new_value))
@@ -1721,7 +1703,7 @@ class Executable:
                 user_arrays.append(value.array)
                 continue
             if (
-                step.read_only and plan.host_results
+                step.imported and plan.host_results
                 and value.is_contiguous() and not value.is_conj() and not value.is_neg()
             ):
                 # The common read-only input: imported as it is (the import
@@ -1752,18 +1734,30 @@ class Executable:
             self._check_donated_state(plan)
         try:
             outputs = plan.dispatch.run(arrays)
-            # Zero-copy imports of caller tensors are read until the program
-            # ends: return only then (the caller may write them next).
-            plan.dispatch.wait(outputs)
         except Exception as error:
             self._execution_failed(plan, error)
-        self._calls += 1
-        # The arrays of state and DeviceTensors that commit reads; dropping
-        # the list drops the zero-copy imports of caller tensors (they hold
-        # a reference to the caller's storage, which would block re-seating).
+        # The program ran (donated buffers are gone): from here on, any
+        # exception (KeyboardInterrupt included) commits before it leaves,
+        # so the module state is the call's, never half of it (_settle).
         kept: dict[int, Any] = {step.index: arrays[step.index] for step in plan.kept}
-        del arrays
-        return self._finish_planned(plan, inputs, bases, backings, reseatable, kept, outputs)
+        try:
+            try:
+                # Zero-copy imports of caller tensors are read until the
+                # program ends: return only then (the caller may write them next).
+                plan.dispatch.wait(outputs)
+            except Exception as error:
+                self._execution_failed(plan, error)
+            self._calls += 1
+            # Dropping the list drops the zero-copy imports of caller tensors
+            # (they hold a reference to the caller's storage, which would
+            # block re-seating); ``kept`` holds what commit reads.
+            del arrays
+            return self._finish_planned(plan, inputs, bases, backings, reseatable, kept, outputs)
+        except (ExecutionError, DonatedBufferError):
+            raise
+        except BaseException:
+            self._settle(plan, inputs, bases, backings, reseatable, kept, outputs)
+            raise
 
     def _execution_failed(self, plan: _CallPlan, error: Exception) -> NoReturn:
         """Raise the error of a planned call whose execution failed
@@ -1773,6 +1767,23 @@ class Executable:
             if step.slot is not None:
                 self._state_array(step.name)  # a consumed state buffer, in words
         raise ExecutionError(f"XLA execution failed: {error}") from None
+
+    def _settle(
+        self, plan: _CallPlan, inputs: dict[int, Any], bases: dict[int, torch.Tensor],
+        backings: dict[int, HostBacking], reseatable: set[int], kept: dict[int, Any], outputs: Sequence[jax.Array],
+    ) -> None:
+        """The commit of a call whose program ran, after an exception
+        (``KeyboardInterrupt`` included) left it unfinished: the waiting, the
+        commit or the outputs.  Its donated buffers are gone, so the state
+        can only be the call's: every mutated state slot and runtime buffer
+        behind a written input takes its new value (the commit is
+        idempotent: a step already done is found done), and the results are
+        dropped.  The native call path calls it too.  An error of its own
+        is not raised over the one being handled."""
+        try:
+            self._commit_planned(plan, inputs, backings, reseatable, kept, outputs)
+        except BaseException:  # noqa: BLE001 - the caller re-raises the first error
+            pass
 
     def _finish_planned(
         self, plan: _CallPlan, inputs: dict[int, Any], bases: dict[int, torch.Tensor],
@@ -1784,7 +1795,37 @@ class Executable:
         the runtime buffers passed for inputs they back, ``reseatable`` the
         inputs that may move onto their new buffer, ``kept`` the pre-call
         arrays of :attr:`_CallPlan.kept`.  Also the native call path's
-        (``_lane``) for a call whose results are not the usual ones."""
+        (``_lane``) for a call whose results are not the usual ones.  On any
+        exception the commit is completed (:meth:`_settle`) before it leaves."""
+        try:
+            arg_tensors = self._commit_planned(plan, inputs, backings, reseatable, kept, outputs)
+        except BaseException:
+            self._settle(plan, inputs, bases, backings, reseatable, kept, outputs)
+            raise
+        if plan.direct_outputs:
+            if plan.host_results:
+                flat = [_host_result(outputs[result.position], result) for result in plan.outputs]
+            else:
+                flat = [array_to_torch(outputs[result.position]) for result in plan.outputs]
+            if self._flat_outputs:
+                return flat[0] if self._single_output else tuple(flat)
+            return pytree.tree_unflatten(flat, self._signature.out_spec)
+        for step in plan.user_steps:
+            if step.index not in arg_tensors and step.index in bases:
+                arg_tensors[step.index] = _view_base(inputs[step.index], bases[step.index])
+        return self._assemble_outputs(inputs, arg_tensors, dict(zip(self._result_keys, outputs)))
+
+    def _commit_planned(
+        self, plan: _CallPlan, inputs: dict[int, Any], backings: dict[int, HostBacking], reseatable: set[int],
+        kept: dict[int, Any], outputs: Sequence[jax.Array],
+    ) -> dict[int, Any]:
+        """Commit a planned call that ran: state slots, runtime buffers
+        behind written inputs, caller tensors and donated DeviceTensors take
+        their new values.  Returns the tensors rebuilt views of written
+        inputs are views of.  Idempotent: run again after an exception
+        stopped it part way (:meth:`_settle`), each step already done is
+        found done (a slot or runtime buffer holds its new array; a caller
+        tensor already on its new buffer is left there)."""
         moved: set[int] | frozenset[int] = _NOTHING
         for index, lent in backings.items():
             if lent.array.is_deleted() and (
@@ -1813,7 +1854,9 @@ class Executable:
                 continue
             value = inputs[step.index]
             backing = backings.get(step.index)
-            written_in_place = False
+            # Found done when committing again (_settle): the buffer already
+            # holds the result XLA wrote into its memory.
+            written_in_place = backing is not None and backing.array is outputs[step.in_place]  # type: ignore[index]
             if backing is not None and step.index not in moved and backing.array.is_deleted():
                 # XLA wrote the aliased result into the donated buffer (its
                 # address was checked above; it is ready): that result now
@@ -1835,18 +1878,7 @@ class Executable:
                 # the new value.
                 view_base = _view_base(value, None)
                 arg_tensors[step.index] = view_base if view_base is not None else array_to_torch(new_value)
-        if plan.direct_outputs:
-            if plan.host_results:
-                flat = [_host_result(outputs[result.position], result) for result in plan.outputs]
-            else:
-                flat = [array_to_torch(outputs[result.position]) for result in plan.outputs]
-            if self._flat_outputs:
-                return flat[0] if self._single_output else tuple(flat)
-            return pytree.tree_unflatten(flat, self._signature.out_spec)
-        for step in plan.user_steps:
-            if step.index not in arg_tensors and step.index in bases:
-                arg_tensors[step.index] = _view_base(inputs[step.index], bases[step.index])
-        return self._assemble_outputs(inputs, arg_tensors, dict(zip(self._result_keys, outputs)))
+        return arg_tensors
 
     def _input_views(self, recipes: tuple[tuple[int, _Rebuild], ...], inputs: dict[int, Any]) -> Any:
         """The outputs of a program that is not run and returns only user
@@ -1879,8 +1911,10 @@ class Executable:
         version counter), and it keeps the memory it views alive.  Shape and
         dtype were checked, so the same address means the same bytes.  The
         entry goes when the tensor does (or a new tensor is passed); only
-        read-only inputs are imported this way, so it never stands in the way
-        of re-seating a written one, nor is it ever donated."""
+        inputs that are not written are imported this way, so it never stands
+        in the way of re-seating a written one.  A donated input's import is
+        not kept: the call consumes it (PJRT deletes the imported array; the
+        caller's memory stays as it was)."""
         found = self._imports.get(index)
         address = tensor.data_ptr()
         if found is not None and found[0]() is tensor and found[1] == address:
@@ -1890,7 +1924,7 @@ class Executable:
         # preserves it while its C++ tensor is referenced), so the entry
         # would never go.
         array = torch_to_device(tensor.detach(), self.device, owned=False)
-        if array.unsafe_buffer_pointer() == address:  # zero-copy: safe to reuse
+        if array.unsafe_buffer_pointer() == address and index not in self._donated_args:  # zero-copy: reusable
             reference = weakref.ref(tensor, functools.partial(_forget_import, self._imports, index))
             self._imports[index] = (reference, address, array)
         return array

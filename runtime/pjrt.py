@@ -230,21 +230,25 @@ class SingleDeviceDispatch:
     ``MAX_MISSES`` such calls (a caller alternating placements) it stops
     consulting the fast path and calls ``execute_sharded`` directly.
     ``fast=False``: ``execute_sharded`` always (any ``loaded`` with that
-    method, as tests substitute)."""
+    method, as tests substitute).  ``spin_ns`` is the poll bound of
+    :meth:`_wait` (default :data:`READY_SPIN_NS`): a test sets it to 0 (no
+    wait is ever in time) or to hours (every wait is), so what it checks
+    does not depend on how long the program took on a loaded machine."""
 
     MAX_MISSES = 8
 
-    __slots__ = ("run", "entry", "wait", "_loaded", "_sharding", "_misses", "_poll")
+    __slots__ = ("run", "entry", "wait", "_loaded", "_sharding", "_misses", "_poll", "_spin")
 
-    def __init__(self, loaded: Any, device: Any, *, fast: bool = True) -> None:
+    def __init__(self, loaded: Any, device: Any, *, fast: bool = True, spin_ns: int | None = None) -> None:
         self._loaded = loaded
         self._misses = 0
         self._poll = True
+        self._spin = READY_SPIN_NS if spin_ns is None else spin_ns
         #: ``wait(results)``: return once every result is ready (raise a
         #: failed one's error); the policy is :meth:`_wait`'s, in native code
         #: where it is built and not turned off (``native_enabled``).
         self.wait: Callable[[Sequence[jax.Array]], None] = (
-            NativeWaiter(READY_SPIN_NS) if NativeWaiter is not None and native_enabled() else self._wait
+            NativeWaiter(self._spin) if NativeWaiter is not None and native_enabled() else self._wait
         )
         self._sharding = jax.sharding.SingleDeviceSharding(device)
         #: ``run(arrays)``: the results of one execution, in order.
@@ -270,12 +274,12 @@ class SingleDeviceDispatch:
         program, which a polling caller would only keep from a core), it
         blocks at once until a call's wait is short again."""
         if self._poll:
-            self._poll = wait_ready(results)
+            self._poll = wait_ready(results, self._spin)
             return
         start = time.perf_counter_ns()
         for result in results:
             result.block_until_ready()
-        self._poll = time.perf_counter_ns() - start < READY_SPIN_NS
+        self._poll = time.perf_counter_ns() - start < self._spin
 
     def _execute_sharded(self, arrays: Sequence[jax.Array | None]) -> list[jax.Array]:
         results = self._loaded.execute_sharded(list(arrays))

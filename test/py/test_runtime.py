@@ -511,20 +511,82 @@ def test_dispatch_falls_back_to_execute_sharded_after_many_signatures() -> None:
     assert dispatch.run == dispatch._execute_sharded
 
 
-def test_a_wait_longer_than_the_poll_bound_blocks_from_then_on() -> None:
-    """A program that runs longer than READY_SPIN_NS (a 512x512 matmul:
-    268 MFLOP, far more than 100 us of two CPU cores) ends the polling; the
-    results are right either way."""
+class _SlowResult:
+    """A result that turns ready only after ``polls`` readiness checks, or
+    when waited for: how long a program "takes" is fixed by the test, not
+    by the machine's load."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls = polls
+        self.blocked = 0
+
+    def is_ready(self) -> bool:
+        self.polls -= 1
+        return self.polls < 0
+
+    def block_until_ready(self) -> "_SlowResult":
+        self.blocked += 1
+        self.polls = -1
+        return self
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-wait", "python-wait"])
+def test_a_wait_longer_than_the_poll_bound_blocks_from_then_on(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait whose results are not ready within the poll bound ends the
+    polling; later waits block at once while they stay longer than the bound,
+    and poll again after one that is shorter.  The bound is injected (0: no
+    poll is ever in time; an hour: every poll is), so the
+    outcome does not depend on the machine's load; the results of a real
+    program are right either way."""
+    from hloalias.runtime import pjrt
     from hloalias.runtime.pjrt import SingleDeviceDispatch, torch_to_device, wait_ready
 
-    a = torch.randn(512, 512)
+    if native and pjrt.NativeWaiter is None:
+        pytest.skip("the native call path is not built here")
+    monkeypatch.setenv("HLOALIAS_NATIVE", "1" if native else "0")
+    a = torch.randn(64, 64)
     exe = hloalias.compile(lambda x: x @ x, (a,))
-    dispatch = SingleDeviceDispatch(exe._loaded, exe.device)
+    dispatch = SingleDeviceDispatch(exe._loaded, exe.device, spin_ns=0)
+    assert isinstance(dispatch.wait, pjrt.NativeWaiter) is native if pjrt.NativeWaiter is not None else True
+    assert dispatch.polling is True
+    slow = _SlowResult(polls=5)
+    dispatch.wait([slow])
+    assert dispatch.polling is False and slow.blocked == 1  # polled past the bound, then blocked
+    slow = _SlowResult(polls=5)
+    dispatch.wait([slow])
+    assert dispatch.polling is False and slow.polls == -1 and slow.blocked == 1  # blocked at once
+    # A real program, waited for without polling: right results.
     arrays = [torch_to_device(a, exe.device, owned=False)]
-    results = dispatch.run(arrays)
-    dispatch.wait(results)
-    assert dispatch.polling is False
     results = dispatch.run(arrays)
     dispatch.wait(results)
     torch.testing.assert_close(torch.from_dlpack(results[0]), a @ a, rtol=1e-4, atol=1e-3)
     assert wait_ready(results, spin_ns=0)  # ready already: in time
+    # With an hour's bound a wait that polls a while is in time: polling goes on.
+    patient = SingleDeviceDispatch(exe._loaded, exe.device, spin_ns=3_600 * 10**9)
+    patient.wait([_SlowResult(polls=3)])
+    assert patient.polling is True
+
+
+def test_the_executable_cache_is_bounded_and_keeps_the_most_recently_used(
+    fresh_cache: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-process executable cache holds EXECUTABLE_CACHE_SIZE programs
+    (issue 24, item 9): the least recently used goes first; an executable
+    whose program was evicted still runs."""
+    from hloalias.runtime import executable as executable_module
+
+    monkeypatch.setattr(executable_module, "EXECUTABLE_CACHE_SIZE", 2)
+    x = torch.zeros(4)
+    programs = [lambda v: v + 1, lambda v: v + 2, lambda v: v + 3]
+    first = hloalias.compile(programs[0], (x,))
+    hloalias.compile(programs[1], (x,))
+    hloalias.compile(programs[2], (x,))  # evicts programs[0]
+    stats = hloalias.cache_stats()
+    assert (stats.misses, stats.hits, stats.evictions) == (3, 0, 1)
+    assert len(executable_module._CACHE) == 2
+    assert hloalias.compile(programs[1], (x,)).cache_hit  # now the most recent
+    assert not hloalias.compile(programs[0], (x,)).cache_hit  # evicts programs[2]
+    assert hloalias.compile(programs[1], (x,)).cache_hit
+    assert not hloalias.compile(programs[2], (x,)).cache_hit
+    assert hloalias.cache_stats().evictions == 3
+    assert torch.equal(first(x), torch.ones(4))

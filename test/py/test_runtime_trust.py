@@ -521,31 +521,44 @@ def test_4_a_viewed_input_is_copied_back_and_counted() -> None:
     assert exe.host_copies == {"cache": 2}
 
 
-def test_4_donating_a_result_to_the_next_call_reuses_its_buffer() -> None:
+def test_4_a_donated_result_is_left_as_it_was_and_an_updated_input_is_written_in_place() -> None:
+    """A donated torch tensor is left as it was, wherever its memory came
+    from (issue 24, item 2): a result fed back (``y = exe(y)``) is not
+    overwritten, so a name or view still holding it keeps its value.  The
+    buffer-reusing loop is an in-place update: XLA writes into the
+    runtime buffer behind the tensor every call."""
     exe = hloalias.compile(lambda x: x * 2 + 1, (torch.zeros(64),), donate_argnums=[0])
     y = exe(torch.zeros(64))
-    address = y.data_ptr()
+    first = y
     for step in range(3):
         y = exe(y)
-        assert y.data_ptr() == address  # XLA wrote in place into the donated result
-    assert torch.equal(y, torch.full((64,), 15.0))
+    assert torch.equal(y, torch.full((64,), 15.0)) and torch.equal(first, torch.ones(64))
+    update = hloalias.compile(lambda x: x.mul_(2).add_(1), (torch.zeros(64),))
+    z = torch.zeros(64)
+    update(z)
+    address = z.data_ptr()
+    for step in range(3):
+        update(z)
+        assert z.data_ptr() == address  # XLA wrote in place into the runtime buffer
+    assert torch.equal(z, torch.full((64,), 15.0))
 
 
 def test_4_backing_registry_stays_bounded_and_keeps_the_live_buffers() -> None:
     """Results dropped by the caller leave dead registry entries that are
-    swept; a donated chain kept alive across many sweeps is still found
-    (written in place) on every call."""
+    swept; a tensor updated in place kept alive across many sweeps is
+    still found (written in place) on every call."""
     from hloalias.runtime import executable
 
-    donate = hloalias.compile(lambda x: x * 2 + 1, (torch.zeros(64),), donate_argnums=[0])
+    update = hloalias.compile(lambda x: x.mul_(2).add_(1), (torch.zeros(64),))
     fresh = hloalias.compile(lambda x: x + 1, (torch.zeros(32),))
-    y = donate(torch.zeros(64))
+    y = torch.zeros(64)
+    update(y)  # moved onto its runtime buffer
     address = y.data_ptr()
     held = [fresh(torch.zeros(32)) for _ in range(300)]  # 300 live entries
     for step in range(2000):
         fresh(torch.zeros(32))  # dropped at once: a dead entry
         if step % 100 == 0:
-            y = donate(y)
+            update(y)
             assert y.data_ptr() == address  # still found: XLA wrote in place
     assert all(torch.equal(t, torch.ones(32)) for t in held)
     live = sum(1 for reference in executable._BACKINGS.values() if reference() is not None)

@@ -1,0 +1,226 @@
+"""Every call is a transaction, and what a call hands back is eager's.
+
+- An exception at any stage of a call (``KeyboardInterrupt`` included)
+  leaves the module state as it was before the call or as the call leaves
+  it, and usable: faults are injected at each stage boundary (before the
+  program runs, after it ran and before the commit, in the commit, in the
+  outputs), on both call paths.
+- A donated torch tensor is left as it was, wherever its memory came from
+  (an earlier result's runtime buffer included), with every view of it.
+- ``buf.copy_(x)`` of another dtype or shape, then ``return self.buf``:
+  the state and the returned tensor are eager's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import hloalias
+from hloalias.runtime import executable as executable_module
+
+PATHS = ["native", "python"]
+
+
+def compile_on(
+    path: str, monkeypatch: pytest.MonkeyPatch, *args: Any, lane: bool = True, **kwargs: Any
+) -> hloalias.Executable:
+    """``hloalias.compile`` on one call path (``lane``: the native one must
+    serve this program; else the program may be one it leaves to Python)."""
+    with monkeypatch.context() as patch:
+        patch.setenv("HLOALIAS_NATIVE", "1" if path == "native" else "0")
+        exe = hloalias.compile(*args, **kwargs)
+    if path == "native":
+        if executable_module._lane is None:
+            pytest.skip("the native call path is not built here")
+        assert exe._lane is not None or not lane, exe._python_only_reason
+    else:
+        assert exe._lane is None
+    return exe
+
+
+class Counter(torch.nn.Module):
+    """State updated in place every call (donated, written in place), and
+    a pytree output (so the output stage runs Python on both paths)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0, 4.0]), requires_grad=False)
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.count.add_(x)
+        return {"y": self.w * x + self.count}
+
+
+class Fault(BaseException):
+    """Stands for KeyboardInterrupt (which pytest would take as the user's)."""
+
+
+def _raise_once(counter: list[int]) -> None:
+    if counter[0] == 0:
+        counter[0] += 1
+        raise Fault
+
+
+@pytest.fixture
+def inject(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, hloalias.Executable], None]]:
+    """``inject(stage, exe)``: the next call of ``exe`` raises at ``stage``."""
+
+    def at(stage: str, exe: hloalias.Executable) -> None:
+        fired = [0]
+        if stage == "before-run":
+            original_put = executable_module.torch_to_device
+
+            def put(*args: Any, **kwargs: Any) -> Any:
+                _raise_once(fired)
+                return original_put(*args, **kwargs)
+
+            monkeypatch.setattr(executable_module, "torch_to_device", put)
+        elif stage == "after-run":
+            dispatch = exe._plan.dispatch  # type: ignore[union-attr]
+            original_wait = dispatch.wait
+
+            def wait(results: Any) -> None:
+                original_wait(results)
+                _raise_once(fired)
+
+            monkeypatch.setattr(dispatch, "wait", wait)
+        elif stage == "commit":
+            slot_type = executable_module._StateSlot
+            prop = slot_type.__dict__["array"]
+
+            def setter(slot: Any, value: Any) -> None:
+                _raise_once(fired)
+                prop.fset(slot, value)
+
+            monkeypatch.setattr(slot_type, "array", property(prop.fget, setter))
+        elif stage == "outputs":
+            original_unflatten = pytree.tree_unflatten
+
+            def unflatten(*args: Any, **kwargs: Any) -> Any:
+                _raise_once(fired)
+                return original_unflatten(*args, **kwargs)
+
+            monkeypatch.setattr(pytree, "tree_unflatten", unflatten)
+        else:
+            raise AssertionError(stage)
+
+    yield at
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_call_stopped_at_any_stage_leaves_state_before_or_after_and_usable(
+    path: str, monkeypatch: pytest.MonkeyPatch, inject: Callable[[str, hloalias.Executable], None]
+) -> None:
+    module = Counter()
+    exe = compile_on(path, monkeypatch, module, (torch.ones(4),))
+    eager = Counter()
+    x = torch.tensor([0.5, 1.0, 1.5, 2.0])
+    torch.testing.assert_close(exe(x.clone())["y"], eager(x.clone())["y"])
+    for stage in ("before-run", "after-run", "commit", "outputs"):
+        before = exe.state_dict()["count"]
+        with monkeypatch.context():
+            inject(stage, exe)
+            with pytest.raises(Fault):
+                exe(x.clone())
+        after = exe.state_dict()["count"]  # usable: no DonatedBufferError
+        assert torch.equal(after, before) or torch.equal(after, before + x), (stage, before, after)
+        if not torch.equal(after, before):
+            eager(x.clone())  # the interrupted call took effect: eager's too
+        # Later calls see that state and update it in place as before.
+        for _ in range(2):
+            torch.testing.assert_close(exe(x.clone())["y"], eager(x.clone())["y"])
+        torch.testing.assert_close(exe.state_dict()["count"], eager.count)
+    if path == "native":
+        assert exe._lane is not None and exe._lane.counts["calls"] >= 8
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_training_write_back_after_an_interrupted_call_keeps_the_weights(
+    path: str, monkeypatch: pytest.MonkeyPatch, inject: Callable[[str, hloalias.Executable], None]
+) -> None:
+    """The issue's symptom: after a KeyboardInterrupt mid-call every later
+    call, state_dict() and write-back raised DonatedBufferError."""
+    module = Counter()
+    exe = compile_on(path, monkeypatch, module, (torch.ones(4),))
+    inject("after-run", exe)
+    with pytest.raises(Fault):
+        exe(torch.ones(4))
+    monkeypatch.undo()
+    assert torch.equal(exe.state_dict()["count"], torch.ones(4))
+    exe(torch.ones(4))
+    assert torch.equal(exe.state_dict()["count"], torch.full((4,), 2.0))
+
+
+# -- donated tensors are left as they were ------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_donated_result_of_another_executable_is_left_as_it_was(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    make = compile_on(path, monkeypatch, lambda x: x + 1, (torch.zeros(4),))
+    double = compile_on(path, monkeypatch, lambda x: x * 2, (torch.zeros(4),), donate=["x"])
+    y = make(torch.zeros(4))  # a runtime-owned result
+    view = y[0:2]
+    plain = torch.ones(4)
+    z = double(y)
+    z_plain = double(plain)
+    assert torch.equal(z, torch.full((4,), 2.0)) and torch.equal(z_plain, torch.full((4,), 2.0))
+    # As a plain torch tensor is: left intact, its views too, no shared memory.
+    assert torch.equal(y, torch.ones(4)) and torch.equal(view, torch.ones(2)) and torch.equal(plain, torch.ones(4))
+    assert z.data_ptr() != y.data_ptr()
+    # Donated again (the chain ``y = exe(y)``): still each value right.
+    for step in range(3):
+        y = double(y)
+        assert torch.equal(y, torch.full((4,), 2.0 ** (step + 1)))
+    assert torch.equal(view, torch.ones(2))
+
+
+# -- copy_ into state of another dtype or shape ---------------------------------------
+
+
+class CopyInto(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(shape, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.buf.copy_(x)
+        return self.buf
+
+
+COPIES = {
+    "float-into-int64": (torch.int64, (4,), torch.tensor([1.5, 2.5, -3.7, 4.2])),
+    "bf16-into-int64": (torch.int64, (4,), torch.tensor([1.5, 2.5, -3.7, 4.2]).bfloat16()),
+    "broadcast-row": (torch.float32, (3, 4), torch.arange(4.0)),
+    "narrowing-f32-into-f16": (torch.float16, (4,), torch.tensor([1e6, 2.0, 3.0, -1e6])),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", sorted(COPIES))
+def test_returned_state_after_a_converting_copy_is_eager(case: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    dtype, shape, x = COPIES[case]
+    exe = compile_on(path, monkeypatch, CopyInto(dtype, shape), (x,), lane=False)
+    eager = CopyInto(dtype, shape)
+    want = eager(x)
+    for _ in range(2):
+        got = exe(x)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got, want), (got, want)
+        assert torch.equal(exe.state_dict()["buf"], eager.buf)
+
+
+def test_functionalization_drops_copy_conversions_upstream() -> None:
+    """Why the importer spells out ``copy_``'s conversion: torch's own
+    decomposition of ``buf.copy_(x)`` with ``x`` of another dtype returns
+    ``x`` unconverted as the buffer's new value.  If this starts failing,
+    torch fixed it and ``_explicit_copy_conversions`` can go."""
+    exported = torch.export.export(CopyInto(torch.int64, (4,)), (torch.randn(4),))
+    graph = exported.run_decompositions().graph
+    output = next(node for node in graph.nodes if node.op == "output")
+    returned = output.args[0]
+    assert all(value.meta["val"].dtype == torch.float32 for value in returned)
