@@ -100,9 +100,13 @@ def capture_training_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     example_batch: Sequence[Any],
+    kept_grads: frozenset[str] = frozenset(),
 ) -> CapturedTrainingStep:
     """Trace ``step_fn(*example_batch)`` (which calls ``model`` and
     ``optimizer``) into one functional program; see the module docstring.
+    ``kept_grads`` names parameters whose gradients are state of the step
+    even if it leaves them unset (another step of the same model
+    accumulates into them: this one reads and clears them as eager would).
 
     Neither the model nor the optimizer is changed.  An optimizer without
     state yet gets its initial state here for SGD (momentum buffers of
@@ -132,11 +136,13 @@ def capture_training_step(
     _check_groups(optimizer)
     opt_state = _initial_optimizer_state(optimizer, opt_params)
     try:
-        return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, frozenset())
+        return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept_grads)
     except _GradientsKept as kept:
         # The step accumulates into .grad across calls (no zero_grad, or
         # zero_grad(set_to_none=False)): gradients become device state too.
-        return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept.names)
+        return _capture(
+            step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept.names | kept_grads
+        )
 
 
 class _GradientsKept(Exception):

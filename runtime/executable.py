@@ -60,6 +60,8 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.overrides import TorchFunctionMode
 from torch_mlir import ir
 
 from hloalias import attributes as A
@@ -605,6 +607,8 @@ def compile(  # noqa: A001 - the name users expect
     device: Any = None,
     mesh: Mesh | None = None,
     shardings: dict[str | int, Any] | None = None,
+    _state_owner: Any = None,
+    _state_sources: dict[str, torch.Tensor] | None = None,
 ) -> "Executable":
     """Import ``f`` on the example inputs, run the pass pipeline, compile it
     with XLA through PJRT and return an :class:`Executable`.
@@ -633,17 +637,27 @@ def compile(  # noqa: A001 - the name users expect
     names (FQNs), user-input names or positions to partition specs over the
     mesh's axes (one entry per dimension: axis name, tuple of names, or None;
     unnamed tensors are replicated).  Errors in either are
-    :class:`ShardingError`, raised before anything is compiled."""
+    :class:`ShardingError`, raised before anything is compiled.
+
+    (Private: ``_state_owner`` is the object whose state group the program
+    shares instead of ``f``'s, and ``_state_sources`` the tensors its state
+    names stand for there: a training step's ``param.<fqn>`` is the
+    model's parameter, so it shares its device buffer with every
+    executable of the model, :mod:`hloalias.runtime.training`.)"""
     _check_mesh_arguments(mesh, shardings)
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
     target = device_for(mesh.platform if mesh is not None else device)
-    program = import_cached(f, example_args, kwargs, lambda: import_torch(f, example_args, kwargs))
+    with _refusing_training_steps():
+        program = import_cached(f, example_args, kwargs, lambda: import_torch(f, example_args, kwargs))
+    if _state_sources:
+        # A new dict: the import cache may share the program's.
+        program.state = {name: _state_sources.get(name, value) for name, value in program.state.items()}
     placement = plan_shardings(program, mesh, shardings, target) if mesh is not None else Placement(target)
     donated = _resolve_donations(program, requests)
     _mark_donors(program, donated)
     # State on a mesh is placed by this program's shardings: its own group.
-    group = _state_group(f) if not placement.spmd else _StateGroup()
+    group = _state_group(f if _state_owner is None else _state_owner) if not placement.spmd else _StateGroup()
     pipeline_text = _pipeline_for(pipeline, program, group, target, placement.spmd)
     run_pipeline(program.torch_mlir_module, pipeline_text)
     # The contract of the module XLA gets, checked once: a violation is an
@@ -675,6 +689,51 @@ def compile(  # noqa: A001 - the name users expect
         state_group=group,
         placement=placement,
     )
+
+
+class _TrainingInForward(TorchFunctionMode):
+    """Refuses ``backward()`` and ``torch.autograd.grad`` while ``compile``
+    exports a program: an inference compile would drop them (and an
+    ``optimizer.step()`` after them) and be silently wrong."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _AUTOGRAD_ENTRIES:
+            _refuse_training("calls backward()" if func is not torch.autograd.grad else "calls torch.autograd.grad")
+        return func(*args, **(kwargs or {}))
+
+
+_AUTOGRAD_ENTRIES = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+_EXPORTING = threading.local()
+
+
+def _refuse_training(what: str) -> NoReturn:
+    raise TorchImportError(
+        f"the program {what}: hloalias.compile compiles a forward (inference) program, whose "
+        "gradients and optimizer updates it would drop; capture a training step with "
+        "hloalias.compile_training_step(step_fn, model, optimizer, example_batch)"
+    )
+
+
+def _optimizer_step_while_exporting(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """torch's global optimizer pre-step hook: refuses a step taken while
+    this thread's ``compile`` exports a program (see _TrainingInForward)."""
+    if getattr(_EXPORTING, "active", False):
+        _refuse_training(f"calls {type(optimizer).__name__}.step()")
+
+
+register_optimizer_step_pre_hook(_optimizer_step_while_exporting)
+
+
+@contextlib.contextmanager
+def _refusing_training_steps() -> Iterator[None]:
+    """While ``compile`` exports: a training step in the program is a
+    TorchImportError naming compile_training_step (issue 24, item 5)."""
+    _EXPORTING.active = True
+    try:
+        with _TrainingInForward():
+            yield
+    finally:
+        _EXPORTING.active = False
 
 
 def _pipeline_for(pipeline: str | None, program: Program, group: _StateGroup, target: Any, spmd: bool) -> str:

@@ -21,11 +21,23 @@ executable and are aliased in place (inferred donors); batch inputs named in
 ``donate`` are explicit donors.  The loss is the only result that comes
 back.  Until :meth:`TrainingStep.write_back`, the model's and the optimizer's
 own tensors keep the values they had at compile time (or at the last
-``write_back``/``reload``)."""
+``write_back``/``reload``).
+
+One state store per model: every training step compiled for a model (and
+optimizer) and every executable ``hloalias.compile`` made from the model
+read and update the same device buffer per tensor (the model's state
+group, :mod:`hloalias.runtime.executable`).  Two steps (the DataLoader's
+smaller last batch; a backward-only step and a stepping one for gradient
+accumulation) continue each other's progress as eager would, and an
+inference executable sees the trained weights.  A step compiled after
+another kept gradients (accumulation) makes every step of the model read
+and clear them: a step compiled before recompiles itself on its next call."""
 
 from __future__ import annotations
 
 import copy
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,7 +84,58 @@ def compile_training_step(
     optimizer are not changed.  Raises :class:`TrainingCaptureError` when
     the step cannot be captured (naming the construct and the line) and
     :class:`DonationError` for a bad ``donate`` entry."""
-    captured = capture_training_step(step_fn, model, optimizer, example_batch)
+    store = _store_of(model)
+    captured, executable = _compile_step(
+        store, step_fn, model, optimizer, example_batch, tuple(donate), pipeline, device
+    )
+    step = TrainingStep(captured, executable, model, optimizer)
+    step._recompile = lambda: _compile_step(
+        store, step_fn, model, optimizer, example_batch, tuple(donate), pipeline, device
+    )
+    step._store = store
+    step._generation = store.generation
+    return step
+
+
+class _TrainingStore:
+    """What the training steps of one model share beyond the model's own
+    tensors: the tensors standing for the optimizers' state and for kept
+    gradients (the sources of their device buffers in the model's state
+    group, one per tensor whichever step reads it), and the gradients some
+    step keeps (accumulates across calls)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: optimizer -> (parameter index, key) -> the tensor its state slot stands for
+        self.optimizer_state: "weakref.WeakKeyDictionary[torch.optim.Optimizer, dict[tuple[int, str], torch.Tensor]]" = (
+            weakref.WeakKeyDictionary()
+        )
+        #: parameter FQN -> the tensor its kept gradient's slot stands for
+        self.grads: dict[str, torch.Tensor] = {}
+        #: parameters whose gradients some step keeps: every step reads them
+        self.kept_grads: frozenset[str] = frozenset()
+        #: bumped when ``kept_grads`` grows: steps compiled before recompile
+        self.generation = 0
+
+
+_STORES: "weakref.WeakKeyDictionary[torch.nn.Module, _TrainingStore]" = weakref.WeakKeyDictionary()
+_STORES_LOCK = threading.Lock()
+
+
+def _store_of(model: torch.nn.Module) -> _TrainingStore:
+    with _STORES_LOCK:
+        store = _STORES.get(model)
+        if store is None:
+            store = _STORES[model] = _TrainingStore()
+        return store
+
+
+def _compile_step(
+    store: _TrainingStore, step_fn: Callable[..., Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    example_batch: Sequence[Any], donate: tuple[Any, ...], pipeline: str | None, device: Any,
+) -> tuple[CapturedTrainingStep, Executable]:
+    """Capture and compile one step over the model's shared state store."""
+    captured = capture_training_step(step_fn, model, optimizer, example_batch, kept_grads=store.kept_grads)
     batch_count = captured.batch_spec.num_leaves
     positions: list[int] = []
     for request in donate:
@@ -81,8 +144,30 @@ def compile_training_step(
         if not 0 <= request < batch_count:
             raise DonationError(f"donate names batch input {request}, but the batch has {batch_count} tensors")
         positions.append(captured.lr_count + request)
-    executable = compile(captured.exported, donate=positions, pipeline=pipeline or TRAINING_PIPELINE, device=device)
-    return TrainingStep(captured, executable, model, optimizer)
+    named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    initial = captured.exported.state_dict
+    sources: dict[str, torch.Tensor] = {}
+    with store.lock:
+        optimizer_state = store.optimizer_state.setdefault(optimizer, {})
+        for slot in captured.slots:
+            if slot.kind in ("param", "buffer"):
+                assert slot.fqn is not None
+                sources[slot.name] = named[slot.fqn]
+            elif slot.kind == "optimizer":
+                assert slot.param_index is not None and slot.key is not None
+                sources[slot.name] = optimizer_state.setdefault((slot.param_index, slot.key), initial[slot.name])
+            else:
+                assert slot.fqn is not None
+                sources[slot.name] = store.grads.setdefault(slot.fqn, initial[slot.name])
+        kept = frozenset(slot.fqn for slot in captured.slots if slot.kind == "grad" and slot.fqn is not None)
+        if not kept <= store.kept_grads:
+            store.kept_grads |= kept
+            store.generation += 1
+    executable = compile(
+        captured.exported, donate=positions, pipeline=pipeline or TRAINING_PIPELINE, device=device,
+        _state_owner=model, _state_sources=sources,
+    )
+    return captured, executable
 
 
 class TrainingStep:
@@ -108,10 +193,31 @@ class TrainingStep:
         self._optimizer = optimizer
         self._slots = captured.slots
         self._lr_cache: list[tuple[float, torch.Tensor]] = []
+        #: Set by compile_training_step: the model's state store, the
+        #: generation of its kept gradients this step was compiled for, and
+        #: how to compile it again when they changed.
+        self._store: _TrainingStore | None = None
+        self._generation = 0
+        self._recompile: Callable[[], tuple[CapturedTrainingStep, Executable]] | None = None
+
+    def _adopt(self, captured: CapturedTrainingStep, executable: Executable) -> None:
+        """Take a recompiled program of the same step (more state: kept gradients)."""
+        self.executable = executable
+        self._batch_spec = captured.batch_spec
+        self._lr_count = captured.lr_count
+        self._hyperparameters = captured.hyperparameters
+        self._parameters = captured.parameters
+        self._slots = captured.slots
 
     # -- calling -----------------------------------------------------------
     def __call__(self, *batch: Any) -> torch.Tensor:
         """One training step on ``batch``; returns the loss."""
+        store = self._store
+        if store is not None and store.generation != self._generation and self._recompile is not None:
+            # Another step of the model keeps gradients now: read them too.
+            generation = store.generation
+            self._adopt(*self._recompile())
+            self._generation = generation
         leaves, spec = pytree.tree_flatten(batch)
         if spec != self._batch_spec:
             raise ExecutionError(
@@ -277,7 +383,7 @@ class TrainingStep:
         slot_of = {}
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
         for slot in self._slots:
-            if slot.fqn is not None:
+            if slot.kind in ("param", "buffer") and slot.fqn is not None:  # not a kept gradient's
                 slot_of[id(named[slot.fqn])] = slot.name
         keys = {}
         for key, value in self._model.state_dict(keep_vars=True).items():
