@@ -115,6 +115,13 @@ RESULT_MUTATES: Final = "hloalias.mutates"
 RESULT_STORAGE: Final = "hloalias.storage"
 REMOVED_RESULTS: Final = "hloalias.removed_results"
 STATIC_INPUTS: Final = "hloalias.static_inputs"
+#: On the ``builtin.module``: ``"stored"`` when some state argument of
+#: ``@main`` is in the runtime's stored layout (``permute-conv-kernel-state``)
+#: rather than torch's, even where its type did not change (a 3x3x3x3 kernel
+#: permuted OIHW -> HWIO).  Only hloalias's runtime may call such a module;
+#: ``hloalias-opt --xla-compile`` and every other path to XLA refuse it
+#: without ``--allow-stored-state`` (pjrt.compile_module's ``allow_stored_state``).
+MODULE_STATE_FORM: Final = "hloalias.state_form"
 
 ALIASING_OUTPUT: Final = "tf.aliasing_output"
 BUFFER_DONOR: Final = "jax.buffer_donor"

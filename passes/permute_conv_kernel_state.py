@@ -11,6 +11,10 @@ is the runtime's, so it can be stored in the wanted layout once: this pass
 gives the state argument the permuted shape (``tensor.permute(P)``), points
 each convolution's kernel dimension numbers at the permuted dimensions (the
 same convolution, exact) and records P as ``hloalias.stored_permutation``.
+Since a permuted shape can equal the logical one (a 3x3x3x3 kernel), the
+module also says ``hloalias.state_form = "stored"``: ``@main``'s calling
+convention is the runtime's, and ``hloalias-opt --xla-compile`` (every path
+to XLA but the runtime's) refuses the module without ``--allow-stored-state``.
 The runtime uploads that state permuted, and ``state_dict()`` /
 ``load_state_dict`` apply the inverse, so users only ever see torch's layout.
 
@@ -171,6 +175,9 @@ class PermuteConvKernelState(ModulePass[PermuteReport]):
             )
             dataclasses.replace(contract, args=args).write(main)
             verify(main)
+            # @main's calling convention is no longer torch's even where no
+            # type changed: say so on the module, for every consumer.
+            _mark_state_form(main, any(arg.stored_layout is not None for arg in args))
         return PermuteReport(tuple(permuted), tuple(kept))
 
     def _fixed_layouts(self) -> dict[str, StoredLayout | None]:
@@ -369,3 +376,16 @@ def _torch_layout_value(value: ir.Value, torch_type: ir.RankedTensorType, layout
             "stablehlo.transpose", results=[torch_type], operands=[current],
             attributes={"permutation": ir.DenseI64ArrayAttr.get(list(layout.inverse))},
         ).results[0]
+
+
+def _mark_state_form(main: ir.Operation, stored: bool) -> None:
+    """Set (or, with no state stored permuted, drop) the module's
+    ``hloalias.state_form = "stored"`` (see :data:`hloalias.attributes.MODULE_STATE_FORM`)."""
+    module = main.operation.parent
+    if module is None or module.name != "builtin.module":
+        return
+    attributes = module.attributes
+    if stored:
+        attributes[A.MODULE_STATE_FORM] = ir.StringAttr.get("stored")
+    elif A.MODULE_STATE_FORM in attributes:
+        del attributes[A.MODULE_STATE_FORM]

@@ -674,7 +674,10 @@ def compile(  # noqa: A001 - the name users expect
         if placement.spmd:
             sharded = result_shardings(program.torch_mlir_module)
             options = placement.compile_options(sharded)
-        loaded = compile_module(final_text, target, options=options, devices=placement.devices)
+        # The runtime stores permuted state as the module says: its own convention.
+        loaded = compile_module(
+            final_text, target, options=options, devices=placement.devices, allow_stored_state=True
+        )
         _cache_put(cache_slot, loaded)
     # Reports of the final module (all runs of each pass together), not
     # of the last run; None when the pipeline did not run the pass.

@@ -18,31 +18,11 @@ import jax.extend.backend as jax_backend
 import numpy as np
 import torch
 import torch.utils.dlpack
-from jax._src.lib import xla_client
-
-try:
-    from jax._src.lib import _jax as _jaxlib_ext
-
-    _dlpack_to_buffer = getattr(_jaxlib_ext, "dlpack_managed_tensor_to_buffer", None)
-    _buffer_to_dlpack = getattr(_jaxlib_ext, "buffer_to_dlpack_managed_tensor", None)
-    # jaxlib's C++ dispatch of a loaded executable (SingleDeviceDispatch).
-    _jax_pjit: Any = getattr(_jaxlib_ext, "pjit", None)
-except ImportError:  # a jaxlib without the extension entries: use the public path
-    _dlpack_to_buffer = _buffer_to_dlpack = _jax_pjit = None
-try:
-    # What that dispatch's entries are built from; private: without them
-    # every call takes execute_sharded.
-    from jax._src import tree_util as _jax_tree_util
-    from jax._src.interpreters import pxla as _jax_pxla
-
-    if not hasattr(_jax_pxla, "MeshExecutableFastpathData"):
-        _jax_pjit = None
-except ImportError:
-    _jax_pjit = None
 from jaxlib.mlir.dialects import stablehlo as jaxlib_stablehlo
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
+from hloalias import attributes as A
 from hloalias.errors import CompileError, ExecutionError
 from hloalias.legalize import inline_dense_resources, legalize_tensor_constants
 from hloalias.mlir import (
@@ -58,6 +38,12 @@ from hloalias.mlir import (
 )
 from hloalias.repro import write_repro
 from hloalias.runtime import disk_cache
+from hloalias.runtime.jaxlib_private import buffer_to_dlpack as _buffer_to_dlpack
+from hloalias.runtime.jaxlib_private import dlpack_to_buffer as _dlpack_to_buffer
+from hloalias.runtime.jaxlib_private import pjit as _jax_pjit
+from hloalias.runtime.jaxlib_private import pxla as _jax_pxla
+from hloalias.runtime.jaxlib_private import tree_util as _jax_tree_util
+from hloalias.runtime.jaxlib_private import xla_client
 
 try:  # the wait policy in native code (runtime/_lane.cpp), where it is built
     from hloalias.runtime._lane import Waiter as NativeWaiter
@@ -116,13 +102,26 @@ def target_stablehlo_version() -> str:
     return str(min(ours, theirs, key=_version_tuple))
 
 
-def prepare_for_xla(module_text: str) -> str:
+def prepare_for_xla(module_text: str, *, allow_stored_state: bool = False) -> str:
     """``module_text`` as XLA takes it: without ``hloalias.*`` attributes
     (host-side metadata XLA needs none of), tensor ``arith.constant``s as
     ``stablehlo.constant`` and ``dense_resource`` literals inlined
-    (:mod:`hloalias.legalize`)."""
+    (:mod:`hloalias.legalize`).  A module whose state is in the runtime's
+    stored layout (``hloalias.state_form``) is a CompileError unless
+    ``allow_stored_state`` (the runtime, which stores that state so)."""
     module = parse_module(module_text, new_context())
     check_static_extents(module)  # XLA aborts the process on these
+    module_attributes = module.operation.attributes
+    if A.MODULE_STATE_FORM in module_attributes:
+        if not allow_stored_state:
+            raise CompileError(
+                f"the module's {A.MODULE_STATE_FORM} is {module_attributes[A.MODULE_STATE_FORM]}: some state "
+                "argument of @main is in hloalias's stored layout (permute-conv-kernel-state), not torch's, "
+                "so a caller passing torch's tensors would compute wrong values; compile it without that "
+                "pass for other consumers, or pass --allow-stored-state (allow_stored_state=True) if the "
+                "caller stores the state that way"
+            )
+        del module_attributes[A.MODULE_STATE_FORM]
     with module.context:
         main = find_main(module)
         for read, write in (
@@ -142,15 +141,18 @@ def _without_host_metadata(attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attri
 
 
 def compile_module(
-    module_text: str, device: Any, *, options: Any = None, devices: Any = None
+    module_text: str, device: Any, *, options: Any = None, devices: Any = None, allow_stored_state: bool = False,
 ) -> Any:
     """Compile final StableHLO ``module_text`` for ``device`` (or, with SPMD
     ``options``, for ``devices``); return the loaded executable, from the
     persistent cache when it holds the same program for the same devices and
     XLA (:mod:`hloalias.runtime.disk_cache`).  Raises :class:`CompileError`
-    (with a repro file)."""
+    (with a repro file); for a module in the runtime's stored state layout
+    unless ``allow_stored_state`` (see :func:`prepare_for_xla`)."""
+    if not allow_stored_state and A.MODULE_STATE_FORM in module_text:
+        prepare_for_xla(module_text)  # raises its CompileError, naming the attribute
     try:
-        stripped = prepare_for_xla(module_text)
+        stripped = prepare_for_xla(module_text, allow_stored_state=True)
         artifact = _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
         if options is None:
             options = xla_client.CompileOptions()

@@ -27,14 +27,13 @@ from typing import Any, TypeAlias
 import jax
 import numpy as np
 import torch
-from jax._src import sharding_impls
-from jax._src.lib import xla_client
 from jax.sharding import NamedSharding, PartitionSpec
 from torch_mlir import ir
 
 from hloalias.contract import Signature
 from hloalias.errors import ShardingError
 from hloalias.mlir import element_bits, find_main
+from hloalias.runtime.jaxlib_private import sharding_impls, xla_client
 
 SpecEntry: TypeAlias = "str | tuple[str, ...] | None"
 

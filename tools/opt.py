@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="print the report of every hloalias pass run, in run order (to stderr)")
     parser.add_argument("--xla-compile", action="store_true",
                         help="compile each result with XLA (PJRT CPU) and print its memory figures to stderr")
+    parser.add_argument("--allow-stored-state", action="store_true",
+                        help="--xla-compile a module whose state is in hloalias's stored layout "
+                        "(hloalias.state_form, permute-conv-kernel-state): refused otherwise")
     parser.add_argument("--list-passes", action="store_true", help="list hloalias's passes and options")
     return parser
 
@@ -139,7 +142,7 @@ def _process(chunk: str, line_offset: int, source_name: str, args: argparse.Name
                 print(_report_text(report), file=sys.stderr)
     text = print_module(module)
     if args.xla_compile:
-        _xla_compile(module, text, source_name, line_offset)
+        _xla_compile(module, text, source_name, line_offset, args.allow_stored_state)
     return text
 
 
@@ -148,7 +151,9 @@ def _report_text(report: object) -> str:
     return str(to_text()) if callable(to_text) else repr(report)
 
 
-def _xla_compile(module: ir.Module, text: str, source_name: str, line_offset: int) -> None:
+def _xla_compile(
+    module: ir.Module, text: str, source_name: str, line_offset: int, allow_stored_state: bool = False
+) -> None:
     """Compile ``module`` as the runtime would, after the checks that turn
     what XLA would abort on (or what would fail at call time) into
     diagnostics: the IR contract and 64-bit tensor extents."""
@@ -164,7 +169,7 @@ def _xla_compile(module: ir.Module, text: str, source_name: str, line_offset: in
     except IRError as error:
         raise IRError(f"{where}: error: {error}") from None
     try:
-        loaded = compile_module(text, device_for("cpu"))
+        loaded = compile_module(text, device_for("cpu"), allow_stored_state=allow_stored_state)
     except CompileError as error:
         raise CompileError(f"{where}: error: {error}", error.repro_path) from None
     stats = memory_stats(loaded).as_dict()

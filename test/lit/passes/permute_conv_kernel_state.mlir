@@ -3,7 +3,7 @@
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state, permute-conv-kernel-state)' | filecheck %s
 // XLA accepts every module the pass produces; the first chunk's temp is the
 // activation relayout only (without the pass: 34816 bytes, the weight copy too).
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state)' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state)' --xla-compile --allow-stored-state 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(canonicalize)' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=BEFORE
 // The report names what was permuted.
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state)' --print-reports 2>&1 >/dev/null | filecheck %s --check-prefix=REPORT

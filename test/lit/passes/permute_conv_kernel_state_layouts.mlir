@@ -4,7 +4,7 @@
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,absent:1.0,f:2.3.1.0/0.1})' | filecheck %s
 // AGAIN: a second run with the same layouts changes nothing.
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,absent:1.0,f:2.3.1.0/0.1}, permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,f:2.3.1.0/0.1})' | filecheck %s
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,f:2.3.1.0/0.1})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,f:2.3.1.0/0.1})' --xla-compile --allow-stored-state 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(permute-conv-kernel-state{layouts=w:2.3.1.0,v:torch,m:2.3.1.0,f:2.3.1.0/0.1})' --print-reports 2>&1 >/dev/null | filecheck %s --check-prefix=REPORT
 
 // XLA-COUNT-3: xla: argument_bytes={{[0-9]+}}

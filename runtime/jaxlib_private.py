@@ -1,0 +1,79 @@
+"""Every private jax/jaxlib name hloalias uses, in one place, behind a
+version check.
+
+hloalias reaches PJRT through jaxlib and uses a few of its private entries
+for speed or for what the public API does not offer: the zero-copy DLPack
+entries (``dlpack_managed_tensor_to_buffer``/``buffer_to_dlpack_managed_tensor``:
+~3x cheaper than ``jax.dlpack``), the C++ dispatch fast path (``pjit`` with
+``MeshExecutableFastpathData``, the path ``jax.jit`` calls take), the
+``xla_client`` types (``CompileOptions``, ``DeviceList``, ``HloSharding``,
+``ArrayImpl``) and ``GSPMDSharding``.  They were written against
+:data:`TESTED_JAXLIB` (the pinned version).  On another jaxlib every
+optional entry found missing is None (its caller takes the public path:
+same results, more host time); the required ones fail at import with an
+ImportError that names this module and the version.  A new jaxlib is
+adopted by checking these names here, and nowhere else."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jaxlib.version
+
+#: The jaxlib these private names were checked against (the pinned one).
+TESTED_JAXLIB = "0.10.2"
+JAXLIB_VERSION: str = jaxlib.version.__version__
+
+try:  # required: compile options, device lists, array and sharding types
+    from jax._src import sharding_impls
+    from jax._src.lib import xla_client
+except ImportError as error:  # pragma: no cover - another jaxlib's layout
+    raise ImportError(
+        f"hloalias.runtime.jaxlib_private: jaxlib {JAXLIB_VERSION} lacks {error.name}; hloalias was "
+        f"checked against jaxlib {TESTED_JAXLIB}"
+    ) from error
+
+dlpack_to_buffer: Any = None
+buffer_to_dlpack: Any = None
+pjit: Any = None
+tree_util: Any = None
+pxla: Any = None
+try:
+    from jax._src.lib import _jax as _jaxlib_ext
+
+    dlpack_to_buffer = getattr(_jaxlib_ext, "dlpack_managed_tensor_to_buffer", None)
+    buffer_to_dlpack = getattr(_jaxlib_ext, "buffer_to_dlpack_managed_tensor", None)
+    # jaxlib's C++ dispatch of a loaded executable (pjrt.SingleDeviceDispatch).
+    pjit = getattr(_jaxlib_ext, "pjit", None)
+except ImportError:  # a jaxlib without the extension entries: the public path
+    pass
+try:
+    # What that dispatch's entries are built from; without them every call
+    # takes execute_sharded.
+    from jax._src import tree_util as _tree_util
+    from jax._src.interpreters import pxla as _pxla
+
+    tree_util, pxla = _tree_util, _pxla
+    if not hasattr(pxla, "MeshExecutableFastpathData"):
+        pjit = None
+except ImportError:
+    pjit = None
+
+if JAXLIB_VERSION != TESTED_JAXLIB:
+    missing = [
+        name for name, value in (
+            ("dlpack_managed_tensor_to_buffer", dlpack_to_buffer), ("buffer_to_dlpack_managed_tensor", buffer_to_dlpack),
+            ("pjit fast path", pjit),
+        ) if value is None
+    ]
+    warnings.warn(
+        f"hloalias was checked against jaxlib {TESTED_JAXLIB}, this is {JAXLIB_VERSION}"
+        + (f"; private entries missing (their public paths serve): {', '.join(missing)}" if missing else ""),
+        stacklevel=2,
+    )
+
+__all__ = [
+    "JAXLIB_VERSION", "TESTED_JAXLIB", "buffer_to_dlpack", "dlpack_to_buffer", "pjit", "pxla", "sharding_impls",
+    "tree_util", "xla_client",
+]
