@@ -165,7 +165,7 @@ def child(key: str, gpt2_layers: int, calls: int) -> dict[str, Any]:
 
     import hloalias
     from hloalias.runtime import disk_cache, export_cache
-    from hloalias.runtime.pjrt import torch_to_device
+    from hloalias.runtime.ownership import torch_to_device
 
     imports = time.perf_counter() - start
     # Modules torch imports lazily on the first torch.export (dynamo,

@@ -492,7 +492,8 @@ def floor_rows(cache_mib: int, calls: int, rounds: int = 7) -> list[dict[str, An
     when idle longer than ~20-40 µs), and the hloalias call.  Also the
     conversion alone, timed in a loop of its own.  Minimum over ``rounds``
     of the median of ``calls`` (the between-call work is not timed)."""
-    from hloalias.runtime.pjrt import SingleDeviceDispatch, host_backed_tensor
+    from hloalias.runtime.ownership import host_backed_tensor
+    from hloalias.runtime.pjrt import SingleDeviceDispatch
 
     heads, dim = 16, 256
     shape = (heads, cache_mib * MIB // (heads * dim * 4), dim)

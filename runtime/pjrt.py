@@ -50,8 +50,6 @@ try:  # the wait policy in native code (runtime/_lane.cpp), where it is built
 except ImportError:
     NativeWaiter = None  # type: ignore[assignment,misc]
 
-# torch's C-level DLPack export (Tensor.__dlpack__ wraps it in Python checks).
-_torch_to_dlpack: Any = getattr(torch.utils.dlpack, "to_dlpack")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,34 +180,6 @@ def memory_stats(loaded: Any) -> MemoryStats:
         stats.alias_size_in_bytes,
         stats.temp_size_in_bytes,
     )
-
-
-def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Array:
-    """``tensor`` on ``device``.  On a CPU device with ``owned=False`` this is
-    zero-copy (DLPack).  ``owned=True`` always copies into a buffer PJRT
-    owns, which it can reuse when the array is donated.  ``tensor`` must have
-    no lazy conjugate/negative bit (DLPack exports the raw memory)."""
-    if tensor.requires_grad:
-        tensor = tensor.detach()
-    if not tensor.is_contiguous():
-        tensor = tensor.contiguous()
-    if not owned and tensor.is_cpu and device.platform == "cpu":
-        if _dlpack_to_buffer is not None:
-            # jaxlib's direct entry, fed torch's C-level export: ~3x cheaper
-            # than jax.dlpack.from_dlpack (which dominates the per-call host
-            # overhead otherwise); the checks Tensor.__dlpack__ makes in
-            # Python (grad, conjugate bit, layout) are the caller's.
-            try:
-                return _dlpack_to_buffer(_torch_to_dlpack(tensor), device, None)
-            except Exception:
-                pass
-        with jax.enable_x64(True):
-            return jax.dlpack.from_dlpack(tensor)
-    # x64 on for this copy only: jax's default would narrow int64/float64,
-    # and the program was compiled for the torch dtype.
-    with jax.enable_x64(True):
-        host = jax.dlpack.from_dlpack(tensor.cpu())
-        return jax.device_put(host, device, may_alias=False)
 
 
 class SingleDeviceDispatch:
@@ -365,97 +335,3 @@ def _refuse_non_array(value: Any, sharding: Any, layout: Any) -> Any:
     raise TypeError(f"not a device array: {type(value).__name__}")
 
 
-def array_to_torch(array: jax.Array) -> torch.Tensor:
-    """A torch tensor for ``array``: zero-copy for CPU arrays on one device,
-    a host copy for accelerator arrays (the installed torch is a CPU build)
-    and for arrays sharded or replicated over several devices (gathered)."""
-    devices = array.sharding.device_set
-    if len(devices) > 1:
-        first = min(devices, key=lambda d: d.id)
-        array = jax.device_put(array, jax.sharding.SingleDeviceSharding(first), may_alias=False)
-    if array.platform() == "cpu":
-        if _buffer_to_dlpack is not None:
-            # jaxlib's direct entry: skips jax's Python-level __dlpack__.
-            return torch.utils.dlpack.from_dlpack(_buffer_to_dlpack(array))
-        return torch.utils.dlpack.from_dlpack(array)
-    return torch.utils.dlpack.from_dlpack(np.asarray(array).copy())
-
-
-# numpy's array-interface type string of the torch dtypes numpy has: a
-# result tensor in one of them is built in one step (others through bytes).
-_TYPESTRS: dict[torch.dtype, str] = {
-    torch.float64: "<f8", torch.float32: "<f4", torch.float16: "<f2",
-    torch.int64: "<i8", torch.int32: "<i4", torch.int16: "<i2", torch.int8: "|i1",
-    torch.uint8: "|u1", torch.bool: "|b1", torch.complex64: "<c8", torch.complex128: "<c16",
-}
-
-
-class HostBacking:
-    """A PJRT-owned CPU buffer lent to torch *without* a DLPack export, so
-    PJRT still sees itself as the buffer's only owner and can donate it
-    (XLA then writes the aliased result into the same memory).
-
-    The torch tensor from :meth:`tensor` keeps this object alive (through a
-    numpy array whose base it is), and this object keeps the buffer alive:
-    after a call donated ``array`` in place, :meth:`rebind` hands ownership
-    to the result, which lives at the same address.  Only for buffers
-    aliased to their own new value: a donated buffer XLA did not write in
-    place is freed under the tensor (the runtime checks the address after
-    every such call; see ``Executable``).
-
-    ``nbytes``, when the caller knows it (from the compiled program's
-    types), saves reading it from the array.
-
-    The native call path (runtime/_lane.cpp) makes these for its results
-    too: it sets the slots ``__init__`` sets (``array``, ``address``,
-    ``nbytes``; no interface) and makes the tensor with torch's
-    ``from_blob``, whose deleter holds this object as the numpy array
-    does here."""
-
-    # One is made per CPU result of every call: slots keep that cheap.
-    __slots__ = ("array", "address", "nbytes", "__array_interface__", "__weakref__")
-
-    def __init__(self, array: jax.Array, nbytes: int | None = None, *, ready: bool = False) -> None:
-        # Execution and transfers are asynchronous: the raw pointer is only
-        # safe to read once the buffer is ready (DLPack would wait too).
-        # ``ready``: the caller has already waited for it.
-        if not ready:
-            array.block_until_ready()
-        self.array = array
-        self.address = array.unsafe_buffer_pointer()
-        self.nbytes = array.nbytes if nbytes is None else nbytes
-        self.__array_interface__: dict[str, Any] | None = None
-
-    def _interface(self, shape: tuple[int, ...], typestr: str) -> dict[str, Any]:
-        return {"data": (self.address, False), "shape": shape, "typestr": typestr, "version": 3}
-
-    def tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """A torch tensor over the buffer's memory (no copy), row-major."""
-        # numpy reads the interface once, when the array is made; the array
-        # (and through it the torch tensor) keeps this object as its base.
-        typestr = _TYPESTRS.get(dtype)
-        if typestr is not None:
-            self.__array_interface__ = self._interface(shape, typestr)
-            return torch.from_numpy(np.asarray(self))
-        self.__array_interface__ = self._interface((self.nbytes,), "|u1")
-        return torch.from_numpy(np.asarray(self)).view(dtype).view(shape)
-
-    def rebind(self, array: jax.Array) -> bool:
-        """Take ``array`` as the owner of the memory; False (nothing changed)
-        unless it lives at the same address.  ``array`` is the aliased new
-        value of this buffer's array, so it has the same type and size."""
-        if array.unsafe_buffer_pointer() != self.address:
-            return False
-        array.block_until_ready()
-        self.array = array
-        return True
-
-
-def host_backed_tensor(
-    array: jax.Array, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int | None = None, *,
-    ready: bool = False,
-) -> tuple[torch.Tensor, HostBacking]:
-    """A torch tensor backed by the CPU buffer ``array`` (see :class:`HostBacking`);
-    ``ready``: the caller has already waited for ``array``."""
-    backing = HostBacking(array, nbytes, ready=ready)
-    return backing.tensor(dtype, shape), backing

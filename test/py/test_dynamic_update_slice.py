@@ -16,7 +16,8 @@ from hloalias.mlir import new_context, parse_module, print_module
 from hloalias.passes import ScatterToDynamicUpdateSlice, SelectToDynamicUpdateSlice
 from hloalias.pipeline import DEFAULT_PIPELINE
 from hloalias.runtime.executable import Executable
-from hloalias.runtime.pjrt import array_to_torch, compile_module, device_for, torch_to_device
+from hloalias.runtime.ownership import array_to_torch, torch_to_device
+from hloalias.runtime.pjrt import compile_module, device_for
 
 SHAPE = (3, 16, 8)
 

@@ -259,7 +259,8 @@ def test_result_tensors_keep_their_buffers_and_free_them_when_dropped() -> None:
 
 def test_the_native_wait_is_the_python_wait() -> None:
     from hloalias.runtime import _lane as native
-    from hloalias.runtime.pjrt import torch_to_device, wait_ready
+    from hloalias.runtime.ownership import torch_to_device
+    from hloalias.runtime.pjrt import wait_ready
 
     a = torch.randn(256, 256)
     exe = hloalias.compile(lambda x: x @ x, (a,))

@@ -539,7 +539,8 @@ def test_a_wait_longer_than_the_poll_bound_blocks_from_then_on(native: bool, mon
     outcome does not depend on the machine's load; the results of a real
     program are right either way."""
     from hloalias.runtime import pjrt
-    from hloalias.runtime.pjrt import SingleDeviceDispatch, torch_to_device, wait_ready
+    from hloalias.runtime.ownership import torch_to_device
+    from hloalias.runtime.pjrt import SingleDeviceDispatch, wait_ready
 
     if native and pjrt.NativeWaiter is None:
         pytest.skip("the native call path is not built here")

@@ -1,0 +1,99 @@
+"""The native call path's set-up: whether an executable's plan is of the
+kind ``hloalias.runtime._lane.Lane`` runs (:func:`_lane_refusal`) and the
+lane built from the plan's data (:func:`_native_lane`); the lane itself is
+runtime/_lane.cpp."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch.utils._pytree as pytree
+
+from hloalias.runtime.ownership import _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking, _register_backing
+from hloalias.runtime.pjrt import native_enabled
+from hloalias.runtime.plan import _CallPlan
+
+if TYPE_CHECKING:
+    from hloalias.runtime.executable import Executable
+
+try:  # the native call path; built with the package (setup.py), optional
+    from hloalias.runtime import _lane
+except ImportError:  # not built here: every call takes the Python path
+    _lane = None  # type: ignore[assignment]
+
+#: What a native lane returns for a call it leaves to the Python path.
+_LANE_FALLBACK = object()
+
+
+def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
+    """Why ``exe`` has no native call path (words for ``explain()``), or
+    None when it can have one (see :func:`_native_lane`)."""
+    if _lane is None:
+        return "the native call path (hloalias.runtime._lane) is not built here"
+    if not native_enabled():
+        return "HLOALIAS_NATIVE=0"
+    if plan is None:
+        return "a mesh program"
+    if not plan.host_results:
+        return "not a CPU program"
+    if not plan.executes:
+        return "the program does not run (its outputs are views of its inputs)"
+    if not plan.direct_outputs or not all(result.nbytes > 0 for result in plan.outputs):
+        return "an output is a rebuilt view, a constant or empty"
+    if any(step.slot is not None for step in plan.consumed):
+        return "module state is consumed by a donation"
+    if plan.stored_layouts:
+        return "module state is read in another layout or dtype than its buffer's"
+    if not plan.state_first or tuple(step.index for step in plan.user_steps) != tuple(exe._user_indices):
+        return "the arguments are not in state-then-inputs order"
+    for step in plan.user_steps:
+        if not step.imported and step.in_place is None:
+            return f"input '{step.name}' is written but not in place (its new value is copied back)"
+    return None
+
+
+def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | None]:
+    """The native call path (``hloalias.runtime._lane.Lane``, see its source
+    for the contract) of ``exe`` and None, or None and why it has none
+    (:func:`_lane_refusal`): the extension is not built, ``HLOALIAS_NATIVE=0``,
+    or the plan is of another kind than the lane runs.  That kind: a CPU
+    program that runs, every output one of its results (no rebuilt views,
+    constants, empty results), no state consumed (a donated torch input is
+    left as it is), state first in ``@main`` and read in the slots' own
+    form, and every user input either read only or written (or donated) in
+    place into the runtime buffer backing it.  Calls of that kind whose
+    inputs it does not take (another type, layout or memory; an input eager
+    refuses to write; overlapping inputs; a consumed or tied donated state
+    buffer) still take the Python path, call by call."""
+    refusal = _lane_refusal(exe, plan)
+    if refusal is not None or plan is None or _lane is None:
+        return None, refusal
+    user_position = {index: position for position, index in enumerate(exe._user_indices)}
+    users = tuple(
+        (
+            step.index, step.in_place is not None, step.index in exe._written_in_place, step.dtype,
+            tuple(step.shape), exe._input_nbytes[step.index], step.in_place if step.in_place is not None else -1,
+        )
+        for step in plan.user_steps
+    )
+    state = tuple(
+        (step.index, step.mutated, step.slot) for step in plan.after if step.slot is not None and step.mutated is not None
+    )
+    if exe._single_output:
+        mode, unflatten = 0, None
+    elif exe._flat_outputs:
+        mode, unflatten = 1, None
+    else:
+        spec = exe._signature.out_spec
+        mode, unflatten = 2, (lambda flat: pytree.tree_unflatten(flat, spec))
+    lane = _lane.Lane(
+        exe, plan, users,
+        tuple((user_position[first], user_position[second]) for first, second in exe._write_pairs),
+        state, tuple(step.index for step in plan.donated_state),
+        tuple((result.position, result.dtype, tuple(result.shape), result.nbytes) for result in plan.outputs),
+        tuple(step.index for step in plan.kept), mode,
+        len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots), unflatten,
+        exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
+        _register_backing, exe._import_input, exe._finish_planned, exe._execution_failed, exe._settle, _LANE_FALLBACK,
+    )
+    return lane, None

@@ -1,0 +1,384 @@
+"""Ownership: the only place torch memory meets PJRT buffers.
+
+Invariant (every other runtime module goes through here to cross):
+
+- A torch tensor may view a runtime (PJRT-owned) buffer only while the
+  runtime holds that buffer: the tensor keeps its :class:`HostBacking`
+  alive and the backing keeps the buffer's array alive; after XLA wrote a
+  donated buffer in place, the backing takes the result (same address) as
+  the owner (:meth:`HostBacking.rebind`).
+- A buffer is donated only to receive that same tensor's new value (a
+  mutated input aliased to itself, module state updated in place); a
+  donated torch tensor whose value is *not* its new value is never handed
+  to XLA to overwrite, wherever its memory came from: it is imported
+  without ownership (:func:`torch_to_device` ``owned=False``), so PJRT
+  cannot take it and XLA writes the result elsewhere.
+- Anything else is copied (``owned=True``, a copy back into the caller's
+  tensor) or refused (two inputs sharing memory where either is written:
+  :func:`share_memory`).
+
+Also here: :class:`DeviceTensor` (a PJRT-owned buffer held for the user),
+the registry of runtime buffers lent to torch by address (``_BACKINGS``:
+how a later call finds the runtime buffer behind a tensor), result tensors
+over runtime buffers, and the checks of what may move (``_can_reseat``)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+import torch
+import torch.utils.dlpack
+
+from hloalias.errors import DonatedBufferError, ExecutionError
+from hloalias.runtime.jaxlib_private import buffer_to_dlpack as _buffer_to_dlpack
+from hloalias.runtime.jaxlib_private import dlpack_to_buffer as _dlpack_to_buffer
+from hloalias.runtime.pjrt import device_for
+
+if TYPE_CHECKING:
+    from hloalias.runtime.plan import _ResultStep
+
+# torch's C-level DLPack export (Tensor.__dlpack__ wraps it in Python checks).
+_torch_to_dlpack: Any = getattr(torch.utils.dlpack, "to_dlpack")
+
+
+def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Array:
+    """``tensor`` on ``device``.  On a CPU device with ``owned=False`` this is
+    zero-copy (DLPack).  ``owned=True`` always copies into a buffer PJRT
+    owns, which it can reuse when the array is donated.  ``tensor`` must have
+    no lazy conjugate/negative bit (DLPack exports the raw memory)."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    if not owned and tensor.is_cpu and device.platform == "cpu":
+        if _dlpack_to_buffer is not None:
+            # jaxlib's direct entry, fed torch's C-level export: ~3x cheaper
+            # than jax.dlpack.from_dlpack (which dominates the per-call host
+            # overhead otherwise); the checks Tensor.__dlpack__ makes in
+            # Python (grad, conjugate bit, layout) are the caller's.
+            try:
+                return _dlpack_to_buffer(_torch_to_dlpack(tensor), device, None)
+            except Exception:
+                pass
+        with jax.enable_x64(True):
+            return jax.dlpack.from_dlpack(tensor)
+    # x64 on for this copy only: jax's default would narrow int64/float64,
+    # and the program was compiled for the torch dtype.
+    with jax.enable_x64(True):
+        host = jax.dlpack.from_dlpack(tensor.cpu())
+        return jax.device_put(host, device, may_alias=False)
+
+
+def array_to_torch(array: jax.Array) -> torch.Tensor:
+    """A torch tensor for ``array``: zero-copy for CPU arrays on one device,
+    a host copy for accelerator arrays (the installed torch is a CPU build)
+    and for arrays sharded or replicated over several devices (gathered)."""
+    devices = array.sharding.device_set
+    if len(devices) > 1:
+        first = min(devices, key=lambda d: d.id)
+        array = jax.device_put(array, jax.sharding.SingleDeviceSharding(first), may_alias=False)
+    if array.platform() == "cpu":
+        if _buffer_to_dlpack is not None:
+            # jaxlib's direct entry: skips jax's Python-level __dlpack__.
+            return torch.utils.dlpack.from_dlpack(_buffer_to_dlpack(array))
+        return torch.utils.dlpack.from_dlpack(array)
+    return torch.utils.dlpack.from_dlpack(np.asarray(array).copy())
+
+
+# numpy's array-interface type string of the torch dtypes numpy has: a
+# result tensor in one of them is built in one step (others through bytes).
+_TYPESTRS: dict[torch.dtype, str] = {
+    torch.float64: "<f8", torch.float32: "<f4", torch.float16: "<f2",
+    torch.int64: "<i8", torch.int32: "<i4", torch.int16: "<i2", torch.int8: "|i1",
+    torch.uint8: "|u1", torch.bool: "|b1", torch.complex64: "<c8", torch.complex128: "<c16",
+}
+
+
+class HostBacking:
+    """A PJRT-owned CPU buffer lent to torch *without* a DLPack export, so
+    PJRT still sees itself as the buffer's only owner and can donate it
+    (XLA then writes the aliased result into the same memory).
+
+    The torch tensor from :meth:`tensor` keeps this object alive (through a
+    numpy array whose base it is), and this object keeps the buffer alive:
+    after a call donated ``array`` in place, :meth:`rebind` hands ownership
+    to the result, which lives at the same address.  Only for buffers
+    aliased to their own new value: a donated buffer XLA did not write in
+    place is freed under the tensor (the runtime checks the address after
+    every such call; see ``Executable``).
+
+    ``nbytes``, when the caller knows it (from the compiled program's
+    types), saves reading it from the array.
+
+    The native call path (runtime/_lane.cpp) makes these for its results
+    too: it sets the slots ``__init__`` sets (``array``, ``address``,
+    ``nbytes``; no interface) and makes the tensor with torch's
+    ``from_blob``, whose deleter holds this object as the numpy array
+    does here."""
+
+    # One is made per CPU result of every call: slots keep that cheap.
+    __slots__ = ("array", "address", "nbytes", "__array_interface__", "__weakref__")
+
+    def __init__(self, array: jax.Array, nbytes: int | None = None, *, ready: bool = False) -> None:
+        # Execution and transfers are asynchronous: the raw pointer is only
+        # safe to read once the buffer is ready (DLPack would wait too).
+        # ``ready``: the caller has already waited for it.
+        if not ready:
+            array.block_until_ready()
+        self.array = array
+        self.address = array.unsafe_buffer_pointer()
+        self.nbytes = array.nbytes if nbytes is None else nbytes
+        self.__array_interface__: dict[str, Any] | None = None
+
+    def _interface(self, shape: tuple[int, ...], typestr: str) -> dict[str, Any]:
+        return {"data": (self.address, False), "shape": shape, "typestr": typestr, "version": 3}
+
+    def tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """A torch tensor over the buffer's memory (no copy), row-major."""
+        # numpy reads the interface once, when the array is made; the array
+        # (and through it the torch tensor) keeps this object as its base.
+        typestr = _TYPESTRS.get(dtype)
+        if typestr is not None:
+            self.__array_interface__ = self._interface(shape, typestr)
+            return torch.from_numpy(np.asarray(self))
+        self.__array_interface__ = self._interface((self.nbytes,), "|u1")
+        return torch.from_numpy(np.asarray(self)).view(dtype).view(shape)
+
+    def rebind(self, array: jax.Array) -> bool:
+        """Take ``array`` as the owner of the memory; False (nothing changed)
+        unless it lives at the same address.  ``array`` is the aliased new
+        value of this buffer's array, so it has the same type and size."""
+        if array.unsafe_buffer_pointer() != self.address:
+            return False
+        array.block_until_ready()
+        self.array = array
+        return True
+
+
+def host_backed_tensor(
+    array: jax.Array, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int | None = None, *,
+    ready: bool = False,
+) -> tuple[torch.Tensor, HostBacking]:
+    """A torch tensor backed by the CPU buffer ``array`` (see :class:`HostBacking`);
+    ``ready``: the caller has already waited for ``array``."""
+    backing = HostBacking(array, nbytes, ready=ready)
+    return backing.tensor(dtype, shape), backing
+
+
+class DeviceTensor:
+    """A tensor held on a PJRT device, for inputs whose buffers should be
+    truly reused when donated.  Make one with :meth:`Executable.to_device`
+    or :func:`to_device`; read it back with :meth:`to_torch`."""
+
+    def __init__(self, array: jax.Array, name: str = "tensor") -> None:
+        self._array: jax.Array | None = array
+        self.name = name
+        self._consumed_by: str | None = None
+        # Fixed for its lifetime: a rebind (in-place update) keeps the type.
+        self.dtype: torch.dtype = _torch_dtype_of_jax(array.dtype)
+        self.shape = torch.Size(array.shape)
+
+    @property
+    def array(self) -> jax.Array:
+        """The device array; DonatedBufferError once donated."""
+        if self._array is None or self._array.is_deleted():
+            raise DonatedBufferError(
+                f"device tensor '{self.name}' was donated {self._consumed_by or 'to a call'} "
+                "and its buffer has been consumed; it cannot be used again"
+            )
+        return self._array
+
+    def to_torch(self) -> torch.Tensor:
+        """The value as a torch tensor: on CPU a live view of the device
+        buffer (zero-copy; later in-place updates by calls show through it)."""
+        return array_to_torch(self.array)
+
+    def _consume(self, where: str) -> None:
+        self._consumed_by = where
+        self._array = None
+
+    def _rebind(self, array: jax.Array) -> None:
+        self._array = array
+
+
+def _tensor_for_device(tensor: Any, what: str) -> torch.Tensor:
+    """``tensor`` checked as a torch tensor that can be copied to a device."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ExecutionError(f"{what} is {type(tensor).__name__}, expected a torch.Tensor")
+    if tensor.device.type == "meta":
+        raise ExecutionError(f"{what} is a meta tensor: it has no data to copy to the device")
+    if tensor.layout is not torch.strided:
+        raise ExecutionError(f"{what} has layout {tensor.layout}; only dense (strided) tensors are supported")
+    return _resolved(tensor)
+
+
+def _resolved(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` without lazy conjugate/negative bits (a copy when set):
+    DLPack would export the raw memory without them."""
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    return tensor
+
+
+def to_device(tensor: torch.Tensor, device: Any = None, name: str = "tensor") -> DeviceTensor:
+    """Copy ``tensor`` into a PJRT-owned buffer on ``device`` (default CPU)."""
+    checked = _tensor_for_device(tensor, f"to_device: '{name}'")
+    return DeviceTensor(torch_to_device(checked, device_for(device), owned=True), name)
+
+
+#: Runtime buffers lent to torch, by address: weak references, so an entry
+#: never keeps a buffer alive.  A dead entry is harmless (lookups check the
+#: referent) and is replaced when its address is reused, which the
+#: allocator does all the time; the dead ones left are swept once the table
+#: has doubled since the last sweep, so it stays proportional to the live
+#: buffers at O(1) amortized cost per registration.  (A callback per entry
+#: would do the same work on every result's release: one is made per CPU
+#: result of every call.)
+_BACKINGS: dict[int, "weakref.ref[HostBacking]"] = {}
+_BACKINGS_SWEEP_AT = [64]
+
+
+def _register_backing(backing: HostBacking) -> None:
+    """Index ``backing`` by address (see ``_BACKINGS``)."""
+    _BACKINGS[backing.address] = weakref.ref(backing)
+    if len(_BACKINGS) >= _BACKINGS_SWEEP_AT[0]:
+        dead = [(address, reference) for address, reference in list(_BACKINGS.items()) if reference() is None]
+        for address, reference in dead:
+            # Another thread may have registered a live buffer there since.
+            if _BACKINGS.get(address) is reference:
+                _BACKINGS.pop(address, None)
+        _BACKINGS_SWEEP_AT[0] = max(64, 2 * len(_BACKINGS))
+
+
+def _forget_import(imports: dict[int, Any], index: int, reference: "weakref.ref[torch.Tensor]") -> None:
+    """Drop input ``index``'s cached import once its tensor is gone."""
+    found = imports.get(index)
+    if found is not None and found[0] is reference:
+        del imports[index]
+
+
+def _backing_of(tensor: torch.Tensor, nbytes: int) -> HostBacking | None:
+    """The runtime buffer backing all of ``tensor`` (re-seated by an earlier
+    call), or None.  ``nbytes`` is ``tensor``'s size in bytes (a checked
+    input's, known from the program)."""
+    found = _BACKINGS.get(tensor.data_ptr())  # the first element's address
+    if found is None or tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
+        return None
+    backing: HostBacking | None = found()
+    if backing is None or backing.array.is_deleted():
+        return None
+    if backing.nbytes != nbytes or backing.nbytes != tensor.untyped_storage().nbytes():
+        return None
+    return backing
+
+
+def _host_result(array: jax.Array, result: _ResultStep) -> torch.Tensor:
+    """:func:`_result_tensor` of a CPU result the call has waited for, its
+    type from the call plan."""
+    if result.nbytes == 0:
+        return array_to_torch(array)
+    tensor, backing = host_backed_tensor(array, result.dtype, result.shape, result.nbytes, ready=True)
+    _register_backing(backing)
+    return tensor
+
+
+def _result_tensor(array: jax.Array) -> torch.Tensor:
+    """A result for the caller: on CPU a tensor backed by the runtime-owned
+    buffer without a DLPack export, so that donating it to a later call
+    (``y = exe(y)``) lets XLA reuse the buffer in place."""
+    if not _writable_on_host(array) or array.nbytes == 0:
+        return array_to_torch(array)
+    tensor, backing = host_backed_tensor(array, _torch_dtype_of_jax(array.dtype), tuple(array.shape))
+    _register_backing(backing)
+    return tensor
+
+
+def _can_reseat(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` may move to another storage without anyone seeing
+    it: it covers its whole storage, and no other tensor (view) or storage
+    object shares that storage."""
+    storage = tensor.untyped_storage()
+    return (
+        tensor.storage_offset() == 0 and tensor.is_contiguous() and not tensor.requires_grad
+        and tensor._base is None and not tensor.is_conj() and not tensor.is_neg()
+        and storage.nbytes() == tensor.numel() * tensor.element_size() and tensor.numel() > 0
+        and torch._C._storage_Use_Count(storage._cdata) <= 2  # the tensor and this `storage`
+    )
+
+
+def _writable_on_host(array: jax.Array | None) -> bool:
+    """Whether ``array``'s buffer can be written through a zero-copy torch
+    view (CPU buffers on one device: DLPack shares their memory; an array
+    sharded over several devices has no single host buffer)."""
+    return (
+        array is not None and not array.is_deleted() and array.platform() == "cpu"
+        and len(array.sharding.device_set) == 1
+    )
+
+
+def _numel(shape: Sequence[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _byte_span(tensor: torch.Tensor, nbytes: int) -> tuple[int, int]:
+    """First and one-past-last byte of ``tensor``'s elements in memory
+    (``data_ptr`` is the first element's address, offset included);
+    ``nbytes`` is its size in bytes."""
+    start = tensor.data_ptr()
+    if tensor.is_contiguous():
+        return start, start + nbytes
+    size = tensor.element_size()
+    extent = sum((int(n) - 1) * abs(int(s)) for n, s in zip(tensor.shape, tensor.stride()))
+    return start, start + (extent + 1) * size
+
+
+_EXACT_OVERLAP_LIMIT = 1 << 20
+
+
+def _share_memory(first: Any, second: Any, first_nbytes: int, second_nbytes: int) -> bool:
+    """Whether two inputs have a byte in common (the same DeviceTensor
+    twice, or torch tensors whose elements overlap); ``first_nbytes`` and
+    ``second_nbytes`` are their sizes in bytes (checked inputs: known from
+    the program)."""
+    if isinstance(first, DeviceTensor) or isinstance(second, DeviceTensor):
+        return first is second
+    if first_nbytes == 0 or second_nbytes == 0:
+        return False
+    a_start, a_end = _byte_span(first, first_nbytes)
+    b_start, b_end = _byte_span(second, second_nbytes)
+    if a_end <= b_start or b_end <= a_start:
+        return False
+    if first.numel() > _EXACT_OVERLAP_LIMIT or second.numel() > _EXACT_OVERLAP_LIMIT:
+        return True  # ranges overlap: assume the elements do
+    return bool(torch.isin(_element_bytes(first), _element_bytes(second)).any())
+
+
+def _element_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The address of every byte of ``tensor``'s elements."""
+    size = tensor.element_size()
+    offsets = torch.tensor([tensor.storage_offset()], dtype=torch.int64)
+    for n, s in zip(tensor.shape, tensor.stride()):
+        offsets = (offsets[:, None] + torch.arange(n, dtype=torch.int64) * s).reshape(-1)
+    base = tensor.untyped_storage().data_ptr()
+    return (base + offsets[:, None] * size + torch.arange(size, dtype=torch.int64)).reshape(-1)
+
+
+def _torch_dtype_of_jax(dtype: Any) -> torch.dtype:
+    # jax/numpy dtype names (float32, bfloat16, bool, ...) are torch's names.
+    torch_dtype = getattr(torch, str(dtype), None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ExecutionError(f"device array dtype {dtype} has no torch dtype")
+    return torch_dtype

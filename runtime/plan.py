@@ -1,0 +1,366 @@
+"""The call plan: what a call of a compiled program does with each input,
+state tensor and result, read once from the final module's contract
+(:class:`hloalias.contract.Signature`) and frozen: how a call's arguments
+bind (:class:`_CallConvention`), each ``@main`` argument's step
+(:class:`_ArgStep`), each user output's (:class:`_ResultStep`), how a
+removed result is rebuilt (:class:`_Rebuild`), and the single-device plan
+the Python call path and the native lane both read (:class:`_CallPlan`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import torch
+from torch.export import ExportedProgram
+from torch_mlir import ir
+
+from hloalias import attributes as A
+from hloalias.errors import ExecutionError
+from hloalias.runtime.ownership import _itemsize, _numel
+from hloalias.runtime.pjrt import SingleDeviceDispatch
+from hloalias.runtime.state import _StateSlot
+
+if TYPE_CHECKING:
+    from hloalias.runtime.executable import Executable
+
+@dataclasses.dataclass(frozen=True)
+class _Rebuild:
+    """How to produce a removed result from its base (None layout: dead)."""
+
+    base: str | None
+    dtype: torch.dtype | None = None
+    sizes: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+    offset: int = 0
+    identity: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallConvention:
+    """How a call's ``(args, kwargs)`` map onto the compiled ``(args, kwargs)``.
+
+    ``positional[i]`` is the parameter the i-th compiled positional argument
+    bound to (with its index into ``*args`` when it went there);
+    ``keywords`` lists each compiled keyword and the parameter it bound to
+    (``**kwargs`` when ``via_var_keyword``)."""
+
+    signature: inspect.Signature | None
+    positional: tuple[tuple[str, int | None], ...]
+    keywords: tuple[tuple[str, str, bool], ...]
+
+    @staticmethod
+    def of(f: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> "_CallConvention":
+        signature: inspect.Signature | None = None
+        if not isinstance(f, ExportedProgram):
+            try:
+                signature = inspect.signature(f.forward if isinstance(f, torch.nn.Module) else f)
+                signature.bind(*args, **kwargs)
+            except (TypeError, ValueError):
+                signature = None
+        if signature is None:
+            return _CallConvention(
+                None,
+                tuple((f"argument {i}", None) for i in range(len(args))),
+                tuple((key, key, False) for key in kwargs),
+            )
+        parameters = list(signature.parameters.values())
+        by_position = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        var_positional = next((p.name for p in parameters if p.kind is p.VAR_POSITIONAL), "*args")
+        var_keyword = next((p.name for p in parameters if p.kind is p.VAR_KEYWORD), "**kwargs")
+        positional = tuple(
+            (by_position[i].name, None) if i < len(by_position) else (var_positional, i - len(by_position))
+            for i in range(len(args))
+        )
+        keywords = []
+        for key in kwargs:
+            parameter = signature.parameters.get(key)
+            named = parameter is not None and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+            keywords.append((key, key if named else var_keyword, not named))
+        return _CallConvention(signature, positional, tuple(keywords))
+
+    def expected(self) -> str:
+        """What a call must pass, in words."""
+        names = [name if sub is None else f"{name}[{sub}]" for name, sub in self.positional]
+        parts = []
+        if names:
+            parts.append("positional " + ", ".join(f"'{n}'" for n in names))
+        if self.keywords:
+            parts.append("keyword " + ", ".join(f"'{k}'" for k, _, _ in self.keywords))
+        return " and ".join(parts) or "no inputs"
+
+    def arrange(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's inputs in the compiled order; ExecutionError in words
+        when the call does not bind the inputs the program was compiled with."""
+        if self.signature is None:
+            if len(args) != len(self.positional) or set(kwargs) != {k for k, _, _ in self.keywords}:
+                raise ExecutionError(
+                    f"inputs do not have the structure the program was compiled for: expected "
+                    f"{self.expected()}; got {len(args)} positional and keyword(s) {sorted(kwargs)}"
+                )
+            return args, {key: kwargs[key] for key, _, _ in self.keywords}
+        try:
+            bound = self.signature.bind(*args, **kwargs).arguments
+        except TypeError as error:
+            raise ExecutionError(
+                f"inputs do not have the structure the program was compiled for: {error} "
+                f"(expected {self.expected()})"
+            ) from None
+        compiled = {name for name, _ in self.positional} | {name for _, name, _ in self.keywords}
+        for name in bound:
+            if name not in compiled:
+                raise ExecutionError(
+                    f"inputs do not have the structure the program was compiled for: input '{name}' "
+                    f"was not passed at compile time (expected {self.expected()}); compile again with it"
+                )
+        for name in compiled:
+            if name not in bound:
+                raise ExecutionError(
+                    f"inputs do not have the structure the program was compiled for: missing input "
+                    f"'{name}' (expected {self.expected()})"
+                )
+        new_args = []
+        for name, sub in self.positional:
+            if sub is None:
+                new_args.append(bound[name])
+                continue
+            extra = bound[name]
+            count = sum(1 for n, s in self.positional if n == name and s is not None)
+            if len(extra) != count:
+                raise ExecutionError(
+                    f"inputs do not have the structure the program was compiled for: {count} "
+                    f"extra positional input(s) in '*{name}', got {len(extra)}"
+                )
+            new_args.append(extra[sub])
+        new_kwargs: dict[str, Any] = {}
+        var_keys = {key for key, _, via in self.keywords if via}
+        for key, name, via in self.keywords:
+            if via:
+                given = bound[name]
+                if set(given) != var_keys:
+                    raise ExecutionError(
+                        f"inputs do not have the structure the program was compiled for: keywords "
+                        f"{sorted(given)} in '**{name}', expected {sorted(var_keys)}"
+                    )
+                new_kwargs[key] = given[key]
+            else:
+                new_kwargs[key] = bound[name]
+        return tuple(new_args), new_kwargs
+
+
+def _describe_spec(spec: Any) -> str:
+    """A pytree spec in words: ``tensor``, ``list of 2 (tensor, tensor)``."""
+    if spec.is_leaf():
+        return "a tensor"
+    children = spec.children()
+    kind = getattr(spec.type, "__name__", str(spec.type))
+    if spec.type is dict:
+        inner = ", ".join(f"'{k}': {_describe_spec(c)}" for k, c in zip(spec.context, children))
+        return f"a dict {{{inner}}}"
+    if not children:
+        return "None" if spec.type is type(None) else f"an empty {kind}"
+    return f"a {kind} of {len(children)} ({', '.join(_describe_spec(c) for c in children)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class _ArgStep:
+    """What a single-device call does with one ``@main`` argument."""
+
+    index: int
+    name: str
+    #: The module-state slot the argument reads, or None for a user input.
+    slot: _StateSlot | None
+    shape: torch.Size
+    dtype: torch.dtype
+    #: Position among the results of the argument's new value (None: not mutated).
+    mutated: int | None
+    donated: bool
+    #: Position of the result XLA writes into the argument's donated buffer
+    #: when a runtime buffer backs the input (a self-aliased mutation: the
+    #: caller's tensor is to hold that value); None when there is none.  A
+    #: donor aliased to a user output has none: a donated torch tensor is
+    #: left as it was, wherever its memory came from (an earlier result's
+    #: runtime buffer is not handed to XLA to overwrite).
+    in_place: int | None
+    #: A mutated user input aliased to its own new value: a plain torch
+    #: tensor may be re-seated onto the result buffer.
+    reseat: bool
+    #: A user input passed as a zero-copy import of the caller's memory:
+    #: not written, and no runtime buffer to write in place (read only, or
+    #: donated: PJRT cannot take memory it does not own, so XLA writes the
+    #: result elsewhere and the tensor is left as it was).
+    imported: bool = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        # Read on every call: computed once.
+        object.__setattr__(
+            self, "imported", self.slot is None and self.mutated is None and self.in_place is None,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _ResultStep:
+    """How one user output becomes a torch tensor."""
+
+    position: int  # among the results
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+class _CallPlan:
+    """The per-call work of a single-device executable, decided once when
+    it is built: the hot call path reads this instead of re-deriving the
+    same facts from the signature on every call.
+
+    Contract: a plan holds only facts of the compiled program (argument and
+    result types, mutations, donations, aliasing, which state slot each
+    state argument reads) and never anything about a call's tensors.  Every
+    call still checks each input against it (type, dtype, shape, device,
+    layout: ``Executable._check_input``), and everything that depends on the
+    tensor itself (its memory, whether a runtime buffer backs it, whether it
+    may be re-seated, lazy bits, contiguity) is read on each call; no device
+    copy of a torch tensor is kept across calls (the zero-copy import of a
+    read-only input, which *is* its memory, is reused while the same tensor
+    object sits at the same address: ``Executable._import_input``).  So a
+    tensor whose dtype,
+    shape or device changed since the last call is refused, and one whose
+    memory changed is read afresh.  State arrays are read from their slots
+    on each call, so a ``load_state_dict`` or another executable's update
+    is seen.  Mesh (SPMD) programs have no plan: they take the general
+    path (``Executable._run``)."""
+
+    def __init__(self, exe: "Executable") -> None:
+        results = {key: position for position, key in enumerate(exe._result_keys)}
+        steps = []
+        for index, state_name in exe._arg_plan:
+            shape, dtype = exe._arg_types[index]
+            mutation_key = exe._mutation_keys[index]
+            in_place: int | None = None
+            if index in exe._self_aliased:
+                in_place = results[A.mutation_key(index)]
+            steps.append(_ArgStep(
+                index, exe._names[index], exe._slots[state_name] if state_name is not None else None,
+                torch.Size(shape), dtype, results[mutation_key] if mutation_key is not None else None,
+                index in exe._donated_args, in_place, index in exe._self_aliased,
+            ))
+        self.steps: tuple[_ArgStep, ...] = tuple(steps)
+        self.state_slots = tuple(step.slot for step in steps if step.slot is not None)
+        #: The state slots' buffers in argument order, kept between calls
+        #: (reading hundreds of slots per call costs more than the list:
+        #: the execute that follows runs with the slots' objects in cache).
+        #: Every replacement of a slot's buffer drops it (the slot's
+        #: ``readers``), always under the module's lock, as calls run; so it
+        #: never holds a replaced buffer, nor keeps one alive.  (The native
+        #: call path refills it after its own commit, still under the lock,
+        #: with the buffers the slots then hold.)
+        self.state_arrays: list[jax.Array | None] | None = None
+        reader = weakref.ref(self)
+        for slot in set(self.state_slots):
+            slot.readers[:] = [r for r in slot.readers if r() is not None]
+            slot.readers.append(reader)
+        self.user_steps = tuple(step for step in steps if step.slot is None)
+        #: The common @main order (state first, then user inputs), where
+        #: the argument list is the state arrays followed by the user ones.
+        self.state_first = all(step.slot is not None for step in steps[:len(self.state_slots)])
+        self.donated_state = tuple(step for step in steps if step.slot is not None and step.donated)
+        #: State whose slot form may differ from the one this program reads
+        #: (permute-conv-kernel-state's layout, store-state-as-bits' dtype):
+        #: (position among the state arrays, name, slot, the layout and bits
+        #: read here).  Compared on each call, since a slot's form can change
+        #: after the plan is built; it only ever changes back to torch's (a
+        #: later executable that writes, donates or views the tensor), so
+        #: state in torch's form now and read so here stays matched and is
+        #: not listed.
+        state_steps = [step for step in steps if step.slot is not None]
+        self.stored_layouts = tuple(
+            (position, step.name, step.slot, exe._stored_layouts.get(step.name), exe._stored_bits.get(step.name))
+            for position, step in enumerate(state_steps)
+            if step.slot is not None and (
+                step.name in exe._stored_layouts or step.slot.layout is not None
+                or step.name in exe._stored_bits or step.slot.bits is not None
+            )
+        )
+        self.consumed = tuple(step for step in steps if step.donated and step.mutated is None)
+        #: Arguments with something to do after the call: mutated ones and
+        #: donors written in place into a runtime buffer.
+        self.after = tuple(step for step in steps if step.mutated is not None or step.in_place is not None)
+        #: Arguments whose pre-call array the commit reads.
+        self.kept = self.after + self.consumed
+        self.host_results = exe.device.platform == "cpu"
+        #: How the program runs: jaxlib's C++ dispatch where it has one.
+        self.dispatch = SingleDeviceDispatch(exe._loaded, exe.device)
+        #: A program with no results and no donations has no effect on the
+        #: device (every output is a view of an input or a constant): it is
+        #: not run at all.
+        self.executes = bool(exe._result_keys) or any(step.donated for step in steps)
+        #: Every user output is a result of the program (no rebuilt views or
+        #: constants): outputs are made straight from the results.
+        self.direct_outputs = all(key in results for key in exe._output_keys)
+        self.outputs = tuple(
+            _ResultStep(
+                results[key], dtype, exe._result_shapes[results[key]],
+                _numel(exe._result_shapes[results[key]]) * _itemsize(dtype),
+            )
+            for key in exe._output_keys if key in results
+            for dtype in [exe._result_dtypes[results[key]]] if dtype is not None
+        )
+        self.direct_outputs = self.direct_outputs and len(self.outputs) == len(exe._output_keys)
+        #: For a program that is not run: when every user output is a user
+        #: input or a same-dtype view of one, (input index, rebuild) per
+        #: output; :meth:`Executable._input_views` then makes the outputs
+        #: without the general assembly.  None otherwise.
+        self.input_views: tuple[tuple[int, _Rebuild], ...] | None = None
+        if not self.executes:
+            recipes = []
+            for key in exe._output_keys:
+                rebuild = exe._rebuilds.get(key)
+                if rebuild is None or rebuild.base is None:
+                    break
+                kind, index = exe._rebuild_bases[rebuild.base]
+                if kind != "arg" or exe._arg_plan[index][1] is not None or rebuild.dtype != exe._arg_types[index][1]:
+                    break
+                recipes.append((index, rebuild))
+            else:
+                self.input_views = tuple(recipes)
+
+    def arguments(self, exe: "Executable", user_arrays: list[jax.Array]) -> list[jax.Array | None]:
+        """The argument list in @main order: the state slots' current arrays
+        (None where a slot's buffer was consumed; a copy in this program's
+        layout where the slot holds another: ``Executable._state_array``)
+        and ``user_arrays``."""
+        state = self.state_arrays
+        if state is None:
+            state = self.state_arrays = [slot.array for slot in self.state_slots]
+        if self.stored_layouts:
+            state = list(state)  # the copies below are this call's only
+            for position, name, slot, layout, bits in self.stored_layouts:
+                if slot.layout != layout or slot.bits != bits:
+                    state[position] = exe._state_array(name)
+        if self.state_first:
+            return state + user_arrays
+        arrays: list[jax.Array | None] = [None] * len(self.steps)
+        state_values = iter(state)
+        user_values = iter(user_arrays)
+        for position, step in enumerate(self.steps):
+            arrays[position] = next(state_values) if step.slot is not None else next(user_values)
+        return arrays
+
+
+_TORCH_DTYPES = {
+    "f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8,
+    "ui8": torch.uint8, "i1": torch.bool, "complex<f32>": torch.complex64,
+    "complex<f64>": torch.complex128, "ui16": torch.uint16, "ui32": torch.uint32, "ui64": torch.uint64,
+}
+
+
+def _torch_dtype(element_type: ir.Type) -> torch.dtype:
+    text = str(element_type)
+    if text not in _TORCH_DTYPES:
+        raise ExecutionError(f"element type {text} has no torch dtype")
+    return _TORCH_DTYPES[text]

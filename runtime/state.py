@@ -1,0 +1,252 @@
+"""The state store: module state on the device, one buffer per tensor,
+shared by every executable and training step compiled from one module
+(:class:`_StateGroup`, one per ``nn.Module``/``ExportedProgram``), each
+buffer in the form (layout, dtype) its slot records (:class:`_StateSlot`).
+Calls of executables sharing a group are serialized by its lock; a slot's
+buffer is replaced only under it."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import torch
+from torch.export import ExportedProgram
+
+from hloalias.contract import StoredLayout
+from hloalias.runtime.ownership import _resolved, _torch_dtype_of_jax, _writable_on_host, array_to_torch, torch_to_device
+
+if TYPE_CHECKING:
+    from hloalias.runtime.plan import _CallPlan
+
+class _StateSlot:
+    """One state tensor of a module on one device: the single device buffer
+    every executable compiled from that module reads and updates.
+
+    ``layout`` is the buffer's layout: None for torch's, else the buffer
+    holds ``tensor.permute(P).flip(R)`` (``hloalias.stored_permutation`` and
+    ``stored_reversed``, written by ``permute-conv-kernel-state`` on
+    read-only convolution kernels).  ``bits`` is the buffer's dtype when it
+    holds the tensor's bit pattern as the same-width integer
+    (``tensor.view(torch.int16)``: ``hloalias.stored_bits_of``, written by
+    ``store-state-as-bits``), else None.  Both are fixed by the first
+    executable that uses the slot and change only back to torch's
+    (:meth:`to_torch_layout`, :meth:`to_torch_dtype`), when a later
+    executable writes, donates or views the tensor in torch's.  An
+    executable that reads it in another form copies it into its own on
+    each call; one that writes it in the other dtype has its new value
+    stored back as the slot's dtype (the ``array`` setter)."""
+
+    def __init__(
+        self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None,
+        layout: StoredLayout | None = None, bits: torch.dtype | None = None,
+    ) -> None:
+        self.source: weakref.ref[torch.Tensor] = weakref.ref(source)
+        self.version = source._version
+        self.device = device
+        self.put = put if put is not None else (lambda t: torch_to_device(t, device, owned=True))
+        self.layout = layout
+        self.torch_dtype = source.dtype
+        self.bits = bits
+        #: Call plans whose cached argument lists hold this slot's buffer:
+        #: replacing the buffer drops those lists (see ``_CallPlan``).
+        self.readers: list[weakref.ref[_CallPlan]] = []
+        self._array: jax.Array | None = None
+        self.array = self.upload(_resolved(source))
+        self.consumed_by: str | None = None
+        self.nbytes = source.numel() * source.element_size()
+
+    @property
+    def stored_dtype(self) -> torch.dtype:
+        """The dtype of the slot's buffer: ``bits``, else torch's."""
+        return self.bits if self.bits is not None else self.torch_dtype
+
+    @property
+    def array(self) -> jax.Array | None:
+        """The slot's buffer (None once consumed by a donation), always in
+        the slot's layout and dtype."""
+        return self._array
+
+    @array.setter
+    def array(self, value: jax.Array | None) -> None:
+        # A program compiled for the other interpretation of the same bits
+        # (bf16 vs. its i16 bits) wrote the state: store its bits as ours.
+        # (``_array``, when set, has the stored dtype: the usual case is one
+        # dtype comparison.)
+        current = self._array
+        if value is not None and (current is None or value.dtype != current.dtype) and (
+            _torch_dtype_of_jax(value.dtype) != self.stored_dtype
+        ):
+            value = self._reinterpreted(value)
+        self._array = value
+        if self.readers:
+            self._forget_cached_lists()
+
+    def _forget_cached_lists(self) -> None:
+        """Drop the argument lists of the plans reading this slot: they hold
+        the replaced buffer (and would keep it alive)."""
+        for reader in self.readers:
+            plan = reader()
+            if plan is not None:
+                plan.state_arrays = None
+
+    def _reinterpreted(self, value: jax.Array) -> jax.Array:
+        """``value`` (the state's bits in the other dtype of the same width)
+        in the slot's dtype: copied into the current buffer when that is
+        alive and writable on the host (views of it stay live), else into a
+        new one."""
+        tensor = array_to_torch(value).view(self.stored_dtype)
+        current = self._array
+        if current is not None and not current.is_deleted() and _writable_on_host(current):
+            array_to_torch(current).copy_(tensor)
+            return current
+        return self.put(tensor)
+
+    def upload(self, tensor: torch.Tensor) -> jax.Array:
+        """A new device buffer holding ``tensor`` (torch's layout and dtype) in the slot's."""
+        return self.put(_stored_form(tensor, self.layout, self.bits))
+
+    def torch_value(self, array: jax.Array) -> torch.Tensor:
+        """``array`` (a buffer in the slot's layout and dtype) as a torch
+        tensor in torch's: on CPU a zero-copy view unless the layout flips
+        dimensions (torch has no negative strides: then a copy)."""
+        tensor = array_to_torch(array)
+        if self.bits is not None:
+            tensor = tensor.view(self.torch_dtype)
+        if self.layout is None:
+            return tensor
+        if self.layout.reversed:
+            tensor = tensor.flip(self.layout.reversed)
+        return tensor.permute(self.layout.inverse)
+
+    def write(self, tensor: torch.Tensor) -> None:
+        """Copy ``tensor`` (torch's layout and dtype) into the slot's buffer in place."""
+        assert self.array is not None
+        array_to_torch(self.array).copy_(_stored_form(tensor, self.layout, self.bits))
+
+    def array_in(self, array: jax.Array, layout: StoredLayout | None, bits: torch.dtype | None = None) -> jax.Array:
+        """``array`` (in the slot's layout and dtype) copied into ``layout``
+        and ``bits`` (None: torch's), for an executable compiled for another
+        form."""
+        return self.put(_stored_form(self.torch_value(array), layout, bits))
+
+    def to_torch_layout(self) -> None:
+        """Store the buffer in torch's layout from now on (a copy, once)."""
+        if self.layout is None:
+            return
+        if self.array is not None and not self.array.is_deleted():
+            self.array = self.array_in(self.array, None, self.bits)
+        self.layout = None
+
+    def to_torch_dtype(self) -> None:
+        """Store the buffer in torch's dtype from now on (a copy, once)."""
+        if self.bits is None:
+            return
+        array = self._array
+        fresh = None if array is None or array.is_deleted() else self.array_in(array, self.layout, None)
+        self.bits = None
+        # A consumed buffer becomes None (using it still names the donation):
+        # ``_array``, when set, always has the stored dtype.
+        self._array = fresh
+        self._forget_cached_lists()
+
+
+def _form_text(layout: StoredLayout | None, bits: torch.dtype | None = None) -> str:
+    text = "torch's layout" if layout is None else layout.describe()
+    return text if bits is None else f"{text} as {str(bits).removeprefix('torch.')} bits"
+
+
+def _stored_form(tensor: torch.Tensor, layout: StoredLayout | None, bits: torch.dtype | None = None) -> torch.Tensor:
+    """``tensor`` (torch's layout and dtype) as ``layout`` and ``bits`` store
+    it (a contiguous copy unless the layout is torch's; the bits are a view)."""
+    if layout is not None:
+        tensor = tensor.permute(layout.permutation)
+        if layout.reversed:
+            tensor = tensor.flip(layout.reversed)
+        tensor = tensor.contiguous()
+    return tensor if bits is None else tensor.view(bits)
+
+
+class _StateGroup:
+    """The device state of one module (or of one function's constants) and
+    the lock that serializes calls reading or writing it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._slots: dict[tuple[int, str, int], weakref.ref[_StateSlot]] = {}
+
+    def slot(
+        self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None,
+        layout: StoredLayout | None = None, needs_torch_layout: bool = False,
+        bits: torch.dtype | None = None, needs_torch_dtype: bool = False,
+    ) -> _StateSlot:
+        """The slot of ``source`` on ``device``, created (copied to the
+        device, by ``put`` when given: a mesh placement, in ``layout``) on first use; re-read when torch changed ``source``
+        since.  An existing slot keeps its layout unless ``needs_torch_layout``
+        (the program writes, donates or views the tensor): then it is stored
+        in torch's layout from now on; likewise its dtype (``bits``) unless
+        ``needs_torch_dtype`` (the program writes or donates it in torch's
+        dtype, or views it)."""
+        with self.lock:
+            slot = self.existing(source, device)
+            if slot is None:
+                slot = _StateSlot(source, device, put, layout, bits)
+                self._slots[(id(source), device.platform, device.id)] = weakref.ref(slot)
+                return slot
+            if needs_torch_layout:
+                slot.to_torch_layout()
+            if needs_torch_dtype:
+                slot.to_torch_dtype()
+            if source._version != slot.version:
+                slot.array = slot.upload(_resolved(source))
+                slot.version = source._version
+                slot.consumed_by = None
+            return slot
+
+    def existing(self, source: torch.Tensor, device: Any) -> _StateSlot | None:
+        """The live slot of ``source`` on ``device``, or None."""
+        found = self._slots.get((id(source), device.platform, device.id))
+        slot = found() if found is not None else None
+        return slot if slot is not None and slot.source() is source else None
+
+    def fixed_layouts(self, state: dict[str, torch.Tensor], device: Any) -> tuple[str, ...]:
+        """``permute-conv-kernel-state``'s ``layouts`` entries for the state
+        that already has a slot here: a new program reads those buffers in
+        the layout they are stored in."""
+        entries = []
+        for name, tensor in state.items():
+            slot = self.existing(tensor, device)
+            if slot is not None:
+                entries.append(f"{name}:{'torch' if slot.layout is None else slot.layout.spec()}")
+        return tuple(entries)
+
+    def fixed_dtypes(self, state: dict[str, torch.Tensor], device: Any) -> tuple[str, ...]:
+        """``store-state-as-bits``'s ``dtypes`` entries for the state that
+        already has a slot here: a new program reads those buffers in the
+        dtype they are stored in."""
+        entries = []
+        for name, tensor in state.items():
+            slot = self.existing(tensor, device)
+            if slot is not None:
+                entries.append(f"{name}:{'torch' if slot.bits is None else 'bits'}")
+        return tuple(entries)
+
+
+_GROUPS: "weakref.WeakKeyDictionary[Any, _StateGroup]" = weakref.WeakKeyDictionary()
+_GROUPS_LOCK = threading.Lock()
+
+
+def _state_group(f: Any) -> _StateGroup:
+    """The state group of ``f``: one per ``nn.Module`` / ``ExportedProgram``
+    (shared by all its executables), a fresh one for a plain function."""
+    if not isinstance(f, (torch.nn.Module, ExportedProgram)):
+        return _StateGroup()
+    with _GROUPS_LOCK:
+        group = _GROUPS.get(f)
+        if group is None:
+            group = _StateGroup()
+            _GROUPS[f] = group
+        return group
