@@ -48,9 +48,36 @@ from typing import Any
 
 import torch
 
+from hloalias.runtime.executable import Executable
 from hloalias.runtime.jit import DEFAULT_CACHE_SIZE, Jit, JitStats
 
 _OPTIONS = ("pipeline", "device", "cache_size")
+
+
+class _AotJit(Jit):
+    """A Jit for AOTAutograd's graphs: they are called inside an
+    ``autograd.Function``'s forward/backward, whose thread-local dispatch
+    state (autograd and functionalization keys excluded) breaks
+    ``torch.export``'s functionalization; a compile runs in a fresh
+    thread, with grad disabled as AOTAutograd runs these graphs."""
+
+    def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Executable:
+        result: list[Executable] = []
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with torch.no_grad():
+                    result.append(Jit._compile(self, args, kwargs))
+            except BaseException as error:  # re-raised in the caller's thread
+                failure.append(error)
+
+        worker = threading.Thread(target=run, name="hloalias-aot-compile")
+        worker.start()
+        worker.join()
+        if failure:
+            raise failure[0]
+        return result[0]
 
 
 class CompiledGraph:
@@ -61,7 +88,7 @@ class CompiledGraph:
         self.kind = kind
         self.number = number
         self.code = graph.code
-        self.jit = Jit(
+        self.jit = (_AotJit if boxed else Jit)(
             graph, pipeline=options.get("pipeline"), device=options.get("device"),
             cache_size=int(options.get("cache_size", DEFAULT_CACHE_SIZE)),
         )
