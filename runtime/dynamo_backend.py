@@ -29,7 +29,7 @@ What dynamo hands a backend, and what is done with it:
   Buffer mutations in such graphs (BatchNorm statistics) are copied back by
   AOTAutograd, as for any AOTAutograd backend.  ``opt.step()`` outside the
   compiled function runs eagerly on the gradients it left.
-- **Shapes**: every graph is wrapped in a :class:`~hloalias.runtime.jit.Jit`,
+- **Shapes**: every graph is wrapped in a :class:`~hloalias.runtime.jit_cache.Jit`,
   so a call with new shapes compiles once more and is cached.  When dynamo
   marks a dimension dynamic (the second shape it sees, by default) it
   passes the size as an int input: the Jit specializes on its value, one
@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from hloalias.runtime.executable import Executable
-from hloalias.runtime.jit import DEFAULT_CACHE_SIZE, Jit, JitStats
+from hloalias.runtime.jit_cache import DEFAULT_CACHE_SIZE, Jit, JitStats
 
 _OPTIONS = ("pipeline", "device", "cache_size")
 

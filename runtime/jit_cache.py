@@ -263,6 +263,13 @@ class Jit:
             lines.extend("  " + line for line in entry.executable.explain().splitlines())
         return "\n".join(lines)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The module's state as the device holds it (host copies): every
+        cached executable shares it, so any of them answers.  Empty before
+        the first compile."""
+        executables = self.executables
+        return executables[-1].state_dict() if executables else {}
+
     def clear(self) -> None:
         """Drop every cached executable (the counters stay)."""
         with self._lock:
