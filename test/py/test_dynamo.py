@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hloalias.errors import CompileError
+from hloalias.errors import CompileError, TorchImportError
 from hloalias.runtime import dynamo_backend
 
 
@@ -199,3 +199,12 @@ def test_llama_static_cache_generate_equals_eager() -> None:
         for kind in ("keys", "values", "cumulative_length"):
             assert f"l_kwargs_past_key_values_layers_{layer}_{kind}" in aliased
     assert sum(decode.host_copies.values()) == 0
+
+
+def test_graph_hloalias_cannot_import_raises_its_error_at_the_first_call() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.eigh(x @ x.T)[0]
+
+    compiled = torch.compile(f, backend="hloalias")
+    with pytest.raises(TorchImportError, match="cannot lower aten._linalg_eigh"):
+        compiled(torch.randn(3, 3))
