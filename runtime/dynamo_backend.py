@@ -90,7 +90,7 @@ class CompiledGraph:
         self.code = graph.code
         self.jit = (_AotJit if boxed else Jit)(
             graph, pipeline=options.get("pipeline"), device=options.get("device"),
-            cache_size=int(options.get("cache_size", DEFAULT_CACHE_SIZE)),
+            cache_size=options.get("cache_size", DEFAULT_CACHE_SIZE),
         )
         #: AOTAutograd calls a compiled graph with one list when this is set.
         self._boxed_call = boxed

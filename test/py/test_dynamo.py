@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hloalias.errors import CompileError, TorchImportError
+from hloalias.errors import CompileError, ExecutionError, TorchImportError
 from hloalias.runtime import dynamo_backend
 
 
@@ -143,8 +143,14 @@ def test_training_through_aot_autograd_equals_eager() -> None:
 
 def test_unknown_option_is_refused() -> None:
     compiled = torch.compile(lambda x: x + 1, backend="hloalias", options={"pipelin": "x"})
-    with pytest.raises(Exception, match="unknown option"):
+    # Dynamo wraps what a backend raises; the cause is ours, named in the message.
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="CompileError: hloalias backend: unknown option") as failed:
         compiled(torch.ones(2))
+    assert isinstance(failed.value.inner_exception, CompileError)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="cache_size must be a positive int") as failed:
+        torch.compile(lambda x: x + 1, backend="hloalias", options={"cache_size": "8"})(torch.ones(2))
+    assert isinstance(failed.value.inner_exception, ExecutionError)
     with pytest.raises(CompileError, match="unknown option"):
         dynamo_backend.hloalias_backend(torch.fx.symbolic_trace(torch.nn.ReLU()), [torch.ones(2)], {"pipelin": "x"})
 
@@ -208,3 +214,21 @@ def test_graph_hloalias_cannot_import_raises_its_error_at_the_first_call() -> No
     compiled = torch.compile(f, backend="hloalias")
     with pytest.raises(TorchImportError, match="cannot lower aten._linalg_eigh"):
         compiled(torch.randn(3, 3))
+
+
+def test_training_with_batch_norm_statistics_equals_eager() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(), torch.nn.Linear(6, 1))
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="hloalias")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, eager)]
+    for _ in range(3):
+        x = torch.randn(8, 4)
+        for module, optimizer in zip((compiled, eager), optimizers):
+            module(x).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    # Parameters, running statistics and the batch counter (AOTAutograd copies the buffers back).
+    for (name, ours), theirs in zip(model.state_dict().items(), eager.state_dict().values(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6, msg=name)
+    assert int(model[1].num_batches_tracked) == 3
