@@ -150,6 +150,23 @@ class Jit:
         self._cache: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._caches_registered = False
+        #: The parameters ``f`` takes by position, in order (for
+        #: ``static_argnames`` passed positionally); checked once here.
+        self._positional_names: list[str] = []
+        target = f.forward if isinstance(f, torch.nn.Module) else f
+        try:
+            parameters = list(inspect.signature(target).parameters.values())
+        except (TypeError, ValueError):  # no signature to check against (a builtin)
+            return
+        self._positional_names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            known = {p.name for p in parameters}
+            unknown = [name for name in self.static_argnames if name not in known]
+            if unknown:
+                raise ExecutionError(
+                    f"jit: static_argnames {unknown} are not parameters of "
+                    f"{getattr(target, '__qualname__', target)} ({', '.join(sorted(known)) or 'none'})"
+                )
 
     # -- signatures ---------------------------------------------------------
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -179,14 +196,8 @@ class Jit:
 
     def _positional_statics(self, args: tuple[Any, ...]) -> list[tuple[str, Any]]:
         """Static arguments named in ``static_argnames`` but passed by position."""
-        target = self.fn.forward if isinstance(self.fn, torch.nn.Module) else self.fn
-        try:
-            parameters = list(inspect.signature(target).parameters.values())
-        except (TypeError, ValueError):
-            return []
-        positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         return [
-            (f"argument '{name}'", args[i]) for i, name in enumerate(positional)
+            (f"argument '{name}'", args[i]) for i, name in enumerate(self._positional_names)
             if i < len(args) and name in self.static_argnames
         ]
 

@@ -88,6 +88,8 @@ def test_bad_options_are_refused() -> None:
         hloalias.jit(lambda x: x, cache_size=0)
     with pytest.raises(ExecutionError, match="donate_argnames must be a sequence of str"):
         hloalias.jit(lambda x: x, donate_argnames="x")
+    with pytest.raises(ExecutionError, match=r"static_argnames \['factr'\] are not parameters of .*\(factor, x\)"):
+        hloalias.jit(lambda x, factor: x * factor, static_argnames=("factr",))
     with pytest.raises(ExecutionError, match="not callable"):
         hloalias.jit(3)  # type: ignore[arg-type]
 
