@@ -39,6 +39,8 @@ _LAZY = {
     "to_device": "hloalias.runtime",
     "TrainingStep": "hloalias.runtime",
     "compile_training_step": "hloalias.runtime",
+    "Jit": "hloalias.runtime",
+    "jit": "hloalias.runtime",
 }
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
         to_device,
     )
     from hloalias.runtime import TrainingStep, compile_training_step
+    from hloalias.runtime import Jit, jit
 
 
 def __getattr__(name: str) -> Any:
@@ -69,4 +72,5 @@ __all__ = [
     "ShardingError",
     "Stage", "TorchImportError", "cache_stats", "clear_cache", "compile", "import_torch", "to_device",
     "TrainingStep", "compile_training_step",
+    "Jit", "jit",
 ]

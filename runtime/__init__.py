@@ -13,6 +13,7 @@ from hloalias.runtime.executable import (
     compile,
     to_device,
 )
+from hloalias.runtime.jit_cache import Jit, JitStats, Lowered, jit
 from hloalias.runtime.pjrt import MemoryStats
 from hloalias.runtime.sharding import Mesh
 from hloalias.runtime.training import TrainingStep, compile_training_step
@@ -20,4 +21,5 @@ from hloalias.runtime.training import TrainingStep, compile_training_step
 __all__ = [
     "CacheStats", "DeviceTensor", "Executable", "MemoryStats", "Mesh", "TrainingStep", "cache_stats",
     "clear_cache", "compile", "compile_training_step", "to_device",
+    "Jit", "JitStats", "Lowered", "jit",
 ]

@@ -76,9 +76,19 @@ class MemoryStats:
 def device_for(device: Any = None) -> Any:
     """A PJRT device: ``None`` -> the first CPU device; a platform name
     (``"cpu"``, ``"gpu"``, ``"cuda"``, ``"tpu"``) -> its first device; a
+    ``torch.device`` -> its type's platform, device ``index`` (default 0); a
     jax ``Device`` as is.  Raises ExecutionError when none is present."""
     if device is None:
         device = "cpu"
+    if isinstance(device, torch.device):
+        try:
+            found = jax_backend.get_backend(device.type).local_devices()
+        except Exception as error:
+            raise ExecutionError(f"no PJRT device for {device!r}: {error}") from None
+        index = device.index or 0
+        if index >= len(found):
+            raise ExecutionError(f"no PJRT device for {device!r}: platform '{device.type}' has {len(found)} device(s)")
+        return found[index]
     if isinstance(device, str):
         try:
             return jax_backend.get_backend(device).local_devices()[0]

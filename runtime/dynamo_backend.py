@@ -1,0 +1,179 @@
+"""The ``torch.compile`` backend ``"hloalias"``: each graph dynamo hands
+over is compiled by ``hloalias.compile``, per concrete input signature.
+
+Registered through torch's ``torch_dynamo_backends`` entry point
+(``pyproject.toml``), so ``torch.compile(m, backend="hloalias")`` works
+without importing hloalias first; torch loads :func:`hloalias_backend`
+from here on first use of the name.  ``backend=hloalias_backend`` works
+too, and ``options={"pipeline": ..., "device": ..., "cache_size": ...}``
+reach every compile.
+
+What dynamo hands a backend, and what is done with it:
+
+- **Inference** (grad disabled, or no input requires grad): dynamo's FX
+  graph as traced, not functionalized, with the module's parameters and
+  buffers lifted as graph inputs (torch's default since nn modules are
+  inlined) and in-place ops (``buf.add_``, ``cache.index_copy_``) on them.
+  The graph goes to ``hloalias.compile`` as it is: ``torch.export``
+  functionalizes it, ``alias-donated-buffers`` aliases every mutated input
+  to its new value, and the runtime updates the caller's tensor in place
+  (the module's own buffer, moved onto the runtime buffer on the first call,
+  donated and written in place by XLA afterwards): no copy back.  Returned
+  views of inputs come back as real views.  (An AOTAutograd-based backend
+  such as torch_xla's ``openxla`` instead compiles the functionalized graph,
+  which returns each mutation as a new tensor that AOTAutograd copies back
+  with ``copy_``: XLA makes no alias and the device holds both values.)
+- **Training** (grad enabled and some input requires grad): AOTAutograd
+  (``torch._dynamo.backends.common.aot_autograd``) splits forward and
+  backward; both graphs are compiled by ``hloalias.compile`` per signature.
+  Buffer mutations in such graphs (BatchNorm statistics) are copied back by
+  AOTAutograd, as for any AOTAutograd backend.  ``opt.step()`` outside the
+  compiled function runs eagerly on the gradients it left.
+- **Shapes**: every graph is wrapped in a :class:`~hloalias.runtime.jit_cache.Jit`,
+  so a call with new shapes compiles once more and is cached.  When dynamo
+  marks a dimension dynamic (the second shape it sees, by default) it
+  passes the size as an int input: the Jit specializes on its value, one
+  executable per size, under one dynamo graph.  Guards and graph breaks are
+  dynamo's; each subgraph between breaks is a graph of its own here.
+
+:func:`compiled_graphs` lists the graphs compiled so far (live ones);
+:func:`explain` reports each with its signatures, compiles and cache hits."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hloalias.runtime.executable import Executable
+from hloalias.runtime.jit_cache import DEFAULT_CACHE_SIZE, Jit, JitStats
+
+_OPTIONS = ("pipeline", "device", "cache_size")
+
+
+class _AotJit(Jit):
+    """A Jit for AOTAutograd's graphs: they are called inside an
+    ``autograd.Function``'s forward/backward, whose thread-local dispatch
+    state (autograd and functionalization keys excluded) breaks
+    ``torch.export``'s functionalization; a compile runs in a fresh
+    thread, with grad disabled as AOTAutograd runs these graphs."""
+
+    def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Executable:
+        result: list[Executable] = []
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with torch.no_grad():
+                    result.append(Jit._compile(self, args, kwargs))
+            except BaseException as error:  # re-raised in the caller's thread
+                failure.append(error)
+
+        worker = threading.Thread(target=run, name="hloalias-aot-compile")
+        worker.start()
+        worker.join()
+        if failure:
+            raise failure[0]
+        return result[0]
+
+
+class CompiledGraph:
+    """One graph dynamo (or AOTAutograd) handed over: called with the
+    graph's inputs, it runs the executable of their signature."""
+
+    def __init__(self, graph: torch.fx.GraphModule, kind: str, number: int, options: dict[str, Any], boxed: bool = False) -> None:
+        self.kind = kind
+        self.number = number
+        self.code = graph.code
+        self.jit = (_AotJit if boxed else Jit)(
+            graph, pipeline=options.get("pipeline"), device=options.get("device"),
+            cache_size=options.get("cache_size", DEFAULT_CACHE_SIZE),
+        )
+        #: AOTAutograd calls a compiled graph with one list when this is set.
+        self._boxed_call = boxed
+
+    @property
+    def stats(self) -> JitStats:
+        """Compiles, cache hits and evictions of this graph's executables."""
+        return self.jit.stats
+
+    def __call__(self, *args: Any) -> Any:
+        if self._boxed_call:
+            (inputs,) = args
+            arguments = tuple(inputs)
+            inputs.clear()  # the boxed convention: the callee owns (and frees) the list
+            return list(self.jit(*arguments))
+        return self.jit(*args)
+
+    def explain(self) -> str:
+        """The graph's kind and number, then its Jit's report."""
+        return f"dynamo graph {self.number} ({self.kind})\n" + self.jit.explain()
+
+
+_GRAPHS: "weakref.WeakValueDictionary[int, CompiledGraph]" = weakref.WeakValueDictionary()
+_COUNT = [0]
+_LOCK = threading.Lock()
+
+
+def _register(graph: torch.fx.GraphModule, kind: str, options: dict[str, Any], boxed: bool = False) -> CompiledGraph:
+    with _LOCK:
+        number = _COUNT[0]
+        _COUNT[0] += 1
+    compiled = CompiledGraph(graph, kind, number, options, boxed)
+    _GRAPHS[number] = compiled
+    return compiled
+
+
+def compiled_graphs() -> list[CompiledGraph]:
+    """The graphs compiled by the backend that are still alive, in order."""
+    return [graph for _, graph in sorted(_GRAPHS.items())]
+
+
+def explain() -> str:
+    """Every live compiled graph's report (see :meth:`CompiledGraph.explain`)."""
+    graphs = compiled_graphs()
+    if not graphs:
+        return "hloalias dynamo backend: no graphs compiled"
+    return "\n".join(graph.explain() for graph in graphs)
+
+
+def _needs_autograd(example_inputs: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(value, torch.Tensor) and value.requires_grad for value in example_inputs
+    )
+
+
+def _checked_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    from hloalias.errors import CompileError
+
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise CompileError(f"hloalias backend: unknown option(s) {unknown}; known: {list(_OPTIONS)}")
+    return options
+
+
+def hloalias_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None, **kwargs: Any,
+) -> Callable[..., Any]:
+    """The dynamo backend: ``torch.compile(m, backend="hloalias")`` (see
+    the module docstring).  ``options`` (or keyword options) are
+    ``pipeline``, ``device`` and ``cache_size``."""
+    settings = _checked_options({**(options or {}), **kwargs})
+    if not _needs_autograd(example_inputs):
+        return _register(gm, "inference", settings)
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+        def compile_graph(graph: torch.fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
+            return _register(graph, kind, settings, boxed=True)
+        return compile_graph
+
+    training: Callable[..., Any] = aot_autograd(
+        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
+    )(gm, example_inputs)
+    return training
