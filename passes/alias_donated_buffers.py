@@ -351,7 +351,7 @@ class _State:
 
 
 def _resolve(request: str, names: list[str], pass_name: str) -> int:
-    if request.isdigit():
+    if A.is_index(request):
         index = int(request)
         if index >= len(names):
             raise PassError(f"{pass_name}: donate names argument {index}, but @main has {len(names)} arguments")
