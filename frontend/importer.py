@@ -214,9 +214,25 @@ def import_torch(
     try:
         exported = decompose(exported, _decomposition_table())
     except Exception as error:  # torch raises many types here
+        # AOT autograd wraps the graph to replay an in-place write (or a
+        # metadata change) through inputs that share memory; export has no
+        # use for the wrapper and asserts "expected compiled_fn to be
+        # GraphModule", naming neither the inputs nor the cause.
+        shared = _inputs_sharing_memory(exported) if "compiled_fn" in str(error) else []
+        if shared:
+            pairs = ", ".join(f"{first} and {second}" for first, second in shared)
+            raise TorchImportError(
+                f"example inputs share memory ({pairs}: the same tensor, or views of one) and the "
+                "program writes to one of them in place; torch.export cannot trace a write through "
+                "inputs that share memory. Pass example inputs that do not (e.g. a .clone() of one); "
+                "calls that pass such inputs are refused the same way."
+                f"\n  torch: {error}"
+            ) from error
         raise TorchImportError(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
+    if stage is Stage.STABLEHLO:
+        _refuse_host_reads(exported.graph_module.graph)
     _clamp_slice_bounds(exported.graph_module.graph)
     _float_comparison_scalars(exported.graph_module.graph)
     _strided_copies_to_clones(exported.graph_module.graph)
@@ -346,6 +362,31 @@ def _merge_aliased_state(
     return exported, aliases
 
 
+def _inputs_sharing_memory(exported: ExportedProgram) -> list[tuple[str, str]]:
+    """Pairs of ``exported``'s example inputs (user inputs by argument
+    name, state by fully qualified name) whose memory overlaps."""
+    named: list[tuple[str, torch.Tensor]] = []
+    leaves = iter(torch.utils._pytree.tree_leaves(exported.example_inputs or ((), {})))
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            value = next(leaves, None)
+            name = f"input '{spec.arg.name}'"
+        elif spec.target is not None:
+            value = _state_tensor(exported, spec.target)
+            name = f"state '{spec.target}'"
+        else:
+            continue
+        if isinstance(value, torch.Tensor) and value.numel() > 0 and value.device.type != "meta":
+            named.append((name, value))
+    shared: list[tuple[str, str]] = []
+    for position, (first, a) in enumerate(named):
+        for second, b in named[position + 1:]:
+            same_storage = StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+            if same_storage and _overlaps(a, b):
+                shared.append((first, second))
+    return shared
+
+
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two views of one storage may share an element (by byte range)."""
     def extent(t: torch.Tensor) -> tuple[int, int]:
@@ -456,6 +497,31 @@ def _export(
         ) from error
 
 
+_HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+
+
+def _refuse_host_reads(graph: torch.fx.Graph) -> None:
+    """A traced tensor's value read as a Python number (``.item()``,
+    ``float(t)``) that the program goes on to compute with is a TorchImportError
+    naming the user's line.  ``torch.export`` traces it (as an unbacked
+    number) and torch-mlir lowers it to ``tensor.extract``, which no
+    StableHLO consumer accepts: XLA failed later with "failed to serialize
+    module", naming nothing of the user's."""
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in _HOST_READS:
+            continue
+        if all(user.op == "output" for user in node.users):
+            continue  # unused, or returned: _signature names a returned number
+        where = _user_frame(node.meta.get("stack_trace") or "")
+        raise TorchImportError(
+            "the program reads a traced tensor's value on the host (.item(), float(t), int(t))"
+            + (f" at {where}" if where else "")
+            + ". An XLA program reads no values on the host: keep the value a tensor "
+            "(`x * t` rather than `x * t.item()`, `torch.where` rather than `if`), or pass a Python "
+            "number as an argument (baked into the program: one compile per value)"
+        )
+
+
 def _data_dependent_hint(error: BaseException) -> str:
     """What to write instead, when ``error`` is torch's failure to trace a
     tensor's value used as a Python number (empty otherwise)."""
@@ -488,7 +554,12 @@ class _FunctionModule(torch.nn.Module):
         if not callable(fn):
             raise TorchImportError(f"expected an nn.Module, a function or an ExportedProgram, got {type(fn).__name__}")
         wrapper_type = type(f"Function_{getattr(fn, '__name__', 'fn')}", (_FunctionModule,), {})
-        forward = lambda self, *a, **k: self.fn(*a, **k)  # noqa: E731
+        # Named ``forward``: torch.fx records a node's stack trace from the
+        # first frame of that name on (a lambda's frames were all dropped,
+        # so no error could name the line of a compiled function).
+        def forward(self: _FunctionModule, *a: Any, **k: Any) -> Any:
+            return self.fn(*a, **k)
+
         try:
             parameters = list(inspect.signature(fn).parameters.values())
             self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -496,6 +567,7 @@ class _FunctionModule(torch.nn.Module):
         except (TypeError, ValueError):
             pass
         wrapper_type.forward = forward  # type: ignore[attr-defined]
+        torch_internals.keep_stack_traces_of(fn)
         wrapper: _FunctionModule = wrapper_type(fn)
         return wrapper
 
@@ -899,12 +971,20 @@ def _source_line(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], aten_nam
             name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
             trace = node.meta.get("stack_trace")
             if name == aten_name and trace:
-                frames = _FRAME_RE.findall(trace)
-                user = [fr for fr in frames if not _is_library_file(fr[0])]
-                if user:
-                    file, line, function, code = user[-1]
-                    return f"{file}:{line} in {function}: {code.strip()}"
+                where = _user_frame(trace)
+                if where is not None:
+                    return where
     return None
+
+
+def _user_frame(stack_trace: str) -> str | None:
+    """``file:line in function: code`` of the innermost frame of user code
+    in an FX node's ``stack_trace``; None when it has none."""
+    user = [frame for frame in _FRAME_RE.findall(stack_trace) if not _is_library_file(frame[0])]
+    if not user:
+        return None
+    file, line, function, code = user[-1]
+    return f"{file}:{line} in {function}: {code.strip()}"
 
 
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')

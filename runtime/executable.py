@@ -1573,9 +1573,16 @@ class Executable:
                 )
             strides = value.stride()
             if 0 in strides and any(stride == 0 and size > 1 for size, stride in zip(value.shape, strides)):
+                # Eager refuses only a write whose own elements overlap; a
+                # write to one row of an expansion succeeds and every row
+                # sees it.  The program works on a dense copy: it can do
+                # neither, so every write to an expanded input is refused.
                 raise ExecutionError(
-                    f"input '{self._names[index]}' has elements that share memory (an expanded tensor) and "
-                    "the program writes to it in place (eager PyTorch refuses this too); pass a clone"
+                    f"input '{self._names[index]}' is an expanded tensor (elements share memory: stride 0 "
+                    "along a dimension of size > 1) and the program writes to it in place. Eager PyTorch "
+                    "refuses such a write where written elements share memory, and otherwise changes every "
+                    "element that shares memory with a written one; a compiled program works on a dense "
+                    f"copy and can do neither; pass '{self._names[index]}'.clone()"
                 )
         nbytes = self._input_nbytes
         for first, second in self._write_pairs:
