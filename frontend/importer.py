@@ -132,6 +132,11 @@ class ProgramSignature:
     # weights, a tensor registered twice): merged into that argument at
     # import, name -> the argument's name.
     state_aliases: dict[str, str] = dataclasses.field(default_factory=dict)
+    # User inputs whose storage layout the program reads (``as_strided``
+    # addresses storage, not values): argument index -> the example's
+    # strides and storage offset (None: the program's as_strided calls keep
+    # the input's offset, any will do).  A call must pass that layout.
+    strided_inputs: dict[int, tuple[tuple[int, ...], int | None]] = dataclasses.field(default_factory=dict)
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""
@@ -233,11 +238,20 @@ def import_torch(
         ) from error
     if stage is Stage.STABLEHLO:
         _refuse_host_reads(exported.graph_module.graph)
+    strided_inputs = _check_as_strided(exported)
     _clamp_slice_bounds(exported.graph_module.graph)
     _float_comparison_scalars(exported.graph_module.graph)
     _strided_copies_to_clones(exported.graph_module.graph)
     signature = _with_eager_storage(_signature(exported), eager_storage)
-    signature = dataclasses.replace(signature, state_aliases=state_aliases)
+    signature = dataclasses.replace(
+        signature,
+        state_aliases=state_aliases,
+        strided_inputs={
+            argument.index: strided_inputs[argument.name]
+            for argument in signature.arguments
+            if argument.kind == "user_input" and argument.name in strided_inputs
+        },
+    )
     state = _state(exported, signature)
 
     context = new_context()
@@ -495,6 +509,93 @@ def _export(
         raise TorchImportError(
             f"torch.export failed for {_describe(f)}{_data_dependent_hint(error)}: {error}"
         ) from error
+
+
+_AS_STRIDED = torch.ops.aten.as_strided.default
+_AS_STRIDED_SCATTER = torch.ops.aten.as_strided_scatter.default
+
+
+def _check_as_strided(exported: ExportedProgram) -> dict[str, tuple[tuple[int, ...], int | None]]:
+    """What ``x.as_strided(size, stride, offset)`` needs, checked: it
+    addresses ``x``'s storage, which a compiled program does not have.
+    torch-mlir replaces it by a gather at the element positions of the
+    example's layout: the values are eager's, but
+
+    - a returned ``as_strided`` (or a view of one) would be a copy where
+      eager returns a view of ``x`` (writes through it would not reach
+      ``x``): refused, naming the line (return a ``.clone()``);
+    - a write through it (``as_strided_scatter`` after functionalization)
+      has no lowering: refused, naming the line;
+    - a user input read through it must be passed in the example's
+      strides (and storage offset, where an ``as_strided`` gives one) at
+      every call (another layout holds other elements at those positions):
+      the user inputs' names with that layout, for the runtime to check."""
+    graph = exported.graph_module.graph
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is _AS_STRIDED_SCATTER:
+            where = _user_frame(node.meta.get("stack_trace") or "")
+            raise TorchImportError(
+                "the program writes through a tensor's as_strided view"
+                + (f" at {where}" if where else "")
+                + ": hloalias cannot compile writes through as_strided (it addresses storage, which "
+                "a compiled program does not have); write through slices, views or index_put_"
+            )
+    output = next(node for node in graph.nodes if node.op == "output")
+    user_outputs = [
+        value
+        for spec, value in zip(exported.graph_signature.output_specs, output.args[0])
+        if spec.kind == OutputKind.USER_OUTPUT and isinstance(value, torch.fx.Node)
+    ]
+    for value in user_outputs:
+        node: torch.fx.Node | None = value
+        while node is not None:
+            if node.target is _AS_STRIDED:
+                where = _user_frame(node.meta.get("stack_trace") or "")
+                raise TorchImportError(
+                    "the program returns a tensor's as_strided view (or a view of one)"
+                    + (f" at {where}" if where else "")
+                    + ": eager returns a view sharing the tensor's memory, a compiled program would "
+                    "return a copy (writes through it would not reach the tensor); return "
+                    "`.clone()` of it, or build the view from slices, view, transpose or expand"
+                )
+            node = _storage_operand(node)
+    user_inputs = {
+        spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT
+    }
+    strided: dict[str, tuple[tuple[int, ...], int | None]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not _AS_STRIDED:
+            continue
+        root: torch.fx.Node = node
+        while (operand := _storage_operand(root)) is not None:
+            root = operand
+        value = root.meta.get("val")
+        if root.op == "placeholder" and root.name in user_inputs and isinstance(value, torch.Tensor):
+            # Without an explicit storage_offset as_strided keeps the input's:
+            # positions are relative to it, and only the strides matter.
+            explicit = (node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")) is not None
+            offset = int(value.storage_offset()) if explicit else None
+            previous = strided.get(root.name, ((), None))[1]
+            strided[root.name] = (
+                tuple(int(s) for s in value.stride()),
+                offset if offset is not None else previous,
+            )
+    return strided
+
+
+def _storage_operand(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor argument of ``node`` whose storage ``node``'s value shares
+    (the operand of a view), or None."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return None
+    storage = value.untyped_storage()
+    for arg in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+        if isinstance(arg, torch.fx.Node):
+            arg_value = arg.meta.get("val")
+            if isinstance(arg_value, torch.Tensor) and arg_value.untyped_storage() is storage:
+                return arg
+    return None
 
 
 _HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)

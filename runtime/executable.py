@@ -63,7 +63,7 @@ from torch_mlir import ir
 from hloalias import attributes as A
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage, import_torch
-from hloalias.contract import Signature, StoredLayout, verify
+from hloalias.contract import Signature, StoredLayout, row_major_strides, verify
 from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
@@ -1001,6 +1001,8 @@ def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
         return "module state is consumed by a donation"
     if plan.stored_layouts:
         return "module state is read in another layout or dtype than its buffer's"
+    if exe._signature.strided_inputs:
+        return "an input's storage layout is read (as_strided) and checked on every call"
     if not plan.state_first or tuple(step.index for step in plan.user_steps) != tuple(exe._user_indices):
         return "the arguments are not in state-then-inputs order"
     for step in plan.user_steps:
@@ -1502,6 +1504,8 @@ class Executable:
                 self._check_input(index, value)
         if self._write_pairs or self._written_in_place:
             self._check_writes(inputs)
+        if self._signature.strided_inputs:
+            self._check_strided_layouts(inputs)
         plan = self._plan
         if plan is not None and plan.input_views is not None:
             # Not run (no results, no donation) and every output a view of
@@ -1595,6 +1599,25 @@ class Executable:
                     f"program {verb} '{self._names[writer]}'; XLA cannot reproduce what eager "
                     f"PyTorch would do (one input seeing the other's update); pass separate "
                     f"tensors, e.g. '{self._names[other]}'.clone()"
+                )
+
+    def _check_strided_layouts(self, inputs: dict[int, Any]) -> None:
+        """Refuse an input read through ``as_strided`` in another layout than
+        the example's: ``as_strided`` addresses storage, so eager would read
+        other elements than the program, compiled for the example's."""
+        for index, (strides, offset) in self._signature.strided_inputs.items():
+            value = inputs[index]
+            if isinstance(value, torch.Tensor):
+                got = tuple(value.stride()), int(value.storage_offset())
+            else:  # a DeviceTensor: row-major, at the start of its buffer
+                got = row_major_strides(tuple(self._arg_types[index][0])), 0
+            if got[0] != strides or (offset is not None and got[1] != offset):
+                expected = f"strides {list(strides)}" + (f" and storage offset {offset}" if offset is not None else "")
+                raise ExecutionError(
+                    f"input '{self._names[index]}' has strides {list(got[0])} and storage offset {got[1]}; "
+                    f"the program reads it through as_strided, which addresses storage, and was compiled "
+                    f"for {expected} (the example's): pass a tensor laid out like the example, or "
+                    "compile again on one laid out like this"
                 )
 
     def _run(self, inputs: dict[int, Any]) -> Any:
