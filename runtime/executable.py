@@ -1611,7 +1611,10 @@ class Executable:
                 got = tuple(value.stride()), int(value.storage_offset())
             else:  # a DeviceTensor: row-major, at the start of its buffer
                 got = row_major_strides(tuple(self._arg_types[index][0])), 0
-            if got[0] != strides or (offset is not None and got[1] != offset):
+            shape = tuple(self._arg_types[index][0])
+            # A dimension of size 1 is never stepped along: its stride is free.
+            differs = any(n > 1 and a != b for n, a, b in zip(shape, got[0], strides))
+            if differs or (offset is not None and got[1] != offset):
                 expected = f"strides {list(strides)}" + (f" and storage offset {offset}" if offset is not None else "")
                 raise ExecutionError(
                     f"input '{self._names[index]}' has strides {list(got[0])} and storage offset {got[1]}; "
