@@ -546,11 +546,11 @@ def _check_as_strided(exported: ExportedProgram) -> dict[str, tuple[tuple[int, .
         for spec, value in zip(exported.graph_signature.output_specs, output.args[0])
         if spec.kind == OutputKind.USER_OUTPUT and isinstance(value, torch.fx.Node)
     ]
-    for value in user_outputs:
-        node: torch.fx.Node | None = value
-        while node is not None:
-            if node.target is _AS_STRIDED:
-                where = _user_frame(node.meta.get("stack_trace") or "")
+    for returned in user_outputs:
+        step: torch.fx.Node | None = returned
+        while step is not None:
+            if step.target is _AS_STRIDED:
+                where = _user_frame(step.meta.get("stack_trace") or "")
                 raise TorchImportError(
                     "the program returns a tensor's as_strided view (or a view of one)"
                     + (f" at {where}" if where else "")
@@ -558,7 +558,7 @@ def _check_as_strided(exported: ExportedProgram) -> dict[str, tuple[tuple[int, .
                     "return a copy (writes through it would not reach the tensor); return "
                     "`.clone()` of it, or build the view from slices, view, transpose or expand"
                 )
-            node = _storage_operand(node)
+            step = _storage_operand(step)
     user_inputs = {
         spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT
     }
@@ -569,15 +569,15 @@ def _check_as_strided(exported: ExportedProgram) -> dict[str, tuple[tuple[int, .
         root: torch.fx.Node = node
         while (operand := _storage_operand(root)) is not None:
             root = operand
-        value = root.meta.get("val")
-        if root.op == "placeholder" and root.name in user_inputs and isinstance(value, torch.Tensor):
+        example = root.meta.get("val")
+        if root.op == "placeholder" and root.name in user_inputs and isinstance(example, torch.Tensor):
             # Without an explicit storage_offset as_strided keeps the input's:
             # positions are relative to it, and only the strides matter.
             explicit = (node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")) is not None
-            offset = int(value.storage_offset()) if explicit else None
+            offset = int(example.storage_offset()) if explicit else None
             previous = strided.get(root.name, ((), None))[1]
             strided[root.name] = (
-                tuple(int(s) for s in value.stride()),
+                tuple(int(s) for s in example.stride()),
                 offset if offset is not None else previous,
             )
     return strided

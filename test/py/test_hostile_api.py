@@ -509,6 +509,15 @@ def test_item_in_forward_names_the_users_line() -> None:
     assert_unchanged(before, x)
 
 
+def test_stack_trace_anchor_private_name_is_still_there() -> None:
+    """``torch_internals.keep_stack_traces_of`` uses torch's private
+    ``torch.fx.proxy._register_stack_trace_anchor`` (without it, errors of
+    compiled plain functions name no line): pinned for torch upgrades."""
+    import torch.fx.proxy
+
+    assert callable(getattr(torch.fx.proxy, "_register_stack_trace_anchor", None))
+
+
 ALIASED_EXAMPLES: dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]], str]] = {
     "same_tensor_twice": (lambda a, b: a.add_(b), lambda: (torch.ones(4),) * 2, "input 'a' and input 'b'"),
     "row_of_the_other": (
