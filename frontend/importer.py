@@ -132,6 +132,11 @@ class ProgramSignature:
     # weights, a tensor registered twice): merged into that argument at
     # import, name -> the argument's name.
     state_aliases: dict[str, str] = dataclasses.field(default_factory=dict)
+    # User inputs whose storage layout the program reads (``as_strided``
+    # addresses storage, not values): argument index -> the example's
+    # strides and storage offset (None: the program's as_strided calls keep
+    # the input's offset, any will do).  A call must pass that layout.
+    strided_inputs: dict[int, tuple[tuple[int, ...], int | None]] = dataclasses.field(default_factory=dict)
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""
@@ -215,14 +220,39 @@ def import_torch(
     try:
         exported = decompose(exported, _decomposition_table())
     except Exception as error:  # torch raises many types here
+        # AOT autograd wraps the graph to replay an in-place write (or a
+        # metadata change) through inputs that share memory; export has no
+        # use for the wrapper and asserts "expected compiled_fn to be
+        # GraphModule", naming neither the inputs nor the cause.
+        shared = _inputs_sharing_memory(exported) if "compiled_fn" in str(error) else []
+        if shared:
+            pairs = ", ".join(f"{first} and {second}" for first, second in shared)
+            raise TorchImportError(
+                f"example inputs share memory ({pairs}: the same tensor, or views of one) and the "
+                "program writes to one of them in place; torch.export cannot trace a write through "
+                "inputs that share memory. Pass example inputs that do not (e.g. a .clone() of one); "
+                "calls that pass such inputs are refused the same way."
+                f"\n  torch: {error}"
+            ) from error
         raise TorchImportError(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
+    if stage is Stage.STABLEHLO:
+        _refuse_host_reads(exported.graph_module.graph)
+    strided_inputs = _check_as_strided(exported)
     _clamp_slice_bounds(exported.graph_module.graph)
     _float_comparison_scalars(exported.graph_module.graph)
     _strided_copies_to_clones(exported.graph_module.graph)
     signature = _with_eager_storage(_signature(exported), eager_storage)
-    signature = dataclasses.replace(signature, state_aliases=state_aliases)
+    signature = dataclasses.replace(
+        signature,
+        state_aliases=state_aliases,
+        strided_inputs={
+            argument.index: strided_inputs[argument.name]
+            for argument in signature.arguments
+            if argument.kind == "user_input" and argument.name in strided_inputs
+        },
+    )
     state = _state(exported, signature)
 
     context = new_context()
@@ -347,6 +377,31 @@ def _merge_aliased_state(
     return exported, aliases
 
 
+def _inputs_sharing_memory(exported: ExportedProgram) -> list[tuple[str, str]]:
+    """Pairs of ``exported``'s example inputs (user inputs by argument
+    name, state by fully qualified name) whose memory overlaps."""
+    named: list[tuple[str, torch.Tensor]] = []
+    leaves = iter(torch.utils._pytree.tree_leaves(exported.example_inputs or ((), {})))
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            value = next(leaves, None)
+            name = f"input '{spec.arg.name}'"
+        elif spec.target is not None:
+            value = _state_tensor(exported, spec.target)
+            name = f"state '{spec.target}'"
+        else:
+            continue
+        if isinstance(value, torch.Tensor) and value.numel() > 0 and value.device.type != "meta":
+            named.append((name, value))
+    shared: list[tuple[str, str]] = []
+    for position, (first, a) in enumerate(named):
+        for second, b in named[position + 1:]:
+            same_storage = StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+            if same_storage and _overlaps(a, b):
+                shared.append((first, second))
+    return shared
+
+
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two views of one storage may share an element (by byte range)."""
     def extent(t: torch.Tensor) -> tuple[int, int]:
@@ -457,6 +512,118 @@ def _export(
         ) from error
 
 
+_AS_STRIDED = torch.ops.aten.as_strided.default
+_AS_STRIDED_SCATTER = torch.ops.aten.as_strided_scatter.default
+
+
+def _check_as_strided(exported: ExportedProgram) -> dict[str, tuple[tuple[int, ...], int | None]]:
+    """What ``x.as_strided(size, stride, offset)`` needs, checked: it
+    addresses ``x``'s storage, which a compiled program does not have.
+    torch-mlir replaces it by a gather at the element positions of the
+    example's layout: the values are eager's, but
+
+    - a returned ``as_strided`` (or a view of one) would be a copy where
+      eager returns a view of ``x`` (writes through it would not reach
+      ``x``): refused, naming the line (return a ``.clone()``);
+    - a write through it (``as_strided_scatter`` after functionalization)
+      has no lowering: refused, naming the line;
+    - a user input read through it must be passed in the example's
+      strides (and storage offset, where an ``as_strided`` gives one) at
+      every call (another layout holds other elements at those positions):
+      the user inputs' names with that layout, for the runtime to check."""
+    graph = exported.graph_module.graph
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is _AS_STRIDED_SCATTER:
+            where = _user_frame(node.meta.get("stack_trace") or "")
+            raise TorchImportError(
+                "the program writes through a tensor's as_strided view"
+                + (f" at {where}" if where else "")
+                + ": hloalias cannot compile writes through as_strided (it addresses storage, which "
+                "a compiled program does not have); write through slices, views or index_put_"
+            )
+    output = next(node for node in graph.nodes if node.op == "output")
+    user_outputs = [
+        value
+        for spec, value in zip(exported.graph_signature.output_specs, output.args[0])
+        if spec.kind == OutputKind.USER_OUTPUT and isinstance(value, torch.fx.Node)
+    ]
+    for returned in user_outputs:
+        step: torch.fx.Node | None = returned
+        while step is not None:
+            if step.target is _AS_STRIDED:
+                where = _user_frame(step.meta.get("stack_trace") or "")
+                raise TorchImportError(
+                    "the program returns a tensor's as_strided view (or a view of one)"
+                    + (f" at {where}" if where else "")
+                    + ": eager returns a view sharing the tensor's memory, a compiled program would "
+                    "return a copy (writes through it would not reach the tensor); return "
+                    "`.clone()` of it, or build the view from slices, view, transpose or expand"
+                )
+            step = _storage_operand(step)
+    user_inputs = {
+        spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT
+    }
+    strided: dict[str, tuple[tuple[int, ...], int | None]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not _AS_STRIDED:
+            continue
+        root: torch.fx.Node = node
+        while (operand := _storage_operand(root)) is not None:
+            root = operand
+        example = root.meta.get("val")
+        if root.op == "placeholder" and root.name in user_inputs and isinstance(example, torch.Tensor):
+            # Without an explicit storage_offset as_strided keeps the input's:
+            # positions are relative to it, and only the strides matter.
+            explicit = (node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")) is not None
+            offset = int(example.storage_offset()) if explicit else None
+            previous = strided.get(root.name, ((), None))[1]
+            strided[root.name] = (
+                tuple(int(s) for s in example.stride()),
+                offset if offset is not None else previous,
+            )
+    return strided
+
+
+def _storage_operand(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor argument of ``node`` whose storage ``node``'s value shares
+    (the operand of a view), or None."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return None
+    storage = value.untyped_storage()
+    for arg in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+        if isinstance(arg, torch.fx.Node):
+            arg_value = arg.meta.get("val")
+            if isinstance(arg_value, torch.Tensor) and arg_value.untyped_storage() is storage:
+                return arg
+    return None
+
+
+_HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+
+
+def _refuse_host_reads(graph: torch.fx.Graph) -> None:
+    """A traced tensor's value read as a Python number (``.item()``,
+    ``float(t)``) that the program goes on to compute with is a TorchImportError
+    naming the user's line.  ``torch.export`` traces it (as an unbacked
+    number) and torch-mlir lowers it to ``tensor.extract``, which no
+    StableHLO consumer accepts: XLA failed later with "failed to serialize
+    module", naming nothing of the user's."""
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in _HOST_READS:
+            continue
+        if all(user.op == "output" for user in node.users):
+            continue  # unused, or returned: _signature names a returned number
+        where = _user_frame(node.meta.get("stack_trace") or "")
+        raise TorchImportError(
+            "the program reads a traced tensor's value on the host (.item(), float(t), int(t))"
+            + (f" at {where}" if where else "")
+            + ". An XLA program reads no values on the host: keep the value a tensor "
+            "(`x * t` rather than `x * t.item()`, `torch.where` rather than `if`), or pass a Python "
+            "number as an argument (baked into the program: one compile per value)"
+        )
+
+
 def _data_dependent_hint(error: BaseException) -> str:
     """What to write instead, when ``error`` is torch's failure to trace a
     tensor's value used as a Python number (empty otherwise)."""
@@ -489,7 +656,12 @@ class _FunctionModule(torch.nn.Module):
         if not callable(fn):
             raise TorchImportError(f"expected an nn.Module, a function or an ExportedProgram, got {type(fn).__name__}")
         wrapper_type = type(f"Function_{getattr(fn, '__name__', 'fn')}", (_FunctionModule,), {})
-        forward = lambda self, *a, **k: self.fn(*a, **k)  # noqa: E731
+        # Named ``forward``: torch.fx records a node's stack trace from the
+        # first frame of that name on (a lambda's frames were all dropped,
+        # so no error could name the line of a compiled function).
+        def forward(self: _FunctionModule, *a: Any, **k: Any) -> Any:
+            return self.fn(*a, **k)
+
         try:
             parameters = list(inspect.signature(fn).parameters.values())
             self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -497,6 +669,7 @@ class _FunctionModule(torch.nn.Module):
         except (TypeError, ValueError):
             pass
         wrapper_type.forward = forward  # type: ignore[attr-defined]
+        torch_internals.keep_stack_traces_of(fn)
         wrapper: _FunctionModule = wrapper_type(fn)
         return wrapper
 
@@ -939,12 +1112,20 @@ def _source_line(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], aten_nam
             name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
             trace = node.meta.get("stack_trace")
             if name == aten_name and trace:
-                frames = _FRAME_RE.findall(trace)
-                user = [fr for fr in frames if not _is_library_file(fr[0])]
-                if user:
-                    file, line, function, code = user[-1]
-                    return f"{file}:{line} in {function}: {code.strip()}"
+                where = _user_frame(trace)
+                if where is not None:
+                    return where
     return None
+
+
+def _user_frame(stack_trace: str) -> str | None:
+    """``file:line in function: code`` of the innermost frame of user code
+    in an FX node's ``stack_trace``; None when it has none."""
+    user = [frame for frame in _FRAME_RE.findall(stack_trace) if not _is_library_file(frame[0])]
+    if not user:
+        return None
+    file, line, function, code = user[-1]
+    return f"{file}:{line} in {function}: {code.strip()}"
 
 
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')

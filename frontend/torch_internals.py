@@ -241,3 +241,18 @@ def decompose(
 
     decomposed_program: ExportedProgram = run()
     return decomposed_program
+
+
+def keep_stack_traces_of(fn: Callable[..., Any]) -> None:
+    """Make ``torch.export`` record ``fn``'s frames in its nodes' stack
+    traces (``node.meta["stack_trace"]``), which errors quote as the user's
+    line.  Non-strict export keeps only frames of functions named
+    ``forward`` and of registered anchors (``torch.fx.proxy``'s private
+    ``_register_stack_trace_anchor``, what ``torch.fx.traceback.annotate_fn``
+    calls); a compiled plain function is neither.  Without the private name
+    nothing changes (errors then name no line)."""
+    import torch.fx.proxy
+
+    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if register is not None:
+        register(fn)

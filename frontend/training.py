@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 import re
 import traceback
@@ -247,7 +248,9 @@ def _capture(
     _scalar_alphas_to_tensors(graph_module)
     _views_to_reshapes(graph_module)
 
-    step_module = _StepModule(graph_module, slots, initial, lr_count)
+    step_module = _StepModule.named(
+        graph_module, slots, initial, lr_count, _input_names(step_fn, batch_leaves, batch_spec, lr_count)
+    )
     example_inputs = (*lr_examples, *batch_leaves)
     try:
         exported = torch.export.export(step_module, example_inputs, strict=False)
@@ -257,6 +260,38 @@ def _capture(
     return CapturedTrainingStep(
         exported, tuple(slots), lr_count, batch_spec, hyperparameters, tuple(opt_params)
     )
+
+
+def _input_names(step_fn: Callable[..., Any], batch_leaves: list[Any], batch_spec: Any, lr_count: int) -> list[str]:
+    """Names of the step's inputs as errors show them: ``lr`` (``lr_0``,
+    ``lr_1``... with several param groups), then each batch leaf by
+    ``step_fn``'s parameter (``x``; ``pair_0`` for a leaf nested in a
+    tuple argument ``pair``; ``batch_2`` past the named parameters)."""
+    try:
+        parameters = list(inspect.signature(step_fn).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    variadic = next((p.name for p in parameters if p.kind == p.VAR_POSITIONAL), "batch")
+    taken: set[str] = set()
+
+    def unique(name: str) -> str:
+        name = re.sub(r"\W", "_", name)
+        name = name if name.isidentifier() else f"_{name}"
+        candidate, suffix = name, 1
+        while candidate in taken:
+            candidate, suffix = f"{name}_{suffix}", suffix + 1
+        taken.add(candidate)
+        return candidate
+
+    batch_names = []
+    for path, _leaf in pytree.tree_flatten_with_path(pytree.tree_unflatten(batch_leaves, batch_spec))[0]:
+        top = getattr(path[0], "idx", 0)
+        base = positional[top] if top < len(positional) else f"{variadic}_{top}"
+        rest = [str(getattr(key, "idx", getattr(key, "key", getattr(key, "name", key)))) for key in path[1:]]
+        batch_names.append(unique("_".join([base, *rest])))
+    lr_names = [unique("lr" if lr_count == 1 else f"lr_{index}") for index in range(lr_count)]
+    return [*lr_names, *batch_names]
 
 
 class _StepModule(torch.nn.Module):
@@ -282,6 +317,27 @@ class _StepModule(torch.nn.Module):
                     owner.add_module(part, torch.nn.Module())
                 owner = owner._modules[part]  # type: ignore[assignment]
             owner.register_buffer(leaf, initial[name].clone())
+
+    @classmethod
+    def named(
+        cls,
+        graph_module: torch.fx.GraphModule,
+        slots: list[StateSlot],
+        initial: dict[str, torch.Tensor],
+        lr_count: int,
+        input_names: list[str],
+    ) -> "_StepModule":
+        """A step module whose ``forward`` has one positional parameter per
+        input, named ``input_names``: ``torch.export`` names the program's
+        inputs after them (``*inputs`` would give ``inputs_0``, ...)."""
+        subclass = type("TrainingStep", (cls,), {})
+        forward = lambda self, *inputs: cls.forward(self, *inputs)  # noqa: E731
+        forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in ["self", *input_names]]
+        )
+        subclass.forward = forward  # type: ignore[attr-defined]
+        module: _StepModule = subclass(graph_module, slots, initial, lr_count)
+        return module
 
     def _state(self) -> list[torch.Tensor]:
         return [self.get_buffer(name) for name in self._slot_names]

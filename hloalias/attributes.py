@@ -152,9 +152,17 @@ def arg_key(arg_index: int) -> str:
     return f"arg:{arg_index}"
 
 
+def is_index(text: str) -> bool:
+    """Whether ``text`` is a non-negative decimal number in ASCII digits, the
+    only spelling of an index in IR, options and keys.  ``str.isdigit`` and
+    ``\\d`` also accept other scripts' digits ('٣', '३') and superscripts,
+    which ``int`` then reads as some other number or rejects."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_key(key: str) -> tuple[str, int]:
     """Split a result or base key into ``(kind, index)``; raises ValueError."""
     kind, sep, index = key.partition(":")
-    if not sep or kind not in ("output", "mutation", "arg") or not index.isdigit():
+    if not sep or kind not in ("output", "mutation", "arg") or not is_index(index):
         raise ValueError(f"malformed result key {key!r}")
     return kind, int(index)

@@ -67,9 +67,14 @@ def _string(attr: ir.Attribute, what: str) -> str:
 
 def _integer(attr: ir.Attribute, what: str) -> int:
     try:
-        return int(ir.IntegerAttr(attr).value)
+        integer = ir.IntegerAttr(attr)
     except ValueError:
         raise IRError(f"{what} must be an integer, got {attr}") from None
+    # A boolean is an i1 IntegerAttr whose signed value is -1 or 0: 'true'
+    # would read as -1 and be reported as a number the user never wrote.
+    if str(integer.type) == "i1":
+        raise IRError(f"{what} must be an integer, got the boolean {attr}")
+    return int(integer.value)
 
 
 def _boolean(attr: ir.Attribute, what: str) -> bool:
@@ -279,7 +284,7 @@ class StoredLayout:
         permutation, slash, reversed_dims = text.partition("/")
         parts = permutation.split(".")
         flipped = reversed_dims.split(".") if slash else []
-        if not all(part.isdigit() for part in parts + flipped):
+        if not all(A.is_index(part) for part in parts + flipped):
             raise ValueError(text)
         return StoredLayout(tuple(int(p) for p in parts), tuple(int(r) for r in flipped))
 
@@ -346,7 +351,7 @@ class ResultRecord:
             )
         if storage is not None:
             kind, _, number = storage.partition(":")
-            if kind not in ("arg", "new") or not number.isdigit():
+            if kind not in ("arg", "new") or not A.is_index(number):
                 raise IRError(f"{what(A.RESULT_STORAGE)} is '{storage}', expected 'arg:I' or 'new:N'")
         sharding = _string(attrs[A.SHARDING], what(A.SHARDING)) if A.SHARDING in attrs else None
         return ResultRecord(role, output, mutates, storage, _sharding(sharding))

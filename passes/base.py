@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, Union
 from torch_mlir import ir, passmanager
 from torch_mlir.dialects import func
 
+from hloalias.attributes import is_index
 from hloalias.contract import verify
 from hloalias.errors import IRError, PassError
 
@@ -197,17 +198,22 @@ def _convert(pass_name: str, key: str, raw: str | None, hint: Any) -> Any:
         (element, _ellipsis) = typing.get_args(hint)
         items = [item for item in raw.split(",") if item != ""]
         if element is int:
-            if not all(re.fullmatch(r"-?\d+", item) for item in items):
+            if not all(_is_integer(item) for item in items):
                 raise fail("a comma-separated list of integers")
             return tuple(int(item) for item in items)
         return tuple(items)
     if hint is int:
-        if not re.fullmatch(r"-?\d+", raw):
+        if not _is_integer(raw):
             raise fail("an integer")
         return int(raw)
     if hint is str:
         return raw
     raise TypeError(f"unsupported option type {hint!r}")
+
+
+def _is_integer(text: str) -> bool:
+    """An optionally negative decimal integer in ASCII digits only."""
+    return is_index(text[1:] if text.startswith("-") else text)
 
 
 PassFactory = Callable[[str], ModulePass[Any]]

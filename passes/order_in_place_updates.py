@@ -78,32 +78,44 @@ class OrderInPlaceUpdates(ModulePass[OrderReport]):
             for index, arg in enumerate(contract.args):
                 if arg.aliasing_output is None:
                     continue
-                readers = _guard(block.arguments[index], ret, arg.aliasing_output)
+                readers = _guard(block.arguments[index], main.operation, ret, arg.aliasing_output)
                 if readers:
                     ordered.append(OrderedUpdate(index, arg.display_name(index), arg.aliasing_output, readers))
             verify(main)
         return OrderReport(tuple(ordered))
 
 
-def _guard(argument: ir.Value, ret: ir.Operation, result_index: int) -> int:
+def _guard(argument: ir.Value, main: ir.Operation, ret: ir.Operation, result_index: int) -> int:
     """Guard the op producing result ``result_index`` behind the reads of
     ``argument`` it is not ordered after; the number of such reads."""
     new_value = ret.operands[result_index]
     if isinstance(new_value.owner, ir.Block):
         return 0  # the result is an argument: nothing is written
     writer = new_value.owner.operation
-    if len(writer.results) != 1 or any(use.owner.operation != ret for use in new_value.uses):
-        return 0  # the new value has other users: moving its op is not local
+    # Exactly one use, this result: the writer is then erased with nothing
+    # left pointing at it.  A value returned twice (two aliased results of
+    # one SSA value, ``a.copy_(z); b.copy_(z.clone())``) or read elsewhere
+    # keeps its op: XLA copies it into one of the two buffers anyway.
+    if len(writer.results) != 1 or len(list(new_value.uses)) != 1:
+        return 0
     inside = _nested_ops(writer)
     before = _ancestors(writer, inside)
     unordered: list[ir.Operation] = []
     for use in argument.uses:
-        reader = use.owner.operation
+        # A read inside a region (a case/while/if branch) is ordered by the
+        # op in @main's body that holds it: only that op's results are
+        # visible at the return, where the predicate is built.
+        reader = _in_body(use.owner.operation, main)
         if reader in inside or reader in before or reader in unordered:
             continue
         unordered.append(reader)
-    probes = [r.results[0] for r in unordered if len(r.results) >= 1 and _probeable(r.results[0].type)]
-    if not probes or len(probes) != len(unordered):
+    probes: list[ir.Value] = []
+    for reader in unordered:
+        readable = [result for result in reader.results if _probeable(result.type)]
+        if not readable:
+            return 0  # a reader whose results cannot be probed: leave the update as it is
+        probes.append(readable[0])
+    if not probes:
         return 0
     at_return = ir.InsertionPoint(ret)
     i1 = ir.RankedTensorType.get([], ir.IntegerType.get_signless(1))
@@ -145,8 +157,17 @@ def _guard(argument: ir.Value, ret: ir.Operation, result_index: int) -> int:
         copy = writer.clone(ip=ir.InsertionPoint(branch))
         ir.Operation.create("stablehlo.return", operands=[copy.results[0]], ip=ir.InsertionPoint(branch))
     ret.operands[result_index] = guarded.results[0]
-    writer.erase()
+    writer.erase()  # its one use, the return operand, now reads the if
     return len(probes)
+
+
+def _in_body(op: ir.Operation, main: ir.Operation) -> ir.Operation:
+    """The op of ``main``'s body that is ``op`` or holds it in a region."""
+    while True:
+        parent = op.parent
+        if parent is None or parent.operation == main:
+            return op
+        op = parent.operation
 
 
 def _probeable(value_type: ir.Type) -> bool:

@@ -67,7 +67,7 @@ from torch_mlir import ir
 from hloalias import attributes as A
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage, import_torch
-from hloalias.contract import DonationRequest, Signature, StoredLayout, resolve_donations, verify
+from hloalias.contract import DonationRequest, Signature, StoredLayout, resolve_donations, row_major_strides, verify
 from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
@@ -872,6 +872,8 @@ class Executable:
                 self._check_input(index, value)
         if self._write_pairs or self._written_in_place:
             self._check_writes(inputs)
+        if self._signature.strided_inputs:
+            self._check_strided_layouts(inputs)
         plan = self._plan
         if plan is not None and plan.input_views is not None:
             # Not run (no results, no donation) and every output a view of
@@ -943,9 +945,16 @@ class Executable:
                 )
             strides = value.stride()
             if 0 in strides and any(stride == 0 and size > 1 for size, stride in zip(value.shape, strides)):
+                # Eager refuses only a write whose own elements overlap; a
+                # write to one row of an expansion succeeds and every row
+                # sees it.  The program works on a dense copy: it can do
+                # neither, so every write to an expanded input is refused.
                 raise ExecutionError(
-                    f"input '{self._names[index]}' has elements that share memory (an expanded tensor) and "
-                    "the program writes to it in place (eager PyTorch refuses this too); pass a clone"
+                    f"input '{self._names[index]}' is an expanded tensor (elements share memory: stride 0 "
+                    "along a dimension of size > 1) and the program writes to it in place. Eager PyTorch "
+                    "refuses such a write where written elements share memory, and otherwise changes every "
+                    "element that shares memory with a written one; a compiled program works on a dense "
+                    f"copy and can do neither; pass '{self._names[index]}'.clone()"
                 )
         nbytes = self._input_nbytes
         for first, second in self._write_pairs:
@@ -958,6 +967,28 @@ class Executable:
                     f"program {verb} '{self._names[writer]}'; XLA cannot reproduce what eager "
                     f"PyTorch would do (one input seeing the other's update); pass separate "
                     f"tensors, e.g. '{self._names[other]}'.clone()"
+                )
+
+    def _check_strided_layouts(self, inputs: dict[int, Any]) -> None:
+        """Refuse an input read through ``as_strided`` in another layout than
+        the example's: ``as_strided`` addresses storage, so eager would read
+        other elements than the program, compiled for the example's."""
+        for index, (strides, offset) in self._signature.strided_inputs.items():
+            value = inputs[index]
+            if isinstance(value, torch.Tensor):
+                got = tuple(value.stride()), int(value.storage_offset())
+            else:  # a DeviceTensor: row-major, at the start of its buffer
+                got = row_major_strides(tuple(self._arg_types[index][0])), 0
+            shape = tuple(self._arg_types[index][0])
+            # A dimension of size 1 is never stepped along: its stride is free.
+            differs = any(n > 1 and a != b for n, a, b in zip(shape, got[0], strides))
+            if differs or (offset is not None and got[1] != offset):
+                expected = f"strides {list(strides)}" + (f" and storage offset {offset}" if offset is not None else "")
+                raise ExecutionError(
+                    f"input '{self._names[index]}' has strides {list(got[0])} and storage offset {got[1]}; "
+                    f"the program reads it through as_strided, which addresses storage, and was compiled "
+                    f"for {expected} (the example's): pass a tensor laid out like the example, or "
+                    "compile again on one laid out like this"
                 )
 
     def _run(self, inputs: dict[int, Any]) -> Any:

@@ -44,6 +44,8 @@ def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
         return "module state is consumed by a donation"
     if plan.stored_layouts:
         return "module state is read in another layout or dtype than its buffer's"
+    if exe._signature.strided_inputs:
+        return "an input's storage layout is read (as_strided) and checked on every call"
     if not plan.state_first or tuple(step.index for step in plan.user_steps) != tuple(exe._user_indices):
         return "the arguments are not in state-then-inputs order"
     for step in plan.user_steps:

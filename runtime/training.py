@@ -192,6 +192,13 @@ class TrainingStep:
         self._model = model
         self._optimizer = optimizer
         self._slots = captured.slots
+        # dtype and shape of every state slot, to name a mismatched entry of
+        # load_state_dict by the user's key (the slots' names are internal).
+        self._slot_types = {
+            name: (value.dtype, tuple(value.shape))
+            for name, value in captured.exported.state_dict.items()
+            if isinstance(value, torch.Tensor)
+        }
         self._lr_cache: list[tuple[float, torch.Tensor]] = []
         #: Set by compile_training_step: the model's state store, the
         #: generation of its kept gradients this step was compiled for, and
@@ -303,13 +310,23 @@ class TrainingStep:
         the rest) are loaded into the torch optimizer."""
         if not isinstance(state, dict) or "model" not in state or "optimizer" not in state:
             raise ExecutionError("load_state_dict expects {'model': ..., 'optimizer': ...}")
+        # Strict, as torch's load_state_dict(strict=True): a key the step
+        # would ignore is refused before anything changes.
+        _refuse_unexpected("the state", state, ["model", "optimizer", "grads"])
         values: dict[str, torch.Tensor] = {}
         model_state = state["model"]
-        for key, name in self._model_keys().items():
+        model_keys = self._model_keys()
+        _refuse_unexpected("'model'", model_state, list(self._model.state_dict(keep_vars=True)))
+        for key, name in model_keys.items():
             if key not in model_state:
                 raise ExecutionError(f"load_state_dict: model state '{key}' is missing")
-            values[name] = model_state[key]
+            values[name] = self._checked(model_state[key], name, f"model state '{key}'")
         optimizer_state = state["optimizer"].get("state", {})
+        _refuse_unexpected("'optimizer'", state["optimizer"], ["state", "param_groups"])
+        _refuse_unexpected("optimizer 'state' (by parameter index)", optimizer_state, list(range(len(self._parameters))))
+        for index, entries in optimizer_state.items():
+            known = [slot.key for slot in self._slots if slot.kind == "optimizer" and slot.param_index == index]
+            _refuse_unexpected(f"optimizer state of parameter {index}", entries, known)
         for slot in self._slots:
             if slot.kind == "optimizer":
                 entries = optimizer_state.get(slot.param_index)
@@ -320,15 +337,35 @@ class TrainingStep:
                 value = entries[slot.key]
                 if not isinstance(value, torch.Tensor):
                     value = torch.tensor(float(value), dtype=torch.float32)
-                values[slot.name] = value
+                what = f"optimizer state '{slot.key}' of parameter {slot.param_index}"
+                values[slot.name] = self._checked(value, slot.name, what)
+        grads = state.get("grads", {})
+        _refuse_unexpected("'grads' (kept gradients)", grads, [slot.fqn for slot in self._slots if slot.kind == "grad"])
         for slot in self._slots:
-            if slot.kind == "grad" and slot.fqn in state.get("grads", {}):
-                values[slot.name] = state["grads"][slot.fqn]
-        self.executable.load_state_dict(values)
+            if slot.kind == "grad" and slot.fqn in grads:
+                values[slot.name] = self._checked(grads[slot.fqn], slot.name, f"kept gradient '{slot.fqn}'")
         groups = state["optimizer"].get("param_groups")
+        if groups is not None and len(groups) != len(self._optimizer.param_groups):
+            raise ExecutionError(
+                f"load_state_dict: {len(groups)} param groups, the optimizer has "
+                f"{len(self._optimizer.param_groups)}"
+            )
+        self.executable.load_state_dict(values)
         if groups is not None:
             for group, saved in zip(self._optimizer.param_groups, groups):
                 group.update({k: v for k, v in saved.items() if k != "params"})
+
+    def _checked(self, value: Any, slot_name: str, what: str) -> Any:
+        """``value`` if its dtype and shape are the slot's; an error naming
+        ``what`` (the user's key) otherwise."""
+        expected = self._slot_types.get(slot_name)
+        got = getattr(value, "dtype", None), tuple(getattr(value, "shape", ()))
+        if expected is not None and isinstance(value, torch.Tensor) and got != expected:
+            raise ExecutionError(
+                f"load_state_dict: {what} is {got[0]} {list(got[1])}, the step was compiled for "
+                f"{expected[0]} {list(expected[1])}"
+            )
+        return value
 
     def write_back(self) -> None:
         """Copy the device state into the model's parameters and buffers
@@ -390,3 +427,14 @@ class TrainingStep:
             if id(value) in slot_of:
                 keys[key] = slot_of[id(value)]
         return keys
+
+
+def _refuse_unexpected(what: str, entries: Any, known: Sequence[Any]) -> None:
+    """An ExecutionError naming every key of ``entries`` not in ``known``."""
+    if not isinstance(entries, dict):
+        raise ExecutionError(f"load_state_dict: {what} must be a dict, got {type(entries).__name__}")
+    unexpected = [key for key in entries if key not in known]
+    if unexpected:
+        listed = ", ".join(repr(key) for key in unexpected)
+        expected = ", ".join(repr(key) for key in known) or "none"
+        raise ExecutionError(f"load_state_dict: {what} has unexpected key(s) {listed} (expected: {expected})")

@@ -459,6 +459,13 @@ IMPORT_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any
         (torch.zeros(2, 8, 4), torch.randn(2, 4), torch.tensor(3)), {},
         "uses a tensor's value as a Python number",
     ),
+    # A host read the program computes with: torch.export traces it, and
+    # torch-mlir lowers it to tensor.extract, which XLA refused later with
+    # "failed to serialize module" (a CompileError naming nothing).
+    "item_in_forward": (
+        lambda x: x * x.sum().item(), (torch.randn(2, 3),), {},
+        "reads a traced tensor's value on the host (.item(), float(t), int(t)) at ",
+    ),
     # torch-mlir does not know silu_backward (a torch.operator): the message
     # names it, not the embedding before it, which lowers fine.
     "op_torch_mlir_cannot_lower": (
@@ -479,6 +486,115 @@ def test_import_errors_name_the_culprit(name: str) -> None:
         hloalias.import_torch(function, args, **kwargs)
     assert message in str(info.value)
     assert_unchanged(before, *args)
+
+
+def _scaled_by_its_sum(x: torch.Tensor) -> torch.Tensor:
+    total = x.sum().item()
+    return x * total
+
+
+def test_item_in_forward_names_the_users_line() -> None:
+    """``compile`` of a forward that computes with ``.item()``: a
+    TorchImportError naming this file and the line of the ``.item()``, as
+    ``compile_training_step`` does, not XLA's "failed to serialize module"."""
+    x = torch.randn(2, 3)
+    before = snapshot(x)
+    line = _scaled_by_its_sum.__code__.co_firstlineno + 1
+    with pytest.raises(TorchImportError) as info:
+        hloalias.compile(_scaled_by_its_sum, (x,))
+    message = str(info.value)
+    assert f"{__file__}:{line} in _scaled_by_its_sum: total = x.sum().item()" in message
+    assert "serialize" not in message
+    assert not isinstance(info.value, hloalias.CompileError)
+    assert_unchanged(before, x)
+
+
+def test_stack_trace_anchor_private_name_is_still_there() -> None:
+    """``torch_internals.keep_stack_traces_of`` uses torch's private
+    ``torch.fx.proxy._register_stack_trace_anchor`` (without it, errors of
+    compiled plain functions name no line): pinned for torch upgrades."""
+    import torch.fx.proxy
+
+    assert callable(getattr(torch.fx.proxy, "_register_stack_trace_anchor", None))
+
+
+ALIASED_EXAMPLES: dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]], str]] = {
+    "same_tensor_twice": (lambda a, b: a.add_(b), lambda: (torch.ones(4),) * 2, "input 'a' and input 'b'"),
+    "row_of_the_other": (
+        lambda a, b: a.add_(1.0) + b, lambda: (lambda t: (t, t[0]))(torch.ones(4, 4)), "input 'a' and input 'b'"
+    ),
+    "inside_a_list": (
+        lambda xs: xs[0].add_(xs[1]), lambda: ([torch.ones(4)] * 2,), "input 'xs_0' and input 'xs_1'"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALIASED_EXAMPLES))
+def test_aliased_example_inputs_are_named(name: str) -> None:
+    """Example inputs that share memory, one written in place: torch.export
+    fails with "expected compiled_fn to be GraphModule" (its AOT wrapper for
+    aliased inputs); hloalias names the inputs and says what to do."""
+    function, make_inputs, names = ALIASED_EXAMPLES[name]
+    inputs = make_inputs()
+    before = snapshot(*torch.utils._pytree.tree_leaves(inputs))
+    with pytest.raises(TorchImportError) as info:
+        hloalias.compile(function, inputs)
+    message = str(info.value)
+    assert message.startswith(f"example inputs share memory ({names}: the same tensor, or views of one)")
+    assert "writes to one of them in place" in message
+    assert_unchanged(before, *torch.utils._pytree.tree_leaves(inputs))
+
+
+def test_example_input_aliasing_module_state_is_named() -> None:
+    class AddsInput(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("total", torch.ones(4))
+
+        def forward(self, a: torch.Tensor) -> torch.Tensor:
+            self.total.add_(a)
+            return self.total * 2
+
+    module = AddsInput()
+    with pytest.raises(TorchImportError, match=r"^example inputs share memory \(state 'total' and input 'a'"):
+        hloalias.compile(module, (module.total,))
+    assert torch.equal(module.total, torch.ones(4))
+
+
+def test_aliased_example_inputs_that_are_only_read_still_compile() -> None:
+    """No write, no refusal: the pair is read twice, as eager reads it."""
+    x = torch.randn(4)
+    executable = hloalias.compile(lambda a, b: a * b, (x, x))
+    torch.testing.assert_close(executable(x, x), x * x, rtol=0, atol=0)
+
+
+def _write_first_row(a: torch.Tensor) -> torch.Tensor:
+    a[0].add_(1.0)
+    return a.sum()
+
+
+def test_write_to_an_expanded_input_is_refused_with_what_eager_does() -> None:
+    """Eager PyTorch (pinned here) writes one row of an expansion and every
+    row sees it (the sum is 12, not 4), and refuses a write whose own
+    elements overlap.  The compiled program cannot do the first, so it
+    refuses both, and the message says what eager does instead of the
+    untrue "eager PyTorch refuses this too"."""
+    base = torch.zeros(4)
+    assert _write_first_row(base.expand(3, 4)).item() == 12.0
+    assert torch.equal(base, torch.ones(4))
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor refers to a single"):
+        torch.zeros(4).expand(3, 4)[:, 0].add_(1.0)
+
+    executable = hloalias.compile(_write_first_row, (torch.zeros(3, 4),))
+    base = torch.zeros(4)
+    with pytest.raises(ExecutionError) as info:
+        executable(base.expand(3, 4))
+    message = str(info.value)
+    assert "refuses this too" not in message
+    assert message.startswith("input 'a' is an expanded tensor (elements share memory")
+    assert "otherwise changes every element that shares memory with a written one" in message
+    assert torch.equal(base, torch.zeros(4))
+    torch.testing.assert_close(executable(torch.zeros(3, 4)), torch.tensor(4.0))
 
 
 def test_strided_copy_imports_as_a_clone() -> None:
@@ -638,3 +754,162 @@ def test_donating_an_argument_returned_unchanged_is_reported_unused() -> None:
     [unused] = report.unused
     assert unused.reason.startswith("it is returned unchanged (output:1")
     assert "tf.aliasing_output" not in program.text
+
+
+# -- training steps: errors name the user's arguments and keys ---------------
+
+
+@pytest.fixture(scope="module")
+def training_step() -> tuple[Any, torch.nn.Module, torch.optim.Optimizer]:
+    """An MLP's SGD-with-momentum step compiled for a (6, 8) / (6, 4) batch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(features), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    compiled = hloalias.compile_training_step(step, model, optimizer, (torch.randn(6, 8), torch.randn(6, 4)))
+    return compiled, model, optimizer
+
+
+@pytest.mark.parametrize(
+    ("make_batch", "message"),
+    [
+        (lambda: (torch.randn(5, 8), torch.randn(6, 4)), "input 'features' is torch.float32 [5, 8]"),
+        (lambda: (torch.randn(6, 8), torch.randn(6, 4).double()), "input 'targets' is torch.float64 [6, 4]"),
+    ],
+    ids=["features_shape", "targets_dtype"],
+)
+def test_training_step_errors_name_the_step_argument(
+    training_step: tuple[Any, torch.nn.Module, torch.optim.Optimizer],
+    make_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    message: str,
+) -> None:
+    """The step's inputs are named after ``step_fn``'s parameters, not the
+    captured program's internal ``inputs_1``, ``inputs_2``."""
+    compiled, _model, _optimizer = training_step
+    with pytest.raises(ExecutionError) as info:
+        compiled(*make_batch())
+    assert message in str(info.value)
+    assert "inputs_" not in str(info.value)
+
+
+def test_training_step_input_names_follow_nested_and_variadic_arguments() -> None:
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(pair: tuple[torch.Tensor, torch.Tensor], *rest: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(pair[0]), pair[1]) + rest[0].sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    batch = ((torch.randn(3, 4), torch.randn(3, 2)), torch.randn(2))
+    compiled = hloalias.compile_training_step(step, model, optimizer, batch)
+    with pytest.raises(ExecutionError, match=r"^input 'rest_1' is torch.float32 \[3\]"):
+        compiled(batch[0], torch.randn(3))
+    with pytest.raises(ExecutionError, match=r"^input 'pair_1' is torch.float32 \[3, 3\]"):
+        compiled((batch[0][0], torch.randn(3, 3)), batch[1])
+
+
+def _unknown_model_key(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "model": {**state["model"], "3.weight": torch.zeros(4, 16)}}
+
+
+def _unknown_parameter_index(state: dict[str, Any]) -> dict[str, Any]:
+    optimizer = state["optimizer"]
+    return {**state, "optimizer": {**optimizer, "state": {**optimizer["state"], 7: {"momentum_buffer": torch.zeros(4)}}}}
+
+
+def _unknown_optimizer_key(state: dict[str, Any]) -> dict[str, Any]:
+    optimizer = state["optimizer"]
+    entries = {**optimizer["state"][0], "exp_avg": torch.zeros(16, 8)}
+    return {**state, "optimizer": {**optimizer, "state": {**optimizer["state"], 0: entries}}}
+
+
+def _wrong_shape(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "model": {**state["model"], "2.weight": torch.zeros(16, 4)}}
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda state: {**state, "scheduler": {}}, "load_state_dict: the state has unexpected key(s) 'scheduler'"),
+        (_unknown_model_key, "load_state_dict: 'model' has unexpected key(s) '3.weight'"),
+        (_unknown_parameter_index, "load_state_dict: optimizer 'state' (by parameter index) has unexpected key(s) 7"),
+        (_unknown_optimizer_key, "load_state_dict: optimizer state of parameter 0 has unexpected key(s) 'exp_avg'"),
+        (_wrong_shape, "load_state_dict: model state '2.weight' is torch.float32 [16, 4], the step was compiled for torch.float32 [4, 16]"),
+        (lambda state: {**state, "grads": {"0.weight": torch.zeros(16, 8)}}, "load_state_dict: 'grads' (kept gradients) has unexpected key(s) '0.weight' (expected: none)"),
+    ],
+    ids=["top_level", "model_key", "parameter_index", "optimizer_key", "wrong_shape", "grads_of_a_step_that_keeps_none"],
+)
+def test_training_step_load_state_dict_is_strict(
+    training_step: tuple[Any, torch.nn.Module, torch.optim.Optimizer],
+    corrupt: Callable[[dict[str, Any]], dict[str, Any]],
+    message: str,
+) -> None:
+    """Like torch's ``load_state_dict(strict=True)``: a key the step would
+    ignore is refused, named, before anything changes (torch refuses an
+    unexpected model key the same way: pinned below)."""
+    compiled, model, _optimizer = training_step
+    state = compiled.state_dict()
+    good = {**state, "model": {k: v + 1 for k, v in state["model"].items()}}
+    with pytest.raises(ExecutionError) as info:
+        compiled.load_state_dict(corrupt(good))
+    assert message in str(info.value)
+    after = compiled.state_dict()
+    for key, value in state["model"].items():
+        assert torch.equal(after["model"][key], value), key
+    for index, entries in state["optimizer"]["state"].items():
+        for key, value in entries.items():
+            assert torch.equal(after["optimizer"]["state"][index][key], value), (index, key)
+
+    eager = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    with pytest.raises(RuntimeError, match='Unexpected key\\(s\\) in state_dict: "3.weight"'):
+        eager.load_state_dict(_unknown_model_key(state)["model"])
+
+
+# -- indices are ASCII digits; booleans are not integers ---------------------
+
+
+@pytest.mark.parametrize("text", ["\u0663", "\u0969", "\u00b2", "1\u0660", "-1", ""])
+def test_index_spellings_other_than_ascii_digits_are_refused(text: str) -> None:
+    """``str.isdigit`` accepts '٣' (Arabic-Indic), '३' (Devanagari), '²'
+    and ``int`` reads the first two as 3: an option ``donate=٣`` donated
+    argument 3.  Keys, layouts and options now refuse them."""
+    from hloalias.attributes import is_index, parse_key
+    from hloalias.contract import StoredLayout
+
+    assert not is_index(text)
+    with pytest.raises(ValueError):
+        parse_key(f"output:{text}")
+    with pytest.raises(ValueError):
+        StoredLayout.from_spec(f"0.{text}")
+    with pytest.raises(PassError, match="expects a comma-separated list of integers"):
+        EliminateViewResults.from_options(f"dead-results={text or ','}x")
+    with pytest.raises(PassError, match=f"donate names unknown argument '{re.escape(text)}'"):
+        AliasDonatedBuffers(donate=(text,)).apply(parse(BOOL_ALIAS.replace("true", "0 : i32")))
+
+
+BOOL_ALIAS = """
+func.func @main(%a: tensor<4xf32> {hloalias.kind = "buffer", hloalias.name = "a", tf.aliasing_output = true}) -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}) {
+  %0 = stablehlo.add %a, %a : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+"""
+
+
+def test_boolean_aliasing_output_is_named_as_a_boolean() -> None:
+    """``tf.aliasing_output = true`` is an i1 whose signed value is -1: it was
+    reported as "'tf.aliasing_output' = -1 is out of range"."""
+    module = parse(BOOL_ALIAS)
+    before = module_text(module)
+    with pytest.raises(IRError, match="^argument 0: 'tf.aliasing_output' must be an integer, got the boolean true$"):
+        AliasDonatedBuffers().apply(module)
+    assert module_text(module) == before

@@ -110,7 +110,7 @@ def test_explicitly_donated_batch_is_reported_and_consumed() -> None:
     # The batch has no result of its shape to alias: it stays a donor (XLA
     # may reuse it for temporaries) and the report says so.
     batch_donors = {u.arg_name: (u.origin, u.kept_as_donor) for u in report.unused}
-    assert batch_donors == {"inputs_1": ("explicit", True), "inputs_2": ("explicit", True)}
+    assert batch_donors == {"x": ("explicit", True), "y": ("explicit", True)}
     dx, dy = train.to_device(x), train.to_device(y)
     train(dx, dy)
     with pytest.raises(hloalias.DonatedBufferError):

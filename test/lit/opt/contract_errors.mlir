@@ -83,3 +83,19 @@ func.func @main(%arg0: tensor<8xf32> {tf.aliasing_output = "zero"}) -> tensor<8x
 func.func @main(%arg0: tensor<8xf32> {hloalias.kind = "weights"}) -> tensor<8xf32> {
   return %arg0 : tensor<8xf32>
 }
+
+// -----
+
+// A boolean is an i1 integer whose signed value is -1: it is named as the
+// boolean it is, not reported as an out-of-range index -1.
+// CHECK-NEXT: contract_errors.mlir:92:1: error: argument 0: 'tf.aliasing_output' must be an integer, got the boolean true
+func.func @main(%arg0: tensor<8xf32> {tf.aliasing_output = true}) -> tensor<8xf32> {
+  return %arg0 : tensor<8xf32>
+}
+
+// -----
+
+// CHECK-NEXT: contract_errors.mlir:99:1: error: result 0 of @main: 'hloalias.output' must be an integer, got the boolean false
+func.func @main(%arg0: tensor<8xf32>) -> (tensor<8xf32> {hloalias.output = false}) {
+  return %arg0 : tensor<8xf32>
+}

@@ -6,7 +6,7 @@
 // The pass has no options: any is an error.
 // RUN: not hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(order-in-place-updates{bogus=1})' 2>&1 | filecheck %s --check-prefix=ERR
 
-// XLA-COUNT-4: xla: argument_bytes={{[0-9]+}}
+// XLA-COUNT-8: xla: argument_bytes={{[0-9]+}}
 // ERR: order_in_place_updates.mlir: error: order-in-place-updates: unknown option 'bogus' (options: none)
 
 // A training step's last layer: the forward reads w (y = x w^T), the
@@ -78,3 +78,90 @@ func.func @main(%w: tensor<4xi32> {hloalias.kind = "buffer", hloalias.name = "w"
 // CHECK:         %[[P:.+]] = stablehlo.or
 // CHECK-NEXT:    "stablehlo.if"(%[[P]])
 // CHECK-NOT:     stablehlo.if
+
+// -----
+
+// One SSA value is the new value of two aliased arguments (a.copy_(z);
+// b.copy_(z.clone()), the clone folded away).  Its op has two uses, so it
+// stays where it is: XLA copies it into one of the two buffers anyway.
+// (The pass used to move the op for the first result and erase it while
+// the second still used it: a segfault, exit 139.)
+func.func @main(%a: tensor<4xf32> {hloalias.kind = "buffer", hloalias.name = "a", tf.aliasing_output = 0 : i32}, %b: tensor<4xf32> {hloalias.kind = "buffer", hloalias.name = "b", tf.aliasing_output = 1 : i32}, %z: tensor<4xf32> {hloalias.kind = "user_input", hloalias.name = "z"}) -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}, tensor<4xf32> {hloalias.mutates = 1 : i64, hloalias.role = "mutation"}, tensor<4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
+  %old = stablehlo.add %a, %b : tensor<4xf32>
+  %z2 = stablehlo.multiply %z, %z : tensor<4xf32>
+  return %z2, %z2, %old : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+}
+// CHECK-LABEL: func.func @main(
+// CHECK-NEXT:    %[[OLD:.+]] = stablehlo.add %arg0, %arg1
+// CHECK-NEXT:    %[[Z2:.+]] = stablehlo.multiply %arg2, %arg2
+// CHECK-NEXT:    return %[[Z2]], %[[Z2]], %[[OLD]]
+
+// -----
+
+// The same, and the value is also a user output: three uses, left alone.
+func.func @main(%a: tensor<4xf32> {hloalias.kind = "buffer", hloalias.name = "a", tf.aliasing_output = 0 : i32}, %z: tensor<4xf32> {hloalias.kind = "user_input", hloalias.name = "z"}) -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}, tensor<4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}, tensor<4xf32> {hloalias.output = 1 : i64, hloalias.role = "user_output"}) {
+  %old = stablehlo.negate %a : tensor<4xf32>
+  %z2 = stablehlo.multiply %z, %z : tensor<4xf32>
+  return %z2, %old, %z2 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+}
+// CHECK-LABEL: func.func @main(
+// CHECK-NOT:     stablehlo.if
+// CHECK:         return
+
+// -----
+
+// The old value is read inside a branch of an if.  Only the if's result is
+// visible at the return: the predicate reads it (it used to read the
+// multiply inside the branch, which does not dominate the return: invalid IR).
+func.func @main(%w: tensor<4xf32> {hloalias.kind = "buffer", hloalias.name = "w", tf.aliasing_output = 0 : i32}, %d: tensor<4xf32> {hloalias.kind = "user_input", hloalias.name = "d"}, %p: tensor<i1> {hloalias.kind = "user_input", hloalias.name = "p"}) -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}, tensor<4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}) {
+  %r = "stablehlo.if"(%p) ({
+    %m = stablehlo.multiply %w, %d : tensor<4xf32>
+    stablehlo.return %m : tensor<4xf32>
+  }, {
+    stablehlo.return %d : tensor<4xf32>
+  }) : (tensor<i1>) -> tensor<4xf32>
+  %new = stablehlo.subtract %d, %d : tensor<4xf32>
+  return %new, %r : tensor<4xf32>, tensor<4xf32>
+}
+// CHECK-LABEL: func.func @main(
+// CHECK:         %[[R:.+]] = "stablehlo.if"(%arg2)
+// CHECK:         stablehlo.multiply %arg0, %arg1
+// CHECK:         %[[ONE:.+]] = stablehlo.slice %[[R]] [0:1]
+// CHECK-NEXT:    %[[S:.+]] = stablehlo.reshape %[[ONE]]
+// CHECK-NEXT:    %[[P:.+]] = stablehlo.compare  EQ, %[[S]], %[[S]]
+// CHECK-NEXT:    %[[NEW:.+]] = "stablehlo.if"(%[[P]])
+// CHECK:         return %[[NEW]], %[[R]]
+
+// -----
+
+// Read inside a while body (and its condition), and inside a case branch:
+// the while and the case are the readers; the predicate reads the first
+// result of each whose type it can probe (the while's is the i64 counter).
+func.func @main(%w: tensor<4xf32> {hloalias.kind = "buffer", hloalias.name = "w", tf.aliasing_output = 0 : i32}, %d: tensor<4xf32> {hloalias.kind = "user_input", hloalias.name = "d"}, %k: tensor<i32> {hloalias.kind = "user_input", hloalias.name = "k"}) -> (tensor<4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}, tensor<4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output"}, tensor<4xf32> {hloalias.output = 1 : i64, hloalias.role = "user_output"}) {
+  %zero = stablehlo.constant dense<0> : tensor<i64>
+  %loop:2 = stablehlo.while(%i = %zero, %acc = %d) : tensor<i64>, tensor<4xf32>
+  cond {
+    %limit = stablehlo.constant dense<3> : tensor<i64>
+    %lt = stablehlo.compare LT, %i, %limit : (tensor<i64>, tensor<i64>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  } do {
+    %one = stablehlo.constant dense<1> : tensor<i64>
+    %next = stablehlo.add %i, %one : tensor<i64>
+    %sum = stablehlo.add %acc, %w : tensor<4xf32>
+    stablehlo.return %next, %sum : tensor<i64>, tensor<4xf32>
+  }
+  %c = "stablehlo.case"(%k) ({
+    %n = stablehlo.negate %w : tensor<4xf32>
+    stablehlo.return %n : tensor<4xf32>
+  }, {
+    stablehlo.return %d : tensor<4xf32>
+  }) : (tensor<i32>) -> tensor<4xf32>
+  %new = stablehlo.multiply %d, %d : tensor<4xf32>
+  return %new, %loop#1, %c : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+}
+// CHECK-LABEL: func.func @main(
+// CHECK:         %[[LOOP:.+]]:2 = stablehlo.while
+// CHECK:         %[[C:.+]] = "stablehlo.case"(%arg2)
+// CHECK:         %[[NEW:.+]] = "stablehlo.if"
+// CHECK-NEXT:      stablehlo.multiply %arg1, %arg1
+// CHECK:         return %[[NEW]], %[[LOOP]]#1, %[[C]]

@@ -12,8 +12,13 @@ an op list:
   ``view(torch.int32)`` on f32 (and ``view(torch.float32)`` on i32),
   ``contiguous``;
 - computations: ``v + c``, ``v * c``, ``v + w``, ``v.neg()``, ``v.clone()``;
+- reads through ``as_strided`` (sizes, strides and an optional storage
+  offset within the operand's storage), copied out (``.clone()``, ``+ c``):
+  a returned ``as_strided`` view and a write through one are refused by
+  hloalias (``test_as_strided.py``);
 - in-place updates of inputs, of the buffer, of intermediates and through
-  views of any of them: ``add_``, ``mul_``, ``copy_``, ``fill_``,
+  views of any of them: ``add_``, ``mul_``, ``copy_`` (also from the other
+  dtype: ``buf.copy_(x_int32)``), ``fill_``,
   ``masked_fill_``, ``index_put_``, ``index_copy_`` and slice assignment
   (``x[1:] = c``, ``x[:, ::2] = y``);
 
@@ -36,6 +41,10 @@ and i32 data are bit patterns of such floats, so every float has a few
 significant bits and float views of integer data never hold NaN, infinities or
 denormals.
 
+A storage a converting ``copy_`` wrote is only returned afterwards (its
+values are exact as stored, but arithmetic on them would round, and float
+views of truncated integers are denormals).
+
 Three known hloalias bugs (the strict xfail ``KNOWN_BUGS`` of
 ``test_differential.py``) make some programs fail whatever else they do:
 
@@ -47,7 +56,9 @@ Three known hloalias bugs (the strict xfail ``KNOWN_BUGS`` of
 - when a ``copy_`` overwrites the whole buffer, ``torch.export`` makes the
   copied tensor itself the buffer's new value, the importer files its
   storage under the buffer's, and results in that storage (the input or
-  intermediate copied from, views of it) come back as the module's state.
+  intermediate copied from, views of it) come back as the module's state;
+  when that ``copy_`` converts from another dtype, the buffer itself
+  comes back in the source's dtype (its values' bits).
 
 With ``avoid_known_bugs=True`` the generator tracks, per eager storage,
 whether it is constant and which storage a whole-buffer ``copy_`` last
@@ -233,6 +244,15 @@ class _Storage:
     # of it, copied from, while neither has been updated since (see
     # _without_known_bugs).
     copied_from: int | None = None
+    # Its values came from a copy_ across dtypes (int32 bit patterns as
+    # float values near 1e9, or floats truncated to small integers): exact
+    # as stored, but further arithmetic on them would round (and XLA
+    # reassociates) or make float views of denormals, so the generator
+    # leaves it alone afterwards: it is only returned.
+    frozen: bool = False
+    # For the buffer: its last update was a copy_ over all of it from
+    # another dtype (see _without_known_bugs).
+    converted: bool = False
 
 
 @dataclasses.dataclass
@@ -326,9 +346,17 @@ class _Builder:
             if other.copied_from == target.storage:
                 other.copied_from = None  # the source has a value of its own now
         storage.copied_from = None
+        storage.converted = False
         if source is not None and whole and storage.argument == BUFFER_NAME:
             storage.copied_from = source.storage
+            storage.converted = source.sim.dtype != target.sim.dtype
+        if source is not None and source.sim.dtype != target.sim.dtype:
+            storage.frozen = True
         self.body.append(statement)
+
+    def usable(self, value: _Value) -> bool:
+        """Whether ``value`` may be an operand or a source (not frozen)."""
+        return not self.storages[value.storage].frozen
 
 
 # -- op choices -------------------------------------------------------------
@@ -461,8 +489,10 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     sim = operand.sim
     name = operand.name
     is_float = sim.dtype == torch.float32
-    kinds = ["add", "clone"] + (["mul", "neg", "add_tensor"] if is_float else [])
+    kinds = ["add", "clone", "as_strided"] + (["mul", "neg", "add_tensor"] if is_float else [])
     kind = draw(st.sampled_from(kinds))
+    if kind == "as_strided":
+        return draw(_draw_as_strided(builder, operand))
     if kind == "clone":
         builder.emit_compute(f"{name}.clone()", sim.clone(), [operand])
     elif kind == "add":
@@ -474,9 +504,56 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     elif kind == "neg":
         builder.emit_compute(f"{name}.neg()", -sim, [operand])
     else:
-        partners = [v for v in builder.values.values() if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype]
+        partners = [
+            v for v in builder.values.values()
+            if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype and builder.usable(v)
+        ]
         other = draw(st.sampled_from(partners))
         builder.emit_compute(f"{name} + {other.name}", sim + other.sim, [operand, other])
+    return True
+
+
+@st.composite
+def _draw_as_strided(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
+    """A read through ``operand.as_strided(size, stride[, storage_offset])``,
+    copied out (``.clone()``, or ``+ c``): hloalias refuses a returned
+    as_strided view and a write through one (test_as_strided.py), and
+    computes the read at the example layout's positions, which the
+    generator's call-time inputs share.  Sizes, strides and the offset stay
+    within the operand's storage (an explicit offset counts from the
+    storage's start, as eager's)."""
+    sim = operand.sim
+    base = builder.storages[operand.storage].base
+    if sim.dtype != base.dtype:
+        return False  # a dtype view: its storage counts elements of another size
+    storage_numel = sim.untyped_storage().nbytes() // sim.element_size()
+    if not base.is_contiguous() or base.storage_offset() != 0 or base.numel() != storage_numel:
+        # Storage elements that are no element of the base (the gaps of a
+        # non-contiguous input) are out of a compiled program's reach:
+        # torch-mlir refuses such an as_strided at import.
+        return False
+    rank = draw(st.integers(1, 2))
+    sizes = [draw(st.integers(1, 3)) for _ in range(rank)]
+    strides = [draw(st.integers(0, 3)) for _ in range(rank)]
+    span = sum((size - 1) * stride for size, stride in zip(sizes, strides))
+    if span >= storage_numel:
+        return False
+    explicit = draw(st.booleans())
+    if explicit:
+        offset = draw(st.integers(0, storage_numel - 1 - span))
+        offset_text = f", {offset}"
+        view = sim.as_strided(sizes, strides, offset)
+    else:
+        if sim.storage_offset() + span >= storage_numel:
+            return False
+        offset_text = ""
+        view = sim.as_strided(sizes, strides)
+    expression = f"{operand.name}.as_strided({tuple(sizes)!r}, {tuple(strides)!r}{offset_text})"
+    if sim.dtype == torch.float32 and draw(st.booleans()):
+        constant = draw(st.sampled_from(F32_ADD_CONSTANTS))
+        builder.emit_compute(f"{expression} + {constant!r}", view + constant, [operand])
+    else:
+        builder.emit_compute(f"{expression}.clone()", view.clone(), [operand])
     return True
 
 
@@ -500,6 +577,11 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
         kinds += ["index_put", "index_copy"]
     if subscript:
         kinds += ["setitem"] * 4
+    if any(
+        v.sim.shape == sim.shape and v.storage != target.storage and builder.usable(v)
+        for v in builder.values.values()
+    ):
+        kinds += ["convert"] * 2
     kind = draw(st.sampled_from(kinds))
     fills = F32_FILL_CONSTANTS if is_float else I32_FILL_CONSTANTS
     dtype_text = f"torch.{str(sim.dtype).removeprefix('torch.')}"
@@ -531,6 +613,7 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
         sources = [
             v for v in builder.values.values()
             if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype and v.storage != target.storage
+            and builder.usable(v)
         ]
         from_value: bool = draw(st.booleans())
         if sources and from_value:
@@ -557,14 +640,23 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
         sim.fill_(constant)
         builder.emit_inplace(target, f"{name}.fill_({constant!r})", "fill")
         return True
-    # copy_ from a same-shaped value in another storage (eager's overlap rules aside)
+    # copy_ from a same-shaped value in another storage (eager's overlap
+    # rules aside), of the same dtype ("copy") or the other one ("convert":
+    # int32 bit patterns of small floats become float values exactly,
+    # floats truncate to integers).
+    converting = kind == "convert"
     sources = [
         v for v in builder.values.values()
-        if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype and v.storage != target.storage
+        if v.sim.shape == sim.shape and v.storage != target.storage and builder.usable(v)
+        and (v.sim.dtype == sim.dtype or converting)
     ]
     if not sources:
         return False
     source = draw(st.sampled_from(sources))
+    if converting and source.sim.dtype == sim.dtype:
+        # The other dtype through a bit view written inline: b.copy_(x0.view(torch.int32)).
+        other = "int32" if sim.dtype == torch.float32 else "float32"
+        source = _Value(f"{source.name}.view(torch.{other})", source.sim.view(_DTYPES[other]), source.storage, source.view_root)
     sim.copy_(source.sim)
     builder.emit_inplace(target, f"{name}.copy_({source.name})", "copy", source)
     return True
@@ -593,6 +685,8 @@ def programs(draw: st.DrawFn, avoid_known_bugs: bool = True, max_steps: int = 7)
     steps = draw(st.integers(1, max_steps))
     for _ in range(steps):
         operand = builder.values[draw(st.sampled_from(sorted(builder.values)))]
+        if not builder.usable(operand):
+            continue
         kind = draw(st.sampled_from(("view", "view", "view", "compute", "compute", "inplace", "inplace")))
         drawer = {"view": _draw_view, "compute": _draw_compute, "inplace": _draw_inplace}[kind]
         draw(drawer(builder, operand))
@@ -631,6 +725,10 @@ def _without_known_bugs(builder: _Builder, returns: list[str]) -> list[str]:
         # source's storage the buffer's class, and values in that storage
         # come back as the module's state, not as the tensors eager returns.
         if value.storage in buffer_sources:
+            continue
+        # A buffer that a copy_ from another dtype overwrote whole comes back
+        # in the source's dtype (the bits of its values): the issue-24 bug.
+        if storage.converted:
             continue
         # A view of a constant (an input that fill_ overwrote, say) is
         # folded into a constant of its own and comes back as a copy.

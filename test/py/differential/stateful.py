@@ -37,11 +37,20 @@ STATEMENTS: tuple[tuple[str, bool], ...] = (
     ("self.buf[1].copy_(x1[2])", False),
     ("self.buf[:, 1:4].add_(1.0)", False),
     ("self.buf.add_(self.w2)", False),
+    # A read of the state through as_strided at a storage offset (rows 0-2,
+    # written to row 3: no overlap), and a copy_ from another dtype.
+    ("self.buf[3].add_(self.buf.as_strided((6,), (3,), 1))", False),
+    ("self.buf[2].copy_((x1[0] * 4).to(torch.int32))", False),
     ("x0.add_(self.buf)", True),
     ("x1[0].fill_(-1.0)", True),
     ("x1[:, 1:3].mul_(2.0)", True),  # a stepped slice here: torch-mlir lowering exhausts memory (main too)
 )
-COMPUTED: tuple[str, ...] = ("self.buf * x1", "x0 + self.w", "self.w2 - x1")
+COMPUTED: tuple[str, ...] = (
+    "self.buf * x1", "x0 + self.w", "self.w2 - x1",
+    # as_strided without a storage offset: relative to x1's own (x1 may be
+    # a view at another offset of a shared base).
+    "x1.as_strided((3, 2), (6, 2)) * 2.0",
+)
 RETURNS: tuple[str, ...] = (
     "self.buf", "self.buf[1:3]", "self.buf.t()", "self.buf[:, ::2]", "x0", "x0[0]", "x1[:, 1]", "self.w2[1:2]",
 )
