@@ -19,12 +19,16 @@
   buffer and XLA writes in place.  Otherwise the new value is copied back
   each call (``host_copies``, named by ``explain()``).
 - Results on CPU are runtime-owned buffers lent to torch without a DLPack
-  export, so a result donated to a later call (``y = exe(y)``) is reused in
-  place.
+  export, so a result passed back as a mutated input (``exe(y)`` with
+  ``y.add_(...)`` in the program) is updated in place.
 - Donated inputs are consumed.  A :class:`DeviceTensor` that was donated
   raises :class:`DonatedBufferError` when used again.  A donated torch
-  tensor is left untouched: on the CPU client PJRT cannot reuse memory it
-  does not own, so XLA writes the result elsewhere; treat it as consumed.
+  tensor is left untouched, wherever its memory came from (an earlier
+  result included: ``hloalias.runtime.ownership``): XLA writes the result
+  elsewhere; treat it as consumed.
+- Every call is a transaction: once the program ran, any exception
+  (``KeyboardInterrupt`` included) completes the commit before it leaves
+  (``Executable._settle``), so module state is the call's and usable.
 - Inputs must match the example inputs' shapes and dtypes; anything else is
   an :class:`ExecutionError` (compile again for another signature).  Calls
   bind like the eager function: positional or keyword, in any order.

@@ -290,8 +290,10 @@ def _host_result(array: jax.Array, result: _ResultStep) -> torch.Tensor:
 
 def _result_tensor(array: jax.Array) -> torch.Tensor:
     """A result for the caller: on CPU a tensor backed by the runtime-owned
-    buffer without a DLPack export, so that donating it to a later call
-    (``y = exe(y)``) lets XLA reuse the buffer in place."""
+    buffer without a DLPack export, so that a later call mutating it in
+    place (an input aliased to its own new value) lets XLA write into the
+    buffer itself.  (A donated, not mutated, input is never written in
+    place: see the module docstring.)"""
     if not _writable_on_host(array) or array.nbytes == 0:
         return array_to_torch(array)
     tensor, backing = host_backed_tensor(array, _torch_dtype_of_jax(array.dtype), tuple(array.shape))
