@@ -386,6 +386,13 @@ PASSING = {
     # Two equal fills: the second update is removed as a duplicate of the
     # first and x1 keeps its old value.
     "equal_fills_lose_one": _program(["x0.fill_(1.5)", "x1.fill_(1.5)"], ["x0"], ["x0"], TWO_INPUTS),
+    # Found by issue 25's generator extension, fixed by issue 24 (the
+    # importer spells out copy_'s conversion before functionalization): a
+    # copy_ from another dtype over the whole buffer came back in the
+    # source's dtype (int32, the bits of the float values eager returns).
+    "whole_buffer_copy_from_another_dtype_returned": _program(
+        [f"{BUFFER_LOCAL}.copy_(x0.view(torch.int32))"], [BUFFER_LOCAL], ["b"], buffer=BUFFER
+    ),
 }
 
 
@@ -429,13 +436,6 @@ KNOWN_BUGS = {
         ["v0 = x1.view(2, 6)", "x1.transpose(0, 1).masked_fill_(x1.transpose(0, 1) > 0, 1.5)"], ["v0"], ["x1"],
         [TensorSpec("x1", (2, 3, 2), "float32")],
     ),
-    # Issue 25 (item 4's generator extension) reaches issue 24's bug: a
-    # copy_ from another dtype over the whole buffer makes the converted
-    # source the buffer's new value; the returned buffer comes back in the
-    # source's dtype (int32, the bits of the float values eager returns).
-    "whole_buffer_copy_from_another_dtype_returned": _program(
-        [f"{BUFFER_LOCAL}.copy_(x0.view(torch.int32))"], [BUFFER_LOCAL], ["b"], buffer=BUFFER
-    ),
 }
 
 
@@ -446,9 +446,6 @@ KNOWN_BUG_REASONS = {
     "overlapping_views_of_unreturned_intermediate": _UNRETURNED,
     "masked_fill_through_a_transpose_then_a_view_of_the_base": (
         "torch bug: run_decompositions cannot replay a view of a base that masked_fill_ wrote through a transpose"
-    ),
-    "whole_buffer_copy_from_another_dtype_returned": (
-        "hloalias bug (issue 24): the buffer a converting copy_ overwrote whole comes back in the source's dtype"
     ),
 }
 

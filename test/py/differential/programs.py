@@ -56,9 +56,7 @@ Three known hloalias bugs (the strict xfail ``KNOWN_BUGS`` of
 - when a ``copy_`` overwrites the whole buffer, ``torch.export`` makes the
   copied tensor itself the buffer's new value, the importer files its
   storage under the buffer's, and results in that storage (the input or
-  intermediate copied from, views of it) come back as the module's state;
-  when that ``copy_`` converts from another dtype, the buffer itself
-  comes back in the source's dtype (its values' bits).
+  intermediate copied from, views of it) come back as the module's state.
 
 With ``avoid_known_bugs=True`` the generator tracks, per eager storage,
 whether it is constant and which storage a whole-buffer ``copy_`` last
@@ -250,9 +248,6 @@ class _Storage:
     # reassociates) or make float views of denormals, so the generator
     # leaves it alone afterwards: it is only returned.
     frozen: bool = False
-    # For the buffer: its last update was a copy_ over all of it from
-    # another dtype (see _without_known_bugs).
-    converted: bool = False
 
 
 @dataclasses.dataclass
@@ -346,10 +341,8 @@ class _Builder:
             if other.copied_from == target.storage:
                 other.copied_from = None  # the source has a value of its own now
         storage.copied_from = None
-        storage.converted = False
         if source is not None and whole and storage.argument == BUFFER_NAME:
             storage.copied_from = source.storage
-            storage.converted = source.sim.dtype != target.sim.dtype
         if source is not None and source.sim.dtype != target.sim.dtype:
             storage.frozen = True
         self.body.append(statement)
@@ -725,10 +718,6 @@ def _without_known_bugs(builder: _Builder, returns: list[str]) -> list[str]:
         # source's storage the buffer's class, and values in that storage
         # come back as the module's state, not as the tensors eager returns.
         if value.storage in buffer_sources:
-            continue
-        # A buffer that a copy_ from another dtype overwrote whole comes back
-        # in the source's dtype (the bits of its values): the issue-24 bug.
-        if storage.converted:
             continue
         # A view of a constant (an input that fill_ overwrote, say) is
         # folded into a constant of its own and comes back as a copy.
