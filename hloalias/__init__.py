@@ -13,6 +13,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+#: The release (PEP 440); pyproject.toml reads it from here.
+__version__ = "0.1.0"
+
 from hloalias.errors import (
     CompileError,
     DonatedBufferError,
@@ -39,6 +42,7 @@ _LAZY = {
     "to_device": "hloalias.runtime",
     "TrainingStep": "hloalias.runtime",
     "compile_training_step": "hloalias.runtime",
+    "compile_stablehlo": "hloalias.runtime.foreign",
 }
 
 if TYPE_CHECKING:
@@ -53,6 +57,7 @@ if TYPE_CHECKING:
         to_device,
     )
     from hloalias.runtime import TrainingStep, compile_training_step
+    from hloalias.runtime.foreign import compile_stablehlo
 
 
 def __getattr__(name: str) -> Any:
@@ -68,5 +73,5 @@ __all__ = [
     "ExecutionError", "HloaliasError", "IRError", "Mesh", "PassError", "PipelineError", "Program",
     "ShardingError",
     "Stage", "TorchImportError", "cache_stats", "clear_cache", "compile", "import_torch", "to_device",
-    "TrainingStep", "compile_training_step",
+    "TrainingStep", "compile_training_step", "compile_stablehlo", "__version__",
 ]

@@ -43,6 +43,7 @@ from jaxlib.mlir.dialects import stablehlo as jaxlib_stablehlo
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
+from hloalias import config
 from hloalias.errors import CompileError, ExecutionError
 from hloalias.legalize import inline_dense_resources, legalize_tensor_constants
 from hloalias.mlir import (
@@ -61,8 +62,9 @@ from hloalias.runtime import disk_cache
 
 try:  # the wait policy in native code (runtime/_lane.cpp), where it is built
     from hloalias.runtime._lane import Waiter as NativeWaiter
-except ImportError:
+except ImportError as _missing:
     NativeWaiter = None  # type: ignore[assignment,misc]
+    config.warn_native_missing(_missing)
 
 # torch's C-level DLPack export (Tensor.__dlpack__ wraps it in Python checks).
 _torch_to_dlpack: Any = getattr(torch.utils.dlpack, "to_dlpack")
@@ -350,7 +352,7 @@ def wait_ready(arrays: Sequence[jax.Array], spin_ns: int = READY_SPIN_NS) -> boo
 def native_enabled() -> bool:
     """Whether native code may serve calls: ``HLOALIAS_NATIVE=0`` turns it
     off (every call on the Python path), read when an executable is made."""
-    return os.environ.get("HLOALIAS_NATIVE", "1") != "0"
+    return config.flag("HLOALIAS_NATIVE")
 
 
 def _refuse_non_array(value: Any, sharding: Any, layout: Any) -> Any:
