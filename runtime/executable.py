@@ -49,6 +49,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -60,7 +61,8 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch_mlir import ir
 
-from hloalias import attributes as A
+from hloalias import attributes as A, observe
+from hloalias.observe import traced_compile
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage, import_torch
 from hloalias.contract import Signature, StoredLayout, verify
@@ -77,6 +79,7 @@ from hloalias.pipeline import (
     with_fixed_layouts,
 )
 from hloalias.runtime.export_cache import import_cached
+from hloalias.runtime.stages import pass_lines, run_passes
 from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_shardings
 from hloalias.runtime.strided_views import strided_view_of
 from hloalias.runtime.pjrt import (
@@ -560,6 +563,7 @@ def _describe_spec(spec: Any) -> str:
     return f"a {kind} of {len(children)} ({', '.join(_describe_spec(c) for c in children)})"
 
 
+@traced_compile
 def compile(  # noqa: A001 - the name users expect
     f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
     example_args: Sequence[Any] = (),
@@ -573,6 +577,7 @@ def compile(  # noqa: A001 - the name users expect
     device: Any = None,
     mesh: Mesh | None = None,
     shardings: dict[str | int, Any] | None = None,
+    dump_dir: str | os.PathLike[str] | None = None,
 ) -> "Executable":
     """Import ``f`` on the example inputs, run the pass pipeline, compile it
     with XLA through PJRT and return an :class:`Executable`.
@@ -601,7 +606,11 @@ def compile(  # noqa: A001 - the name users expect
     names (FQNs), user-input names or positions to partition specs over the
     mesh's axes (one entry per dimension: axis name, tuple of names, or None;
     unnamed tensors are replicated).  Errors in either are
-    :class:`ShardingError`, raised before anything is compiled."""
+    :class:`ShardingError`, raised before anything is compiled.
+
+    Each stage's duration is logged (``logging.getLogger("hloalias")``, INFO);
+    ``dump_dir`` (default ``$HLOALIAS_DUMP_DIR``) receives each stage's IR
+    (:mod:`hloalias.observe`)."""
     _check_mesh_arguments(mesh, shardings)
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
@@ -613,12 +622,14 @@ def compile(  # noqa: A001 - the name users expect
     # State on a mesh is placed by this program's shardings: its own group.
     group = _state_group(f) if not placement.spmd else _StateGroup()
     pipeline_text = _pipeline_for(pipeline, program, group, target, placement.spmd)
-    run_pipeline(program.torch_mlir_module, pipeline_text)
+    observe.dump("stablehlo", lambda: print_module(program.torch_mlir_module))
+    runs = run_passes(program.torch_mlir_module, pipeline_text)
     # The contract of the module XLA gets, checked once: a violation is an
     # IRError now, not a KeyError in some later call.
     with program.torch_mlir_module.context:
         verify(find_main(program.torch_mlir_module))
     final_text = print_module(program.torch_mlir_module)
+    observe.dump("final", final_text)
     key = module_cache_key(final_text)
     cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices))
     with _CACHE_LOCK:
@@ -631,7 +642,8 @@ def compile(  # noqa: A001 - the name users expect
         if placement.spmd:
             sharded = result_shardings(program.torch_mlir_module)
             options = placement.compile_options(sharded)
-        loaded = compile_module(final_text, target, options=options, devices=placement.devices)
+        with observe.stage("XLA compile"):
+            loaded = compile_module(final_text, target, options=options, devices=placement.devices)
         with _CACHE_LOCK:
             _CACHE[cache_slot] = loaded
             _CACHE_STATS.misses += 1
@@ -639,7 +651,7 @@ def compile(  # noqa: A001 - the name users expect
     # of the last run; None when the pipeline did not run the pass.
     ran = _passes_in(pipeline_text)
     module = program.torch_mlir_module
-    return Executable(
+    exe = Executable(
         program, loaded, target, key, final_text,
         ViewReport.from_module(module) if EliminateViewResults.name in ran else None,
         AliasReport.from_module(module) if AliasDonatedBuffers.name in ran else None,
@@ -648,6 +660,8 @@ def compile(  # noqa: A001 - the name users expect
         state_group=group,
         placement=placement,
     )
+    exe._pass_lines = pass_lines(runs)
+    return exe
 
 
 def _pipeline_for(pipeline: str | None, program: Program, group: _StateGroup, target: Any, spmd: bool) -> str:
@@ -1059,6 +1073,9 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
 class Executable:
     """A compiled torch program.  Call it like the original function."""
 
+    #: ``explain()``'s line for each pass that ran (:mod:`hloalias.runtime.stages`).
+    _pass_lines: tuple[str, ...] = ()
+
     def __init__(
         self,
         program: Program,
@@ -1357,6 +1374,7 @@ class Executable:
         else:
             lines.append(self.view_report.to_text())
         lines.append(self.alias_report.to_text() if self.alias_report else "alias-donated-buffers: (not run)")
+        lines.extend(self._pass_lines)
         stats = self.memory_stats
         lines.append(
             "XLA memory: argument {argument_bytes} + output {output_bytes} - alias {alias_bytes} "

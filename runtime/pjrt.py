@@ -43,7 +43,7 @@ from jaxlib.mlir.dialects import stablehlo as jaxlib_stablehlo
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from hloalias import config
+from hloalias import config, foreign_ir
 from hloalias.errors import CompileError, ExecutionError
 from hloalias.legalize import inline_dense_resources, legalize_tensor_constants
 from hloalias.mlir import (
@@ -123,7 +123,7 @@ def prepare_for_xla(module_text: str) -> str:
     (host-side metadata XLA needs none of), tensor ``arith.constant``s as
     ``stablehlo.constant`` and ``dense_resource`` literals inlined
     (:mod:`hloalias.legalize`)."""
-    module = parse_module(module_text, new_context())
+    module = parse_module(module_text, foreign_ir.context_for(module_text))
     check_static_extents(module)  # XLA aborts the process on these
     with module.context:
         main = find_main(module)
@@ -153,7 +153,8 @@ def compile_module(
     (with a repro file)."""
     try:
         stripped = prepare_for_xla(module_text)
-        artifact = _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
+        # chlo ops (compile_stablehlo keeps JAX's) have no portable form: XLA reads the text.
+        artifact = stripped if "chlo." in stripped else _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
         if options is None:
             options = xla_client.CompileOptions()
         targets = tuple(devices) if devices is not None else (device,)

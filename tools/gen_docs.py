@@ -13,6 +13,7 @@ docstring or options (or a setting's entry) and run this again;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import inspect
 import re
@@ -65,8 +66,7 @@ def passes_markdown() -> str:
     classes = {name: registry[name].__self__ for name in names}  # type: ignore[attr-defined]
     for name in names:
         summary = _markdown(classes[name].__doc__ or "").splitlines()[0]
-        position = lambda order: f"#{order.index(name) + 1}" if name in order else "no"  # noqa: E731
-        lines.append(f"| [`{name}`](#{name}) | {position(default)} | {position(cpu)} | {summary} |")
+        lines.append(f"| [`{name}`](#{name}) | {_position(name, default)} | {_position(name, cpu)} | {summary} |")
     lines.append("")
     for name in names:
         pass_type = classes[name]
@@ -88,15 +88,15 @@ def passes_markdown() -> str:
     return "\n".join(lines)
 
 
-def _fields(pass_type: type) -> list[object]:
-    import dataclasses
+def _position(name: str, order: list[str]) -> str:
+    return f"#{order.index(name) + 1}" if name in order else "no"
 
-    return [f for f in dataclasses.fields(pass_type) if f.init]  # type: ignore[arg-type]
+
+def _fields(pass_type: type) -> list[dataclasses.Field[object]]:
+    return [f for f in dataclasses.fields(pass_type) if f.init]
 
 
 def _option_default(value: object) -> str:
-    import dataclasses
-
     if value is dataclasses.MISSING:
         return "required"
     if isinstance(value, bool):
