@@ -24,7 +24,7 @@ from typing import Any
 from torch_mlir import ir, passmanager
 
 from hloalias.errors import IRError
-from hloalias.mlir import new_context
+from hloalias.mlir import format_diagnostics, new_context
 
 #: MLIR bytecode starts with these bytes ("ML\xefR").
 BYTECODE_MAGIC = b"ML\xefR"
@@ -50,9 +50,13 @@ def context_for(text: str) -> ir.Context:
     return context
 
 
-def mentions_foreign_dialect(text: str) -> bool:
-    """Whether ``text`` names ``chlo`` or ``sdy`` ops or attributes."""
-    return "chlo." in text or "sdy." in text
+def jaxlib_has_sdy() -> bool:
+    """Whether jaxlib's MLIR has the Shardy dialect (jax is importable)."""
+    try:
+        from jaxlib.mlir.dialects import sdy  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _jaxlib_context() -> Any:
@@ -66,7 +70,7 @@ def _jaxlib_context() -> Any:
 
 
 def through_jaxlib(
-    data: str | bytes, *, legalize_chlo: bool, strip_sdy: bool, source_name: str = "-"
+    data: str | bytes, *, legalize_chlo: bool, strip_sdy: bool, source_name: str = "-", line_offset: int = 0
 ) -> str:
     """``data`` (MLIR text or bytecode) parsed with jaxlib's MLIR and
     printed back as text (with locations).  ``legalize_chlo`` expands
@@ -83,6 +87,8 @@ def through_jaxlib(
         try:
             module = jir.Module.parse(data)
         except jir.MLIRError as error:
+            if isinstance(data, str):  # the diagnostics carry the text's positions
+                raise IRError(format_diagnostics(error, source_name, line_offset)) from None
             details = "; ".join(str(d.message) for d in error.error_diagnostics) or str(error)
             raise IRError(f"{source_name}: error: cannot parse the module: {details}") from None
         if strip_sdy:
@@ -138,4 +144,4 @@ def _strip_sdy(module: Any, source_name: str) -> None:
         walk(op.operation)
 
 
-__all__ = ["BYTECODE_MAGIC", "context_for", "load_chlo", "mentions_foreign_dialect", "through_jaxlib"]
+__all__ = ["BYTECODE_MAGIC", "context_for", "jaxlib_has_sdy", "load_chlo", "through_jaxlib"]
