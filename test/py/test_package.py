@@ -161,3 +161,27 @@ def test_one_warning_when_the_native_path_is_missing() -> None:
     assert "C++ compiler" in line and "HLOALIAS_NATIVE=0 silences this" in line
     assert _import_without_native("0") == []
 
+
+
+def _readme_first_python_block() -> tuple[int, str]:
+    lines = (REPO / "README.md").read_text().splitlines()
+    start = lines.index("```python")
+    end = lines.index("```", start)
+    return end, "\n".join(lines[start + 1:end])
+
+
+def test_readme_opens_with_install_and_a_working_example(capsys: pytest.CaptureFixture[str]) -> None:
+    head = "\n".join((REPO / "README.md").read_text().splitlines()[:40])
+    assert "pip install" in head and "bash scripts/example.sh" in head and "bash scripts/test.sh" in head
+    end, example = _readme_first_python_block()
+    assert end < 40
+    assert 'donate=["x"]' not in example
+    exec(compile(example, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    assert "eliminate-view-results: 2 results removed" in capsys.readouterr().out
+
+
+def test_readme_lists_the_docs_that_exist() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Documentation"):]
+    for page in sorted((REPO / "docs").glob("*.md")):
+        assert f"(docs/{page.name})" in section, f"README's Documentation section lacks docs/{page.name}"
