@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_double_dashed(sys.argv[1:] if argv is None else list(argv)))
     if args.list_passes:
         _list_passes()
         return 0
@@ -204,6 +204,14 @@ def _timed_pipeline(module: ir.Module, args: argparse.Namespace, source_name: st
     lines.append(f"  {total:8.4f} (100.0%)  Total")
     print("\n".join(lines), file=sys.stderr)
     return reports
+
+
+def _double_dashed(argv: list[str]) -> list[str]:
+    """mlir-opt's single-dash spelling of long options (``-split-input-file``,
+    ``-verify-diagnostics``, ``-pass-pipeline=...``) as argparse's ``--``."""
+    long_options = {o for a in _parser()._actions for o in a.option_strings if o.startswith("--")}
+    return [f"-{a}" if a.startswith("-") and not a.startswith("--") and f"-{a}".split("=")[0] in long_options
+            else a for a in argv]
 
 
 class _PrintVersion(argparse.Action):

@@ -2,6 +2,8 @@
 // by an `expected-*` comment on its line (or @+N / @-N / @above / @below /
 // @LINE / @unknown), and each comment must be met; then the exit status is 0.
 // RUN: hloalias-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(eliminate-view-results)'
+// mlir-opt's single-dash spelling, as downstream suites write it:
+// RUN: hloalias-opt %s -split-input-file -verify-diagnostics -pass-pipeline='builtin.module(eliminate-view-results)'
 
 // A chunk without diagnostics and without comments passes.
 func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
