@@ -132,7 +132,7 @@ def test_import_torch_program_unchanged() -> None:
 @pytest.mark.parametrize(
     "source, message",
     [
-        ("this is not MLIR", "cannot parse the module"),
+        ("this is not MLIR", r"<stablehlo>:1:1: error: custom op .this. is unknown"),
         ("module {}", "no 'func.func @main'"),
         (b"ML\xefR\x00garbage", "cannot parse the module"),
         (object(), "cannot read a module from object"),
