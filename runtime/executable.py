@@ -623,7 +623,7 @@ def compile(  # noqa: A001 - the name users expect
     group = _state_group(f) if not placement.spmd else _StateGroup()
     pipeline_text = _pipeline_for(pipeline, program, group, target, placement.spmd)
     observe.dump("stablehlo", lambda: print_module(program.torch_mlir_module))
-    runs = run_passes(program.torch_mlir_module, pipeline_text)
+    runs = run_passes(program.torch_mlir_module, pipeline_text, run_pipeline)
     # The contract of the module XLA gets, checked once: a violation is an
     # IRError now, not a KeyError in some later call.
     with program.torch_mlir_module.context:

@@ -14,6 +14,7 @@ one line per pass that ran."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from torch_mlir import ir
@@ -35,18 +36,21 @@ class PassRun:
     seconds: float | None
 
 
-def run_passes(module: ir.Module, pipeline: str) -> list[PassRun]:
-    """Run ``pipeline`` on ``module`` in place; one :class:`PassRun` per
-    top-level element, in order."""
+def run_passes(
+    module: ir.Module, pipeline: str, runner: Callable[..., list[Any]] = run_pipeline
+) -> list[PassRun]:
+    """Run ``pipeline`` on ``module`` in place with ``runner`` (a
+    :func:`hloalias.pipeline.run_pipeline`, the caller's); one
+    :class:`PassRun` per top-level element, in order."""
     elements = parse_pipeline(pipeline)
     ours = get_all_passes()
     runs: list[PassRun] = []
     if not observe.detailed():
-        in_order = iter(run_pipeline(module, pipeline))
+        in_order = iter(runner(module, pipeline))
         return [PassRun(e.name, next(in_order, None) if e.name in ours else None, None) for e in elements]
     for element in elements:
         mark = observe.start(f"pass {element.name}")
-        reports = run_pipeline(module, f"builtin.module({element.text})")
+        reports = runner(module, f"builtin.module({element.text})")
         seconds = observe.finish(mark)
         observe.dump(f"after-{element.name}", lambda: print_module(module))
         runs.append(PassRun(element.name, reports[0] if reports else None, seconds))
