@@ -1,11 +1,16 @@
 """Build of the native call path (``hloalias.runtime._lane``, C++ against
 torch's headers); everything else is declared in pyproject.toml.
 
-The extension needs the installed torch at build time, so install with
-``pip install --no-build-isolation -e .`` after torch (``scripts/venv.sh``
-does).  Without torch, or when the compile fails, hloalias installs without
-it and every call takes the Python path (same results, more host time per
-call); ``HLOALIAS_REQUIRE_NATIVE=1`` makes either an error instead."""
+torch is a build requirement (pyproject.toml's ``[build-system]``), so a
+plain ``pip install .`` (or of the sdist, which carries ``runtime/_lane.cpp``)
+compiles the extension in pip's isolated build environment against the
+same torch the runtime pins.  ``scripts/venv.sh`` installs with
+``--no-build-isolation`` instead, against the torch already in ``.venv``
+(no second torch in a build environment).  When the compile fails (no C++
+compiler), hloalias installs without the extension, says so here, and warns
+once at run time (:func:`hloalias.config.warn_native_missing`); every call
+then takes the Python path (same results, more host time per call).
+``HLOALIAS_REQUIRE_NATIVE=1`` makes a failed build an error instead."""
 
 import os
 import sys
@@ -31,7 +36,8 @@ def _native_extensions() -> tuple[list, dict]:
             except Exception as error:  # a missing compiler, headers of another torch
                 if REQUIRED:
                     raise
-                print(f"hloalias: the native call path did not build ({error}); the Python path serves", file=sys.stderr)
+                print(f"hloalias: WARNING: the native call path (runtime/_lane.cpp) did not build ({error}); "
+                      "hloalias installs without it and every call takes the Python path", file=sys.stderr)
 
     extension = CppExtension(
         "hloalias.runtime._lane", ["runtime/_lane.cpp"], extra_compile_args=["-O2", "-std=c++17"],

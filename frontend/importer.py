@@ -36,7 +36,7 @@ from torch_mlir import ir, passmanager
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
-from hloalias import attributes as A
+from hloalias import attributes as A, observe
 from hloalias.contract import ArgRecord, ResultRecord
 from hloalias.errors import TorchImportError
 from hloalias.legalize import legalize_tensor_constants
@@ -211,12 +211,15 @@ def import_torch(
     source line); on a lowering failure a repro ``.mlir`` is written and the
     message holds the ``torch-mlir-opt`` command that replays it."""
     kwargs = dict(kwargs or {})
+    mark = observe.start("torch.export")
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
+    observe.finish(mark)
     exported, state_aliases = _merge_aliased_state(exported, owned=exported is not f)
     if not isinstance(f, ExportedProgram):
         _pin_eager_copies(exported)
         _explicit_copy_conversions(exported)
     eager_storage = _eager_output_storage(exported)
+    mark = observe.start("decompositions")
     try:
         exported = decompose(exported, _decomposition_table())
     except Exception as error:  # torch raises many types here
@@ -237,6 +240,7 @@ def import_torch(
         raise TorchImportError(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
+    observe.finish(mark)
     if stage is Stage.STABLEHLO:
         _refuse_host_reads(exported.graph_module.graph)
     strided_inputs = _check_as_strided(exported)
@@ -255,6 +259,7 @@ def import_torch(
     )
     state = _state(exported, signature)
 
+    mark = observe.start("FX import")
     context = new_context()
     importer = FxImporter(context=context)
     try:
@@ -262,14 +267,18 @@ def import_torch(
     except Exception as error:
         raise TorchImportError(f"torch-mlir's FX importer failed: {error}") from error
     module = importer.module
+    observe.finish(mark)
+    observe.dump("torch", lambda: print_module(module))
     _annotate(module, signature)
 
     def locate(aten_name: str) -> str | None:
         return _source_line(f, tuple(args), kwargs, aten_name)
 
-    _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract", locate)
+    with observe.stage("torch-mlir lowering to the backend contract"):
+        _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract", locate)
     if stage is Stage.STABLEHLO:
-        _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
+        with observe.stage("torch-mlir lowering to StableHLO"):
+            _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
         legalize_tensor_constants(module)
     _annotate(module, signature)
     program = Program(module, stage, signature, state)

@@ -13,6 +13,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+#: The release (PEP 440); pyproject.toml reads it from here.
+__version__ = "0.1.0"
+
 from hloalias.errors import (
     CompileError,
     DonatedBufferError,
@@ -41,6 +44,7 @@ _LAZY = {
     "compile_training_step": "hloalias.runtime",
     "Jit": "hloalias.runtime",
     "jit": "hloalias.runtime",
+    "compile_stablehlo": "hloalias.runtime.foreign",
 }
 
 if TYPE_CHECKING:
@@ -56,6 +60,7 @@ if TYPE_CHECKING:
     )
     from hloalias.runtime import TrainingStep, compile_training_step
     from hloalias.runtime import Jit, jit
+    from hloalias.runtime.foreign import compile_stablehlo
 
 
 def __getattr__(name: str) -> Any:
@@ -72,5 +77,5 @@ __all__ = [
     "ShardingError",
     "Stage", "TorchImportError", "cache_stats", "clear_cache", "compile", "import_torch", "to_device",
     "TrainingStep", "compile_training_step",
-    "Jit", "jit",
+    "Jit", "jit", "compile_stablehlo", "__version__",
 ]

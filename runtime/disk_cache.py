@@ -41,6 +41,8 @@ from typing import Any
 import jax
 import jaxlib.version
 
+from hloalias import config
+
 MAGIC = b"HLOALIAS-XLA-EXECUTABLE-1\n"
 DEFAULT_MAX_BYTES = 2 * 1024**3
 _SUFFIX = ".xla"
@@ -73,12 +75,12 @@ def disk_cache_stats() -> DiskCacheStats:
 
 def enabled() -> bool:
     """False when ``HLOALIAS_CACHE`` is 0/off/false/no."""
-    return os.environ.get("HLOALIAS_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return config.flag("HLOALIAS_CACHE")
 
 
 def cache_dir() -> str:
     """The cache directory (see the module docstring); not created here."""
-    explicit = os.environ.get("HLOALIAS_CACHE_DIR")
+    explicit = config.text("HLOALIAS_CACHE_DIR")
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -87,13 +89,7 @@ def cache_dir() -> str:
 
 def max_bytes() -> int:
     """The size bound in bytes (``HLOALIAS_CACHE_MAX_BYTES``, default 2 GiB)."""
-    text = os.environ.get("HLOALIAS_CACHE_MAX_BYTES", "")
-    try:
-        return max(0, int(text)) if text else DEFAULT_MAX_BYTES
-    except ValueError:
-        warnings.warn(f"HLOALIAS_CACHE_MAX_BYTES={text!r} is not an integer; using {DEFAULT_MAX_BYTES}",
-                      CacheWarning, stacklevel=2)
-        return DEFAULT_MAX_BYTES
+    return max(0, config.integer("HLOALIAS_CACHE_MAX_BYTES") or 0)
 
 
 def cache_key(module_text: str, options: Any, device: Any, device_count: int = 1) -> str:

@@ -68,7 +68,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch_mlir import ir
 
-from hloalias import attributes as A
+from hloalias import attributes as A, config, observe
+from hloalias.observe import traced_compile
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage, import_torch
 from hloalias.contract import DonationRequest, Signature, StoredLayout, resolve_donations, row_major_strides, verify
@@ -85,6 +86,7 @@ from hloalias.pipeline import (
     with_fixed_layouts,
 )
 from hloalias.runtime.export_cache import import_cached
+from hloalias.runtime.stages import pass_lines, run_passes
 from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_shardings
 from hloalias.runtime.assembly import _as_view, _view_base, _view_of
 from hloalias.runtime.lane import _LANE_FALLBACK, _lane_refusal, _native_lane
@@ -144,7 +146,8 @@ class CacheStats:
 #: recently used dropped first; ``HLOALIAS_EXECUTABLE_CACHE_SIZE``, read at
 #: import, sets another).  An evicted program stays loaded while an
 #: ``Executable`` holds it; compiling it again reads the disk cache.
-EXECUTABLE_CACHE_SIZE = int(os.environ.get("HLOALIAS_EXECUTABLE_CACHE_SIZE", "64"))
+_CONFIGURED_CACHE_SIZE = config.integer("HLOALIAS_EXECUTABLE_CACHE_SIZE")
+EXECUTABLE_CACHE_SIZE = 64 if _CONFIGURED_CACHE_SIZE is None else _CONFIGURED_CACHE_SIZE
 
 _CACHE: "collections.OrderedDict[tuple[str, str], Any]" = collections.OrderedDict()
 _CACHE_STATS = CacheStats()
@@ -185,6 +188,7 @@ def clear_cache() -> None:
         _CACHE_STATS.hits = _CACHE_STATS.misses = _CACHE_STATS.evictions = 0
 
 
+@traced_compile
 def compile(  # noqa: A001 - the name users expect
     f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
     example_args: Sequence[Any] = (),
@@ -198,6 +202,7 @@ def compile(  # noqa: A001 - the name users expect
     device: Any = None,
     mesh: Mesh | None = None,
     shardings: dict[str | int, Any] | None = None,
+    dump_dir: str | os.PathLike[str] | None = None,
     _state_owner: Any = None,
     _state_sources: dict[str, torch.Tensor] | None = None,
 ) -> "Executable":
@@ -230,6 +235,10 @@ def compile(  # noqa: A001 - the name users expect
     unnamed tensors are replicated).  Errors in either are
     :class:`ShardingError`, raised before anything is compiled.
 
+    Each stage's duration is logged (``logging.getLogger("hloalias")``, INFO);
+    ``dump_dir`` (default ``$HLOALIAS_DUMP_DIR``) receives each stage's IR
+    (:mod:`hloalias.observe`).
+
     (Private: ``_state_owner`` is the object whose state group the program
     shares instead of ``f``'s, and ``_state_sources`` the tensors its state
     names stand for there: a training step's ``param.<fqn>`` is the
@@ -250,12 +259,14 @@ def compile(  # noqa: A001 - the name users expect
     # State on a mesh is placed by this program's shardings: its own group.
     group = _state_group(f if _state_owner is None else _state_owner) if not placement.spmd else _StateGroup()
     pipeline_text = _pipeline_for(pipeline, program, group, target, placement.spmd)
-    run_pipeline(program.torch_mlir_module, pipeline_text)
+    observe.dump("stablehlo", lambda: print_module(program.torch_mlir_module))
+    runs = run_passes(program.torch_mlir_module, pipeline_text, run_pipeline)
     # The contract of the module XLA gets, checked once: a violation is an
     # IRError now, not a KeyError in some later call.
     with program.torch_mlir_module.context:
         verify(find_main(program.torch_mlir_module))
     final_text = print_module(program.torch_mlir_module)
+    observe.dump("final", final_text)
     key = module_cache_key(final_text)
     cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices))
     loaded = _cache_get(cache_slot)
@@ -266,15 +277,16 @@ def compile(  # noqa: A001 - the name users expect
             sharded = result_shardings(program.torch_mlir_module)
             options = placement.compile_options(sharded)
         # The runtime stores permuted state as the module says: its own convention.
-        loaded = compile_module(
-            final_text, target, options=options, devices=placement.devices, allow_stored_state=True
-        )
+        with observe.stage("XLA compile"):
+            loaded = compile_module(
+                final_text, target, options=options, devices=placement.devices, allow_stored_state=True
+            )
         _cache_put(cache_slot, loaded)
     # Reports of the final module (all runs of each pass together), not
     # of the last run; None when the pipeline did not run the pass.
     ran = _passes_in(pipeline_text)
     module = program.torch_mlir_module
-    return Executable(
+    exe = Executable(
         program, loaded, target, key, final_text,
         ViewReport.from_module(module) if EliminateViewResults.name in ran else None,
         AliasReport.from_module(module) if AliasDonatedBuffers.name in ran else None,
@@ -283,6 +295,8 @@ def compile(  # noqa: A001 - the name users expect
         state_group=group,
         placement=placement,
     )
+    exe._pass_lines = pass_lines(runs)
+    return exe
 
 
 class _TrainingInForward(TorchFunctionMode):
@@ -439,6 +453,9 @@ class HostCopy:
 
 class Executable:
     """A compiled torch program.  Call it like the original function."""
+
+    #: ``explain()``'s line for each pass that ran (:mod:`hloalias.runtime.stages`).
+    _pass_lines: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -731,6 +748,7 @@ class Executable:
         else:
             lines.append(self.view_report.to_text())
         lines.append(self.alias_report.to_text() if self.alias_report else "alias-donated-buffers: (not run)")
+        lines.extend(self._pass_lines)
         stats = self.memory_stats
         lines.append(
             "XLA memory: argument {argument_bytes} + output {output_bytes} - alias {alias_bytes} "

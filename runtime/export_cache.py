@@ -61,6 +61,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
+from hloalias import config
 from hloalias.frontend.importer import Program
 from hloalias.mlir import new_context, parse_module, print_module
 
@@ -92,7 +93,7 @@ def clear_export_cache() -> None:
 
 def enabled() -> bool:
     """False when ``HLOALIAS_EXPORT_CACHE`` is 0/off/false/no."""
-    return os.environ.get("HLOALIAS_EXPORT_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return config.flag("HLOALIAS_EXPORT_CACHE")
 
 
 def _static(value: Any) -> Any:

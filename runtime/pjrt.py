@@ -23,6 +23,7 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias import attributes as A
+from hloalias import config, foreign_ir
 from hloalias.errors import CompileError, ExecutionError
 from hloalias.legalize import inline_dense_resources, legalize_tensor_constants
 from hloalias.mlir import (
@@ -47,8 +48,9 @@ from hloalias.runtime.jaxlib_private import xla_client
 
 try:  # the wait policy in native code (runtime/_lane.cpp), where it is built
     from hloalias.runtime._lane import Waiter as NativeWaiter
-except ImportError:
+except ImportError as _missing:
     NativeWaiter = None  # type: ignore[assignment,misc]
+    config.warn_native_missing(_missing)
 
 
 
@@ -117,7 +119,7 @@ def prepare_for_xla(module_text: str, *, allow_stored_state: bool = False) -> st
     (:mod:`hloalias.legalize`).  A module whose state is in the runtime's
     stored layout (``hloalias.state_form``) is a CompileError unless
     ``allow_stored_state`` (the runtime, which stores that state so)."""
-    module = parse_module(module_text, new_context())
+    module = parse_module(module_text, foreign_ir.context_for(module_text))
     check_static_extents(module)  # XLA aborts the process on these
     module_attributes = module.operation.attributes
     if A.MODULE_STATE_FORM in module_attributes:
@@ -161,7 +163,8 @@ def compile_module(
         prepare_for_xla(module_text)  # raises its CompileError, naming the attribute
     try:
         stripped = prepare_for_xla(module_text, allow_stored_state=True)
-        artifact = _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
+        # chlo ops (compile_stablehlo keeps JAX's) have no portable form: XLA reads the text.
+        artifact = stripped if "chlo." in stripped else _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
         if options is None:
             options = xla_client.CompileOptions()
         targets = tuple(devices) if devices is not None else (device,)
@@ -336,7 +339,7 @@ def wait_ready(arrays: Sequence[jax.Array], spin_ns: int = READY_SPIN_NS) -> boo
 def native_enabled() -> bool:
     """Whether native code may serve calls: ``HLOALIAS_NATIVE=0`` turns it
     off (every call on the Python path), read when an executable is made."""
-    return os.environ.get("HLOALIAS_NATIVE", "1") != "0"
+    return config.flag("HLOALIAS_NATIVE")
 
 
 def _refuse_non_array(value: Any, sharding: Any, layout: Any) -> Any:

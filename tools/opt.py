@@ -4,7 +4,14 @@ the upstream passes torch-mlir's bindings register.
     hloalias-opt [FILE|-] --pass-pipeline='builtin.module(...)' [-o OUT]
                  [--split-input-file] [--mlir-print-ir-after-all]
                  [--print-alias-report] [--print-reports] [--xla-compile]
-                 [--list-passes]
+                 [--list-passes] [--verify-diagnostics] [--allow-unregistered-dialect]
+                 [--mlir-timing] [--version]
+
+``chlo`` ops parse (and stay); Shardy (``sdy``) ops and attributes parse
+when jaxlib's MLIR has the dialect, and are carried as unregistered ops
+(printed in generic form).  ``--verify-diagnostics`` checks the
+diagnostics against ``// expected-error`` comments as ``mlir-opt`` does
+(:mod:`hloalias.tools.verify_diagnostics`).
 
 Exit codes: 0 on success, 1 when the input or the pipeline is bad (the
 diagnostic, ``file:line:col: error: ...``, goes to stderr; never a Python
@@ -14,13 +21,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from torch_mlir import ir
 
 from hloalias.errors import HloaliasError, PassError, PipelineError
 from hloalias.mlir import new_context, parse_module, print_module
+from hloalias.tools import verify_diagnostics
 
 SPLIT_MARKER = "// -----"
 
@@ -46,12 +56,19 @@ def _parser() -> argparse.ArgumentParser:
                         help="--xla-compile a module whose state is in hloalias's stored layout "
                         "(hloalias.state_form, permute-conv-kernel-state): refused otherwise")
     parser.add_argument("--list-passes", action="store_true", help="list hloalias's passes and options")
+    parser.add_argument("--verify-diagnostics", action="store_true",
+                        help="check diagnostics against '// expected-error {{...}}' comments (as mlir-opt)")
+    parser.add_argument("--allow-unregistered-dialect", action="store_true",
+                        help="parse operations of dialects that are not registered")
+    parser.add_argument("--mlir-timing", action="store_true",
+                        help="print each top-level pass's wall time to stderr")
+    parser.add_argument("--version", action=_PrintVersion, nargs=0, help="print the versions and exit")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_double_dashed(sys.argv[1:] if argv is None else list(argv)))
     if args.list_passes:
         _list_passes()
         return 0
@@ -76,14 +93,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     outputs = []
     failed = False
     for chunk, line_offset in chunks:
+        produced = ""
         try:
             outputs.append(_process(chunk, line_offset, source_name, args))
         except (PipelineError, PassError) as error:
             # Raised before any IR is read (pipeline text, pass options).
-            print(f"{source_name}: error: {error}", file=sys.stderr)
-            failed = True
+            produced = f"{source_name}: error: {error}"
         except HloaliasError as error:
-            print(str(error), file=sys.stderr)
+            produced = str(error)
+        if args.verify_diagnostics:
+            mismatches = verify_diagnostics.verify(chunk, line_offset, source_name, produced)
+            failed |= bool(mismatches)
+            if mismatches:
+                print("\n".join(mismatches), file=sys.stderr)
+        elif produced:
+            print(produced, file=sys.stderr)
             failed = True
     result = "".join(f"{o.rstrip()}\n" for o in outputs[:1]) + "".join(
         f"{SPLIT_MARKER}\n{o.rstrip()}\n" for o in outputs[1:]
@@ -125,12 +149,12 @@ def _process(chunk: str, line_offset: int, source_name: str, args: argparse.Name
 
     if not chunk.strip():
         raise HloaliasError(f"{source_name}:{line_offset + 1}:1: error: empty input: expected an MLIR module")
-    context = new_context()
-    module = parse_module(chunk, context, source_name, line_offset)
+    text, context = _readable(chunk, line_offset, source_name, args)
+    module = parse_module(text, context, source_name, line_offset)
     if args.pass_pipeline:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the report says it, to stderr, on request
-            reports = run_pipeline(
+            reports = _timed_pipeline(module, args, source_name, line_offset) if args.mlir_timing else run_pipeline(
                 module,
                 args.pass_pipeline,
                 print_ir_after_all=args.mlir_print_ir_after_all,
@@ -144,6 +168,77 @@ def _process(chunk: str, line_offset: int, source_name: str, args: argparse.Name
     if args.xla_compile:
         _xla_compile(module, text, source_name, line_offset, args.allow_stored_state)
     return text
+
+
+def _readable(chunk: str, line_offset: int, source_name: str, args: argparse.Namespace) -> tuple[str, ir.Context]:
+    """``chunk`` as torch-mlir's context parses it, and that context:
+    ``chlo`` loaded where named; Shardy ops through jaxlib's MLIR into
+    generic form (unregistered here); unregistered dialects on request."""
+    from hloalias.foreign_ir import context_for, jaxlib_has_sdy, through_jaxlib
+
+    text, unregistered = chunk, bool(args.allow_unregistered_dialect)
+    if "sdy." in chunk and jaxlib_has_sdy():
+        text = through_jaxlib(chunk, legalize_chlo=False, strip_sdy=False, source_name=source_name,
+                              line_offset=line_offset)
+        unregistered = True
+    context = context_for(text)
+    context.allow_unregistered_dialects = unregistered
+    return text, context
+
+
+def _timed_pipeline(module: ir.Module, args: argparse.Namespace, source_name: str, line_offset: int) -> list[Any]:
+    """The pipeline one top-level element at a time, then an
+    ``mlir-opt --mlir-timing``-style wall-time report on stderr."""
+    from hloalias.pipeline import parse_pipeline, run_pipeline
+
+    reports: list[Any] = []
+    timings: list[tuple[str, float]] = []
+    for element in parse_pipeline(args.pass_pipeline):
+        started = time.perf_counter()
+        reports += run_pipeline(module, f"builtin.module({element.text})",
+                                print_ir_after_all=args.mlir_print_ir_after_all,
+                                source_name=source_name, line_offset=line_offset)
+        timings.append((element.name, time.perf_counter() - started))
+    total = sum(seconds for _, seconds in timings) or 1e-9
+    rule = "===" + "-" * 73 + "==="
+    lines = [rule, "Execution time report".center(79).rstrip(), rule,
+             f"  Total Execution Time: {total:.4f} seconds", "", "  ----Wall Time----  ----Name----"]
+    lines += [f"  {seconds:8.4f} ({seconds / total * 100:5.1f}%)  {name}" for name, seconds in timings]
+    lines.append(f"  {total:8.4f} (100.0%)  Total")
+    print("\n".join(lines), file=sys.stderr)
+    return reports
+
+
+def _double_dashed(argv: list[str]) -> list[str]:
+    """mlir-opt's single-dash spelling of long options (``-split-input-file``,
+    ``-verify-diagnostics``, ``-pass-pipeline=...``) as argparse's ``--``."""
+    long_options = {o for a in _parser()._actions for o in a.option_strings if o.startswith("--")}
+    return [f"-{a}" if a.startswith("-") and not a.startswith("--") and f"-{a}".split("=")[0] in long_options
+            else a for a in argv]
+
+
+class _PrintVersion(argparse.Action):
+    """``--version``, printed as one line (argparse's own wraps it)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(_version_text())
+        parser.exit()
+
+
+def _version_text() -> str:
+    """``hloalias-opt --version``: hloalias's release and the MLIR builds."""
+    from importlib import metadata
+
+    from hloalias import __version__
+
+    def version(distribution: str) -> str:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"hloalias-opt (hloalias {__version__}); torch-mlir {version('torch-mlir')}, "
+            f"jaxlib {version('jaxlib')}, torch {version('torch')}")
 
 
 def _report_text(report: object) -> str:

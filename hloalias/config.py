@@ -1,0 +1,242 @@
+"""Every ``HLOALIAS_*`` environment variable, in one registry: its name,
+type, default, scope and what it does.  The package reads them only here
+(:func:`flag`, :func:`integer`, :func:`number`, :func:`text`), each time a
+value is needed, so a variable set after import takes effect at the next
+read.  ``docs/configuration.md`` is generated from :data:`SETTINGS`
+(``python -m hloalias.tools.gen_docs``; a test fails when it is stale).
+
+Scopes: ``runtime`` variables change what the installed package does;
+``build`` ones the install (``setup.py``, ``scripts/venv.sh``);
+``development`` ones the repository's tests, benchmarks and scripts (read
+there, listed here so that one table names them all).
+
+A value that does not parse as its type is ignored with a
+:class:`ConfigWarning` naming the variable, and the default applies."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Literal
+
+Scope = Literal["runtime", "build", "development"]
+Kind = Literal["flag", "integer", "number", "text", "path"]
+
+_FALSE = ("0", "off", "false", "no")
+_TRUE = ("1", "on", "true", "yes")
+
+
+class ConfigWarning(UserWarning):
+    """An ``HLOALIAS_*`` variable holds a value of the wrong type."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One environment variable: ``default`` is the value when it is unset
+    (None: no value; the reader decides, as ``doc`` says)."""
+
+    name: str
+    kind: Kind
+    default: bool | int | float | str | None
+    scope: Scope
+    doc: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # -- runtime -------------------------------------------------------------
+    Setting("HLOALIAS_CACHE", "flag", True, "runtime",
+            "The on-disk cache of compiled XLA executables (`hloalias.runtime.disk_cache`); "
+            "0/off/false/no turns it off: every new process compiles again."),
+    Setting("HLOALIAS_CACHE_DIR", "path", None, "runtime",
+            "Where the disk cache lives; unset: `$XDG_CACHE_HOME/hloalias/xla` or "
+            "`~/.cache/hloalias/xla` (created 0700: entries are loaded code)."),
+    Setting("HLOALIAS_CACHE_MAX_BYTES", "integer", 2 * 1024**3, "runtime",
+            "Size bound of the disk cache in bytes; least recently used entries are deleted first."),
+    Setting("HLOALIAS_EXECUTABLE_CACHE_SIZE", "integer", 64, "runtime",
+            "How many loaded XLA executables the in-process cache keeps, least recently used "
+            "dropped first (`hloalias.runtime.executable`); read at import."),
+    Setting("HLOALIAS_EXPORT_CACHE", "flag", True, "runtime",
+            "Reuse of an import (`torch.export`, lowering) when the same program object is compiled "
+            "again on inputs of the same shapes, dtypes and static values "
+            "(`hloalias.runtime.export_cache`); 0 turns it off."),
+    Setting("HLOALIAS_NATIVE", "flag", True, "runtime",
+            "The native call path (`hloalias.runtime._lane`, C++); 0 keeps every call on the Python "
+            "path. Read when an executable is made."),
+    Setting("HLOALIAS_REPRO_DIR", "path", None, "runtime",
+            "Where a failed lowering or XLA compile writes its repro `.mlir` file "
+            "(`hloalias-<stage>-<hash>.mlir`); unset: the temp directory."),
+    Setting("HLOALIAS_DUMP_DIR", "path", None, "runtime",
+            "Write every compile's stages to this directory (torch IR, raw StableHLO, the module "
+            "after each pass, the final module), as `dump_dir=` of `hloalias.compile` does; "
+            "see docs/observability.md."),
+    Setting("HLOALIAS_LOG", "text", None, "runtime",
+            "A logging level (`INFO`, `DEBUG`, ...): attach a stderr handler at that level to the "
+            "`hloalias` logger, which logs each compile stage's duration at INFO. Unset: the "
+            "application's logging configuration decides."),
+    Setting("HLOALIAS_PROGRESS", "text", "auto", "runtime",
+            "The progress line on stderr during a long compile: `auto` shows it when stderr is a "
+            "terminal and the `hloalias` logger does not already log at INFO; 1 always; 0 never."),
+    Setting("HLOALIAS_PROGRESS_AFTER", "number", 2.0, "runtime",
+            "Seconds a compile runs before the progress line appears."),
+    # -- build ---------------------------------------------------------------
+    Setting("HLOALIAS_REQUIRE_NATIVE", "flag", False, "build",
+            "1: a native call path that cannot be built fails the install (`setup.py`) instead of "
+            "installing without it; `scripts/venv.sh` sets 1 unless it is set."),
+    Setting("HLOALIAS_BOOTSTRAP_PYTHON", "text", "python3.11", "build",
+            "The interpreter `scripts/venv.sh` creates `.venv` with."),
+    Setting("HLOALIAS_PYTHON", "path", None, "build",
+            "The interpreter the lit suite and CMake's `check-hloalias` run hloalias with; "
+            "`scripts/venv.sh` exports `.venv/bin/python`."),
+    # -- development ---------------------------------------------------------
+    Setting("HLOALIAS_LIT_OUT", "path", None, "development",
+            "Where lit writes its temporary files; unset: `hloalias-lit-<uid>-<checkout>` in the temp directory."),
+    Setting("HLOALIAS_DIFF_EXAMPLES", "integer", 300, "development",
+            "Generated programs in `test_differential.py` (`scripts/fuzz.sh` raises it)."),
+    Setting("HLOALIAS_STATEFUL_EXAMPLES", "integer", 25, "development",
+            "Generated stateful programs in `test_differential_stateful.py`."),
+    Setting("HLOALIAS_DIFF_SEED", "integer", None, "development",
+            "The differential tests' seed (replay a failure); unset: the fixed CI sequence."),
+    Setting("HLOALIAS_DIFF_KNOWN_BUGS", "flag", False, "development",
+            "1: the differential generator also draws programs that hit known, documented limits."),
+    Setting("HLOALIAS_DIFF_SHRINK_SECONDS", "number", 90.0, "development",
+            "How long hypothesis may shrink a failing differential example."),
+    Setting("HLOALIAS_PEERS_DIR", "path", "/work/peers", "development",
+            "Where `bench/peers_setup.sh` builds the peer environments (torch_xla, torchax)."),
+    Setting("HLOALIAS_PEER_DUMP", "path", None, "development",
+            "Set by `bench/peers.py` for a peer run: where the peer writes XLA's dumps."),
+    Setting("HLOALIAS_LATENCY_FIRST_ONLY", "text", None, "development",
+            "Set (any value): `bench.latency` measures only the first compile (no warm rows)."),
+)
+
+_BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+def setting(name: str) -> Setting:
+    """The registry entry of ``name`` (KeyError for an unregistered name:
+    a variable the package reads must be registered here)."""
+    return _BY_NAME[name]
+
+
+def _raw(name: str, kind: Kind) -> str | None:
+    entry = setting(name)
+    if entry.kind != kind:
+        raise TypeError(f"{name} is a {entry.kind} setting, read as {kind}")
+    value = os.environ.get(name)
+    return value if value is not None and value.strip() != "" else None
+
+
+def _invalid(name: str, value: str, expected: str, default: object) -> None:
+    warnings.warn(f"{name}={value!r} is not {expected}; using {default!r}", ConfigWarning, stacklevel=3)
+
+
+def flag(name: str) -> bool:
+    """A boolean variable: 1/on/true/yes or 0/off/false/no (any case)."""
+    default = bool(setting(name).default)
+    value = _raw(name, "flag")
+    if value is None:
+        return default
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    _invalid(name, value, "one of 1/on/true/yes/0/off/false/no", default)
+    return default
+
+
+def integer(name: str) -> int | None:
+    """An integer variable (None when unset and it has no default)."""
+    default = setting(name).default
+    value = _raw(name, "integer")
+    if value is not None:
+        try:
+            return int(value)
+        except ValueError:
+            _invalid(name, value, "an integer", default)
+    return default if isinstance(default, int) else None
+
+
+def number(name: str) -> float | None:
+    """A number variable (None when unset and it has no default)."""
+    default = setting(name).default
+    value = _raw(name, "number")
+    if value is not None:
+        try:
+            return float(value)
+        except ValueError:
+            _invalid(name, value, "a number", default)
+    return float(default) if isinstance(default, (int, float)) else None
+
+
+def text(name: str) -> str | None:
+    """A text or path variable (None when unset and it has no default); a
+    path has ``~`` expanded."""
+    entry = setting(name)
+    value = _raw(name, "path" if entry.kind == "path" else "text")
+    if value is None:
+        return entry.default if isinstance(entry.default, str) else None
+    return os.path.expanduser(value) if entry.kind == "path" else value
+
+
+def markdown_table() -> str:
+    """The registry as the Markdown of ``docs/configuration.md``."""
+    lines = [
+        "# Configuration",
+        "",
+        "<!-- Generated by `python -m hloalias.tools.gen_docs` from hloalias/config.py; do not edit. -->",
+        "",
+        "Every `HLOALIAS_*` environment variable. The package reads them in one place",
+        "(`hloalias/config.py`), when a value is needed; a value that does not parse as its",
+        "type is ignored with a `hloalias.config.ConfigWarning` and the default applies.",
+        "",
+    ]
+    titles = {
+        "runtime": "Runtime (the installed package)",
+        "build": "Build (the install)",
+        "development": "Development (tests, benchmarks, scripts of the repository)",
+    }
+    for scope, title in titles.items():
+        lines += [f"## {title}", "", "| variable | type | default | what it does |", "|---|---|---|---|"]
+        for entry in SETTINGS:
+            if entry.scope == scope:
+                default = "unset" if entry.default is None else f"`{_default_text(entry.default)}`"
+                lines.append(f"| `{entry.name}` | {entry.kind} | {default} | {entry.doc} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _default_text(default: bool | int | float | str) -> str:
+    if isinstance(default, bool):
+        return "1" if default else "0"
+    return str(default)
+
+
+
+
+class NativePathWarning(RuntimeWarning):
+    """The native call path (``hloalias.runtime._lane``) is not built or
+    does not load: every call takes the Python path."""
+
+
+def warn_native_missing(error: BaseException) -> None:
+    """The one warning that the native call path is missing (issued when
+    the runtime is first imported), unless ``HLOALIAS_NATIVE=0`` says the
+    user wants the Python path anyway."""
+    if not flag("HLOALIAS_NATIVE"):
+        return
+    warnings.warn(
+        f"hloalias: the native call path (hloalias.runtime._lane) is not available ({error}); every call "
+        "takes the Python path: same results, about twice the host time per call. It is compiled when "
+        "hloalias is installed where a C++ compiler (g++) is present: reinstall with "
+        "`pip install --force-reinstall --no-deps hloalias` (or `bash scripts/venv.sh` in the repository). "
+        "HLOALIAS_NATIVE=0 silences this.",
+        NativePathWarning,
+        stacklevel=2,
+    )
+
+
+__all__ = [
+    "ConfigWarning", "NativePathWarning", "SETTINGS", "Setting", "flag", "integer", "markdown_table", "number",
+    "setting", "text", "warn_native_missing",
+]
