@@ -58,9 +58,9 @@ from hloalias.runtime.executable import (
     _mark_donors,
     _pipeline_for,
     _resolve_donations,
-    _StateGroup,
 )
 from hloalias.runtime.pjrt import compile_module, device_for
+from hloalias.runtime.state import _StateGroup
 from hloalias.runtime.stages import pass_lines, run_passes
 
 
