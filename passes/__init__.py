@@ -15,6 +15,7 @@ from hloalias.passes.base import ModulePass
 from hloalias.passes.bitcast_overwrite_scatter import BitcastOverwriteScatter, BitcastScatterReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.passes.fold_broadcast_into_dot_general import BroadcastFoldReport, FoldBroadcastIntoDotGeneral
+from hloalias.passes.fold_repeat_into_dot_general import FoldRepeatIntoDotGeneral, RepeatFoldReport
 from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
 from hloalias.passes.returned_matvec_as_reduce import MatvecReport, ReturnedMatvecAsReduce
 from hloalias.passes.select_to_dynamic_update_slice import SelectToDynamicUpdateSlice, SelectToUpdateSliceReport
@@ -33,6 +34,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         BitcastOverwriteScatter.name: BitcastOverwriteScatter.from_options,
         EliminateViewResults.name: EliminateViewResults.from_options,
         FoldBroadcastIntoDotGeneral.name: FoldBroadcastIntoDotGeneral.from_options,
+        FoldRepeatIntoDotGeneral.name: FoldRepeatIntoDotGeneral.from_options,
         FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
         ReturnedMatvecAsReduce.name: ReturnedMatvecAsReduce.from_options,
         WindowScatterIndices.name: WindowScatterIndices.from_options,
@@ -55,6 +57,7 @@ __all__ = [
     "EliminateViewResults",
     "FoldBroadcastIntoDotGeneral",
     "FoldReport",
+    "FoldRepeatIntoDotGeneral",
     "FoldTransposeIntoDotGeneral",
     "MatvecReport",
     "ModulePass",
@@ -64,6 +67,7 @@ __all__ = [
     "PermuteReport",
     "PoolLayoutReport",
     "ReduceWindowInConvLayout",
+    "RepeatFoldReport",
     "ReturnedMatvecAsReduce",
     "ScatterToDynamicUpdateSlice",
     "ScatterToUpdateSliceReport",
