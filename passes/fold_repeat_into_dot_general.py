@@ -216,6 +216,25 @@ def _describe(source: ir.Value, links: list[ir.Operation]) -> _Chain | None:
     return _Chain(source, source_axes, groups, scales)
 
 
+def _duplicated_update(source: ir.Value) -> bool:
+    """Whether ``source`` is (a reshape of) a ``dynamic_update_slice`` whose update has
+    fewer non-1 dimensions than its result (a decode step's cache write).
+
+    XLA:CPU counts such an update as effectively unary and duplicates it
+    into a consumer that only reshapes its result: a dot reading the cache
+    in its stored layout would get a fresh copy of the updated cache, and
+    the in-place update a copy of the old one (measured: decode temp
+    doubles).  A dot contracting the cache's minor dimension reads it
+    through a transposing copy instead, which takes the updated value."""
+    operation = _operation(source)
+    while operation is not None and operation.name == "stablehlo.reshape":
+        operation = _operation(operation.operands[0])
+    if operation is None or operation.name != "stablehlo.dynamic_update_slice":
+        return False
+    update = [size for size in shape_of(operation.operands[1]) if size != 1]
+    return len(update) < len([size for size in shape_of(operation.results[0]) if size != 1])
+
+
 def _is_power_of_two_scale(multiply: ir.Operation) -> bool:
     """Whether the splat ``multiply`` scales by is a constant power of two
     (through ``reshape``/``convert``/``broadcast_in_dim`` of a constant)."""
@@ -300,6 +319,10 @@ class _RepeatFolder:
         x_free = [d for d in range(len(groups)) if d not in batching[side] and d not in contracting[side]]
         batch_groups = [groups[d] for d in batching[side]]
         if not any(axis.repeat for group in batch_groups for axis in group):
+            return False
+        if _duplicated_update(chain.source) and len(chain.source_axes) - 1 not in [
+            index for d in contracting[side] for index, axis in enumerate(chain.source_axes) if axis in groups[d]
+        ]:
             return False
         if any(axis.repeat for d in x_free + contracting[side] for axis in groups[d]):
             return False
