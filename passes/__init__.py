@@ -25,6 +25,7 @@ from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderRep
 from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
 from hloalias.passes.reduce_window_in_conv_layout import PoolLayoutReport, ReduceWindowInConvLayout
 from hloalias.passes.store_state_as_bits import BitsReport, StoreStateAsBits
+from hloalias.passes.widen_one_row_updates import WidenOneRowUpdates, WidenReport
 
 
 def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
@@ -44,6 +45,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         PermuteConvKernelState.name: PermuteConvKernelState.from_options,
         ReduceWindowInConvLayout.name: ReduceWindowInConvLayout.from_options,
         StoreStateAsBits.name: StoreStateAsBits.from_options,
+        WidenOneRowUpdates.name: WidenOneRowUpdates.from_options,
     }
 
 
@@ -77,5 +79,7 @@ __all__ = [
     "ViewReport",
     "WindowScatterIndices",
     "WindowScatterReport",
+    "WidenOneRowUpdates",
+    "WidenReport",
     "get_all_passes",
 ]

@@ -37,8 +37,12 @@ multiplies of the dot's result element type move.
 
 Never fires on a dot without a repeated operand (``fold-broadcast-into-dot-
 general`` handles a weight broadcast over whole batching dimensions), when
-the repeat axis is in a contracting or free dimension, or when a reshape in
-the chain splits one of ``S``'s dimensions."""
+the repeat axis is in a contracting or free dimension, when a reshape in
+the chain splits one of ``S``'s dimensions, or when ``S`` is written by a
+one-row ``dynamic_update_slice`` (a decode step's cache write): XLA:CPU
+would duplicate that write into the reshape the new dot reads, copying the
+cache twice; ``widen-one-row-updates``, before this pass in the default
+pipeline, makes such writes two-row ones, which it keeps in place."""
 
 from __future__ import annotations
 
@@ -217,15 +221,14 @@ def _describe(source: ir.Value, links: list[ir.Operation]) -> _Chain | None:
 
 
 def _duplicated_update(source: ir.Value) -> bool:
-    """Whether ``source`` is (a reshape of) a ``dynamic_update_slice`` whose update has
-    fewer non-1 dimensions than its result (a decode step's cache write).
+    """Whether ``source`` is (a reshape of) a ``dynamic_update_slice`` whose
+    update has fewer non-1 dimensions than its result (a decode step's
+    one-row cache write, unless ``widen-one-row-updates`` widened it).
 
     XLA:CPU counts such an update as effectively unary and duplicates it
-    into a consumer that only reshapes its result: a dot reading the cache
-    in its stored layout would get a fresh copy of the updated cache, and
-    the in-place update a copy of the old one (measured: decode temp
-    doubles).  A dot contracting the cache's minor dimension reads it
-    through a transposing copy instead, which takes the updated value."""
+    into the reshape through which the folded dot reads the cache: a fresh
+    copy of the updated cache, and a copy of the old one for the in-place
+    update (measured: the decode step's temp doubles)."""
     operation = _operation(source)
     while operation is not None and operation.name == "stablehlo.reshape":
         operation = _operation(operation.operands[0])
@@ -320,9 +323,7 @@ class _RepeatFolder:
         batch_groups = [groups[d] for d in batching[side]]
         if not any(axis.repeat for group in batch_groups for axis in group):
             return False
-        if _duplicated_update(chain.source) and len(chain.source_axes) - 1 not in [
-            index for d in contracting[side] for index, axis in enumerate(chain.source_axes) if axis in groups[d]
-        ]:
+        if _duplicated_update(chain.source):
             return False
         if any(axis.repeat for d in x_free + contracting[side] for axis in groups[d]):
             return False
@@ -343,7 +344,10 @@ class _RepeatFolder:
             original_other[dim] = axes
             other_axes.extend(axes)
         other_position = {axis.ident: i for i, axis in enumerate(other_axes)}
-        source_position = {axis.ident: i for i, axis in enumerate(chain.source_axes)}
+        # S without its size-1 dims: XLA's dot then has S's batching dims leading
+        # (no transposing copy) and reads S through a bitcast.
+        kept = [axis for axis in chain.source_axes if axis.size != 1]
+        source_position = {axis.ident: i for i, axis in enumerate(kept)}
         batch_pairs = [
             (other_position[axis.ident], source_position[axis.ident])
             for group in batch_groups for axis in group if not axis.repeat
@@ -355,7 +359,7 @@ class _RepeatFolder:
         paired_other = {o for o, _ in batch_pairs + contracting_pairs}
         paired_source = {s for _, s in batch_pairs + contracting_pairs}
         other_free = [a for i, a in enumerate(other_axes) if i not in paired_other]
-        source_free = [a for i, a in enumerate(chain.source_axes) if i not in paired_source]
+        source_free = [a for i, a in enumerate(kept) if i not in paired_source]
         batch_axes = [axis for group in batch_groups for axis in group if not axis.repeat]
         lhs_free, rhs_free = (other_free, source_free) if other == 0 else (source_free, other_free)
         new_order = [a.ident for a in batch_axes + lhs_free + rhs_free if a.size != 1]
@@ -377,7 +381,7 @@ class _RepeatFolder:
         with rewriter.ip, op.location:
             operands: list[ir.Value] = [other_value, chain.source]
             operands[0] = _reshaped(other_value, [a.size for a in other_axes])
-            operands[1] = chain.source  # unreshaped: XLA would fuse a producer into a reshape, copying it
+            operands[1] = _reshaped(chain.source, [a.size for a in kept])
             if other == 1:
                 operands.reverse()
             pairs = (batch_pairs, contracting_pairs)

@@ -1,9 +1,10 @@
-"""fold-repeat-into-dot-general, measured by XLA on an HF Llama with
-grouped-query attention (4 heads over 2 KV heads, head_dim 16) stepped as
-transformers' static-cache export recipe runs it: the repeated, transposed
-K copy ``repeat_kv`` + SDPA leave in temp shrinks to one transposed copy of
-the cache itself, the step's results are bit-identical to the pipeline
-without the pass (the SDPA scale, 0.5, is a power of two) and equal eager."""
+"""fold-repeat-into-dot-general with widen-one-row-updates, measured by XLA
+on an HF Llama with grouped-query attention (4 heads over 2 KV heads,
+head_dim 16) stepped as transformers' static-cache export recipe runs it:
+the repeated, transposed K and the repeated V that ``repeat_kv`` + SDPA
+leave in temp are gone (the dots read the cache in place), the step's
+results are bit-identical to the pipeline without the passes (the SDPA
+scale, 0.5, is a power of two) and equal eager."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import hloalias
 from hloalias.pipeline import CPU_PIPELINE, DEFAULT_PIPELINE
 
 PASS = "fold-repeat-into-dot-general"
-WITHOUT = CPU_PIPELINE.replace(f" {PASS},", "")
+WIDEN = "widen-one-row-updates"
+WITHOUT = CPU_PIPELINE.replace(f" {WIDEN}, {PASS},", "")
+FOLD_ONLY = CPU_PIPELINE.replace(f" {WIDEN},", "")
 HEAD_DIM, HEADS, KV_HEADS = 16, 4, 2
 
 
@@ -35,28 +38,31 @@ def _run(model: torch.nn.Module, args: tuple[torch.Tensor, ...], pipeline: str) 
     return exe, exe(*args)
 
 
-# Temp without the pass: K repeated to all heads and transposed (4 x 16 x L
-# f32) plus V repeated (4 x L x 16 f32) plus the step's small activations.
-# With it: K transposed once per KV head (2 x 16 x L f32); V keeps its
-# repeat (its dot would read the updated cache through a reshape, into
-# which XLA:CPU duplicates the in-place cache update: the pass leaves it).
+# Temp without the passes: K repeated to all heads and transposed (4 x 16 x
+# L f32) plus V repeated (4 x L x 16 f32) plus the step's activations.  With
+# them: the scores and the step's activations only; no cache-sized value.
+# fold-repeat-into-dot-general alone leaves the step as it was: the cache
+# write is a one-row update, which XLA:CPU would duplicate into the reshape
+# the folded dots read (widen-one-row-updates makes it a two-row one).
 @pytest.mark.parametrize(("cache_len", "temp_without", "temp_with"), [
-    (256, 135_168, 102_400),
-    (4096, 2_162_688, 1_638_400),
+    (256, 135_168, 8_320),
+    (4096, 2_162_688, 147_456),
 ])
-def test_gqa_decode_step_drops_the_repeated_k(cache_len: int, temp_without: int, temp_with: int) -> None:
+def test_gqa_decode_step_reads_the_cache_unrepeated(cache_len: int, temp_without: int, temp_with: int) -> None:
     model = _llama_step(cache_len)
     args = (torch.tensor([[7]]), torch.tensor([17]))
     eager = copy.deepcopy(model)
     expected = eager(*args)
     without, result_without = _run(model, args, WITHOUT)
+    fold_only, _ = _run(model, args, FOLD_ONLY)
     folded, result = _run(model, args, CPU_PIPELINE)
-    k_bytes = KV_HEADS * cache_len * HEAD_DIM * 4
+    kv_head_cache_bytes = KV_HEADS * cache_len * HEAD_DIM * 4
     assert without.memory_stats["temp_bytes"] == temp_without
+    assert fold_only.memory_stats["temp_bytes"] == temp_without
     assert folded.memory_stats["temp_bytes"] == temp_with
-    assert temp_without - temp_with == k_bytes  # a whole-heads K copy became a KV-heads one
+    assert temp_with < kv_head_cache_bytes
     repeated = f"-> tensor<1x{KV_HEADS}x{HEADS // KV_HEADS}x{cache_len}x{HEAD_DIM}xf32>"
-    assert without.mlir.count(repeated) == 2 and folded.mlir.count(repeated) == 1
+    assert without.mlir.count(repeated) == 2 and folded.mlir.count(repeated) == 0
     assert torch.equal(result, result_without)
     torch.testing.assert_close(result, expected)
     state = folded.state_dict()
@@ -81,5 +87,40 @@ def test_gqa_prefill_reads_kv_unrepeated() -> None:
     torch.testing.assert_close(result, expected)
 
 
-def test_default_pipeline_folds_repeats() -> None:
-    assert f"bitcast-overwrite-scatter, {PASS}," in DEFAULT_PIPELINE
+def test_default_pipeline_widens_then_folds() -> None:
+    assert f"bitcast-overwrite-scatter, {WIDEN}, {PASS}," in DEFAULT_PIPELINE
+
+
+_ONE_ROW_WRITE = """
+func.func @main(%cache: tensor<1x2x8x4xf32>, %row: tensor<1x2x1x4xf32>, %i: tensor<i64>, %q: tensor<2x3x4xf32>) -> (tensor<1x2x8x4xf32>, tensor<2x3x8xf32>) {
+  %z = stablehlo.constant dense<0> : tensor<i64>
+  %u = stablehlo.dynamic_update_slice %cache, %row, %z, %z, %i, %z : (tensor<1x2x8x4xf32>, tensor<1x2x1x4xf32>, tensor<i64>, tensor<i64>, tensor<i64>, tensor<i64>) -> tensor<1x2x8x4xf32>
+  %k = stablehlo.reshape %u : (tensor<1x2x8x4xf32>) -> tensor<2x8x4xf32>
+  %d = stablehlo.dot_general %q, %k, batching_dims = [0] x [0], contracting_dims = [2] x [2] : (tensor<2x3x4xf32>, tensor<2x8x4xf32>) -> tensor<2x3x8xf32>
+  return %u, %d : tensor<1x2x8x4xf32>, tensor<2x3x8xf32>
+}
+"""
+
+
+def test_widened_write_equals_the_one_row_write_at_every_start() -> None:
+    from hloalias.mlir import new_context, parse_module, print_module
+    from hloalias.passes import WidenOneRowUpdates
+    from hloalias.runtime.pjrt import array_to_torch, compile_module, device_for, torch_to_device
+
+    module = parse_module(_ONE_ROW_WRITE, new_context())
+    assert WidenOneRowUpdates().apply(module).widened == 1
+    widened = print_module(module)
+    assert "tensor<1x2x2x4xf32>" in widened
+    assert WidenOneRowUpdates().apply(module).widened == 0
+    device = device_for("cpu")
+    one_row, two_rows = compile_module(_ONE_ROW_WRITE, device), compile_module(widened, device)
+    torch.manual_seed(5)
+    cache, row, q = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 1, 4), torch.randn(2, 3, 4)
+    for start in (-(2**63), -5, -1, 0, 3, 6, 7, 8, 100, 2**63 - 1):
+        on_device = [torch_to_device(a, device, owned=False) for a in (cache, row, torch.tensor(start), q)]
+        expected = [array_to_torch(a) for a in one_row.execute(on_device)]
+        got = [array_to_torch(a) for a in two_rows.execute(on_device)]
+        for a, b in zip(got, expected):
+            assert torch.equal(a, b), start
+        written = min(max(start, 0), 7)
+        assert torch.equal(expected[0][:, :, written], row[:, :, 0]), start  # the case does what it says

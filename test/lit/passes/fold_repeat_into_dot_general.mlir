@@ -6,7 +6,7 @@
 // XLA accepts every module the pass produces.
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 
-// XLA-COUNT-4: xla: argument_bytes={{[0-9]+}}
+// XLA-COUNT-5: xla: argument_bytes={{[0-9]+}}
 
 // GQA decode, q @ k^T under SDPA as torch-mlir lowers it: K repeated from 2
 // KV heads to 4 heads (repeat_kv), transposed, scaled by sqrt(1/sqrt(16)).
@@ -29,13 +29,14 @@ func.func @main(%q: tensor<1x4x1x16xf32>, %k: tensor<1x2x8x16xf32>) -> tensor<4x
 // CHECK-NOT:     broadcast_in_dim %{{.*}} -> tensor<1x2x2x8x16xf32>
 // CHECK-NOT:     transpose
 // CHECK:         %[[Q:.+]] = stablehlo.reshape %{{.+}} : (tensor<4x1x16xf32>) -> tensor<2x2x1x16xf32>
-// CHECK:         %[[D:.+]] = stablehlo.dot_general %[[Q]], %arg1, batching_dims = [0] x [1], contracting_dims = [3] x [3] : (tensor<2x2x1x16xf32>, tensor<1x2x8x16xf32>) -> tensor<2x2x1x1x8xf32>
-// CHECK:         %[[R:.+]] = stablehlo.reshape %[[D]] : (tensor<2x2x1x1x8xf32>) -> tensor<4x1x8xf32>
+// CHECK:         %[[K:.+]] = stablehlo.reshape %arg1 : (tensor<1x2x8x16xf32>) -> tensor<2x8x16xf32>
+// CHECK:         %[[D:.+]] = stablehlo.dot_general %[[Q]], %[[K]], batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<2x2x1x16xf32>, tensor<2x8x16xf32>) -> tensor<2x2x1x8xf32>
+// CHECK:         %[[R:.+]] = stablehlo.reshape %[[D]] : (tensor<2x2x1x8xf32>) -> tensor<4x1x8xf32>
 // CHECK:         %[[S:.+]] = stablehlo.broadcast_in_dim %{{.+}}, dims = [] : (tensor<f32>) -> tensor<4x1x8xf32>
 // CHECK:         %[[M:.+]] = stablehlo.multiply %[[R]], %[[S]] : tensor<4x1x8xf32>
 // CHECK:         return %[[M]]
 // EXACT-LABEL: func.func @main(%arg0: tensor<1x4x1x16xf32>, %arg1: tensor<1x2x8x16xf32>)
-// EXACT:         stablehlo.dot_general %{{.+}}, %arg1, batching_dims = [0] x [1]
+// EXACT:         stablehlo.dot_general %{{.+}}, %{{.+}}, batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<2x2x1x16xf32>, tensor<2x8x16xf32>)
 
 // -----
 
@@ -51,11 +52,12 @@ func.func @main(%p: tensor<4x3x8xf32>, %v: tensor<1x2x8x16xf32>) -> tensor<4x3x1
 // CHECK-LABEL: func.func @main(%arg0: tensor<4x3x8xf32>, %arg1: tensor<1x2x8x16xf32>)
 // CHECK-NOT:     broadcast_in_dim
 // CHECK:         %[[P:.+]] = stablehlo.reshape %arg0 : (tensor<4x3x8xf32>) -> tensor<2x2x3x8xf32>
-// CHECK:         %[[D:.+]] = stablehlo.dot_general %[[P]], %arg1, batching_dims = [0] x [1], contracting_dims = [3] x [2] : (tensor<2x2x3x8xf32>, tensor<1x2x8x16xf32>) -> tensor<2x2x3x1x16xf32>
-// CHECK:         %[[R:.+]] = stablehlo.reshape %[[D]] : (tensor<2x2x3x1x16xf32>) -> tensor<4x3x16xf32>
+// CHECK:         %[[V:.+]] = stablehlo.reshape %arg1 : (tensor<1x2x8x16xf32>) -> tensor<2x8x16xf32>
+// CHECK:         %[[D:.+]] = stablehlo.dot_general %[[P]], %[[V]], batching_dims = [0] x [0], contracting_dims = [3] x [1] : (tensor<2x2x3x8xf32>, tensor<2x8x16xf32>) -> tensor<2x2x3x16xf32>
+// CHECK:         %[[R:.+]] = stablehlo.reshape %[[D]] : (tensor<2x2x3x16xf32>) -> tensor<4x3x16xf32>
 // CHECK:         return %[[R]]
 // EXACT-LABEL: func.func @main(%arg0: tensor<4x3x8xf32>, %arg1: tensor<1x2x8x16xf32>)
-// EXACT:         stablehlo.dot_general %{{.+}}, %arg1, batching_dims = [0] x [1]
+// EXACT:         stablehlo.dot_general %{{.+}}, %{{.+}}, batching_dims = [0] x [0], contracting_dims = [3] x [1]
 
 // -----
 
@@ -106,3 +108,23 @@ func.func @main(%a: tensor<2x3x16xf32>, %x: tensor<2x5x8xf32>, %y: tensor<2x8x6x
 // CHECK:         %[[KB:.+]] = stablehlo.broadcast_in_dim %{{.+}} -> tensor<2x2x7x5xf32>
 // CHECK:         %[[KH:.+]] = stablehlo.reshape %[[KB]]
 // CHECK:         stablehlo.dot_general %[[KH]], %arg4, batching_dims = [0] x [0], contracting_dims = [2] x [2]
+
+// -----
+
+// Never fires on a cache a one-row dynamic_update_slice writes (the CPU backend
+// would duplicate that write into the reshape the dot reads; run
+// widen-one-row-updates first).
+func.func @main(%p: tensor<4x3x8xf32>, %v: tensor<1x2x8x16xf32>, %row: tensor<1x2x1x16xf32>, %i: tensor<i64>) -> (tensor<1x2x8x16xf32>, tensor<4x3x16xf32>) {
+  %z = stablehlo.constant dense<0> : tensor<i64>
+  %u = stablehlo.dynamic_update_slice %v, %row, %z, %z, %i, %z : (tensor<1x2x8x16xf32>, tensor<1x2x1x16xf32>, tensor<i64>, tensor<i64>, tensor<i64>, tensor<i64>) -> tensor<1x2x8x16xf32>
+  %r = stablehlo.reshape %u : (tensor<1x2x8x16xf32>) -> tensor<1x2x1x8x16xf32>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3, 4] : (tensor<1x2x1x8x16xf32>) -> tensor<1x2x2x8x16xf32>
+  %h = stablehlo.reshape %b : (tensor<1x2x2x8x16xf32>) -> tensor<4x8x16xf32>
+  %d = stablehlo.dot_general %p, %h, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x3x8xf32>, tensor<4x8x16xf32>) -> tensor<4x3x16xf32>
+  return %u, %d : tensor<1x2x8x16xf32>, tensor<4x3x16xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x3x8xf32>, %arg1: tensor<1x2x8x16xf32>
+// CHECK:         stablehlo.broadcast_in_dim %{{.+}} -> tensor<1x2x2x8x16xf32>
+// CHECK:         stablehlo.dot_general %arg0, %{{.+}}, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x3x8xf32>, tensor<4x8x16xf32>)
+// EXACT-LABEL: func.func @main(%arg0: tensor<4x3x8xf32>, %arg1: tensor<1x2x8x16xf32>
+// EXACT:         stablehlo.broadcast_in_dim %{{.+}} -> tensor<1x2x2x8x16xf32>
