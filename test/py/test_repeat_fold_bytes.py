@@ -71,6 +71,43 @@ def test_gqa_decode_step_reads_the_cache_unrepeated(cache_len: int, temp_without
             torch.testing.assert_close(state[name], value, rtol=0, atol=0)
 
 
+class _Qwen2Step(torch.nn.Module):
+    """A Qwen2 (biased q/k/v projections) stepped as the Llama above."""
+
+    def __init__(self, cache_len: int) -> None:
+        super().__init__()
+        import transformers
+        from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+        torch.manual_seed(0)
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            vocab_size=256, hidden_size=HEADS * HEAD_DIM, intermediate_size=128, num_hidden_layers=1,
+            num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=cache_len,
+            bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        )).eval()
+        model.generation_config = transformers.GenerationConfig(
+            use_cache=True, cache_implementation="static",
+            cache_config={"batch_size": 1, "max_cache_len": cache_len},
+            bos_token_id=0, eos_token_id=0, pad_token_id=0)
+        self.inner = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=cache_len)
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.inner(input_ids=input_ids, cache_position=cache_position)
+        return logits
+
+
+def test_qwen2_decode_step_reads_the_cache_unrepeated() -> None:
+    model = _Qwen2Step(256)
+    args = (torch.tensor([[7]]), torch.tensor([17]))
+    expected = copy.deepcopy(model)(*args)
+    without, result_without = _run(model, args, WITHOUT)
+    folded, result = _run(model, args, CPU_PIPELINE)
+    assert without.memory_stats["temp_bytes"] == 135_168
+    assert folded.memory_stats["temp_bytes"] == 8_320
+    assert torch.equal(result, result_without)
+    torch.testing.assert_close(result, expected)
+
+
 def test_gqa_prefill_reads_kv_unrepeated() -> None:
     """512 tokens into a 1024-token cache: the cache is written by a scatter
     there, and both K and V are read unrepeated."""
