@@ -10,6 +10,7 @@ alias_bare_import(__name__, "hloalias.passes")
 from collections.abc import Callable
 from typing import Any
 
+from hloalias.passes.accumulate_bf16_dots_in_f32 import AccumulateBf16DotsInF32, AccumulateReport
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.base import ModulePass
 from hloalias.passes.bitcast_overwrite_scatter import BitcastOverwriteScatter, BitcastScatterReport
@@ -31,6 +32,7 @@ from hloalias.passes.widen_one_row_updates import WidenOneRowUpdates, WidenRepor
 def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
     """Pass name -> factory taking the pass's option text (``"a=1 b=2"``)."""
     return {
+        AccumulateBf16DotsInF32.name: AccumulateBf16DotsInF32.from_options,
         AliasDonatedBuffers.name: AliasDonatedBuffers.from_options,
         BitcastOverwriteScatter.name: BitcastOverwriteScatter.from_options,
         EliminateViewResults.name: EliminateViewResults.from_options,
@@ -50,6 +52,8 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
 
 
 __all__ = [
+    "AccumulateBf16DotsInF32",
+    "AccumulateReport",
     "AliasDonatedBuffers",
     "AliasReport",
     "BitsReport",

@@ -25,6 +25,7 @@ EXPECTED_PASS_NAMES = {
     "fold-broadcast-into-dot-general",
     "fold-repeat-into-dot-general",
     "widen-one-row-updates",
+    "accumulate-bf16-dots-in-f32",
     "bitcast-overwrite-scatter",
     "window-scatter-indices",
     "scatter-to-dynamic-update-slice",
