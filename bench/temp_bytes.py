@@ -465,7 +465,64 @@ def conv_layout_experiment() -> list[str]:
     return lines
 
 
-ROWS: list[Callable[[], Row]] = [bf16_cache_row, kv_step_row, gpt2_row, resnet_row, resnet18_row, bert_row]
+GQA_PASSES = "widen-one-row-updates, fold-repeat-into-dot-general"
+GQA_BEFORE = CPU_PIPELINE.replace(f" {GQA_PASSES},", "")
+
+
+def _gqa_row(title: str, cache_len: int, tokens: int) -> Row:
+    """An HF Llama (bench/models.py's config: 4 layers, hidden 512, GQA 8/4
+    heads, head_dim 64) run as transformers' static-cache export recipe runs
+    it: ``before`` is what ``hloalias.compile`` ran on CPU without the two
+    GQA passes, ``after`` with them (:data:`CPU_PIPELINE`)."""
+    import copy
+
+    from bench.models import LlamaDecodeConfig, LlamaDecodeStep
+
+    model = LlamaDecodeStep(LlamaDecodeConfig(max_cache_len=cache_len))
+    if tokens == 1:
+        args = (torch.tensor([[7]]), torch.tensor([17]))
+    else:
+        args = (torch.randint(0, 4096, (1, tokens), generator=torch.Generator().manual_seed(0)),
+                torch.arange(tokens))
+    expected = copy.deepcopy(model)(*args)
+    before = hloalias.compile(copy.deepcopy(model), args, pipeline=GQA_BEFORE)
+    after = hloalias.compile(copy.deepcopy(model), args, pipeline=CPU_PIPELINE)
+    result_before, result_after = before(*args), after(*args)
+    torch.testing.assert_close(result_after, expected)
+    identical = torch.equal(result_after, result_before)
+    stats = after.memory_stats
+    minimum = stats["argument_bytes"] + stats["output_bytes"] - stats["alias_bytes"]
+    kv_bytes = 4 * cache_len * 64 * 4
+    note = (
+        f"`before` = `{GQA_BEFORE}` (today's CPU pipeline without `{GQA_PASSES}`), `after` = `{CPU_PIPELINE}`. "
+        f"One layer's K cache is {kv_bytes:,} bytes (4 KV heads x {cache_len} x 64 f32). Before: XLA:CPU "
+        "materializes `repeat_kv`'s K repeated to all 8 heads and transposed (SDPA's scaled `k^T`) and V "
+        "repeated, each twice a layer's cache. After: `fold-repeat-into-dot-general` makes each attention "
+        "dot read the cache itself, batching over the KV heads with the head group a free dimension of q "
+        "(or of the probabilities), and moves SDPA's splat scale on K onto the scores; "
+        "`widen-one-row-updates` writes the decode step's one-row cache update as two rows so that XLA:CPU "
+        "keeps it in place instead of duplicating it into the reshape the dot reads. "
+        f"Results equal eager (assert_close); bit-identical to `before`: {identical} (the moved scale "
+        "sqrt(1/8) is no power of two: one rounding per score moves)."
+    )
+    return Row(title, before.memory_stats, stats, minimum, "arguments + new outputs (XLA's data bytes)",
+               "not measured here", _entry_copies(after), note, largest=_largest_entry_values(after))
+
+
+def gqa_decode_256_row() -> Row:
+    return _gqa_row("HF Llama GQA static-cache decode step, cache 256", 256, 1)
+
+
+def gqa_decode_4096_row() -> Row:
+    return _gqa_row("HF Llama GQA static-cache decode step, cache 4096", 4096, 1)
+
+
+def gqa_prefill_row() -> Row:
+    return _gqa_row("HF Llama GQA prefill of 512 tokens, cache 1024", 1024, 512)
+
+
+ROWS: list[Callable[[], Row]] = [bf16_cache_row, kv_step_row, gpt2_row, resnet_row, resnet18_row, bert_row,
+                                 gqa_decode_256_row, gqa_decode_4096_row, gqa_prefill_row]
 
 
 def _ratio(total: int, minimum: int) -> str:

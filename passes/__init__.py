@@ -10,11 +10,13 @@ alias_bare_import(__name__, "hloalias.passes")
 from collections.abc import Callable
 from typing import Any
 
+from hloalias.passes.accumulate_bf16_dots_in_f32 import AccumulateBf16DotsInF32, AccumulateReport
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.base import ModulePass
 from hloalias.passes.bitcast_overwrite_scatter import BitcastOverwriteScatter, BitcastScatterReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.passes.fold_broadcast_into_dot_general import BroadcastFoldReport, FoldBroadcastIntoDotGeneral
+from hloalias.passes.fold_repeat_into_dot_general import FoldRepeatIntoDotGeneral, RepeatFoldReport
 from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
 from hloalias.passes.returned_matvec_as_reduce import MatvecReport, ReturnedMatvecAsReduce
 from hloalias.passes.select_to_dynamic_update_slice import SelectToDynamicUpdateSlice, SelectToUpdateSliceReport
@@ -24,15 +26,18 @@ from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderRep
 from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
 from hloalias.passes.reduce_window_in_conv_layout import PoolLayoutReport, ReduceWindowInConvLayout
 from hloalias.passes.store_state_as_bits import BitsReport, StoreStateAsBits
+from hloalias.passes.widen_one_row_updates import WidenOneRowUpdates, WidenReport
 
 
 def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
     """Pass name -> factory taking the pass's option text (``"a=1 b=2"``)."""
     return {
+        AccumulateBf16DotsInF32.name: AccumulateBf16DotsInF32.from_options,
         AliasDonatedBuffers.name: AliasDonatedBuffers.from_options,
         BitcastOverwriteScatter.name: BitcastOverwriteScatter.from_options,
         EliminateViewResults.name: EliminateViewResults.from_options,
         FoldBroadcastIntoDotGeneral.name: FoldBroadcastIntoDotGeneral.from_options,
+        FoldRepeatIntoDotGeneral.name: FoldRepeatIntoDotGeneral.from_options,
         FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
         ReturnedMatvecAsReduce.name: ReturnedMatvecAsReduce.from_options,
         WindowScatterIndices.name: WindowScatterIndices.from_options,
@@ -42,10 +47,13 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         PermuteConvKernelState.name: PermuteConvKernelState.from_options,
         ReduceWindowInConvLayout.name: ReduceWindowInConvLayout.from_options,
         StoreStateAsBits.name: StoreStateAsBits.from_options,
+        WidenOneRowUpdates.name: WidenOneRowUpdates.from_options,
     }
 
 
 __all__ = [
+    "AccumulateBf16DotsInF32",
+    "AccumulateReport",
     "AliasDonatedBuffers",
     "AliasReport",
     "BitsReport",
@@ -55,6 +63,7 @@ __all__ = [
     "EliminateViewResults",
     "FoldBroadcastIntoDotGeneral",
     "FoldReport",
+    "FoldRepeatIntoDotGeneral",
     "FoldTransposeIntoDotGeneral",
     "MatvecReport",
     "ModulePass",
@@ -64,6 +73,7 @@ __all__ = [
     "PermuteReport",
     "PoolLayoutReport",
     "ReduceWindowInConvLayout",
+    "RepeatFoldReport",
     "ReturnedMatvecAsReduce",
     "ScatterToDynamicUpdateSlice",
     "ScatterToUpdateSliceReport",
@@ -73,5 +83,7 @@ __all__ = [
     "ViewReport",
     "WindowScatterIndices",
     "WindowScatterReport",
+    "WidenOneRowUpdates",
+    "WidenReport",
     "get_all_passes",
 ]

@@ -25,14 +25,14 @@ from hloalias.passes import get_all_passes
 from hloalias.passes.base import ModulePass
 
 DEFAULT_PIPELINE = (
-    "builtin.module(fold-transpose-into-dot-general, fold-broadcast-into-dot-general, window-scatter-indices, scatter-to-dynamic-update-slice, select-to-dynamic-update-slice, bitcast-overwrite-scatter, eliminate-view-results, alias-donated-buffers)"
+    "builtin.module(fold-transpose-into-dot-general, fold-broadcast-into-dot-general, window-scatter-indices, scatter-to-dynamic-update-slice, select-to-dynamic-update-slice, bitcast-overwrite-scatter, widen-one-row-updates, fold-repeat-into-dot-general, eliminate-view-results, alias-donated-buffers)"
 )
 
 STATE_LAYOUT_PASS = "permute-conv-kernel-state"
 POOL_LAYOUT_PASS = "reduce-window-in-conv-layout"
 STATE_BITS_PASS = "store-state-as-bits"
 
-#: The default pipeline, then the two layout passes measured on XLA:CPU
+#: The default pipeline, then ``accumulate-bf16-dots-in-f32``, the two layout passes measured on XLA:CPU
 #: (``reduce-window-in-conv-layout``, ``permute-conv-kernel-state``) and
 #: ``store-state-as-bits`` (state XLA:CPU would copy to bit-cast it, as
 #: ``bitcast-overwrite-scatter`` leaves a bf16 cache): what
@@ -41,8 +41,12 @@ STATE_BITS_PASS = "store-state-as-bits"
 #: and ``store-state-as-bits`` change ``@main``'s argument types (the runtime
 #: uploads that state permuted or as bits; another caller of the module
 #: would have to as well), and all three target copies measured on XLA:CPU
-#: (other backends are not measured).
-CPU_PIPELINE = DEFAULT_PIPELINE[: -len(")")] + f", {POOL_LAYOUT_PASS}, {STATE_LAYOUT_PASS}, {STATE_BITS_PASS})"
+#: (other backends are not measured); first ``accumulate-bf16-dots-in-f32``
+#: (XLA:CPU's dot library takes bf16 operands with an f32 result without
+#: converting the weights; measured on XLA:CPU only).
+BF16_DOT_PASS = "accumulate-bf16-dots-in-f32"
+
+CPU_PIPELINE = DEFAULT_PIPELINE[: -len(")")] + f", {BF16_DOT_PASS}, {POOL_LAYOUT_PASS}, {STATE_LAYOUT_PASS}, {STATE_BITS_PASS})"
 
 
 def with_fixed_layouts(pipeline: str, layouts: tuple[str, ...]) -> str:

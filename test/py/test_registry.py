@@ -23,6 +23,9 @@ EXPECTED_PASS_NAMES = {
     "alias-donated-buffers",
     "fold-transpose-into-dot-general",
     "fold-broadcast-into-dot-general",
+    "fold-repeat-into-dot-general",
+    "widen-one-row-updates",
+    "accumulate-bf16-dots-in-f32",
     "bitcast-overwrite-scatter",
     "window-scatter-indices",
     "scatter-to-dynamic-update-slice",
@@ -206,6 +209,8 @@ def test_parse_pipeline_of_the_default_and_the_empty_pipeline() -> None:
         "scatter-to-dynamic-update-slice",
         "select-to-dynamic-update-slice",
         "bitcast-overwrite-scatter",
+        "widen-one-row-updates",
+        "fold-repeat-into-dot-general",
         "eliminate-view-results",
         "alias-donated-buffers",
     ]

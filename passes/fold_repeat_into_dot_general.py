@@ -1,0 +1,450 @@
+"""``fold-repeat-into-dot-general``: a ``dot_general`` operand that repeats
+a tensor along a batching dimension (grouped-query attention's K and V) is
+replaced by the tensor itself, the repeat becoming a free dimension of the
+other operand.
+
+Hugging Face's ``repeat_kv`` expands K and V from the KV heads to all heads
+(``reshape`` to ``[B, Hkv, 1, L, D]``, ``broadcast_in_dim`` to
+``[B, Hkv, G, L, D]``, ``reshape`` to ``[B, Hkv*G, L, D]``), attention then
+transposes K and, under SDPA, scales it; torch-mlir merges ``B*H`` into one
+batching dimension of each ``dot_general``.  XLA:CPU materializes the
+repeated, transposed, scaled K and the repeated V in temp on every call:
+two copies of the whole cache per layer, growing with the context.
+
+Each value ``X`` of such a chain (``reshape``, ``transpose``,
+``broadcast_in_dim``, ``multiply`` by a splat) is described from its source
+``S``: every dimension of ``X`` is a row-major group of ``S``'s dimensions
+(size-1 dimensions dropped) and of *repeat* axes the broadcasts added.  A
+dot whose operand ``X`` has repeat axes only inside batching dimensions
+becomes ``dot_general(Y', S')``: ``S'`` is ``S`` without its size-1
+dimensions, ``Y'`` the other operand with each batching and contracting
+dimension split into its group's sizes; the non-repeat axes pair as batching
+and contracting dimensions, and each repeat axis is a free dimension of
+``Y'`` (every repetition reads the same ``S`` element, so the values are the
+same).  The new result is reshaped to the old one, which requires its
+dimensions, flattened in row-major order, to be the old result's: the pass
+checks this and otherwise leaves the dot alone (e.g. the repeated operand on
+the left with free dimensions of its own).  The reshapes are of ``S`` and of
+the other operand only; neither copies on XLA.
+
+A ``multiply`` by a splat inside the chain (SDPA's ``sqrt(scale)`` on K)
+moves onto the dot's result: the repeat and transposition removal is exact,
+the moved scale is exact when the splat is a power of two and otherwise
+rounds the sum of products once instead of each product (as torch's fused
+CPU attention kernel, which scales ``q @ k^T``); ``exact-scales-only``
+keeps chains holding any other multiply as they are.  Only floating-point
+multiplies of the dot's result element type move.
+
+Never fires on a dot without a repeated operand (``fold-broadcast-into-dot-
+general`` handles a weight broadcast over whole batching dimensions), when
+the repeat axis is in a contracting or free dimension, when a reshape in
+the chain splits one of ``S``'s dimensions, or when ``S`` is written by a
+one-row ``dynamic_update_slice`` (a decode step's cache write): XLA:CPU
+would duplicate that write into the reshape the new dot reads, copying the
+cache twice; ``widen-one-row-updates``, before this pass in the default
+pipeline, makes such writes two-row ones, which it keeps in place."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+from typing import ClassVar
+
+from torch_mlir import ir, rewrite
+from torch_mlir._mlir_libs import _stablehlo
+
+from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
+from hloalias.passes.stablehlo_values import shape_of
+
+_CHAIN_OPS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim", "stablehlo.multiply")
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatFoldReport:
+    """How many dots lost a repeated operand, and how many scales moved."""
+
+    folded: int
+    scales_moved: int
+
+    def to_text(self) -> str:
+        """The report as people read it."""
+        return (
+            f"fold-repeat-into-dot-general: {self.folded} repeated operands folded, "
+            f"{self.scales_moved} scales moved onto dot results"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldRepeatIntoDotGeneral(ModulePass[RepeatFoldReport]):
+    """Feed the source of a batch-repeated operand (GQA's K/V) to ``dot_general``."""
+
+    name: ClassVar[str] = "fold-repeat-into-dot-general"
+    exact_scales_only: bool = dataclasses.field(
+        default=False,
+        metadata={"help": "move only power-of-two splat scales (bit-exact); leave other scaled chains alone"},
+    )
+
+    def apply(self, module: ModuleLike) -> RepeatFoldReport:
+        """Rewrite every foldable ``dot_general`` in ``module`` in place;
+        chain links left without users are erased."""
+        module = as_module_like(module)
+        verify_contract(module)
+        folder = _RepeatFolder(self.exact_scales_only)
+        with module.context, ir.Location.unknown():
+            patterns = rewrite.RewritePatternSet()
+            patterns.add("stablehlo.dot_general", folder.fold_repeated_operand)
+            rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
+        verify_contract(module)
+        return RepeatFoldReport(folder.folded, folder.scales_moved)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Axis:
+    """One dimension of the chain's source (``repeat`` False) or one a
+    broadcast added (``repeat`` True)."""
+
+    ident: int
+    size: int
+    repeat: bool
+
+
+@dataclasses.dataclass
+class _Chain:
+    """``X`` described from its source: one group of axes per dimension."""
+
+    source: ir.Value
+    source_axes: list[_Axis]
+    groups: list[list[_Axis]]
+    scales: list[ir.Operation]
+
+
+def _operation(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    if isinstance(owner, (ir.OpView, ir.Operation)):
+        return owner.operation
+    return None
+
+
+def _splat_operand(multiply: ir.Operation) -> int | None:
+    """Which operand of ``multiply`` is a splat (a ``broadcast_in_dim`` of a
+    rank-0 value, or a splat constant), or None."""
+    for index in (1, 0):
+        defining = _operation(multiply.operands[index])
+        if defining is None:
+            continue
+        if defining.name == "stablehlo.broadcast_in_dim" and not shape_of(defining.operands[0]):
+            return index
+        if defining.name == "stablehlo.constant":
+            attribute = defining.attributes["value"]
+            if isinstance(attribute, ir.DenseElementsAttr) and attribute.is_splat:
+                return index
+    return None
+
+
+def _chain_links(value: ir.Value) -> list[ir.Operation]:
+    """The chain ops behind ``value``, nearest first."""
+    links: list[ir.Operation] = []
+    while True:
+        operation = _operation(value)
+        if operation is None or operation.name not in _CHAIN_OPS:
+            return links
+        if operation.name == "stablehlo.multiply":
+            splat = _splat_operand(operation)
+            if splat is None or not isinstance(ir.RankedTensorType(value.type).element_type, ir.FloatType):
+                return links
+            links.append(operation)
+            value = operation.operands[1 - splat]
+            continue
+        links.append(operation)
+        value = operation.operands[0]
+
+
+def _chain_input(link: ir.Operation) -> ir.Value:
+    if link.name == "stablehlo.multiply":
+        splat = _splat_operand(link)
+        assert splat is not None
+        return link.operands[1 - splat]
+    return link.operands[0]
+
+
+def _regroup(axes: list[_Axis], shape: list[int]) -> list[list[_Axis]] | None:
+    """Row-major ``axes`` grouped into dimensions of ``shape``, or None when
+    a dimension would split an axis."""
+    axes = [axis for axis in axes if axis.size != 1]
+    groups: list[list[_Axis]] = []
+    position = 0
+    for size in shape:
+        group: list[_Axis] = []
+        product = 1
+        while product < size and position < len(axes):
+            group.append(axes[position])
+            product *= axes[position].size
+            position += 1
+        if product != size:
+            return None
+        groups.append(group)
+    return groups if position == len(axes) else None
+
+
+def _describe(source: ir.Value, links: list[ir.Operation]) -> _Chain | None:
+    """``links`` (farthest first, the first one reading ``source``) as groups
+    of ``source``'s axes, or None when a link splits an axis."""
+    counter = iter(range(1 << 30))
+    source_axes = [_Axis(next(counter), size, False) for size in shape_of(source)]
+    groups = _regroup(source_axes, shape_of(source))
+    scales: list[ir.Operation] = []
+    for link in links:
+        if groups is None:
+            return None
+        result_shape = shape_of(link.results[0])
+        if link.name == "stablehlo.reshape":
+            groups = _regroup([axis for group in groups for axis in group], result_shape)
+        elif link.name == "stablehlo.transpose":
+            permutation = list(ir.DenseI64ArrayAttr(link.attributes["permutation"]))
+            groups = [groups[p] for p in permutation]
+        elif link.name == "stablehlo.broadcast_in_dim":
+            mapping = list(ir.DenseI64ArrayAttr(link.attributes["broadcast_dimensions"]))
+            operand_shape = shape_of(link.operands[0])
+            new_groups: list[list[_Axis]] = [
+                [_Axis(next(counter), size, True)] if size != 1 else [] for size in result_shape
+            ]
+            for operand_dim, result_dim in enumerate(mapping):
+                if operand_shape[operand_dim] == result_shape[result_dim]:
+                    new_groups[result_dim] = groups[operand_dim]
+            groups = new_groups
+        else:
+            scales.append(link)
+    if groups is None:
+        return None
+    return _Chain(source, source_axes, groups, scales)
+
+
+def _duplicated_update(source: ir.Value) -> bool:
+    """Whether ``source`` is (a reshape of) a ``dynamic_update_slice`` whose
+    update has fewer non-1 dimensions than its result (a decode step's
+    one-row cache write, unless ``widen-one-row-updates`` widened it).
+
+    XLA:CPU counts such an update as effectively unary and duplicates it
+    into the reshape through which the folded dot reads the cache: a fresh
+    copy of the updated cache, and a copy of the old one for the in-place
+    update (measured: the decode step's temp doubles)."""
+    operation = _operation(source)
+    while operation is not None and operation.name == "stablehlo.reshape":
+        operation = _operation(operation.operands[0])
+    if operation is None or operation.name != "stablehlo.dynamic_update_slice":
+        return False
+    update = [size for size in shape_of(operation.operands[1]) if size != 1]
+    return len(update) < len([size for size in shape_of(operation.results[0]) if size != 1])
+
+
+def _is_power_of_two_scale(multiply: ir.Operation) -> bool:
+    """Whether the splat ``multiply`` scales by is a constant power of two
+    (through ``reshape``/``convert``/``broadcast_in_dim`` of a constant)."""
+    splat = _splat_operand(multiply)
+    assert splat is not None
+    value = multiply.operands[splat]
+    while True:
+        operation = _operation(value)
+        if operation is None:
+            return False
+        if operation.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert"):
+            value = operation.operands[0]
+            continue
+        if operation.name != "stablehlo.constant":
+            return False
+        attribute = operation.attributes["value"]
+        if not isinstance(attribute, ir.DenseFPElementsAttr) or not attribute.is_splat:
+            return False
+        number = float(ir.FloatAttr(attribute.get_splat_value()).value)
+        # As the multiply's own element type sees it: f32 rounding of an f64
+        # constant can make a power of two out of a non-power (not here: a
+        # power of two is exact in every float type).
+        number = struct.unpack("f", struct.pack("f", number))[0]
+        if number <= 0 or not math.isfinite(number):
+            return False
+        mantissa, _exponent = math.frexp(number)
+        return mantissa == 0.5
+
+
+@dataclasses.dataclass
+class _RepeatFolder:
+    exact_scales_only: bool
+    folded: int = 0
+    scales_moved: int = 0
+
+    def fold_repeated_operand(self, op: ir.OpView, rewriter: rewrite.PatternRewriter) -> bool:
+        """One repeated operand of ``op`` -> its source, the repeat a free dim."""
+        for side in (1, 0):
+            if self._fold(op, side, rewriter):
+                return False
+        return True
+
+    def _fold(self, op: ir.OpView, side: int, rewriter: rewrite.PatternRewriter) -> bool:
+        numbers = _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+        batching = [list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions)]
+        contracting = [list(numbers.lhs_contracting_dimensions), list(numbers.rhs_contracting_dimensions)]
+        if not batching[side]:
+            return False
+        links = _chain_links(op.operands[side])
+        if not any(link.name == "stablehlo.broadcast_in_dim" for link in links):
+            return False
+        result_element = ir.RankedTensorType(op.results[0].type).element_type
+        # The farthest source first: the fewer links stay, the fewer copies.
+        for start in range(len(links), 0, -1):
+            chosen = list(reversed(links[:start]))
+            chain = _describe(_chain_input(chosen[0]), chosen)
+            if chain is None or not self._scales_movable(chain, result_element):
+                continue
+            if self._rewrite(op, side, chain, batching, contracting, rewriter):
+                return True
+        return False
+
+    def _scales_movable(self, chain: _Chain, result_element: ir.Type) -> bool:
+        for multiply in chain.scales:
+            if ir.RankedTensorType(multiply.results[0].type).element_type != result_element:
+                return False
+            if self.exact_scales_only and not _is_power_of_two_scale(multiply):
+                return False
+        return True
+
+    def _rewrite(
+        self,
+        op: ir.OpView,
+        side: int,
+        chain: _Chain,
+        batching: list[list[int]],
+        contracting: list[list[int]],
+        rewriter: rewrite.PatternRewriter,
+    ) -> bool:
+        other = 1 - side
+        groups = chain.groups
+        x_free = [d for d in range(len(groups)) if d not in batching[side] and d not in contracting[side]]
+        batch_groups = [groups[d] for d in batching[side]]
+        if not any(axis.repeat for group in batch_groups for axis in group):
+            return False
+        if _duplicated_update(chain.source):
+            return False
+        if any(axis.repeat for d in x_free + contracting[side] for axis in groups[d]):
+            return False
+        # The other operand, each batching/contracting dim split like X's group.
+        other_value = op.operands[other]
+        other_shape = shape_of(other_value)
+        fresh = -1
+        other_axes: list[_Axis] = []
+        original_other: dict[int, list[_Axis]] = {}
+        for dim, size in enumerate(other_shape):
+            if dim in batching[other]:
+                axes = groups[batching[side][batching[other].index(dim)]]
+            elif dim in contracting[other]:
+                axes = groups[contracting[side][contracting[other].index(dim)]]
+            else:
+                axes = [_Axis(fresh, size, False)]
+                fresh -= 1
+            original_other[dim] = axes
+            other_axes.extend(axes)
+        other_position = {axis.ident: i for i, axis in enumerate(other_axes)}
+        # S without its size-1 dims: XLA's dot then has S's batching dims leading
+        # (no transposing copy) and reads S through a bitcast.
+        kept = [axis for axis in chain.source_axes if axis.size != 1]
+        source_position = {axis.ident: i for i, axis in enumerate(kept)}
+        batch_pairs = [
+            (other_position[axis.ident], source_position[axis.ident])
+            for group in batch_groups for axis in group if not axis.repeat
+        ]
+        contracting_pairs = [
+            (other_position[axis.ident], source_position[axis.ident])
+            for d in contracting[side] for axis in groups[d]
+        ]
+        paired_other = {o for o, _ in batch_pairs + contracting_pairs}
+        paired_source = {s for _, s in batch_pairs + contracting_pairs}
+        other_free = [a for i, a in enumerate(other_axes) if i not in paired_other]
+        source_free = [a for i, a in enumerate(kept) if i not in paired_source]
+        batch_axes = [axis for group in batch_groups for axis in group if not axis.repeat]
+        lhs_free, rhs_free = (other_free, source_free) if other == 0 else (source_free, other_free)
+        new_order = [a.ident for a in batch_axes + lhs_free + rhs_free if a.size != 1]
+        old_lhs = [d for d in range(len(shape_of(op.operands[0]))) if d not in batching[0] + contracting[0]]
+        old_rhs = [d for d in range(len(shape_of(op.operands[1]))) if d not in batching[1] + contracting[1]]
+
+        def free_axes(operand: int, dims: list[int]) -> list[_Axis]:
+            if operand == side:
+                return [axis for d in dims for axis in groups[d]]
+            return [axis for d in dims for axis in original_other[d]]
+
+        old_order = [a.ident for group in batch_groups for a in group]
+        old_order += [a.ident for a in free_axes(0, old_lhs) + free_axes(1, old_rhs) if a.size != 1]
+        if new_order != old_order:
+            return False  # the result's dimension order would change
+
+        result_type = ir.RankedTensorType(op.results[0].type)
+        element = result_type.element_type
+        with rewriter.ip, op.location:
+            operands: list[ir.Value] = [other_value, chain.source]
+            operands[0] = _reshaped(other_value, [a.size for a in other_axes])
+            operands[1] = _reshaped(chain.source, [a.size for a in kept])
+            if other == 1:
+                operands.reverse()
+            pairs = (batch_pairs, contracting_pairs)
+            if other == 1:
+                dims = _stablehlo.DotDimensionNumbers.get(
+                    lhs_batching_dimensions=[s for _, s in pairs[0]],
+                    rhs_batching_dimensions=[o for o, _ in pairs[0]],
+                    lhs_contracting_dimensions=[s for _, s in pairs[1]],
+                    rhs_contracting_dimensions=[o for o, _ in pairs[1]],
+                )
+            else:
+                dims = _stablehlo.DotDimensionNumbers.get(
+                    lhs_batching_dimensions=[o for o, _ in pairs[0]],
+                    rhs_batching_dimensions=[s for _, s in pairs[0]],
+                    lhs_contracting_dimensions=[o for o, _ in pairs[1]],
+                    rhs_contracting_dimensions=[s for _, s in pairs[1]],
+                )
+            attributes = {name: op.attributes[name] for name in op.attributes}
+            attributes["dot_dimension_numbers"] = dims
+            new_shape = [a.size for a in batch_axes + lhs_free + rhs_free]
+            dot = ir.Operation.create(
+                "stablehlo.dot_general",
+                results=[ir.RankedTensorType.get(new_shape, element)],
+                operands=operands,
+                attributes=attributes,
+            )
+            result = _reshaped(dot.results[0], list(result_type.shape))
+            for multiply in chain.scales:
+                result = _scaled(result, multiply)
+        rewriter.replace_op(op, [result])
+        self.folded += 1
+        self.scales_moved += len(chain.scales)
+        return True
+
+
+def _reshaped(value: ir.Value, shape: list[int]) -> ir.Value:
+    """``value`` as ``shape`` (itself when it already is)."""
+    if shape_of(value) == shape:
+        return value
+    element = ir.RankedTensorType(value.type).element_type
+    reshape = ir.Operation.create(
+        "stablehlo.reshape", results=[ir.RankedTensorType.get(shape, element)], operands=[value]
+    )
+    return reshape.results[0]
+
+
+def _scaled(value: ir.Value, multiply: ir.Operation) -> ir.Value:
+    """``value`` times the splat ``multiply`` scales by."""
+    splat = _splat_operand(multiply)
+    assert splat is not None
+    defining = _operation(multiply.operands[splat])
+    assert defining is not None
+    result_type = ir.RankedTensorType(value.type)
+    if defining.name == "stablehlo.constant":
+        attribute = ir.DenseElementsAttr(defining.attributes["value"])
+        factor = ir.Operation.create(
+            "stablehlo.constant", results=[result_type],
+            attributes={"value": ir.DenseElementsAttr.get_splat(result_type, attribute.get_splat_value())},
+        ).results[0]
+    else:
+        factor = ir.Operation.create(
+            "stablehlo.broadcast_in_dim", results=[result_type], operands=[defining.operands[0]],
+            attributes={"broadcast_dimensions": ir.DenseI64ArrayAttr.get([])},
+        ).results[0]
+    operands = [value, factor] if splat == 1 else [factor, value]
+    return ir.Operation.create("stablehlo.multiply", results=[result_type], operands=operands).results[0]

@@ -1,0 +1,130 @@
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' | filecheck %s
+// Idempotent: a second run finds no repeated operand left.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general, fold-repeat-into-dot-general)' | filecheck %s
+// exact-scales-only: chains scaled by anything but a constant power of two stay.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=true})' | filecheck %s --check-prefix=EXACT
+// XLA accepts every module the pass produces.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
+
+// XLA-COUNT-5: xla: argument_bytes={{[0-9]+}}
+
+// GQA decode, q @ k^T under SDPA as torch-mlir lowers it: K repeated from 2
+// KV heads to 4 heads (repeat_kv), transposed, scaled by sqrt(1/sqrt(16)).
+// The dot reads the cache itself, the group a free dim of q; the scale (a
+// power of two) moves onto the scores.
+func.func @main(%q: tensor<1x4x1x16xf32>, %k: tensor<1x2x8x16xf32>) -> tensor<4x1x8xf32> {
+  %r = stablehlo.reshape %k : (tensor<1x2x8x16xf32>) -> tensor<1x2x1x8x16xf32>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3, 4] : (tensor<1x2x1x8x16xf32>) -> tensor<1x2x2x8x16xf32>
+  %h = stablehlo.reshape %b : (tensor<1x2x2x8x16xf32>) -> tensor<1x4x8x16xf32>
+  %t = stablehlo.transpose %h, dims = [0, 1, 3, 2] : (tensor<1x4x8x16xf32>) -> tensor<1x4x16x8xf32>
+  %c = stablehlo.constant dense<5.000000e-01> : tensor<f32>
+  %s = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<1x4x16x8xf32>
+  %m = stablehlo.multiply %t, %s : tensor<1x4x16x8xf32>
+  %q3 = stablehlo.reshape %q : (tensor<1x4x1x16xf32>) -> tensor<4x1x16xf32>
+  %k3 = stablehlo.reshape %m : (tensor<1x4x16x8xf32>) -> tensor<4x16x8xf32>
+  %d = stablehlo.dot_general %q3, %k3, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x1x16xf32>, tensor<4x16x8xf32>) -> tensor<4x1x8xf32>
+  return %d : tensor<4x1x8xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<1x4x1x16xf32>, %arg1: tensor<1x2x8x16xf32>)
+// CHECK-NOT:     broadcast_in_dim %{{.*}} -> tensor<1x2x2x8x16xf32>
+// CHECK-NOT:     transpose
+// CHECK:         %[[Q:.+]] = stablehlo.reshape %{{.+}} : (tensor<4x1x16xf32>) -> tensor<2x2x1x16xf32>
+// CHECK:         %[[K:.+]] = stablehlo.reshape %arg1 : (tensor<1x2x8x16xf32>) -> tensor<2x8x16xf32>
+// CHECK:         %[[D:.+]] = stablehlo.dot_general %[[Q]], %[[K]], batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<2x2x1x16xf32>, tensor<2x8x16xf32>) -> tensor<2x2x1x8xf32>
+// CHECK:         %[[R:.+]] = stablehlo.reshape %[[D]] : (tensor<2x2x1x8xf32>) -> tensor<4x1x8xf32>
+// CHECK:         %[[S:.+]] = stablehlo.broadcast_in_dim %{{.+}}, dims = [] : (tensor<f32>) -> tensor<4x1x8xf32>
+// CHECK:         %[[M:.+]] = stablehlo.multiply %[[R]], %[[S]] : tensor<4x1x8xf32>
+// CHECK:         return %[[M]]
+// EXACT-LABEL: func.func @main(%arg0: tensor<1x4x1x16xf32>, %arg1: tensor<1x2x8x16xf32>)
+// EXACT:         stablehlo.dot_general %{{.+}}, %{{.+}}, batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<2x2x1x16xf32>, tensor<2x8x16xf32>)
+
+// -----
+
+// GQA, p @ v: V repeated, the group a free dim of the probabilities.
+func.func @main(%p: tensor<4x3x8xf32>, %v: tensor<1x2x8x16xf32>) -> tensor<4x3x16xf32> {
+  %r = stablehlo.reshape %v : (tensor<1x2x8x16xf32>) -> tensor<1x2x1x8x16xf32>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3, 4] : (tensor<1x2x1x8x16xf32>) -> tensor<1x2x2x8x16xf32>
+  %h = stablehlo.reshape %b : (tensor<1x2x2x8x16xf32>) -> tensor<1x4x8x16xf32>
+  %v3 = stablehlo.reshape %h : (tensor<1x4x8x16xf32>) -> tensor<4x8x16xf32>
+  %d = stablehlo.dot_general %p, %v3, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x3x8xf32>, tensor<4x8x16xf32>) -> tensor<4x3x16xf32>
+  return %d : tensor<4x3x16xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x3x8xf32>, %arg1: tensor<1x2x8x16xf32>)
+// CHECK-NOT:     broadcast_in_dim
+// CHECK:         %[[P:.+]] = stablehlo.reshape %arg0 : (tensor<4x3x8xf32>) -> tensor<2x2x3x8xf32>
+// CHECK:         %[[V:.+]] = stablehlo.reshape %arg1 : (tensor<1x2x8x16xf32>) -> tensor<2x8x16xf32>
+// CHECK:         %[[D:.+]] = stablehlo.dot_general %[[P]], %[[V]], batching_dims = [0] x [0], contracting_dims = [3] x [1] : (tensor<2x2x3x8xf32>, tensor<2x8x16xf32>) -> tensor<2x2x3x16xf32>
+// CHECK:         %[[R:.+]] = stablehlo.reshape %[[D]] : (tensor<2x2x3x16xf32>) -> tensor<4x3x16xf32>
+// CHECK:         return %[[R]]
+// EXACT-LABEL: func.func @main(%arg0: tensor<4x3x8xf32>, %arg1: tensor<1x2x8x16xf32>)
+// EXACT:         stablehlo.dot_general %{{.+}}, %{{.+}}, batching_dims = [0] x [0], contracting_dims = [3] x [1]
+
+// -----
+
+// A scale that is no power of two (head_dim 64: sqrt(1/8)) also moves by
+// default; exact-scales-only leaves that chain as it is.
+func.func @main(%q: tensor<4x1x64xf32>, %k: tensor<2x8x64xf32>, %c: tensor<f32>) -> tensor<4x1x8xf32> {
+  %r = stablehlo.reshape %k : (tensor<2x8x64xf32>) -> tensor<2x1x8x64xf32>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3] : (tensor<2x1x8x64xf32>) -> tensor<2x2x8x64xf32>
+  %h = stablehlo.reshape %b : (tensor<2x2x8x64xf32>) -> tensor<4x8x64xf32>
+  %t = stablehlo.transpose %h, dims = [0, 2, 1] : (tensor<4x8x64xf32>) -> tensor<4x64x8xf32>
+  %s = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<4x64x8xf32>
+  %m = stablehlo.multiply %t, %s : tensor<4x64x8xf32>
+  %d = stablehlo.dot_general %q, %m, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x1x64xf32>, tensor<4x64x8xf32>) -> tensor<4x1x8xf32>
+  return %d : tensor<4x1x8xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x1x64xf32>, %arg1: tensor<2x8x64xf32>, %arg2: tensor<f32>)
+// CHECK-NOT:     transpose
+// CHECK:         %[[D:.+]] = stablehlo.dot_general %{{.+}}, %arg1, batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<2x2x1x64xf32>, tensor<2x8x64xf32>) -> tensor<2x2x1x8xf32>
+// CHECK:         %[[R:.+]] = stablehlo.reshape %[[D]] : (tensor<2x2x1x8xf32>) -> tensor<4x1x8xf32>
+// CHECK:         %[[S:.+]] = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<4x1x8xf32>
+// CHECK:         stablehlo.multiply %[[R]], %[[S]]
+// EXACT-LABEL: func.func @main(%arg0: tensor<4x1x64xf32>, %arg1: tensor<2x8x64xf32>, %arg2: tensor<f32>)
+// EXACT:         stablehlo.transpose
+// EXACT:         stablehlo.dot_general %arg0, %{{.+}}, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x1x64xf32>, tensor<4x64x8xf32>)
+
+// -----
+
+// Never fires: a repeat along the contracting dim (every product counted
+// twice), a batched dot without a repeat, and a repeated operand on the left
+// with free dims of its own (the result's dim order would change).
+func.func @main(%a: tensor<2x3x16xf32>, %x: tensor<2x5x8xf32>, %y: tensor<2x8x6xf32>, %k: tensor<2x7x5xf32>, %w: tensor<4x3x5xf32>) -> (tensor<2x3x5xf32>, tensor<2x5x6xf32>, tensor<4x7x3xf32>) {
+  %r = stablehlo.reshape %x : (tensor<2x5x8xf32>) -> tensor<2x5x1x8xf32>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3] : (tensor<2x5x1x8xf32>) -> tensor<2x5x2x8xf32>
+  %h = stablehlo.reshape %b : (tensor<2x5x2x8xf32>) -> tensor<2x5x16xf32>
+  %d0 = stablehlo.dot_general %a, %h, batching_dims = [0] x [0], contracting_dims = [2] x [2] : (tensor<2x3x16xf32>, tensor<2x5x16xf32>) -> tensor<2x3x5xf32>
+  %d1 = stablehlo.dot_general %x, %y, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<2x5x8xf32>, tensor<2x8x6xf32>) -> tensor<2x5x6xf32>
+  %kr = stablehlo.reshape %k : (tensor<2x7x5xf32>) -> tensor<2x1x7x5xf32>
+  %kb = stablehlo.broadcast_in_dim %kr, dims = [0, 1, 2, 3] : (tensor<2x1x7x5xf32>) -> tensor<2x2x7x5xf32>
+  %kh = stablehlo.reshape %kb : (tensor<2x2x7x5xf32>) -> tensor<4x7x5xf32>
+  %d2 = stablehlo.dot_general %kh, %w, batching_dims = [0] x [0], contracting_dims = [2] x [2] : (tensor<4x7x5xf32>, tensor<4x3x5xf32>) -> tensor<4x7x3xf32>
+  return %d0, %d1, %d2 : tensor<2x3x5xf32>, tensor<2x5x6xf32>, tensor<4x7x3xf32>
+}
+// CHECK-LABEL: func.func @main
+// CHECK:         %[[B:.+]] = stablehlo.broadcast_in_dim %{{.+}} -> tensor<2x5x2x8xf32>
+// CHECK:         %[[H:.+]] = stablehlo.reshape %[[B]]
+// CHECK:         stablehlo.dot_general %arg0, %[[H]], batching_dims = [0] x [0], contracting_dims = [2] x [2]
+// CHECK:         stablehlo.dot_general %arg1, %arg2, batching_dims = [0] x [0], contracting_dims = [2] x [1]
+// CHECK:         %[[KB:.+]] = stablehlo.broadcast_in_dim %{{.+}} -> tensor<2x2x7x5xf32>
+// CHECK:         %[[KH:.+]] = stablehlo.reshape %[[KB]]
+// CHECK:         stablehlo.dot_general %[[KH]], %arg4, batching_dims = [0] x [0], contracting_dims = [2] x [2]
+
+// -----
+
+// Never fires on a cache a one-row dynamic_update_slice writes (the CPU backend
+// would duplicate that write into the reshape the dot reads; run
+// widen-one-row-updates first).
+func.func @main(%p: tensor<4x3x8xf32>, %v: tensor<1x2x8x16xf32>, %row: tensor<1x2x1x16xf32>, %i: tensor<i64>) -> (tensor<1x2x8x16xf32>, tensor<4x3x16xf32>) {
+  %z = stablehlo.constant dense<0> : tensor<i64>
+  %u = stablehlo.dynamic_update_slice %v, %row, %z, %z, %i, %z : (tensor<1x2x8x16xf32>, tensor<1x2x1x16xf32>, tensor<i64>, tensor<i64>, tensor<i64>, tensor<i64>) -> tensor<1x2x8x16xf32>
+  %r = stablehlo.reshape %u : (tensor<1x2x8x16xf32>) -> tensor<1x2x1x8x16xf32>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3, 4] : (tensor<1x2x1x8x16xf32>) -> tensor<1x2x2x8x16xf32>
+  %h = stablehlo.reshape %b : (tensor<1x2x2x8x16xf32>) -> tensor<4x8x16xf32>
+  %d = stablehlo.dot_general %p, %h, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x3x8xf32>, tensor<4x8x16xf32>) -> tensor<4x3x16xf32>
+  return %u, %d : tensor<1x2x8x16xf32>, tensor<4x3x16xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x3x8xf32>, %arg1: tensor<1x2x8x16xf32>
+// CHECK:         stablehlo.broadcast_in_dim %{{.+}} -> tensor<1x2x2x8x16xf32>
+// CHECK:         stablehlo.dot_general %arg0, %{{.+}}, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x3x8xf32>, tensor<4x8x16xf32>)
+// EXACT-LABEL: func.func @main(%arg0: tensor<4x3x8xf32>, %arg1: tensor<1x2x8x16xf32>
+// EXACT:         stablehlo.broadcast_in_dim %{{.+}} -> tensor<1x2x2x8x16xf32>
