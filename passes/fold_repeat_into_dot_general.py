@@ -31,8 +31,9 @@ A ``multiply`` by a splat inside the chain (SDPA's ``sqrt(scale)`` on K)
 moves onto the dot's result: the repeat and transposition removal is exact,
 the moved scale is exact when the splat is a power of two and otherwise
 rounds the sum of products once instead of each product (as torch's fused
-CPU attention kernel, which scales ``q @ k^T``); ``exact-scales-only``
-keeps chains holding any other multiply as they are.  Only floating-point
+CPU attention kernel, which scales ``q @ k^T``).  ``exact-scales-only``
+(the default) keeps chains holding any other multiply as they are;
+``exact-scales-only=false`` moves those too.  Only floating-point
 multiplies of the dot's result element type move.
 
 Never fires on a dot without a repeated operand (``fold-broadcast-into-dot-
@@ -80,9 +81,13 @@ class FoldRepeatIntoDotGeneral(ModulePass[RepeatFoldReport]):
     """Feed the source of a batch-repeated operand (GQA's K/V) to ``dot_general``."""
 
     name: ClassVar[str] = "fold-repeat-into-dot-general"
+    # Exact by default, as every rewrite of the default pipeline is: moving
+    # another scale changes the last bits of the scores (closer to torch's
+    # fused CPU attention, but not what the unrewritten program computes).
     exact_scales_only: bool = dataclasses.field(
-        default=False,
-        metadata={"help": "move only power-of-two splat scales (bit-exact); leave other scaled chains alone"},
+        default=True,
+        metadata={"help": "move only power-of-two splat scales (bit-exact; default); false also moves "
+                          "other scales, rounding the scores once (as torch's fused CPU attention)"},
     )
 
     def apply(self, module: ModuleLike) -> RepeatFoldReport:

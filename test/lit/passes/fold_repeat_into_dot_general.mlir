@@ -1,10 +1,12 @@
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' | filecheck %s
+// exact-scales-only=false also moves scales that are not powers of two.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false})' | filecheck %s
 // Idempotent: a second run finds no repeated operand left.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general, fold-repeat-into-dot-general)' | filecheck %s
-// exact-scales-only: chains scaled by anything but a constant power of two stay.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=true})' | filecheck %s --check-prefix=EXACT
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false}, fold-repeat-into-dot-general{exact-scales-only=false})' | filecheck %s
+// The default (exact-scales-only): chains scaled by anything but a constant power of two stay.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' | filecheck %s --check-prefix=EXACT
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general, fold-repeat-into-dot-general)' | filecheck %s --check-prefix=EXACT
 // XLA accepts every module the pass produces.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 
 // XLA-COUNT-5: xla: argument_bytes={{[0-9]+}}
 
@@ -61,8 +63,8 @@ func.func @main(%p: tensor<4x3x8xf32>, %v: tensor<1x2x8x16xf32>) -> tensor<4x3x1
 
 // -----
 
-// A scale that is no power of two (head_dim 64: sqrt(1/8)) also moves by
-// default; exact-scales-only leaves that chain as it is.
+// A scale that is no power of two (head_dim 64: sqrt(1/8)) moves with
+// exact-scales-only=false; the default leaves that chain as it is.
 func.func @main(%q: tensor<4x1x64xf32>, %k: tensor<2x8x64xf32>, %c: tensor<f32>) -> tensor<4x1x8xf32> {
   %r = stablehlo.reshape %k : (tensor<2x8x64xf32>) -> tensor<2x1x8x64xf32>
   %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3] : (tensor<2x1x8x64xf32>) -> tensor<2x2x8x64xf32>
