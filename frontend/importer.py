@@ -52,6 +52,7 @@ from hloalias.mlir import (
 )
 from hloalias.repro import write_repro
 from hloalias.frontend import torch_internals
+from hloalias.frontend.decompositions import extra_decompositions, prepare_graph
 
 TORCH_BACKEND_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -206,7 +207,9 @@ def import_torch(
     source line); on a lowering failure a repro ``.mlir`` is written and the
     message holds the ``torch-mlir-opt`` command that replays it."""
     kwargs = dict(kwargs or {})
+    _check_strided_inputs(tuple(args), kwargs)
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
+    _check_strided_outputs(exported)
     exported, state_aliases = _merge_aliased_state(exported, owned=exported is not f)
     if not isinstance(f, ExportedProgram):
         _pin_eager_copies(exported)
@@ -217,6 +220,7 @@ def import_torch(
         raise TorchImportError(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
+    prepare_graph(exported.graph_module.graph)
     _clamp_slice_bounds(exported.graph_module.graph)
     _float_comparison_scalars(exported.graph_module.graph)
     _strided_copies_to_clones(exported.graph_module.graph)
@@ -244,6 +248,33 @@ def import_torch(
     program = Program(module, stage, signature, state)
     program.verify()
     return program
+
+
+def _check_strided_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse sparse (and other non-strided) tensor inputs by position:
+    StableHLO arguments are dense arrays, and export's storage checks
+    would fail on them with a raw ``NotImplementedError``."""
+    from torch.utils import _pytree
+
+    leaves = _pytree.tree_leaves((args, kwargs))
+    for position, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor) and leaf.layout != torch.strided:
+            raise TorchImportError(
+                f"input {position} (flattened) is a {leaf.layout} tensor: hloalias compiles dense "
+                "(strided) tensors only; pass t.to_dense()"
+            )
+
+
+def _check_strided_outputs(exported: ExportedProgram) -> None:
+    """Refuse sparse (and other non-strided) outputs by position."""
+    output_node = next(n for n in exported.graph_module.graph.nodes if n.op == "output")
+    for position, value in enumerate(output_node.args[0]):
+        meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        if isinstance(meta, torch.Tensor) and meta.layout != torch.strided:
+            raise TorchImportError(
+                f"output {position} is a {meta.layout} tensor: hloalias returns dense (strided) "
+                "tensors only; return t.to_dense()"
+            )
 
 
 def _state_tensor(exported: ExportedProgram, name: str) -> Any:
@@ -384,6 +415,8 @@ def _decomposition_table() -> dict[Any, Callable[..., Any]]:
             return output, logsumexp
 
         table[flash] = flash_attention_for_cpu
+    # Lowerings torch-mlir lacks (hloalias.frontend.decompositions).
+    table.update(extra_decompositions())
     return table
 
 
