@@ -20,10 +20,11 @@ Two parts, both used by :func:`hloalias.frontend.importer.import_torch`:
   cover, which leaves the op to torch-mlir (and its refusal, if any).
 - :func:`prepare_graph`: rewrites of the decomposed graph that keep
   torch-mlir away from inputs that crash it or that it refuses for no
-  reason of substance: a reduction of a 0-d tensor with ``keepdim=True``
-  (``logsumexp``, ``sum``, ``amax``, ``mean``, ``std``: torch-mlir's
-  StableHLO lowering segfaults, taking the caller's process with it) gets
-  ``keepdim=False``, the same 0-d result; a node whose every result has no
+  reason of substance: a reduction of a 0-d tensor along dims
+  (``logsumexp``, ``sum``, ``amax``, ``mean``, ``std`` with
+  ``keepdim=True``: torch-mlir's StableHLO lowering segfaults, taking the
+  caller's process with it) becomes the same reduction of the tensor as
+  ``[1]`` along 0 without keepdim, the same 0-d result; a node whose every result has no
   elements becomes ``zeros`` of its shape (no values to compute), and so
   does the ``empty`` family (its values are unspecified; torch-mlir lowers
   it to ``tensor.empty``, which XLA's StableHLO reader does not know).
@@ -628,11 +629,13 @@ def argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> An
 
 
 def norm_scalar(x: torch.Tensor, p: float = 2) -> torch.Tensor:
-    return torch.linalg.vector_norm(x, p)
+    norm: torch.Tensor = torch.linalg.vector_norm(x, p)
+    return norm
 
 
 def norm_dim(x: torch.Tensor, p: float | None, dim: Sequence[int], keepdim: bool = False) -> torch.Tensor:
-    return torch.linalg.vector_norm(x, 2 if p is None else p, dim, keepdim)
+    norm: torch.Tensor = torch.linalg.vector_norm(x, 2 if p is None else p, dim, keepdim)
+    return norm
 
 
 def linalg_norm(
@@ -788,34 +791,56 @@ def _tensor_values(node: torch.fx.Node) -> list[torch.Tensor] | None:
     return None
 
 
-def _keepdim_position(target: Any) -> int | None:
+def _schema_position(target: Any, name: str) -> int | None:
     schema = getattr(target, "_schema", None)
     if schema is None:
         return None
     for position, argument in enumerate(schema.arguments):
-        if argument.name == "keepdim":
+        if argument.name == name:
             return position
     return None
 
 
-def _scalar_keepdim_to_false(node: torch.fx.Node) -> bool:
-    """``keepdim=True`` on a reduction of a 0-d tensor -> ``False`` (the
-    result is 0-d either way)."""
-    position = _keepdim_position(node.target)
-    if position is None or not node.args or not isinstance(node.args[0], torch.fx.Node):
+def _argument(node: torch.fx.Node, position: int, name: str) -> tuple[bool, Any]:
+    if position < len(node.args):
+        return True, node.args[position]
+    if name in node.kwargs:
+        return True, node.kwargs[name]
+    return False, None
+
+
+def _set_argument(node: torch.fx.Node, position: int, name: str, value: Any) -> None:
+    if position < len(node.args):
+        node.args = (*node.args[:position], value, *node.args[position + 1 :])
+    else:
+        node.kwargs = {**node.kwargs, name: value}
+
+
+def _scalar_reduction_to_vector(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """A reduction (an op with ``keepdim``) of a 0-d tensor along dims ->
+    the same reduction of it as ``[1]`` along 0 without keepdim: the same
+    0-d result.  torch-mlir's StableHLO lowering segfaults on 0-d
+    reductions with ``keepdim=True``, including those its own
+    decompositions make (``std`` -> ``var`` -> ``mean(keepdim=True)``)."""
+    keepdim_at = _schema_position(node.target, "keepdim")
+    dim_at = _schema_position(node.target, "dim")
+    if keepdim_at is None or dim_at is None or not node.args or not isinstance(node.args[0], torch.fx.Node):
         return False
     operand = node.args[0].meta.get("val")
     if not isinstance(operand, torch.Tensor) or operand.dim() != 0:
         return False
-    if position < len(node.args):
-        if node.args[position] is True:
-            node.args = (*node.args[:position], False, *node.args[position + 1 :])
-            return True
+    present, dim = _argument(node, dim_at, "dim")
+    if present and dim is not None and not isinstance(dim, (int, list, tuple)):
         return False
-    if node.kwargs.get("keepdim") is True:
-        node.kwargs = {**node.kwargs, "keepdim": False}
-        return True
-    return False
+    with graph.inserting_before(node):
+        vector = graph.call_function(aten.view.default, (node.args[0], [1]))
+    # Only the value: the operand's other entries (tensor_meta) describe its 0-d shape.
+    vector.meta = {"val": operand.reshape(1)}
+    node.args = (vector, *node.args[1:])
+    if present and dim is not None:
+        _set_argument(node, dim_at, "dim", 0 if isinstance(dim, int) else [0] * len(dim))
+    _set_argument(node, keepdim_at, "keepdim", False)
+    return True
 
 
 def _empty_result_to_zeros(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
@@ -874,6 +899,6 @@ def prepare_graph(graph: torch.fx.Graph) -> None:
         if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
             continue
         changed |= _empty_to_zeros(graph, node) or _empty_result_to_zeros(graph, node)
-        changed |= _scalar_keepdim_to_false(node)
+        changed |= _scalar_reduction_to_vector(graph, node)
     if changed:
         graph.eliminate_dead_code()

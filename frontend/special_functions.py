@@ -11,6 +11,8 @@ float64 and cast back to the input's floating dtype:
   ``polygamma(n, x) = (-1)^(n+1) n! zeta(n+1, x)``;
 - ``erfinv``: Giles' single-precision approximation refined by two Newton
   steps on ``erf``;
+- ``i0``, ``special.i0e``, ``i1``, ``i1e``, ``modified_bessel_i0/i1``: the
+  power series up to ``|x| = 30``, Hankel's asymptotic expansion above;
 - ``special.ndtri``: ``sqrt(2) erfinv(2p - 1)``;
 - ``erfc``: ``1 - erf`` (absolute error ~1e-16 in float64, so a relative
   error that grows where erfc underflows float32's precision of 1 - erf:
@@ -202,6 +204,42 @@ def ndtri(p: torch.Tensor) -> torch.Tensor:
     return (math.sqrt(2.0) * _wide(erfinv(2.0 * _wide(p) - 1.0))).to(_result_dtype(p))
 
 
+def _bessel_i_wide(x: torch.Tensor, order: int, scaled: bool) -> torch.Tensor:
+    """``I_0``/``I_1`` (times ``exp(-|x|)`` when ``scaled``): the power
+    series for ``|x| <= 30`` (60 terms), Hankel's asymptotic expansion
+    (8 terms) above."""
+    ax = torch.abs(x)
+    small = torch.minimum(ax, torch.full_like(ax, 30.0))
+    half_square = (small / 2) ** 2
+    term = torch.ones_like(ax) if order == 0 else small / 2
+    total = term
+    for k in range(1, 60):
+        term = term * half_square / (k * (k + order))
+        total = total + term
+    series = total * torch.exp(-small) if scaled else total
+    large = torch.maximum(ax, torch.full_like(ax, 30.0))
+    mu = 4.0 * order * order
+    factor = torch.ones_like(ax)
+    expansion = torch.ones_like(ax)
+    for k in range(1, 9):
+        factor = -factor * (mu - (2 * k - 1) ** 2) / (k * 8.0 * large)
+        expansion = expansion + factor
+    asymptotic = expansion / torch.sqrt(2 * math.pi * large)
+    if not scaled:
+        asymptotic = asymptotic * torch.exp(large)
+    result = torch.where(ax <= 30.0, series, asymptotic)
+    if order == 1:
+        result = torch.where(x < 0, -result, result)
+    return torch.where(torch.isnan(x), x, result)
+
+
+def _bessel_i(order: int, scaled: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    def bessel(x: torch.Tensor) -> torch.Tensor:
+        return _bessel_i_wide(_wide(x), order, scaled).to(_result_dtype(x))
+
+    return bessel
+
+
 def special_decompositions() -> dict[Any, Callable[..., Any]]:
     """The table of this module's functions by aten op."""
     return {
@@ -215,4 +253,10 @@ def special_decompositions() -> dict[Any, Callable[..., Any]]:
         aten.erfinv.default: erfinv,
         aten.erfc.default: erfc,
         aten.special_ndtri.default: ndtri,
+        aten.i0.default: _bessel_i(0, scaled=False),
+        aten.special_i0e.default: _bessel_i(0, scaled=True),
+        aten.special_i1.default: _bessel_i(1, scaled=False),
+        aten.special_i1e.default: _bessel_i(1, scaled=True),
+        aten.special_modified_bessel_i0.default: _bessel_i(0, scaled=False),
+        aten.special_modified_bessel_i1.default: _bessel_i(1, scaled=False),
     }

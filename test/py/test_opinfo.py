@@ -15,10 +15,14 @@ must be what ``opinfo_expected_refusals.txt`` says:
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
+import torch
 
+import hloalias
 import opinfo_sweep
 
 EXPECTED_PATH = os.path.join(os.path.dirname(__file__), "opinfo_expected_refusals.txt")
@@ -99,3 +103,93 @@ def test_check_enforces_the_list(outcome: opinfo_sweep.Outcome, expected: str | 
     except (AssertionError, pytest.fail.Exception) as error:
         failed = error
     assert (failed is not None) == fails, failed
+
+
+# --- the lowerings the sweep found missing or wrong, one program each ----------------------
+
+
+def _matches_eager(f: Any, *inputs: torch.Tensor) -> None:
+    expected = f(*[t.clone() for t in inputs])
+    actual = hloalias.compile(f, [t.clone() for t in inputs])(*[t.clone() for t in inputs])
+    assert opinfo_sweep._compare(expected, actual, "output") is None, (expected, actual)
+
+
+def test_logsumexp_of_a_scalar_with_keepdim_in_a_child_process() -> None:
+    """torch-mlir's StableHLO lowering of a keepdim reduction of a 0-d
+    tensor segfaulted, taking the process along: run where a crash is
+    seen as a crash."""
+    program = (
+        "import torch, hloalias\n"
+        "x = torch.tensor(1.5)\n"
+        "f = lambda x: (torch.logsumexp(x, (0,), keepdim=True), torch.sum(x, 0, keepdim=True),\n"
+        "               torch.amax(x, (0,), True), torch.mean(x, 0, True), torch.std(x, 0, keepdim=True))\n"
+        "got, want = hloalias.compile(f, (x,))(x), f(x)\n"
+        "assert all(g.shape == w.shape and torch.allclose(g, w, equal_nan=True) for g, w in zip(got, want)), (got, want)\n"
+        "print('same')\n"
+    )
+    child = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0 and "same" in child.stdout, (child.returncode, child.stderr[-2000:])
+
+
+def test_logcumsumexp_keeps_small_terms_beside_large_ones() -> None:
+    x = torch.tensor([[0.0, -100.0, 50.0, -1000.0, 80.0, float("-inf"), 3.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]])
+    _matches_eager(lambda t: torch.logcumsumexp(t, 1), x)
+    _matches_eager(lambda t: torch.logcumsumexp(t, 0), x)
+
+
+def test_cummax_cummin_nan_and_ties_as_eager() -> None:
+    x = torch.tensor([1.0, 3.0, 3.0, float("nan"), 2.0, float("nan"), 5.0, -1.0])
+    _matches_eager(lambda t: torch.cummax(t, 0), x)
+    _matches_eager(lambda t: torch.cummin(t, 0), x)
+    _matches_eager(lambda t: torch.cummax(t, 1), torch.tensor([[2.0, 2.0, 1.0, 4.0], [0.0, -1.0, 0.0, 0.0]]))
+
+
+def test_sort_based_reductions() -> None:
+    x = torch.tensor([[3.0, 1.0, 2.0, 5.0, 4.0], [1.0, float("nan"), 0.0, 2.0, 7.0]])
+    _matches_eager(lambda t: torch.median(t, 1), x)
+    _matches_eager(lambda t: torch.nanmedian(t, 1), x)
+    _matches_eager(lambda t: torch.median(t[0]), x)
+    _matches_eager(lambda t: torch.kthvalue(t[0], 2), x)
+    _matches_eager(lambda t: torch.mode(t, 1), torch.tensor([[1.0, 3.0, 3.0, 2.0, 1.0, 3.0], [2.0, 1.0, 1.0, 2.0, 0.0, 5.0]]))
+
+
+def test_scatter_and_index_reduce() -> None:
+    base = torch.arange(12.0).reshape(4, 3)
+    index = torch.tensor([[0, 1, 0], [3, 3, 1], [0, 2, 2]])
+    src = torch.tensor([[2.0, -1.0, 4.0], [0.5, 3.0, -2.0], [7.0, 1.0, 1.5]])
+    for reduce in ("sum", "prod", "mean", "amax", "amin"):
+        for include_self in (True, False):
+            _matches_eager(lambda b, i, s: b.scatter_reduce(0, i, s, reduce, include_self=include_self), base, index, src)
+    _matches_eager(lambda b, s: b.index_reduce(0, torch.tensor([0, 3, 0]), s, "amax"), base, src)
+
+
+def test_views_pools_and_elementwise() -> None:
+    x = torch.randn(2, 3, 9, 9, generator=torch.Generator().manual_seed(0))
+    _matches_eager(lambda t: torch.diagonal(t, 1, 2, 3), x)
+    _matches_eager(lambda t, s: torch.diagonal_scatter(t, s, -2, 2, 3), x, torch.ones(2, 3, 7))
+    _matches_eager(lambda t: t.unfold(2, 3, 2), x)
+    _matches_eager(lambda t: torch.nn.functional.avg_pool2d(t, 3, 2, 1, ceil_mode=True, divisor_override=2), x)
+    _matches_eager(lambda t: torch.nn.functional.avg_pool2d(t, 3, 2, 1, ceil_mode=True), x)
+    _matches_eager(lambda t: torch.nn.functional.max_pool2d(t, 3, 2, ceil_mode=True, return_indices=True), x)
+    _matches_eager(lambda t: torch.nn.functional.adaptive_avg_pool1d(t[0], 4), x)
+    _matches_eager(lambda t: torch.cdist(t[0, 0], t[1, 0]), x)
+    _matches_eager(lambda a, b: torch.isclose(a, b, rtol=0.1, atol=0.5), x, x + 0.3)
+    _matches_eager(lambda t: torch.cumprod(t, 3), x)
+    _matches_eager(lambda t: torch.argmax(t), x)
+
+
+def test_special_functions() -> None:
+    x = torch.tensor([-8.4784, -2.5, -0.5735, 0.1, 0.5, 1.0, 2.0, 3.6116, 12.0, 40.0])
+    for f in (torch.lgamma, torch.digamma, torch.special.i0e, torch.special.i1, torch.i0):
+        _matches_eager(f, x)
+    for n in (1, 2, 4):
+        _matches_eager(lambda t: torch.polygamma(n, t), x)
+    _matches_eager(torch.erfinv, torch.tensor([-0.999, -0.5, 0.0, 0.3, 0.9, 0.99999]))
+
+
+def test_sparse_input_is_refused_by_name() -> None:
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(hloalias.TorchImportError, match="input 0.*sparse"):
+        hloalias.compile(lambda t: t * 2, (sparse,))
+    with pytest.raises(hloalias.TorchImportError, match="output 0.*sparse"):
+        hloalias.compile(lambda t: t.to_sparse(), (torch.eye(3),))
