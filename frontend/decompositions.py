@@ -682,7 +682,7 @@ def histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> A
     if min == max and flat.numel():
         low, high = flat.amin(), flat.amax()
     else:
-        low, high = torch.tensor(float(min), dtype=x.dtype), torch.tensor(float(max), dtype=x.dtype)
+        low, high = torch.full((), float(min), dtype=x.dtype), torch.full((), float(max), dtype=x.dtype)
     same = low == high
     low = torch.where(same, low - 1, low)
     high = torch.where(same, high + 1, high)
@@ -838,7 +838,8 @@ def _scalar_reduction_to_vector(graph: torch.fx.Graph, node: torch.fx.Node) -> b
     vector.meta = {"val": operand.reshape(1)}
     node.args = (vector, *node.args[1:])
     if present and dim is not None:
-        _set_argument(node, dim_at, "dim", 0 if isinstance(dim, int) else [0] * len(dim))
+        # An empty list reduces everything in torch, nothing in torch-mlir: [0] either way.
+        _set_argument(node, dim_at, "dim", 0 if isinstance(dim, int) else [0])
     _set_argument(node, keepdim_at, "keepdim", False)
     return True
 

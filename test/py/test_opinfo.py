@@ -122,7 +122,8 @@ def test_logsumexp_of_a_scalar_with_keepdim_in_a_child_process() -> None:
         "import torch, hloalias\n"
         "x = torch.tensor(1.5)\n"
         "f = lambda x: (torch.logsumexp(x, (0,), keepdim=True), torch.sum(x, 0, keepdim=True),\n"
-        "               torch.amax(x, (0,), True), torch.mean(x, 0, True), torch.std(x, 0, keepdim=True))\n"
+        "               torch.amax(x, (0,), True), torch.mean(x, 0, True), torch.std(x, 0, keepdim=True),\n"
+        "               torch.linalg.vector_norm(x, 2.0, [], True))\n"
         "got, want = hloalias.compile(f, (x,))(x), f(x)\n"
         "assert all(g.shape == w.shape and torch.allclose(g, w, equal_nan=True) for g, w in zip(got, want)), (got, want)\n"
         "print('same')\n"
@@ -176,6 +177,8 @@ def test_views_pools_and_elementwise() -> None:
     _matches_eager(lambda a, b: torch.isclose(a, b, rtol=0.1, atol=0.5), x, x + 0.3)
     _matches_eager(lambda t: torch.cumprod(t, 3), x)
     _matches_eager(lambda t: torch.argmax(t), x)
+    _matches_eager(lambda t: torch.histc(t, bins=7, min=-1.0, max=2.0), x)
+    _matches_eager(lambda t: torch.histc(t, bins=5), x)
 
 
 def test_special_functions() -> None:
