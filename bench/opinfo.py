@@ -109,6 +109,32 @@ def _cell(counts: collections.Counter[str]) -> str:
     return f"{_matching(counts)}/{testable} ({100 * _matching(counts) / testable:.0f}%)"
 
 
+def _empty_results(names: list[str]) -> set[str]:
+    """The ops among ``names`` whose first float32 sample gives eager
+    results without elements."""
+    sys.path.insert(0, SWEEP_DIR)
+    import opinfo_sweep
+    import torch
+    import torch.utils._pytree as pytree
+
+    empty = set()
+    for op in opinfo_sweep.all_ops():
+        name = opinfo_sweep.case_name(op)
+        if name not in names:
+            continue
+        sample = opinfo_sweep.first_sample(op, torch.float32)
+        if sample is None:
+            continue
+        case = opinfo_sweep._Case(op, sample)
+        try:
+            results = [t for t in pytree.tree_leaves(case(*case.tensors())) if isinstance(t, torch.Tensor)]
+        except Exception:
+            continue
+        if results and all(t.numel() == 0 for t in results):
+            empty.add(name)
+    return empty
+
+
 def report(before_path: str, after_path: str, wall: str) -> str:
     before, after = load(before_path), load(after_path)
     tb, ta = tally(before), tally(after)
@@ -148,7 +174,13 @@ def report(before_path: str, after_path: str, wall: str) -> str:
         if _matching(collections.Counter([row["status"]])) and name in before
         and not _matching(collections.Counter([before[name]["status"]]))
     )
-    lines += ["", f"Now matching, not before ({len(fixed)}): " + ", ".join(f"`{n}`" for n in fixed)]
+    empty = _empty_results(fixed)
+    lines += [
+        "",
+        f"Now matching, not before ({len(fixed)}; * marks the {len(empty)} whose first sample's results have no "
+        "elements, so the sweep checks their empty case only): "
+        + ", ".join(f"`{n}`" + ("*" if n in empty else "") for n in fixed),
+    ]
     untestable = collections.Counter(row["reason"] for row in after.values() if row["status"] == "untestable")
     lines += [
         "",

@@ -730,6 +730,19 @@ def cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: in
     return torch.pow(torch.pow(difference, p).sum(-1), 1.0 / p)
 
 
+def pdist_forward(x: torch.Tensor, p: float = 2) -> torch.Tensor:
+    """The pairs ``i < j`` of :func:`cdist_forward` of ``x`` with itself,
+    row-major (eager's order)."""
+    n = x.shape[0]
+    distances = cdist_forward(x, x, p).reshape(-1)
+    rows = torch.arange(n, dtype=torch.int64)
+    upper = (rows.unsqueeze(1) < rows.unsqueeze(0)).reshape(-1)
+    flat = torch.arange(n * n, dtype=torch.int64)
+    # The positions of the pairs, ascending: sort puts the others (n*n) last.
+    positions = torch.sort(torch.where(upper, flat, torch.full_like(flat, n * n)))[0][: n * (n - 1) // 2]
+    return distances.index_select(0, positions)
+
+
 def _own_entries() -> dict[Any, Callable[..., Any]]:
     return {
         aten.cumprod.default: cumprod,
@@ -765,6 +778,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.isclose.default: isclose,
         aten.angle.default: angle,
         aten._cdist_forward.default: cdist_forward,
+        aten._pdist_forward.default: pdist_forward,
     }
 
 

@@ -179,6 +179,11 @@ def test_views_pools_and_elementwise() -> None:
     _matches_eager(lambda t: torch.argmax(t), x)
     _matches_eager(lambda t: torch.histc(t, bins=7, min=-1.0, max=2.0), x)
     _matches_eager(lambda t: torch.histc(t, bins=5), x)
+    _matches_eager(lambda t: torch.nn.functional.pad(t, (1, 2, 2, 0), mode="circular"), x)
+    _matches_eager(lambda t: torch.nn.functional.pad(t[0], (3, 1), mode="circular"), x)
+    _matches_eager(lambda t: torch.nn.functional.pdist(t[0, 0]), x)
+    _matches_eager(lambda t: torch.nn.functional.adaptive_avg_pool3d(t, (2, 4, 3)), x)
+    _matches_eager(lambda t: torch.empty_like(t).fill_(2.0) + t, x)
 
 
 def test_special_functions() -> None:
