@@ -52,6 +52,7 @@ from hloalias.mlir import (
 )
 from hloalias.repro import write_repro
 from hloalias.frontend import torch_internals
+from hloalias.frontend.decompositions import extra_decompositions, prepare_graph
 
 TORCH_BACKEND_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -212,7 +213,9 @@ def import_torch(
     message holds the ``torch-mlir-opt`` command that replays it."""
     kwargs = dict(kwargs or {})
     mark = observe.start("torch.export")
+    _check_strided_inputs(tuple(args), kwargs)
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
+    _check_strided_outputs(exported)
     observe.finish(mark)
     exported, state_aliases = _merge_aliased_state(exported, owned=exported is not f)
     if not isinstance(f, ExportedProgram):
@@ -241,6 +244,7 @@ def import_torch(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
     observe.finish(mark)
+    prepare_graph(exported.graph_module.graph)
     if stage is Stage.STABLEHLO:
         _refuse_host_reads(exported.graph_module.graph)
     strided_inputs = _check_as_strided(exported)
@@ -284,6 +288,33 @@ def import_torch(
     program = Program(module, stage, signature, state)
     program.verify()
     return program
+
+
+def _check_strided_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse sparse (and other non-strided) tensor inputs by position:
+    StableHLO arguments are dense arrays, and export's storage checks
+    would fail on them with a raw ``NotImplementedError``."""
+    from torch.utils import _pytree
+
+    leaves = _pytree.tree_leaves((args, kwargs))
+    for position, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor) and leaf.layout != torch.strided:
+            raise TorchImportError(
+                f"input {position} (flattened) is a {leaf.layout} tensor: hloalias compiles dense "
+                "(strided) tensors only; pass t.to_dense()"
+            )
+
+
+def _check_strided_outputs(exported: ExportedProgram) -> None:
+    """Refuse sparse (and other non-strided) outputs by position."""
+    output_node = next(n for n in exported.graph_module.graph.nodes if n.op == "output")
+    for position, value in enumerate(output_node.args[0]):
+        meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        if isinstance(meta, torch.Tensor) and meta.layout != torch.strided:
+            raise TorchImportError(
+                f"output {position} is a {meta.layout} tensor: hloalias returns dense (strided) "
+                "tensors only; return t.to_dense()"
+            )
 
 
 def _state_tensor(exported: ExportedProgram, name: str) -> Any:
@@ -449,6 +480,8 @@ def _decomposition_table() -> dict[Any, Callable[..., Any]]:
             return output, logsumexp
 
         table[flash] = flash_attention_for_cpu
+    # Lowerings torch-mlir lacks (hloalias.frontend.decompositions).
+    table.update(extra_decompositions())
     return table
 
 

@@ -1,0 +1,919 @@
+"""Lowerings for what torch-mlir lacks, applied to the exported graph
+before torch-mlir sees it.
+
+Two parts, both used by :func:`hloalias.frontend.importer.import_torch`:
+
+- :func:`extra_decompositions`: entries added to the decomposition table
+  that ``run_decompositions`` applies.  Where torch has a decomposition
+  (``torch._decomp``) for an op torch-mlir cannot lower, torch's is used
+  (:data:`TORCH_DECOMPOSED`); otherwise ours, written in aten ops that
+  torch-mlir lowers to StableHLO: cumulative max/min and
+  ``logcumsumexp`` as log-step scans, sort-based reductions (``median``,
+  ``nanmedian``, ``kthvalue``, ``mode``), ``scatter_reduce`` and
+  ``index_reduce`` by one-hot masks, ``diagonal``/``diagonal_scatter``,
+  ``unfold`` and ``as_strided_copy``/``as_strided_scatter`` by index
+  arithmetic, pools torch-mlir refuses (``ceil_mode``, ``divisor_override``,
+  3-d max pools with indices) by explicit windows, ``cdist``, ``isclose``,
+  ``angle``; special functions (``lgamma``, ``digamma``, ``polygamma``,
+  ``zeta``, ``erfinv``, ...) from :mod:`hloalias.frontend.special_functions`.
+  A decomposition returns ``NotImplemented`` for arguments it does not
+  cover, which leaves the op to torch-mlir (and its refusal, if any).
+- :func:`prepare_graph`: rewrites of the decomposed graph that keep
+  torch-mlir away from inputs that crash it or that it refuses for no
+  reason of substance: a reduction of a 0-d tensor along dims
+  (``logsumexp``, ``sum``, ``amax``, ``mean``, ``std`` with
+  ``keepdim=True``: torch-mlir's StableHLO lowering segfaults, taking the
+  caller's process with it) becomes the same reduction of the tensor as
+  ``[1]`` along 0 without keepdim, the same 0-d result; a node whose every result has no
+  elements becomes ``zeros`` of its shape (no values to compute), and so
+  does the ``empty`` family (its values are unspecified; torch-mlir lowers
+  it to ``tensor.empty``, which XLA's StableHLO reader does not know).
+
+The scans cost ``log2(n)`` steps of ``n`` elements; the one-hot and
+sort-count decompositions hold an ``n x m`` mask (``n``, ``m``: the sizes
+along the reduced dimension), so they suit the moderate sizes those ops
+see in models."""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch._decomp
+
+from hloalias.frontend.special_functions import special_decompositions
+
+aten = torch.ops.aten
+
+#: aten ops torch-mlir cannot lower whose torch decomposition (all the
+#: overloads ``torch._decomp`` has) is used.
+TORCH_DECOMPOSED = (
+    "_batch_norm_with_update_functional",
+    "addmv",
+    "adaptive_max_pool3d",
+    "as_strided_copy",
+    "cauchy",
+    "diagonal_copy",
+    "dist",
+    "exponential",
+    "geometric",
+    "log_normal",
+    "logaddexp",
+    "max_pool2d_with_indices_backward",
+    "max_pool3d_with_indices",
+    "narrow_copy",
+    "permute_copy",
+    "unbind_copy",
+    "unfold_copy",
+    "view_copy",
+)
+
+
+def _torch_entries() -> dict[Any, Callable[..., Any]]:
+    table: dict[Any, Callable[..., Any]] = {}
+    for name in TORCH_DECOMPOSED:
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if op in torch._decomp.decomposition_table:
+                table[op] = torch._decomp.decomposition_table[op]
+    return table
+
+
+def _canonical(dim: int, rank: int) -> int:
+    return dim % rank if rank else 0
+
+
+# --- scans -------------------------------------------------------------------------------
+
+
+def _lowest(dtype: torch.dtype) -> float | int:
+    return -math.inf if dtype.is_floating_point else int(torch.iinfo(dtype).min)
+
+
+def _highest(dtype: torch.dtype) -> float | int:
+    return math.inf if dtype.is_floating_point else int(torch.iinfo(dtype).max)
+
+
+def _shifted(x: torch.Tensor, dim: int, step: int, fill: float | int) -> torch.Tensor:
+    """``x`` moved ``step`` places along ``dim`` (towards higher indices),
+    the first ``step`` places ``fill``."""
+    n = x.shape[dim]
+    pad_shape = list(x.shape)
+    pad_shape[dim] = step
+    pad = torch.full(pad_shape, fill, dtype=x.dtype)
+    return torch.cat([pad, x.narrow(dim, 0, n - step)], dim)
+
+
+def _cumulative_extreme(x: torch.Tensor, dim: int, take_max: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cummax``/``cummin`` as eager computes them: a NaN wins and stays
+    (its index, the latest NaN's), ties go to the latest index.  A log-step
+    scan: the combine of an earlier (a) and a later (b) prefix takes b
+    when b is NaN, or when a is not NaN and b >= a (<= for min)."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64)
+    dim = _canonical(dim, x.dim())
+    n = x.shape[dim]
+    shape = [1] * x.dim()
+    shape[dim] = n
+    indices = torch.arange(n, dtype=torch.int64).reshape(shape).expand(x.shape).contiguous()
+    values = x
+    identity = _lowest(x.dtype) if take_max else _highest(x.dtype)
+    step = 1
+    while step < n:
+        earlier = _shifted(values, dim, step, identity)
+        earlier_index = _shifted(indices, dim, step, 0)
+        later_wins = (values >= earlier) if take_max else (values <= earlier)
+        if x.dtype.is_floating_point:
+            later_wins = torch.isnan(values) | (~torch.isnan(earlier) & later_wins)
+        values = torch.where(later_wins, values, earlier)
+        indices = torch.where(later_wins, indices, earlier_index)
+        step *= 2
+    return values, indices
+
+
+def cummax(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _cumulative_extreme(x, dim, take_max=True)
+
+
+def cummin(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _cumulative_extreme(x, dim, take_max=False)
+
+
+def _logaddexp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    high = torch.maximum(a, b)
+    low = torch.minimum(a, b)
+    # -inf + -inf and inf + inf: high - low would be NaN; the sum is high.
+    same_infinity = torch.isinf(high) & (high == low)
+    gap = torch.where(same_infinity, torch.zeros_like(high), low - high)
+    return high + torch.log1p(torch.exp(gap))
+
+
+def logcumsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """A log-step scan of ``logaddexp`` (exact where eager is; no global
+    shift, so small early terms are not lost beside a large later one)."""
+    if x.dim() == 0:
+        return x.clone()
+    dim = _canonical(dim, x.dim())
+    n = x.shape[dim]
+    step = 1
+    while step < n:
+        x = _logaddexp(x, _shifted(x, dim, step, -math.inf))
+        step *= 2
+    return x
+
+
+def cumprod(x: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A log-step scan of products (torch's decomposition uses
+    ``prims.prod``, which torch-mlir does not lower)."""
+    if dtype is not None:
+        x = x.to(dtype)
+    elif not (x.dtype.is_floating_point or x.dtype.is_complex):
+        x = x.to(torch.int64)
+    if x.dim() == 0:
+        return x.clone()
+    dim = _canonical(dim, x.dim())
+    n = x.shape[dim]
+    step = 1
+    while step < n:
+        x = x * _shifted(x, dim, step, 1)
+        step *= 2
+    return x
+
+
+# --- sort-based reductions ---------------------------------------------------------------
+
+
+def _reduce_last(
+    x: torch.Tensor, dim: int | None, keepdim: bool, pick: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply ``pick`` (a reduction of the last dimension returning values
+    and indices, without keepdim) along ``dim`` of ``x``."""
+    if x.dim() == 0:
+        values, indices = pick(x.reshape(1))
+        return values.reshape(()), indices.reshape(())
+    dim = _canonical(dim if dim is not None else 0, x.dim())
+    values, indices = pick(x.movedim(dim, -1))
+    if keepdim:
+        values, indices = values.unsqueeze(dim), indices.unsqueeze(dim)
+    return values, indices
+
+
+def _sorted(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ascending sort of the last dimension, NaN last (as eager).  Not
+    ``stable=True``: torch-mlir lowers only ``aten.sort.default`` (which
+    becomes a ``stablehlo.sort``; ties among equal values may then take
+    another index than eager's, as eager's own kernels differ there)."""
+    return torch.sort(x, dim=-1)
+
+
+def _take(values: torch.Tensor, indices: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Element ``position`` (``[...]`` int64) of the last dimension of both."""
+    where = position.unsqueeze(-1)
+    return torch.gather(values, -1, where).squeeze(-1), torch.gather(indices, -1, where).squeeze(-1)
+
+
+def _median_last(x: torch.Tensor, ignore_nan: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    values, indices = _sorted(x)
+    n = x.shape[-1]
+    nan = torch.isnan(x) if x.dtype.is_floating_point else torch.zeros(x.shape, dtype=torch.bool)
+    if ignore_nan:
+        count = n - nan.sum(-1)
+        position = torch.clamp((count - 1) // 2, min=0)
+        return _take(values, indices, position)
+    median, index = _take(values, indices, torch.full(x.shape[:-1], (n - 1) // 2, dtype=torch.int64))
+    # With a NaN the result is NaN at the first NaN's index (eager's).
+    has_nan = nan.any(-1)
+    first_nan = torch.argmax(nan.to(torch.int32), -1)
+    median = torch.where(has_nan, torch.full_like(median, math.nan) if x.dtype.is_floating_point else median, median)
+    return median, torch.where(has_nan, first_nan, index)
+
+
+def median(x: torch.Tensor) -> torch.Tensor:
+    return _median_last(x.reshape(-1), ignore_nan=False)[0]
+
+
+def median_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return _reduce_last(x, dim, keepdim, lambda t: _median_last(t, ignore_nan=False))
+
+
+def nanmedian(x: torch.Tensor) -> torch.Tensor:
+    return _median_last(x.reshape(-1), ignore_nan=True)[0]
+
+
+def nanmedian_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return _reduce_last(x, dim, keepdim, lambda t: _median_last(t, ignore_nan=True))
+
+
+def kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def pick(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values, indices = _sorted(t)
+        return values[..., k - 1], indices[..., k - 1]
+
+    return _reduce_last(x, dim, keepdim, pick)
+
+
+def mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The most frequent value (ties: the smallest) and its last index."""
+
+    def pick(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = t.shape[-1]
+        equal = t.unsqueeze(-1) == t.unsqueeze(-2)  # [..., n, n]
+        counts = equal.sum(-1)
+        most = counts.amax(-1, keepdim=True)
+        candidates = torch.where(counts == most, t, torch.full_like(t, _highest(t.dtype)))
+        value = candidates.amin(-1)
+        positions = torch.arange(n, dtype=torch.int64).expand(t.shape)
+        last = torch.where(t == value.unsqueeze(-1), positions, torch.full_like(positions, -1)).amax(-1)
+        return value, last
+
+    return _reduce_last(x, dim, keepdim, pick)
+
+
+# --- scatter reductions ------------------------------------------------------------------
+
+
+def scatter_reduce(
+    x: torch.Tensor,
+    dim: int,
+    index: torch.Tensor,
+    src: torch.Tensor,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> Any:
+    """``scatter_reduce.two`` where ``index`` has ``src``'s shape and
+    covers ``x`` in every other dimension: a one-hot mask ``[n, m, ...]``
+    (target ``t`` along ``dim`` receives source ``j`` where
+    ``index[j] == t``) reduced over ``j``."""
+    if x.dim() == 0 or tuple(index.shape) != tuple(src.shape):
+        return NotImplemented
+    dim = _canonical(dim, x.dim())
+    if any(index.shape[d] != x.shape[d] for d in range(x.dim()) if d != dim):
+        return NotImplemented
+    target = x.movedim(dim, 0)  # [n, ...]
+    source = src.movedim(dim, 0).to(x.dtype)  # [m, ...]
+    where = index.movedim(dim, 0)
+    n = target.shape[0]
+    slots = torch.arange(n, dtype=where.dtype).reshape([n] + [1] * where.dim())
+    mask = where.unsqueeze(0) == slots  # [n, m, ...]
+    spread = source.unsqueeze(0)
+    hits = mask.any(1)
+    if reduce in ("sum", "mean"):
+        total = torch.where(mask, spread, torch.zeros_like(spread)).sum(1)
+        if include_self:
+            total = total + target
+        if reduce == "sum":
+            result = total
+        else:
+            count = mask.sum(1) + (1 if include_self else 0)
+            count = torch.clamp(count, min=1).to(x.dtype)
+            result = total / count if x.dtype.is_floating_point else torch.div(total, count, rounding_mode="floor")
+    elif reduce == "prod":
+        result = torch.where(mask, spread, torch.ones_like(spread)).prod(1)
+        if include_self:
+            result = result * target
+    elif reduce in ("amax", "amin"):
+        fill = _lowest(x.dtype) if reduce == "amax" else _highest(x.dtype)
+        masked = torch.where(mask, spread, torch.full_like(spread, fill))
+        result = masked.amax(1) if reduce == "amax" else masked.amin(1)
+        if include_self:
+            result = torch.maximum(result, target) if reduce == "amax" else torch.minimum(result, target)
+    else:
+        return NotImplemented
+    result = torch.where(hits, result.to(x.dtype), target)
+    return result.movedim(0, dim)
+
+
+def index_reduce(
+    x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, reduce: str, *, include_self: bool = True
+) -> Any:
+    """``index_reduce`` as :func:`scatter_reduce` with ``index`` spread over
+    ``source``'s shape."""
+    if x.dim() == 0:
+        return scatter_reduce(x.reshape(1), 0, index.reshape(1), source.reshape(1), reduce, include_self=include_self).reshape(())
+    dim = _canonical(dim, x.dim())
+    shape = [1] * source.dim()
+    shape[dim] = index.shape[0]
+    spread = index.reshape(shape).expand(source.shape)
+    return scatter_reduce(x, dim, spread, source, reduce, include_self=include_self)
+
+
+# --- index arithmetic for strided views --------------------------------------------------
+
+
+def _diagonal_layout(x: torch.Tensor, offset: int, dim1: int, dim2: int) -> tuple[torch.Tensor, int, int, int]:
+    """``x`` with ``dim1``, ``dim2`` moved last and flattened, the flat
+    position of the first diagonal element, the stride between elements
+    and the diagonal's length."""
+    dim1, dim2 = _canonical(dim1, x.dim()), _canonical(dim2, x.dim())
+    moved = x.movedim((dim1, dim2), (-2, -1))
+    rows, cols = moved.shape[-2], moved.shape[-1]
+    if offset >= 0:
+        length = max(0, min(rows, cols - offset))
+        start = offset
+    else:
+        length = max(0, min(rows + offset, cols))
+        start = -offset * cols
+    flat = moved.reshape(*moved.shape[:-2], rows * cols)
+    return flat, start, cols + 1, length
+
+
+def diagonal(x: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> torch.Tensor:
+    flat, start, step, length = _diagonal_layout(x, offset, dim1, dim2)
+    if length == 0:
+        return torch.zeros((*flat.shape[:-1], 0), dtype=x.dtype)
+    return flat[..., start : start + (length - 1) * step + 1 : step]
+
+
+def diagonal_scatter(x: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> torch.Tensor:
+    flat, start, step, length = _diagonal_layout(x, offset, dim1, dim2)
+    if length == 0:
+        return x.clone()
+    d1, d2 = _canonical(dim1, x.dim()), _canonical(dim2, x.dim())
+    moved_shape = list(x.movedim((d1, d2), (-2, -1)).shape)
+    positions = torch.arange(length, dtype=torch.int64) * step + start
+    written = flat.index_copy(flat.dim() - 1, positions, src.to(x.dtype))
+    return written.reshape(moved_shape).movedim((-2, -1), (d1, d2))
+
+
+def unfold(x: torch.Tensor, dimension: int, size: int, step: int) -> torch.Tensor:
+    if x.dim() == 0:
+        return x.reshape(1)
+    dim = _canonical(dimension, x.dim())
+    windows = (x.shape[dim] - size) // step + 1
+    positions = (torch.arange(windows, dtype=torch.int64) * step).unsqueeze(1) + torch.arange(size, dtype=torch.int64)
+    picked = x.index_select(dim, positions.reshape(-1))
+    shape = list(x.shape)
+    shape[dim : dim + 1] = [windows, size]
+    return picked.reshape(shape).movedim(dim + 1, -1)
+
+
+def _strided_positions(size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
+    positions = torch.full(list(size), offset, dtype=torch.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        positions = positions + (torch.arange(n, dtype=torch.int64) * s).reshape(shape)
+    return positions
+
+
+def as_strided_copy(x: torch.Tensor, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Any:
+    """A gather from the row-major elements of ``x`` (which must be
+    contiguous: the strides are relative to its storage)."""
+    if not x.is_contiguous():
+        return NotImplemented
+    positions = _strided_positions(size, stride, storage_offset or 0)
+    return x.reshape(-1)[positions.reshape(-1)].reshape(list(size)) if positions.numel() else torch.zeros(list(size), dtype=x.dtype)
+
+
+def as_strided_scatter(
+    x: torch.Tensor, src: torch.Tensor, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None
+) -> Any:
+    if not x.is_contiguous():
+        return NotImplemented
+    positions = _strided_positions(size, stride, storage_offset or 0).reshape(-1)
+    if positions.numel() == 0:
+        return x.clone()
+    flat = x.reshape(-1).index_copy(0, positions, src.reshape(-1).to(x.dtype))
+    return flat.reshape(x.shape)
+
+
+# --- pools -------------------------------------------------------------------------------
+
+
+def _tuple(value: int | Sequence[int], n: int) -> list[int]:
+    if isinstance(value, int):
+        return [value] * n
+    values = list(value)
+    return values * n if len(values) == 1 else values
+
+
+def _pool_size(length: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool) -> int:
+    span = length + 2 * padding - dilation * (kernel - 1) - 1
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= length + padding:
+        out -= 1
+    return out
+
+
+def _windows(
+    x: torch.Tensor,
+    kernel: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    ceil_mode: bool,
+    fill: float | int,
+) -> torch.Tensor:
+    """``x[..., *spatial]`` as ``[..., *out, *kernel]`` windows; places
+    outside ``x`` hold ``fill``."""
+    spatial = len(kernel)
+    first = x.dim() - spatial
+    for i in range(spatial):
+        d = first + i
+        length = x.shape[d]
+        out = _pool_size(length, kernel[i], stride[i], padding[i], dilation[i], ceil_mode)
+        needed = (out - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1
+        after = max(0, needed - length - padding[i])
+        pad_shape_before = list(x.shape)
+        pad_shape_before[d] = padding[i]
+        pad_shape_after = list(x.shape)
+        pad_shape_after[d] = after
+        x = torch.cat(
+            [torch.full(pad_shape_before, fill, dtype=x.dtype), x, torch.full(pad_shape_after, fill, dtype=x.dtype)], d
+        )
+        positions = (torch.arange(out, dtype=torch.int64) * stride[i]).unsqueeze(1) + (
+            torch.arange(kernel[i], dtype=torch.int64) * dilation[i]
+        )
+        picked = x.index_select(d, positions.reshape(-1))
+        shape = list(x.shape)
+        shape[d : d + 1] = [out, kernel[i]]
+        x = picked.reshape(shape).movedim(d + 1, -1)
+    # [..., out0, out1, ..., k0, k1, ...] after each step moved its kernel dim last.
+    return x
+
+
+def _avg_pool(
+    x: torch.Tensor,
+    spatial: int,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+) -> torch.Tensor:
+    kernel = _tuple(kernel_size, spatial)
+    strides = _tuple(stride, spatial) if stride else kernel
+    pads = _tuple(padding, spatial)
+    ones = [1] * spatial
+    sums = _windows(x, kernel, strides, pads, ones, ceil_mode, 0).sum(list(range(-spatial, 0)))
+    if divisor_override:
+        return sums / divisor_override
+    # Positions counted: inside x, or inside x and its padding.
+    shape = list(x.shape[-spatial:])
+    inside = torch.ones(shape, dtype=x.dtype)
+    if count_include_pad:
+        padded = torch.ones([n + 2 * p for n, p in zip(shape, pads)], dtype=x.dtype)
+        counts = _windows(padded, kernel, strides, [0] * spatial, ones, ceil_mode, 0)
+        # ceil_mode windows reach past the padded input: those places do not count.
+        counts = counts.sum(list(range(-spatial, 0)))
+        counts = counts[tuple(slice(0, s) for s in sums.shape[-spatial:])]
+    else:
+        counts = _windows(inside, kernel, strides, pads, ones, ceil_mode, 0).sum(list(range(-spatial, 0)))
+    return sums / counts
+
+
+def avg_pool2d(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0,),
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Any:
+    if not (ceil_mode or divisor_override) or not x.dtype.is_floating_point:
+        return NotImplemented  # torch-mlir lowers these
+    return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def _max_pool_with_indices(
+    x: torch.Tensor,
+    spatial: int,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    ceil_mode: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values and flat (per-plane) indices of the first maximum of each
+    window; a NaN is the maximum (eager's)."""
+    kernel = _tuple(kernel_size, spatial)
+    strides = _tuple(stride, spatial) if stride else kernel
+    pads = _tuple(padding, spatial)
+    dilations = _tuple(dilation, spatial)
+    shape = list(x.shape[-spatial:])
+    plane = torch.arange(math.prod(shape), dtype=torch.int64).reshape(shape)
+    values = _windows(x, kernel, strides, pads, dilations, ceil_mode, -math.inf)
+    places = _windows(plane, kernel, strides, pads, dilations, ceil_mode, -1)
+    flat_values = values.reshape(*values.shape[: values.dim() - spatial], -1)
+    flat_places = places.reshape(*places.shape[: places.dim() - spatial], -1).expand(flat_values.shape)
+    nan_first = torch.where(torch.isnan(flat_values), torch.full_like(flat_values, math.inf), flat_values)
+    best = torch.argmax(nan_first, -1, keepdim=True)
+    return torch.gather(flat_values, -1, best).squeeze(-1), torch.gather(flat_places, -1, best).squeeze(-1)
+
+
+def max_pool2d_with_indices(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0,),
+    dilation: Sequence[int] = (1,),
+    ceil_mode: bool = False,
+) -> Any:
+    if not ceil_mode or not x.dtype.is_floating_point:
+        return NotImplemented
+    return _max_pool_with_indices(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def max_pool3d_with_indices(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0,),
+    dilation: Sequence[int] = (1,),
+    ceil_mode: bool = False,
+) -> Any:
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    return _max_pool_with_indices(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def _adaptive_weights(length: int, out: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[out, length]``: row ``i`` is ``1/len`` over window ``i``
+    (``floor(i*L/out)`` to ``ceil((i+1)*L/out)``), as eager's windows."""
+    rows = torch.arange(out, dtype=torch.int64).unsqueeze(1)
+    start = torch.div(rows * length, out, rounding_mode="floor")
+    end = -torch.div(-(rows + 1) * length, out, rounding_mode="floor")
+    places = torch.arange(length, dtype=torch.int64).unsqueeze(0)
+    inside = (places >= start) & (places < end)
+    return inside.to(dtype) / (end - start).to(dtype)
+
+
+def _adaptive_avg_pool(x: torch.Tensor, output_size: Sequence[int]) -> Any:
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    spatial = len(output_size)
+    for i, out in enumerate(output_size):
+        d = x.dim() - spatial + i
+        weights = _adaptive_weights(x.shape[d], out, x.dtype)
+        x = torch.matmul(x.movedim(d, -1), weights.t()).movedim(-1, d)
+    return x
+
+
+def adaptive_avg_pool1d(x: torch.Tensor, output_size: Sequence[int]) -> Any:
+    return _adaptive_avg_pool(x, list(output_size))
+
+
+def adaptive_avg_pool3d(x: torch.Tensor, output_size: Sequence[int]) -> Any:
+    return _adaptive_avg_pool(x, list(output_size))
+
+
+# --- elementwise and distances -----------------------------------------------------------
+
+
+def _arg_extreme(x: torch.Tensor, dim: int | None, keepdim: bool, take_max: bool) -> Any:
+    """``argmax``/``argmin`` of a 0-d tensor or over all elements
+    (``dim=None``), which torch-mlir refuses; other forms are its."""
+    if x.dim() == 0:
+        return torch.zeros((), dtype=torch.int64)
+    if dim is not None:
+        return NotImplemented
+    flat = x.reshape(-1)
+    index = torch.argmax(flat, 0) if take_max else torch.argmin(flat, 0)
+    return index.reshape([1] * x.dim()) if keepdim else index
+
+
+def argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    return _arg_extreme(x, dim, keepdim, take_max=True)
+
+
+def argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    return _arg_extreme(x, dim, keepdim, take_max=False)
+
+
+def norm_scalar(x: torch.Tensor, p: float = 2) -> torch.Tensor:
+    norm: torch.Tensor = torch.linalg.vector_norm(x, p)
+    return norm
+
+
+def norm_dim(x: torch.Tensor, p: float | None, dim: Sequence[int], keepdim: bool = False) -> torch.Tensor:
+    norm: torch.Tensor = torch.linalg.vector_norm(x, 2 if p is None else p, dim, keepdim)
+    return norm
+
+
+def linalg_norm(
+    x: torch.Tensor,
+    ord: float | None = None,
+    dim: Sequence[int] | None = None,
+    keepdim: bool = False,
+    *,
+    dtype: torch.dtype | None = None,
+) -> Any:
+    """Vector norms, and the Frobenius norm (the default over two
+    dimensions), as ``linalg_vector_norm``; other matrix norms are left."""
+    if dim is not None and len(dim) == 2 and ord is not None:
+        return NotImplemented
+    if dim is None and x.dim() == 2 and ord is not None:
+        return NotImplemented
+    return torch.linalg.vector_norm(x, 2 if ord is None else ord, dim, keepdim, dtype=dtype)
+
+
+def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """In float64 (no overflow of the squares for float32 inputs)."""
+    dtype = torch.result_type(a, b)
+    wide_a, wide_b = a.to(torch.float64), b.to(torch.float64)
+    return torch.sqrt(wide_a * wide_a + wide_b * wide_b).to(dtype)
+
+
+def put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    """``put`` on the row-major elements of ``x`` (negative indices count
+    from the end)."""
+    flat = x.reshape(-1)
+    where = index.reshape(-1)
+    where = torch.where(where < 0, where + flat.shape[0], where)
+    values = source.reshape(-1).to(x.dtype)
+    written = flat.index_add(0, where, values) if accumulate else flat.index_copy(0, where, values)
+    return written.reshape(x.shape)
+
+
+def histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Any:  # noqa: A002 - aten's names
+    """Counts per bin by a one-hot mask ``[elements, bins]``; ``min == max``
+    takes the data's range (eager's), an empty range widens by 1 each way."""
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    flat = x.reshape(-1)
+    if min == max and flat.numel():
+        low, high = flat.amin(), flat.amax()
+    else:
+        low, high = torch.full((), float(min), dtype=x.dtype), torch.full((), float(max), dtype=x.dtype)
+    same = low == high
+    low = torch.where(same, low - 1, low)
+    high = torch.where(same, high + 1, high)
+    position = torch.floor((flat - low) * bins / (high - low)).to(torch.int64)
+    position = torch.where(flat == high, torch.full_like(position, bins - 1), position)
+    inside = (flat >= low) & (flat <= high)
+    position = torch.where(inside, position, torch.full_like(position, -1))
+    one_hot = position.unsqueeze(1) == torch.arange(bins, dtype=torch.int64)
+    return one_hot.sum(0).to(x.dtype)
+
+
+
+def isclose(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> torch.Tensor:
+    if not (a.dtype.is_floating_point or b.dtype.is_floating_point):
+        return a == b
+    close = (a == b) | (torch.abs(a - b) <= atol + rtol * torch.abs(b))
+    # Infinities of the same sign are equal (a == b); any other infinity is not close.
+    close = close & (torch.isfinite(a) & torch.isfinite(b) | (a == b))
+    if equal_nan:
+        close = close | (torch.isnan(a) & torch.isnan(b))
+    return close
+
+
+def angle(x: torch.Tensor) -> Any:
+    if x.dtype.is_complex:
+        return NotImplemented
+    result_dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
+    x = x.to(result_dtype)
+    angles = torch.where(x < 0, torch.full_like(x, math.pi), torch.zeros_like(x))
+    return torch.where(torch.isnan(x), x, angles)
+
+
+def cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: int | None = None) -> torch.Tensor:
+    """``|x1[..., i, :] - x2[..., j, :]|_p`` from the differences (eager's
+    matrix-product form for p = 2 agrees to rounding)."""
+    difference = torch.abs(x1.unsqueeze(-2) - x2.unsqueeze(-3))
+    if p == 0:
+        return (difference != 0).to(x1.dtype).sum(-1)
+    if math.isinf(p):
+        return difference.amax(-1)
+    if p == 1:
+        return difference.sum(-1)
+    if p == 2:
+        return torch.sqrt((difference * difference).sum(-1))
+    return torch.pow(torch.pow(difference, p).sum(-1), 1.0 / p)
+
+
+def pdist_forward(x: torch.Tensor, p: float = 2) -> torch.Tensor:
+    """The pairs ``i < j`` of :func:`cdist_forward` of ``x`` with itself,
+    row-major (eager's order)."""
+    n = x.shape[0]
+    distances = cdist_forward(x, x, p).reshape(-1)
+    rows = torch.arange(n, dtype=torch.int64)
+    upper = (rows.unsqueeze(1) < rows.unsqueeze(0)).reshape(-1)
+    flat = torch.arange(n * n, dtype=torch.int64)
+    # The positions of the pairs, ascending: sort puts the others (n*n) last.
+    positions = torch.sort(torch.where(upper, flat, torch.full_like(flat, n * n)))[0][: n * (n - 1) // 2]
+    return distances.index_select(0, positions)
+
+
+def _own_entries() -> dict[Any, Callable[..., Any]]:
+    return {
+        aten.cumprod.default: cumprod,
+        aten.argmax.default: argmax,
+        aten.argmin.default: argmin,
+        aten.norm.Scalar: norm_scalar,
+        aten.norm.ScalarOpt_dim: norm_dim,
+        aten.linalg_norm.default: linalg_norm,
+        aten.hypot.default: hypot,
+        aten.put.default: put,
+        aten.histc.default: histc,
+        aten.cummax.default: cummax,
+        aten.cummin.default: cummin,
+        aten.logcumsumexp.default: logcumsumexp,
+        aten.median.default: median,
+        aten.median.dim: median_dim,
+        aten.nanmedian.default: nanmedian,
+        aten.nanmedian.dim: nanmedian_dim,
+        aten.kthvalue.default: kthvalue,
+        aten.mode.default: mode,
+        aten.scatter_reduce.two: scatter_reduce,
+        aten.index_reduce.default: index_reduce,
+        aten.diagonal.default: diagonal,
+        aten.diagonal_scatter.default: diagonal_scatter,
+        aten.unfold.default: unfold,
+        aten.as_strided_copy.default: as_strided_copy,
+        aten.as_strided_scatter.default: as_strided_scatter,
+        aten.avg_pool2d.default: avg_pool2d,
+        aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
+        aten.max_pool3d_with_indices.default: max_pool3d_with_indices,
+        aten.adaptive_avg_pool1d.default: adaptive_avg_pool1d,
+        aten._adaptive_avg_pool3d.default: adaptive_avg_pool3d,
+        aten.isclose.default: isclose,
+        aten.angle.default: angle,
+        aten._cdist_forward.default: cdist_forward,
+        aten._pdist_forward.default: pdist_forward,
+    }
+
+
+@functools.cache
+def extra_decompositions() -> dict[Any, Callable[..., Any]]:
+    """(Built once and shared: callers must not modify it.)  The entries
+    added to torch-mlir's table: torch's (:data:`TORCH_DECOMPOSED`), then
+    ours (which win where both exist)."""
+    table = _torch_entries()
+    table.update(_own_entries())
+    table.update(special_decompositions())
+    return table
+
+
+# --- graph rewrites ----------------------------------------------------------------------
+
+
+def _tensor_values(node: torch.fx.Node) -> list[torch.Tensor] | None:
+    value = node.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return list(value)
+    return None
+
+
+def _schema_position(target: Any, name: str) -> int | None:
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return None
+    for position, argument in enumerate(schema.arguments):
+        if argument.name == name:
+            return position
+    return None
+
+
+def _argument(node: torch.fx.Node, position: int, name: str) -> tuple[bool, Any]:
+    if position < len(node.args):
+        return True, node.args[position]
+    if name in node.kwargs:
+        return True, node.kwargs[name]
+    return False, None
+
+
+def _set_argument(node: torch.fx.Node, position: int, name: str, value: Any) -> None:
+    if position < len(node.args):
+        node.args = (*node.args[:position], value, *node.args[position + 1 :])
+    else:
+        node.kwargs = {**node.kwargs, name: value}
+
+
+def _scalar_reduction_to_vector(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """A reduction (an op with ``keepdim``) of a 0-d tensor along dims ->
+    the same reduction of it as ``[1]`` along 0 without keepdim: the same
+    0-d result.  torch-mlir's StableHLO lowering segfaults on 0-d
+    reductions with ``keepdim=True``, including those its own
+    decompositions make (``std`` -> ``var`` -> ``mean(keepdim=True)``)."""
+    keepdim_at = _schema_position(node.target, "keepdim")
+    dim_at = _schema_position(node.target, "dim")
+    if keepdim_at is None or dim_at is None or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    operand = node.args[0].meta.get("val")
+    if not isinstance(operand, torch.Tensor) or operand.dim() != 0:
+        return False
+    present, dim = _argument(node, dim_at, "dim")
+    if present and dim is not None and not isinstance(dim, (int, list, tuple)):
+        return False
+    with graph.inserting_before(node):
+        vector = graph.call_function(aten.view.default, (node.args[0], [1]))
+    # Only the value: the operand's other entries (tensor_meta) describe its 0-d shape.
+    vector.meta = {"val": operand.reshape(1)}
+    node.args = (vector, *node.args[1:])
+    if present and dim is not None:
+        # An empty list reduces everything in torch, nothing in torch-mlir: [0] either way.
+        _set_argument(node, dim_at, "dim", 0 if isinstance(dim, int) else [0])
+    _set_argument(node, keepdim_at, "keepdim", False)
+    return True
+
+
+def _empty_result_to_zeros(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """Replace a single-tensor node with no elements by ``zeros``."""
+    values = _tensor_values(node)
+    if values is None or len(values) != 1 or isinstance(node.meta.get("val"), (tuple, list)):
+        return False
+    value = values[0]
+    if not all(isinstance(size, int) for size in value.shape):
+        return False  # a data-dependent size: export's refusal stands
+    if value.numel() != 0 or node.target is aten.zeros.default:
+        return False
+    with graph.inserting_before(node):
+        zeros = graph.call_function(aten.zeros.default, (list(value.shape),), {"dtype": value.dtype})
+    zeros.meta = dict(node.meta)
+    node.replace_all_uses_with(zeros)
+    return True
+
+
+#: Ops whose values are unspecified: torch-mlir lowers them to
+#: ``tensor.empty``, which XLA's StableHLO deserializer does not know.
+_EMPTY_OPS = frozenset(
+    (
+        aten.empty.memory_format,
+        aten.empty_strided.default,
+        aten.empty_permuted.default,
+        aten.new_empty.default,
+        aten.new_empty_strided.default,
+        aten.empty_like.default,
+    )
+)
+
+
+def _empty_to_zeros(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    if node.target not in _EMPTY_OPS or not isinstance(value, torch.Tensor):
+        return False
+    if not all(isinstance(size, int) for size in value.shape):
+        return False
+    with graph.inserting_before(node):
+        zeros = graph.call_function(aten.zeros.default, (list(value.shape),), {"dtype": value.dtype})
+    zeros.meta = dict(node.meta)
+    node.replace_all_uses_with(zeros)
+    return True
+
+
+def prepare_graph(graph: torch.fx.Graph) -> None:
+    """Rewrite the decomposed graph in place (see the module docstring)."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:
+            changed |= _empty_result_to_zeros(graph, node)
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
+            continue
+        changed |= _empty_to_zeros(graph, node) or _empty_result_to_zeros(graph, node)
+        changed |= _scalar_reduction_to_vector(graph, node)
+    if changed:
+        graph.eliminate_dead_code()
