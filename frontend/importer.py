@@ -52,6 +52,8 @@ from hloalias.mlir import (
 )
 from hloalias.repro import write_repro
 from hloalias.frontend import torch_internals
+from hloalias.frontend.constant_folding import fold_constants
+from hloalias.frontend.index_normalization import normalize_indices
 
 TORCH_BACKEND_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -218,6 +220,11 @@ def import_torch(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
     _clamp_slice_bounds(exported.graph_module.graph)
+    # Before torch-mlir folds or lowers: see each module's docstring.
+    constant_values = _constant_values(exported)
+    normalized = normalize_indices(exported.graph_module.graph, constant_values)
+    if fold_constants(exported.graph_module.graph, constant_values) or normalized:
+        exported.graph_module.recompile()
     _float_comparison_scalars(exported.graph_module.graph)
     _strided_copies_to_clones(exported.graph_module.graph)
     signature = _with_eager_storage(_signature(exported), eager_storage)
@@ -244,6 +251,16 @@ def import_torch(
     program = Program(module, stage, signature, state)
     program.verify()
     return program
+
+
+def _constant_values(exported: ExportedProgram) -> dict[str, Any]:
+    """Lifted tensor constants by placeholder name (their values are fixed
+    at import, unlike parameters and buffers)."""
+    return {
+        spec.arg.name: exported.constants[spec.target]
+        for spec in exported.graph_signature.input_specs
+        if spec.kind == InputKind.CONSTANT_TENSOR and spec.target in exported.constants
+    }
 
 
 def _state_tensor(exported: ExportedProgram, name: str) -> Any:
