@@ -2,8 +2,8 @@
 
 Contract: :func:`fold_constants` rewrites a decomposed, functional FX graph
 (every node with a fake-tensor ``meta["val"]``) in place: each node whose
-value is known at import (it depends on no argument, or only on lifted
-constants) and is one value repeated (a splat) becomes ``aten.full`` of
+value is known at import (it depends on no argument; lifted constants are
+arguments of ``@main``, which torch-mlir does not fold) and is one value repeated (a splat) becomes ``aten.full`` of
 that value, computed by running the op in eager torch.  Nothing that
 depends on a parameter, buffer or user input changes, and random ops and
 uninitialized memory are never evaluated.
@@ -23,7 +23,6 @@ of one value) cost nothing.  A known value that is not a splat (an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -41,18 +40,12 @@ _SHAPE_ONLY = frozenset({"full_like", "zeros_like", "ones_like", "new_full", "ne
 _MAX_EVALUATED_ELEMENTS = 1 << 16
 
 
-def fold_constants(graph: torch.fx.Graph, constants: Mapping[str, Any]) -> bool:
-    """Fold ``graph`` in place (see the module docstring); ``constants``
-    maps a lifted constant's placeholder name to its tensor.  Returns
+def fold_constants(graph: torch.fx.Graph) -> bool:
+    """Fold ``graph`` in place (see the module docstring).  Returns
     whether anything changed (the caller recompiles the graph module)."""
     known: dict[torch.fx.Node, Any] = {}
     changed = False
     for node in list(graph.nodes):
-        if node.op == "placeholder":
-            value = constants.get(node.name)
-            if isinstance(value, torch.Tensor) and value.numel() <= _MAX_EVALUATED_ELEMENTS:
-                known[node] = value
-            continue
         if node.op != "call_function" or not _evaluable(node.target):
             continue
         operands = [*node.all_input_nodes]

@@ -223,7 +223,7 @@ def import_torch(
     # Before torch-mlir folds or lowers: see each module's docstring.
     constant_values = _constant_values(exported)
     normalized = normalize_indices(exported.graph_module.graph, constant_values)
-    if fold_constants(exported.graph_module.graph, constant_values) or normalized:
+    if fold_constants(exported.graph_module.graph) or normalized:
         exported.graph_module.recompile()
     _float_comparison_scalars(exported.graph_module.graph)
     _strided_copies_to_clones(exported.graph_module.graph)
