@@ -54,6 +54,7 @@ from hloalias.repro import write_repro
 from hloalias.frontend import torch_internals
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.index_normalization import normalize_indices
+from hloalias.frontend.tracing_lock import TRACING_LOCK
 
 TORCH_BACKEND_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -188,6 +189,21 @@ class Program:
 
 
 def import_torch(
+    f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    dynamic_shapes: Any = None,
+    stage: Stage = Stage.STABLEHLO,
+) -> Program:
+    """Import ``f`` called on ``args``/``kwargs`` into a :class:`Program`
+    (see :func:`_import_torch`), one thread at a time
+    (:mod:`hloalias.frontend.tracing_lock`)."""
+    with TRACING_LOCK:
+        return _import_torch(f, args, kwargs, dynamic_shapes=dynamic_shapes, stage=stage)
+
+
+def _import_torch(
     f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
     args: Sequence[Any] = (),
     kwargs: dict[str, Any] | None = None,

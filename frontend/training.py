@@ -55,6 +55,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.utils.stateless import _reparametrize_module
 
 from hloalias.errors import TorchImportError
+from hloalias.frontend.tracing_lock import TRACING_LOCK
 from hloalias.frontend.backward_decompositions import capture_decompositions
 
 
@@ -132,11 +133,13 @@ def capture_training_step(
     _check_groups(optimizer)
     opt_state = _initial_optimizer_state(optimizer, opt_params)
     try:
-        return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, frozenset())
+        with TRACING_LOCK:
+            return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, frozenset())
     except _GradientsKept as kept:
         # The step accumulates into .grad across calls (no zero_grad, or
         # zero_grad(set_to_none=False)): gradients become device state too.
-        return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept.names)
+        with TRACING_LOCK:
+            return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept.names)
 
 
 class _GradientsKept(Exception):

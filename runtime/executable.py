@@ -85,6 +85,7 @@ from hloalias.runtime.pjrt import (
     SingleDeviceDispatch,
     array_to_torch,
     compile_module,
+    precision_options,
     device_for,
     host_backed_tensor,
     memory_stats,
@@ -573,6 +574,7 @@ def compile(  # noqa: A001 - the name users expect
     device: Any = None,
     mesh: Mesh | None = None,
     shardings: dict[str | int, Any] | None = None,
+    excess_precision: bool = False,
 ) -> "Executable":
     """Import ``f`` on the example inputs, run the pass pipeline, compile it
     with XLA through PJRT and return an :class:`Executable`.
@@ -601,7 +603,13 @@ def compile(  # noqa: A001 - the name users expect
     names (FQNs), user-input names or positions to partition specs over the
     mesh's axes (one entry per dimension: axis name, tuple of names, or None;
     unnamed tensors are replicated).  Errors in either are
-    :class:`ShardingError`, raised before anything is compiled."""
+    :class:`ShardingError`, raised before anything is compiled.
+
+    ``excess_precision``: False (the default) rounds every bf16/f16
+    intermediate to its dtype as eager does (XLA's
+    ``xla_allow_excess_precision=false``); True lets XLA keep fused
+    intermediates in f32, faster and closer to the exact value but not
+    eager's result (docs/precision.md)."""
     _check_mesh_arguments(mesh, shardings)
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
@@ -620,7 +628,7 @@ def compile(  # noqa: A001 - the name users expect
         verify(find_main(program.torch_mlir_module))
     final_text = print_module(program.torch_mlir_module)
     key = module_cache_key(final_text)
-    cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices))
+    cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices), excess_precision)
     with _CACHE_LOCK:
         loaded = _CACHE.get(cache_slot)
         hit = loaded is not None
@@ -631,6 +639,7 @@ def compile(  # noqa: A001 - the name users expect
         if placement.spmd:
             sharded = result_shardings(program.torch_mlir_module)
             options = placement.compile_options(sharded)
+        options = precision_options(options, excess_precision)
         loaded = compile_module(final_text, target, options=options, devices=placement.devices)
         with _CACHE_LOCK:
             _CACHE[cache_slot] = loaded
