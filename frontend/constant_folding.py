@@ -122,4 +122,4 @@ def _splat_value(value: torch.Tensor) -> bool | int | float | None:
         )
     else:
         same = bool((flat == first).all())
-    return first.item() if same else None  # type: ignore[no-any-return]
+    return first.item() if same else None

@@ -217,7 +217,7 @@ def _python_remainder(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
     if tensor_divisor:
         # logical_xor, not ne: torch-mlir compares i1 with a signed comparison, which XLA refuses.
         signs_differ = add(aten.logical_xor.default, (result_negative, add(aten.lt.Scalar, (divisor, 0))))
-    elif divisor < 0:
+    elif isinstance(divisor, (int, float)) and divisor < 0:
         signs_differ = add(aten.logical_not.default, (result_negative,))
     else:
         signs_differ = result_negative

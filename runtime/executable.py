@@ -182,7 +182,7 @@ class CacheStats:
     misses: int = 0
 
 
-_CACHE: dict[tuple[str, str], Any] = {}
+_CACHE: dict[tuple[str, str, bool], Any] = {}  # (module key, devices, excess_precision)
 _CACHE_STATS = CacheStats()
 _CACHE_LOCK = threading.Lock()
 
