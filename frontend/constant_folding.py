@@ -32,7 +32,9 @@ from torch.utils._pytree import tree_map
 aten = torch.ops.aten
 
 # Ops whose result is not a function of their arguments.
-_NOT_FUNCTIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+_NOT_FUNCTIONS = frozenset(
+    {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
+)
 # Ops whose first argument contributes only its shape, dtype and device.
 _SHAPE_ONLY = frozenset({"full_like", "zeros_like", "ones_like", "new_full", "new_zeros", "new_ones"})
 # Known inputs larger than this are not evaluated (import time; constants
