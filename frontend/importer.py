@@ -53,6 +53,9 @@ from hloalias.mlir import (
 from hloalias.repro import write_repro
 from hloalias.frontend import torch_internals
 from hloalias.frontend.decompositions import extra_decompositions, prepare_graph
+from hloalias.frontend.constant_folding import fold_constants
+from hloalias.frontend.index_normalization import normalize_indices
+from hloalias.frontend.tracing_lock import TRACING_LOCK
 
 TORCH_BACKEND_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -199,6 +202,21 @@ def import_torch(
     dynamic_shapes: Any = None,
     stage: Stage = Stage.STABLEHLO,
 ) -> Program:
+    """Import ``f`` called on ``args``/``kwargs`` into a :class:`Program`
+    (see :func:`_import_torch`), one thread at a time
+    (:mod:`hloalias.frontend.tracing_lock`)."""
+    with TRACING_LOCK:
+        return _import_torch(f, args, kwargs, dynamic_shapes=dynamic_shapes, stage=stage)
+
+
+def _import_torch(
+    f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    dynamic_shapes: Any = None,
+    stage: Stage = Stage.STABLEHLO,
+) -> Program:
     """Import ``f`` called on ``args``/``kwargs`` into a :class:`Program`.
 
     ``f`` is an ``nn.Module``, a plain function or an ``ExportedProgram``
@@ -249,6 +267,11 @@ def import_torch(
         _refuse_host_reads(exported.graph_module.graph)
     strided_inputs = _check_as_strided(exported)
     _clamp_slice_bounds(exported.graph_module.graph)
+    # Before torch-mlir folds or lowers: see each module's docstring.
+    constant_values = _constant_values(exported)
+    normalized = normalize_indices(exported.graph_module.graph, constant_values)
+    if fold_constants(exported.graph_module.graph) or normalized:
+        exported.graph_module.recompile()
     _float_comparison_scalars(exported.graph_module.graph)
     _strided_copies_to_clones(exported.graph_module.graph)
     signature = _with_eager_storage(_signature(exported), eager_storage)
@@ -315,6 +338,16 @@ def _check_strided_outputs(exported: ExportedProgram) -> None:
                 f"output {position} is a {meta.layout} tensor: hloalias returns dense (strided) "
                 "tensors only; return t.to_dense()"
             )
+
+
+def _constant_values(exported: ExportedProgram) -> dict[str, Any]:
+    """Lifted tensor constants by placeholder name (their values are fixed
+    at import, unlike parameters and buffers)."""
+    return {
+        spec.arg.name: exported.constants[spec.target]
+        for spec in exported.graph_signature.input_specs
+        if spec.kind == InputKind.CONSTANT_TENSOR and spec.target in exported.constants
+    }
 
 
 def _state_tensor(exported: ExportedProgram, name: str) -> Any:

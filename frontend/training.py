@@ -56,6 +56,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.utils.stateless import _reparametrize_module
 
 from hloalias.errors import TorchImportError
+from hloalias.frontend.tracing_lock import TRACING_LOCK
 from hloalias.frontend.backward_decompositions import capture_decompositions
 
 
@@ -137,13 +138,15 @@ def capture_training_step(
     _check_groups(optimizer)
     opt_state = _initial_optimizer_state(optimizer, opt_params)
     try:
-        return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept_grads)
+        with TRACING_LOCK:
+            return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept_grads)
     except _GradientsKept as kept:
         # The step accumulates into .grad across calls (no zero_grad, or
         # zero_grad(set_to_none=False)): gradients become device state too.
-        return _capture(
-            step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept.names | kept_grads
-        )
+        with TRACING_LOCK:
+            return _capture(
+                step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept.names | kept_grads
+            )
 
 
 class _GradientsKept(Exception):
@@ -202,6 +205,7 @@ def _capture(
             if slot.kind == "optimizer":
                 assert slot.param_index is not None and slot.key is not None
                 traced_state[slot.param_index][slot.key] = values[slot.name].clone()
+        zero_lr_keeps = _params_kept_at_zero_lr(optimizer, lrs, [param_fqn[id(p)] for p in opt_params])
         with _optimizer_pointed_at(optimizer, traced_params, traced_state, lrs):
             with _reparametrize_module(model, {**leaves, **buffers}, tie_weights=True):
                 result = step_fn(*pytree.tree_unflatten(batch, batch_spec))
@@ -215,7 +219,11 @@ def _capture(
         new_values = []
         for slot in slots:
             if slot.kind == "param":
-                new_values.append(leaves[slot.fqn].detach())  # type: ignore[index]
+                new_param = leaves[slot.fqn].detach()  # type: ignore[index]
+                lr = zero_lr_keeps.get(slot.fqn)  # type: ignore[arg-type]
+                if lr is not None:
+                    new_param = torch.where(lr == 0, values[slot.name], new_param)
+                new_values.append(new_param)
             elif slot.kind == "buffer":
                 new_values.append(buffers[slot.fqn])  # type: ignore[index]
             elif slot.kind == "grad":
@@ -394,6 +402,31 @@ def _tracing_flag() -> Iterator[None]:
         yield
     finally:
         torch.compiler._is_compiling_flag = previous
+
+
+def _params_kept_at_zero_lr(
+    optimizer: torch.optim.Optimizer, lrs: list[torch.Tensor], fqns: list[str]
+) -> dict[str, torch.Tensor]:
+    """The traced ``lr`` of each parameter whose group's new value must be
+    its old one where ``lr == 0``, by parameter name.
+
+    Adam's and AdamW's ``capturable`` update (the form a traced ``lr``
+    needs) divides by ``lr / bias_correction1``: at ``lr == 0`` (step 0 of
+    every linear warmup) an element whose gradient and second moment are
+    0 (an embedding row not in the batch) becomes 0/0, NaN, where eager
+    adds ``-0 * exp_avg / denom`` and keeps the parameter (AdamW's decay
+    multiplies by ``1 - 0 * weight_decay``).  Their state still updates, as
+    in eager.  (Other optimizers' capturable forms do not divide by
+    ``lr``.)"""
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return {}
+    kept: dict[str, torch.Tensor] = {}
+    position = 0
+    for group, lr in zip(optimizer.param_groups, lrs):
+        for fqn in fqns[position:position + len(group["params"])]:
+            kept[fqn] = lr
+        position += len(group["params"])
+    return kept
 
 
 @contextlib.contextmanager

@@ -113,7 +113,7 @@ from hloalias.runtime.ownership import (
     to_device as to_device,
     torch_to_device,
 )
-from hloalias.runtime.pjrt import MemoryStats, compile_module, device_for, memory_stats
+from hloalias.runtime.pjrt import MemoryStats, compile_module, device_for, memory_stats, precision_options
 from hloalias.runtime.plan import (
     _TORCH_DTYPES,
     _ArgStep,
@@ -149,12 +149,13 @@ class CacheStats:
 _CONFIGURED_CACHE_SIZE = config.integer("HLOALIAS_EXECUTABLE_CACHE_SIZE")
 EXECUTABLE_CACHE_SIZE = 64 if _CONFIGURED_CACHE_SIZE is None else _CONFIGURED_CACHE_SIZE
 
-_CACHE: "collections.OrderedDict[tuple[str, str], Any]" = collections.OrderedDict()
+#: Keyed by (module key, devices, excess_precision).
+_CACHE: "collections.OrderedDict[tuple[str, str, bool], Any]" = collections.OrderedDict()
 _CACHE_STATS = CacheStats()
 _CACHE_LOCK = threading.Lock()
 
 
-def _cache_get(slot: tuple[str, str]) -> Any:
+def _cache_get(slot: tuple[str, str, bool]) -> Any:
     """The cached executable of ``slot`` (now the most recently used), or None."""
     with _CACHE_LOCK:
         loaded = _CACHE.get(slot)
@@ -164,7 +165,7 @@ def _cache_get(slot: tuple[str, str]) -> Any:
         return loaded
 
 
-def _cache_put(slot: tuple[str, str], loaded: Any) -> None:
+def _cache_put(slot: tuple[str, str, bool], loaded: Any) -> None:
     """Keep ``loaded`` under ``slot``, dropping the least recently used
     entries beyond :data:`EXECUTABLE_CACHE_SIZE`."""
     with _CACHE_LOCK:
@@ -203,6 +204,7 @@ def compile(  # noqa: A001 - the name users expect
     mesh: Mesh | None = None,
     shardings: dict[str | int, Any] | None = None,
     dump_dir: str | os.PathLike[str] | None = None,
+    excess_precision: bool = False,
     _state_owner: Any = None,
     _state_sources: dict[str, torch.Tensor] | None = None,
 ) -> "Executable":
@@ -239,6 +241,12 @@ def compile(  # noqa: A001 - the name users expect
     ``dump_dir`` (default ``$HLOALIAS_DUMP_DIR``) receives each stage's IR
     (:mod:`hloalias.observe`).
 
+    ``excess_precision``: False (the default) rounds every bf16/f16
+    intermediate to its dtype as eager does (XLA's
+    ``xla_allow_excess_precision=false``); True lets XLA keep fused
+    intermediates in f32, faster and closer to the exact value but not
+    eager's result (docs/precision.md).
+
     (Private: ``_state_owner`` is the object whose state group the program
     shares instead of ``f``'s, and ``_state_sources`` the tensors its state
     names stand for there: a training step's ``param.<fqn>`` is the
@@ -268,7 +276,7 @@ def compile(  # noqa: A001 - the name users expect
     final_text = print_module(program.torch_mlir_module)
     observe.dump("final", final_text)
     key = module_cache_key(final_text)
-    cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices))
+    cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices), excess_precision)
     loaded = _cache_get(cache_slot)
     hit = loaded is not None
     if not hit:
@@ -276,6 +284,7 @@ def compile(  # noqa: A001 - the name users expect
         if placement.spmd:
             sharded = result_shardings(program.torch_mlir_module)
             options = placement.compile_options(sharded)
+        options = precision_options(options, excess_precision)
         # The runtime stores permuted state as the module says: its own convention.
         with observe.stage("XLA compile"):
             loaded = compile_module(

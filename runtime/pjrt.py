@@ -150,6 +150,19 @@ def _without_host_metadata(attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attri
     return {name: value for name, value in attrs.items() if not name.startswith("hloalias.")}
 
 
+def precision_options(options: Any, excess_precision: bool) -> Any:
+    """``options`` (a fresh ``CompileOptions`` when None) set to round
+    every low-precision intermediate to its dtype, as eager PyTorch does
+    (``excess_precision=False``), or to let XLA keep fused bf16/f16
+    intermediates in f32 (True, XLA's default).  The setting is part of
+    the options' serialization, so of every cache key."""
+    if options is None:
+        options = xla_client.CompileOptions()
+    overrides = [(k, v) for k, v in options.env_option_overrides if k != "xla_allow_excess_precision"]
+    options.env_option_overrides = [*overrides, ("xla_allow_excess_precision", excess_precision)]
+    return options
+
+
 def compile_module(
     module_text: str, device: Any, *, options: Any = None, devices: Any = None, allow_stored_state: bool = False,
 ) -> Any:

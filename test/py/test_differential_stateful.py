@@ -9,6 +9,7 @@ inputs sometimes overlapping views of one tensor, a tied parameter.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, Phase, given, note, seed, settings
 
 import hloalias
 from differential.stateful import StatefulProgram, stateful_programs
+from differential.training import TrainingProgram, training_programs
 
 EXAMPLES = int(os.environ.get("HLOALIAS_STATEFUL_EXAMPLES", "25"))
 SEED = os.environ.get("HLOALIAS_DIFF_SEED")
@@ -129,3 +131,60 @@ FIXED = {
 @pytest.mark.parametrize("name", sorted(FIXED))
 def test_fixed_stateful_program(name: str) -> None:
     check_stateful(FIXED[name])
+
+
+# -- training steps: optimizers under schedulers, lr 0 included (issue 25) ----
+
+TRAINING_EXAMPLES = int(os.environ.get("HLOALIAS_TRAINING_EXAMPLES", str(max(6, EXAMPLES // 4))))
+TRAINING_RTOL, TRAINING_ATOL = 1e-5, 2e-6
+
+
+def _training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    def step(ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(ids), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    return step
+
+
+def check_training(program: TrainingProgram) -> None:
+    (eager_model, eager_opt, eager_sched), (model, opt, sched) = program.build(), program.build()
+    batches = program.batches()
+    if program.warm:  # state hloalias does not initialize: one eager step first
+        for m, o, s in ((eager_model, eager_opt, eager_sched), (model, opt, sched)):
+            _training_step(m, o)(*batches[0])
+            s.step()
+    train = hloalias.compile_training_step(_training_step(model, opt), model, opt, batches[0])
+    for step, batch in enumerate(batches[1:]):
+        lrs = [group["lr"] for group in opt.param_groups]
+        eager_loss = _training_step(eager_model, eager_opt)(*batch)
+        loss = train(*batch)
+        assert torch.isfinite(loss), f"step {step} (lr {lrs}): loss {loss}"
+        torch.testing.assert_close(loss, eager_loss.detach(), rtol=TRAINING_RTOL, atol=TRAINING_ATOL,
+                                   msg=f"loss of step {step} (lr {lrs})")
+        eager_sched.step()
+        sched.step()
+    train.write_back()
+    for name, value in model.state_dict().items():
+        assert torch.isfinite(value).all(), name
+        torch.testing.assert_close(value, eager_model.state_dict()[name], rtol=TRAINING_RTOL,
+                                   atol=TRAINING_ATOL, msg=name)
+
+
+@_search_seed
+@settings(
+    max_examples=TRAINING_EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),
+    suppress_health_check=(HealthCheck.too_slow,),
+)
+@given(training_programs())
+def test_generated_training_steps_match_eager(program: TrainingProgram) -> None:
+    """Every generated optimizer/scheduler pair trains as eager does."""
+    note(program.describe())
+    check_training(program)

@@ -191,6 +191,20 @@ def test_qwen2_causal_lm() -> None:
     check_model(transformers.Qwen2ForCausalLM(config).eval(), (_ids(),), {"use_cache": False})
 
 
+def test_falcon_multi_query_causal_lm() -> None:
+    """Multi-query attention (one key/value head, as every Falcon
+    checkpoint) reads ``x[..., [-2], :]`` and ``x[..., [-1], :]`` from its
+    fused QKV projection: the negative list indices were clamped to 0 by
+    the StableHLO lowering (logits off by 0.23-0.57, issue 25)."""
+    _seeded()
+    config = transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        multi_query=True, new_decoder_architecture=False, parallel_attn=True, alibi=False,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = transformers.FalconForCausalLM(config).eval()
+    check_model(model, (_ids(),), {"use_cache": False})
+
+
 # -- encoders ----------------------------------------------------------------------------
 
 def _bert_config(**extra: Any) -> Any:

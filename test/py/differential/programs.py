@@ -11,7 +11,11 @@ an op list:
   ``transpose``/``t``/``permute``, ``expand``, ``unsqueeze``/``squeeze``,
   ``view(torch.int32)`` on f32 (and ``view(torch.float32)`` on i32),
   ``contiguous``;
-- computations: ``v + c``, ``v * c``, ``v + w``, ``v.neg()``, ``v.clone()``;
+- computations: ``v + c``, ``v * c``, ``v + w``, ``v.neg()``, ``v.clone()``,
+  advanced indexing with indices counted from the end (a list, or a
+  tensor XLA sees only at run time), arithmetic on ``full_like`` bool and
+  integer constants that is folded at import (``True + True``, ``-7 // 3``,
+  ``-7 % 3``), and bf16 chains whose every intermediate eager rounds;
 - reads through ``as_strided`` (sizes, strides and an optional storage
   offset within the operand's storage), copied out (``.clone()``, ``+ c``):
   a returned ``as_strided`` view and a write through one are refused by
@@ -477,12 +481,51 @@ def _draw_view(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     return True
 
 
+# Constants for the constant-folded arithmetic (issue 25): negative ones,
+# so that floor division, remainder and comparisons meet their sign rules.
+_INT_CONSTANTS = (-7, -3, -1, 2, 3, 5)
+_INT_OPS = ("//", "%", "+", "-", "*", "&", "|", "^", "<", ">", "==", "max", "min")
+_BOOL_OPS = ("+", "*", "<", ">", "<=", ">=", "==", "!=", "&", "|", "^")
+_INT_DTYPES = ("int64", "int32", "int8")
+
+
+@st.composite
+def _constant_expression(draw: st.DrawFn, name: str) -> str:
+    """Arithmetic on ``full_like`` constants of ``name``'s shape: known at
+    import, folded before lowering (bool add is a logical or, ``-7 // 3``
+    is -3); its value is a small integer or bool."""
+    if draw(st.booleans()):
+        a, b = draw(st.booleans()), draw(st.booleans())
+        op = draw(st.sampled_from(_BOOL_OPS))
+        left = f"torch.full_like({name}, {a}, dtype=torch.bool)"
+        right = f"torch.full_like({name}, {b}, dtype=torch.bool)"
+        return f"({left} {op} {right})"
+    dtype = draw(st.sampled_from(_INT_DTYPES))
+    a, b = draw(st.sampled_from(_INT_CONSTANTS)), draw(st.sampled_from(_INT_CONSTANTS))
+    op = draw(st.sampled_from(_INT_OPS))
+    left = f"torch.full_like({name}, {a}, dtype=torch.{dtype})"
+    right = f"torch.full_like({name}, {b}, dtype=torch.{dtype})"
+    if op in ("max", "min"):
+        return f"torch.{op}imum({left}, {right})"
+    return f"({left} {op} {right})"
+
+
+@st.composite
+def _index_positions(draw: st.DrawFn, size: int) -> list[int]:
+    """1 to 3 positions into a dimension of ``size``, some counted from the end."""
+    positions = draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=min(3, size)))
+    return [p - size if draw(st.booleans()) else p for p in positions]
+
+
 @st.composite
 def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     sim = operand.sim
     name = operand.name
     is_float = sim.dtype == torch.float32
-    kinds = ["add", "clone", "as_strided"] + (["mul", "neg", "add_tensor"] if is_float else [])
+    kinds = ["add", "clone", "as_strided"] + (["mul", "neg", "add_tensor", "bf16_chain"] if is_float else [])
+    kinds += ["constant_arithmetic"]
+    if sim.dim() >= 1:
+        kinds += ["negative_index_list", "negative_index_tensor"]
     kind = draw(st.sampled_from(kinds))
     if kind == "as_strided":
         return draw(_draw_as_strided(builder, operand))
@@ -496,6 +539,39 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
         builder.emit_compute(f"{name} * {constant!r}", sim * constant, [operand])
     elif kind == "neg":
         builder.emit_compute(f"{name}.neg()", -sim, [operand])
+    elif kind in ("negative_index_list", "negative_index_tensor"):
+        # Advanced indexing (a copy) with indices counted from the end: a
+        # list (a lifted constant) or a tensor whose value XLA only sees at
+        # run time (it depends on the data, though it is always ``positions``).
+        dim = draw(st.integers(0, sim.dim() - 1))
+        positions = draw(_index_positions(sim.shape[dim]))
+        if kind == "negative_index_list":
+            index = repr(positions)
+        else:
+            index = f"(torch.tensor({positions!r}) + {name}.reshape(-1)[:1].float().mul(0).long())"
+        result = sim[(slice(None),) * dim + (torch.tensor(positions),)]
+        builder.emit_compute(f"{name}{_index_text(dim, index)}", result, [operand])
+    elif kind == "constant_arithmetic":
+        constant = draw(_constant_expression(name))
+        value = eval(constant, {"torch": torch, name: sim})  # noqa: S307 - our own generated text
+        if is_float:
+            expression, result = f"{name} + {constant}.to(torch.float32)", sim + value.to(torch.float32)
+        else:  # multiples of 2**20 keep int data the bits of normal floats
+            scaled = (value.to(torch.int32) % 4) * 1048576
+            expression, result = f"{name} + ({constant}.to(torch.int32) % 4) * 1048576", sim + scaled
+        builder.emit_compute(expression, result, [operand])
+    elif kind == "bf16_chain":
+        # Each op's result rounded to bf16 as eager rounds it (products of
+        # odd quarters up to 7.75 need more than bf16's 8 bits).
+        partners = [v for v in builder.values.values() if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype]
+        other = draw(st.sampled_from(partners))
+        factor = draw(st.sampled_from(F32_MUL_CONSTANTS))
+        low, other_low = sim.bfloat16(), other.sim.bfloat16()
+        chain = ((low * other_low + low) * factor).float()
+        expression = (
+            f"{name} + (({name}.bfloat16() * {other.name}.bfloat16() + {name}.bfloat16()) * {factor!r}).float()"
+        )
+        builder.emit_compute(expression, sim + chain, [operand, other])
     else:
         partners = [
             v for v in builder.values.values()
@@ -586,6 +662,8 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
     if kind in ("index_put", "index_copy"):
         dim = 0 if kind == "index_put" else draw(st.integers(0, sim.dim() - 1))
         positions = draw(st.lists(st.integers(0, sim.shape[dim] - 1), min_size=1, max_size=sim.shape[dim], unique=True))
+        if kind == "index_put":  # index_put_ counts negative indices from the end (index_copy_ refuses them)
+            positions = [p - sim.shape[dim] if draw(st.booleans()) else p for p in positions]
         constant = draw(st.sampled_from(fills))
         index = torch.tensor(positions)
         if kind == "index_put":

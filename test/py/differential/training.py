@@ -1,0 +1,124 @@
+"""Random training steps for differential testing (issue 25): an optimizer
+(every one the training capture accepts), its hyperparameters, one or two
+parameter groups, and an lr scheduler whose values include 0 (warmup from
+0, decay to 0, a table of multipliers), trained for a few steps eagerly and
+through :func:`hloalias.compile_training_step`.
+
+The model is an embedding (rows not in a batch get gradients of exactly 0,
+which met 0/0 in Adam's capturable update at lr 0) and a linear layer.
+Float rounding differs between the capturable and eager forms, so the test
+compares with a tolerance and requires every value to be finite."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+O = torch.optim
+S = torch.optim.lr_scheduler
+
+# name -> (factory from param groups and hyperparameters, needs an eager step first)
+OPTIMIZERS: dict[str, tuple[Callable[..., O.Optimizer], bool]] = {
+    "SGD": (lambda groups, **kw: O.SGD(groups, lr=0.1, momentum=kw.get("momentum", 0.9),
+                                       nesterov=kw.get("nesterov", False)), False),
+    "Adam": (lambda groups, **kw: O.Adam(groups, lr=1e-2, amsgrad=kw.get("amsgrad", False),
+                                         weight_decay=kw.get("weight_decay", 0.0)), False),
+    "AdamW": (lambda groups, **kw: O.AdamW(groups, lr=1e-2, amsgrad=kw.get("amsgrad", False),
+                                           weight_decay=kw.get("weight_decay", 0.0)), False),
+    "Adamax": (lambda groups, **kw: O.Adamax(groups, lr=1e-2, weight_decay=kw.get("weight_decay", 0.0)), True),
+    "NAdam": (lambda groups, **kw: O.NAdam(groups, lr=1e-2, weight_decay=kw.get("weight_decay", 0.0),
+                                           decoupled_weight_decay=kw.get("amsgrad", False)), True),
+    "RAdam": (lambda groups, **kw: O.RAdam(groups, lr=1e-2, weight_decay=kw.get("weight_decay", 0.0),
+                                           decoupled_weight_decay=kw.get("amsgrad", False)), True),
+    "Adadelta": (lambda groups, **kw: O.Adadelta(groups, lr=1.0, weight_decay=kw.get("weight_decay", 0.0)), True),
+    "RMSprop": (lambda groups, **kw: O.RMSprop(groups, lr=1e-2, momentum=kw.get("momentum", 0.0),
+                                               centered=kw.get("amsgrad", False)), True),
+    "Rprop": (lambda groups, **kw: O.Rprop(groups, lr=1e-2), True),
+    "ASGD": (lambda groups, **kw: O.ASGD(groups, lr=1e-2, weight_decay=kw.get("weight_decay", 0.0)), True),
+}
+
+SCHEDULERS: dict[str, Callable[[O.Optimizer, tuple[float, ...]], Any]] = {
+    "table": lambda o, table: S.LambdaLR(o, lambda step: table[step % len(table)]),
+    "warmup_from_0": lambda o, table: S.LambdaLR(o, lambda step: min(1.0, step / 2)),
+    "linear_to_0": lambda o, table: S.LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=2),
+    "cosine_to_0": lambda o, table: S.CosineAnnealingLR(o, T_max=2, eta_min=0.0),
+    "polynomial_to_0": lambda o, table: S.PolynomialLR(o, total_iters=2),
+    "step_gamma_0": lambda o, table: S.StepLR(o, step_size=1, gamma=0.0),
+    "cyclic_from_0": lambda o, table: S.CyclicLR(o, base_lr=0.0, max_lr=1e-2, step_size_up=1, cycle_momentum=False),
+}
+
+
+class Model(torch.nn.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embedding = torch.nn.Embedding(10, 6)
+        self.linear = torch.nn.Linear(6, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.embedding(ids)).sum(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingProgram:
+    optimizer: str
+    hyperparameters: tuple[tuple[str, Any], ...]
+    two_groups: bool
+    scheduler: str
+    table: tuple[float, ...]
+    steps: int
+    seed: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.optimizer}({dict(self.hyperparameters)}), two groups: {self.two_groups}, "
+            f"scheduler {self.scheduler} table={self.table}, {self.steps} steps, seed {self.seed}"
+        )
+
+    def build(self) -> tuple[Model, O.Optimizer, Any]:
+        model = Model(self.seed)
+        factory, _ = OPTIMIZERS[self.optimizer]
+        if self.two_groups:
+            groups: Any = [
+                {"params": model.embedding.parameters()},
+                {"params": model.linear.parameters(), "lr": 5e-3},
+            ]
+        else:
+            groups = model.parameters()
+        optimizer = factory(groups, **dict(self.hyperparameters))
+        return model, optimizer, SCHEDULERS[self.scheduler](optimizer, self.table)
+
+    def batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(self.seed)
+        return [
+            (torch.randint(0, 5, (4, 2), generator=generator), torch.randn(4, 3, generator=generator))
+            for _ in range(self.steps + 1)
+        ]
+
+    @property
+    def warm(self) -> bool:
+        return OPTIMIZERS[self.optimizer][1]
+
+
+@st.composite
+def training_programs(draw: st.DrawFn) -> TrainingProgram:
+    optimizer = draw(st.sampled_from(sorted(OPTIMIZERS)))
+    hyperparameters = (
+        ("amsgrad", draw(st.booleans())),
+        ("weight_decay", draw(st.sampled_from((0.0, 0.1)))),
+        ("momentum", draw(st.sampled_from((0.0, 0.5, 0.9)))),
+    )
+    table = tuple(draw(st.lists(st.sampled_from((0.0, 0.0, 0.5, 1.0, 1e-3)), min_size=1, max_size=4)))
+    return TrainingProgram(
+        optimizer,
+        hyperparameters,
+        draw(st.booleans()),
+        draw(st.sampled_from(sorted(SCHEDULERS))),
+        table,
+        draw(st.integers(2, 4)),
+        draw(st.integers(0, 2**16)),
+    )
