@@ -5,6 +5,7 @@ through the caches' hooks, never timed."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ def cache_dir(tmp_path: "os.PathLike[str]", monkeypatch: pytest.MonkeyPatch) -> 
     """A private, empty disk cache; in-process caches emptied around the test."""
     directory = os.path.join(str(tmp_path), "xla-cache")
     monkeypatch.setenv("HLOALIAS_CACHE_DIR", directory)
+    monkeypatch.setenv("HLOALIAS_CACHE_KEY_FILE", os.path.join(str(tmp_path), "keys", "cache-key"))
     monkeypatch.delenv("HLOALIAS_CACHE", raising=False)
     monkeypatch.delenv("HLOALIAS_CACHE_MAX_BYTES", raising=False)
     hloalias.clear_cache()
@@ -63,7 +65,7 @@ _CHILD = textwrap.dedent(
 
 
 def _run_child(directory: str) -> list[int]:
-    env = dict(os.environ, HLOALIAS_CACHE_DIR=directory)
+    env = dict(os.environ, HLOALIAS_CACHE_DIR=directory)  # the key file: the fixture's
     env.pop("HLOALIAS_CACHE", None)
     done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -108,8 +110,10 @@ def test_corrupt_entry_warns_and_recompiles(cache_dir: str) -> None:
 def test_an_entry_for_another_key_is_never_loaded(cache_dir: str) -> None:
     x = torch.randn(64)
     hloalias.compile(_affine, (x,))
+    (own,) = _entries(cache_dir)
     hloalias.compile(lambda t: t - 3, (x,))
-    first, second = (os.path.join(cache_dir, n) for n in _entries(cache_dir))
+    first = os.path.join(cache_dir, own)
+    (second,) = (os.path.join(cache_dir, n) for n in _entries(cache_dir) if n != own)
     with open(second, "rb") as handle:
         foreign = handle.read()
     with open(first, "wb") as handle:  # another program's bytes under this key
@@ -156,6 +160,124 @@ def test_size_bound_evicts_least_recently_used(cache_dir: str, monkeypatch: pyte
     hloalias.compile(lambda t: t - 3, (x,))
     remaining = _entries(cache_dir)
     assert len(remaining) == 1 and oldest not in remaining
+
+
+# -- trust: ownership, permissions, the per-user MAC ---------------------------
+
+
+def _times_hundred(x: torch.Tensor) -> torch.Tensor:
+    return x * 100
+
+
+def _fresh() -> None:
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    getattr(disk_cache, "_WARNED", set()).clear()
+
+
+def test_a_directory_writable_by_others_is_not_used(cache_dir: str) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    (name,) = _entries(cache_dir)
+    os.chmod(cache_dir, 0o777)
+    _fresh()
+    compiles = disk_cache_stats().xla_compiles
+    with pytest.warns(CacheWarning, match="writable by group or others"):
+        exe = hloalias.compile(_affine, (x,))
+    assert disk_cache_stats().xla_compiles == compiles + 1  # the entry was not read
+    assert torch.equal(exe(x), x * 2 + 1)
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    import warnings as _warnings
+
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error", CacheWarning)  # warned once per directory
+        hloalias.compile(lambda t: t - 3, (x,))
+    assert _entries(cache_dir) == [name]  # nothing written there either
+    assert disk_cache_stats().xla_compiles == compiles + 2
+
+
+def test_a_directory_owned_by_another_user_is_not_used(cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    _fresh()
+    monkeypatch.setattr(disk_cache, "_expected_owner", lambda: os.geteuid() + 4242)
+    compiles = disk_cache_stats().xla_compiles
+    with pytest.warns(CacheWarning, match="owned by uid"):
+        exe = hloalias.compile(_affine, (x,))
+    assert disk_cache_stats().xla_compiles == compiles + 1
+    assert torch.equal(exe(x), x * 2 + 1)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_an_entry_owned_by_another_user_is_not_used(cache_dir: str) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    (name,) = _entries(cache_dir)
+    os.chown(os.path.join(cache_dir, name), 4242, 4242)
+    _fresh()
+    compiles = disk_cache_stats().xla_compiles
+    with pytest.warns(CacheWarning, match="owned by uid 4242"):
+        exe = hloalias.compile(_affine, (x,))
+    assert disk_cache_stats().xla_compiles == compiles + 1
+    assert torch.equal(exe(x), x * 2 + 1)
+    assert os.stat(os.path.join(cache_dir, name)).st_uid == os.geteuid()  # replaced by ours
+
+
+def test_an_entry_writable_by_others_is_not_used(cache_dir: str) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    (name,) = _entries(cache_dir)
+    os.chmod(os.path.join(cache_dir, name), 0o666)
+    _fresh()
+    with pytest.warns(CacheWarning, match="writable by group or others"):
+        exe = hloalias.compile(_affine, (x,))
+    assert torch.equal(exe(x), x * 2 + 1)
+
+
+def _plant(cache_dir: str, victim: str, donor_payload: bytes, mac: bytes) -> None:
+    with open(os.path.join(cache_dir, victim), "wb") as handle:
+        handle.write(disk_cache.MAGIC + victim[:64].encode() + mac + donor_payload)
+
+
+def test_a_planted_entry_is_never_run(cache_dir: str) -> None:
+    """Another program's executable under this program's key, with the
+    checksum recomputed (plain SHA-256, as the old format had) or with a MAC
+    under another user's secret: rejected, and the result is this program's."""
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    (victim,) = _entries(cache_dir)
+    hloalias.compile(_times_hundred, (x,))
+    (donor,) = [n for n in _entries(cache_dir) if n != victim]
+    with open(os.path.join(cache_dir, donor), "rb") as handle:
+        donor_payload = handle.read()[len(disk_cache.MAGIC) + 64 + 32:]
+    other_secret = os.urandom(32)
+    for forged_by in ("plain checksum", "another user's secret"):
+        if forged_by == "plain checksum":
+            mac = hashlib.sha256(donor_payload).digest()
+        else:
+            mac = disk_cache._mac(other_secret, disk_cache.XLA_SUFFIX, victim[:64], donor_payload)
+        _plant(cache_dir, victim, donor_payload, mac)
+        _fresh()
+        compiles = disk_cache_stats().xla_compiles
+        with pytest.warns(CacheWarning, match="MAC does not verify"):
+            exe = hloalias.compile(_affine, (x,))
+        assert disk_cache_stats().xla_compiles == compiles + 1
+        assert torch.equal(exe(x), x * 2 + 1)
+
+
+def test_a_key_file_others_can_read_turns_the_cache_off(cache_dir: str) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    key = disk_cache.key_file()
+    assert os.stat(key).st_mode & 0o777 == 0o600
+    os.chmod(key, 0o644)
+    _fresh()
+    compiles = disk_cache_stats().xla_compiles
+    with pytest.warns(CacheWarning, match="readable by group or others"):
+        exe = hloalias.compile(_affine, (x,))
+    assert disk_cache_stats().xla_compiles == compiles + 1
+    assert torch.equal(exe(x), x * 2 + 1)
 
 
 # -- in-process import cache ---------------------------------------------------
