@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from hloalias.frontend.importer import Program, Stage
+from hloalias.frontend.importer import Program, Stage, _register_transformers_caches
 from hloalias.mlir import new_context, parse_module
 from hloalias.runtime import disk_cache
 from hloalias.runtime.source_key import Uncacheable, source_key
@@ -98,6 +98,9 @@ def lookup(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) 
     with ``options``, if any.  Never raises for cache trouble."""
     if not enabled():
         return Lookup(None, None, "program cache: off")
+    # transformers' cache classes as pytree nodes, as the import would make
+    # them: the inputs' structure and the signature's output spec hold them.
+    _register_transformers_caches(f)
     try:
         key = source_key(f, args, kwargs, options)
     except Uncacheable as error:

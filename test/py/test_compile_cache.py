@@ -293,7 +293,8 @@ class _Scaled(torch.nn.Module):
         return x * self.weight * self.factor
 
 
-def test_same_module_same_inputs_reuses_the_import(cache_dir: str) -> None:
+def test_same_module_same_inputs_reuses_the_import(cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")  # this is about the in-process import cache
     module = _Scaled()
     x = torch.randn(8)
     hloalias.compile(module, (x,))
@@ -406,8 +407,11 @@ class _ReadsMutableGlobal(torch.nn.Module):
         return x * GLOBAL_TABLE[0]
 
 
-def test_globals_read_by_forward_and_its_helpers_are_part_of_the_key(cache_dir: str) -> None:
+def test_globals_read_by_forward_and_its_helpers_are_part_of_the_key(
+    cache_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     global GLOBAL_SCALE, GLOBAL_SHIFT
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")  # this is about the in-process import cache
     module = _ReadsGlobals()
     x = torch.randn(8)
     try:
@@ -438,3 +442,237 @@ def test_a_mutable_global_makes_the_program_uncacheable(cache_dir: str) -> None:
         assert export_cache.export_cache_stats()["uncacheable"] == 2
     finally:
         GLOBAL_TABLE[0] = 1.0
+
+
+# -- the program cache: a compile keyed before import ----------------------------
+
+from hloalias.runtime import program_cache, source_key  # noqa: E402
+from hloalias.runtime.source_key import Uncacheable  # noqa: E402
+
+_MODULE_SOURCE = """
+import torch
+OFFSET = {offset}
+
+def helper(t):
+    return t {op} OFFSET
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return helper(self.linear(x) * self.scale)
+"""
+
+
+def _block_class(offset: float = 1.0, op: str = "+") -> type:
+    """``Block`` as if defined in a user's file: the same module and
+    qualified name whatever its code."""
+    namespace: dict[str, object] = {"__name__": "user_models"}
+    exec(compile(_MODULE_SOURCE.format(offset=offset, op=op), "user_models.py", "exec"), namespace)
+    return namespace["Block"]  # type: ignore[return-value]
+
+
+def _key(module: object, *args: object, options: object = (), **kwargs: object) -> str:
+    return source_key.source_key(module, args, kwargs, options)
+
+
+def test_the_source_key_changes_with_each_input() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    base = _block_class()()
+    key = _key(base, x)
+    # The same program built again (other weights, another class object): the same key.
+    assert _key(_block_class()(), torch.randn(2, 8)) == key
+
+    def changed(mutate) -> str:  # type: ignore[no-untyped-def]
+        module = _block_class()()
+        mutate(module)
+        return _key(module, x)
+
+    variants = {
+        "code of forward's helper": _key(_block_class(op="-")(), x),
+        "a global the code reads": _key(_block_class(offset=3.0)(), x),
+        "a configuration value": changed(lambda m: setattr(m, "scale", 3.0)),
+        "a dtype": changed(lambda m: m.to(torch.float64)),
+        "a parameter's shape": changed(lambda m: setattr(m, "linear", torch.nn.Linear(8, 8, bias=False))),
+        "requires_grad": changed(lambda m: m.linear.weight.requires_grad_(False)),
+        "training mode": changed(lambda m: m.train(False)),
+        "a submodule's class": changed(lambda m: setattr(m, "linear", torch.nn.Identity())),
+        "an instance-level forward": changed(lambda m: setattr(m, "forward", lambda t: t)),
+        "an input shape": _key(base, torch.randn(3, 8)),
+        "an input dtype": _key(base, x.double()),
+        "an input's strides": _key(base, torch.randn(8, 2).t()),
+        "an input's requires_grad": _key(base, x.clone().requires_grad_()),
+        "an option": _key(base, x, options=(("argnum", 0),)),
+        "a static input": _key(base, x, flag=True),
+    }
+    with torch.no_grad():
+        variants["grad mode"] = _key(base, x)
+    for what, other in variants.items():
+        assert other != key, what
+    assert len(set(variants.values())) == len(variants)
+
+
+def test_the_source_key_sees_tied_weights_and_closures() -> None:
+    class Tied(torch.nn.Module):
+        def __init__(self, tie: bool) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 4)
+            if tie:
+                self.b.weight = self.a.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    x = torch.randn(2, 4)
+    assert _key(Tied(False), x) != _key(Tied(True), x)
+
+    def make(offset: float):  # type: ignore[no-untyped-def]
+        def shifted(t: torch.Tensor) -> torch.Tensor:
+            return t + offset
+        return shifted
+
+    assert _key(make(1.0), x) == _key(make(1.0), x)
+    assert _key(make(1.0), x) != _key(make(2.0), x)
+
+
+def _tiny_llama(**overrides: object) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    settings: dict[str, object] = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    settings.update(overrides)
+    return LlamaForCausalLM(LlamaConfig(**settings)).eval()
+
+
+def test_the_source_key_of_a_transformers_model_holds_its_config() -> None:
+    ids = torch.randint(0, 64, (1, 8))
+    key = _key(_tiny_llama(), ids, use_cache=False)
+    assert _key(_tiny_llama(), ids, use_cache=False) == key  # another instance, other random weights
+    for what, other in {
+        "rms_norm_eps": _tiny_llama(rms_norm_eps=1e-3),
+        "hidden_act": _tiny_llama(hidden_act="gelu"),
+        "attention implementation": _tiny_llama(attn_implementation="eager"),
+        "a dtype": _tiny_llama().to(torch.bfloat16),
+    }.items():
+        assert _key(other, ids, use_cache=False) != key, what
+    assert _key(_tiny_llama(), ids, use_cache=True) != key  # a static input
+
+
+class _Locked(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.lock = threading.Lock()  # no printable state: no key
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def test_what_cannot_be_keyed_takes_the_full_path_and_says_why(cache_dir: str) -> None:
+    x = torch.randn(4)
+    with pytest.raises(Uncacheable, match="lock"):
+        _key(_Locked(), x)
+    hooked = _block_class()()
+    hooked.linear.register_forward_hook(lambda module, inputs, output: output * 2)
+    with pytest.raises(Uncacheable, match="forward hooks"):
+        _key(hooked, torch.randn(2, 8))
+    stats = program_cache.program_cache_stats()
+    before = stats.uncacheable
+    exe = hloalias.compile(_Locked(), (x,))
+    assert torch.equal(exe(x), x + 1)
+    assert stats.uncacheable == before + 1
+    assert "the compile key cannot be computed soundly" in exe.explain()
+    assert any("lock" in reason for reason in stats.reasons)
+
+
+def test_a_changed_program_misses_and_an_unchanged_one_hits(cache_dir: str) -> None:
+    stats = program_cache.program_cache_stats()
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    first = _block_class()()
+    hits, misses = stats.hits, stats.misses
+    exe = hloalias.compile(first, (x,))
+    assert (stats.hits, stats.misses) == (hits, misses + 1)
+    assert torch.allclose(exe(x), first(x))
+    again = _block_class()()  # the same program, other weights
+    exe = hloalias.compile(again, (x,))
+    assert (stats.hits, stats.misses) == (hits + 1, misses + 1)
+    assert "program cache: hit" in exe.explain()
+    assert torch.allclose(exe(x), again(x))  # this module's weights, not the first one's
+    edited = _block_class(op="-")()  # the helper's code edited
+    exe = hloalias.compile(edited, (x,))
+    assert (stats.hits, stats.misses) == (hits + 1, misses + 2)
+    assert torch.allclose(exe(x), edited(x))
+    edited.scale = 5.0  # a configuration value
+    exe = hloalias.compile(edited, (x,))
+    assert (stats.hits, stats.misses) == (hits + 1, misses + 3)
+    assert torch.allclose(exe(x), edited(x))
+    # A dtype (a module not compiled before: converting a compiled module
+    # in place is a separate state-sharing bug, see the report).
+    wide = _block_class(op="-")()
+    wide.scale = 5.0
+    wide.to(torch.float64)
+    exe = hloalias.compile(wide, (x.double(),))
+    assert (stats.hits, stats.misses) == (hits + 1, misses + 4)
+    assert torch.allclose(exe(x.double()), wide(x.double()))
+
+
+_PROGRAM_CHILD = textwrap.dedent(
+    """
+    import warnings, torch, torch.export, hloalias
+    from hloalias.runtime.disk_cache import disk_cache_stats
+    from hloalias.runtime.program_cache import program_cache_stats
+    from transformers import LlamaConfig, LlamaForCausalLM
+    warnings.simplefilter("error", hloalias.runtime.disk_cache.CacheWarning)
+    if HIT_EXPECTED:  # a hit runs neither torch.export nor torch-mlir
+        import hloalias.frontend.importer as importer
+        def refuse(*args, **kwargs):
+            raise AssertionError("imported on a hit")
+        importer.import_torch = refuse
+        torch.export.export = refuse
+
+    class WithConstant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+        def forward(self, x):
+            return self.linear(x) + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    torch.manual_seed(SEED)
+    module = WithConstant()
+    x = torch.randn(2, 4)
+    exe = hloalias.compile(module, (x,))
+    assert torch.allclose(exe(x), module(x))
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (1, 8))
+    exe = hloalias.compile(model, (ids,))
+    out = exe(ids)
+    ref = model(ids)
+    assert torch.allclose(out.logits, ref.logits, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(
+        out.past_key_values.layers[0].keys, ref.past_key_values.layers[0].keys))
+    stats, disk = program_cache_stats(), disk_cache_stats()
+    print("STATS", stats.hits, stats.misses, stats.uncacheable, disk.xla_compiles)
+    """
+)
+
+
+def test_a_fresh_process_compiling_a_known_program_imports_nothing(cache_dir: str) -> None:
+    def child(seed: int, hit: bool) -> list[int]:
+        code = _PROGRAM_CHILD.replace("HIT_EXPECTED", str(hit)).replace("SEED", str(seed))
+        done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        line = [line for line in done.stdout.splitlines() if line.startswith("STATS")][0]
+        return [int(part) for part in line.split()[1:]]
+
+    assert child(0, hit=False) == [0, 2, 0, 2]  # both imported, lowered, compiled and stored
+    assert child(1, hit=True) == [2, 0, 0, 0]  # other weights: no import, no XLA compile
