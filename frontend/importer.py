@@ -211,8 +211,9 @@ def import_torch(
     if not isinstance(f, ExportedProgram):
         _pin_eager_copies(exported)
     eager_storage = _eager_output_storage(exported)
-    try:
-        exported = decompose(exported, _decomposition_table())
+    try:  # a training step is captured decomposed and functional (frontend/training.py)
+        if not getattr(exported, "hloalias_decomposed", False):
+            exported = decompose(exported, _decomposition_table())
     except Exception as error:  # torch raises many types here
         raise TorchImportError(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"

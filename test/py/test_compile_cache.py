@@ -676,3 +676,45 @@ def test_a_fresh_process_compiling_a_known_program_imports_nothing(cache_dir: st
 
     assert child(0, hit=False) == [0, 2, 0, 2]  # both imported, lowered, compiled and stored
     assert child(1, hit=True) == [2, 0, 0, 0]  # other weights: no import, no XLA compile
+
+
+# -- a training step is traced once ----------------------------------------------
+
+
+def test_a_training_step_is_traced_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_fx's one trace (functionalized, decomposed) is the program the
+    importer lowers: neither torch.export nor a decomposition retrace runs."""
+    import copy
+
+    import hloalias.frontend.importer as importer
+    from hloalias.frontend import torch_internals
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a second trace of the training step")
+
+    monkeypatch.setattr(torch.export, "export", refuse)
+    monkeypatch.setattr(importer, "decompose", refuse)
+    monkeypatch.setattr(torch_internals, "decompose", refuse)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    x, y = torch.randn(6, 8), torch.randn(6, 4)
+
+    def step_of(net: torch.nn.Module, opt: torch.optim.Optimizer):  # type: ignore[no-untyped-def]
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(net(x), y) * torch.tensor(0.5)  # a lifted constant too
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+
+    compiled = hloalias.compile_training_step(step_of(model, optimizer), model, optimizer, (x, y))
+    eager = step_of(reference, reference_optimizer)
+    for _ in range(3):
+        assert torch.allclose(compiled(x, y), eager(x, y), atol=1e-6)
+    compiled.write_back()
+    for ours, theirs in zip(model.state_dict().values(), reference.state_dict().values()):
+        assert torch.allclose(ours, theirs, atol=1e-6)
