@@ -310,7 +310,7 @@ class _Printer:
         self.keep.append(cls)
         name = f"{cls.__module__}.{cls.__qualname__}"
         bases = tuple(self.cls(base, f"a base of {name}") for base in cls.__bases__)
-        members = []
+        members: list[Any] = []
         for member, value in sorted(cls.__dict__.items()):
             if member in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__",
                           "__annotations__", "__parameters__", "__orig_bases__", "__static_attributes__",
