@@ -433,13 +433,13 @@ def ratio_child(kind: str) -> dict[str, Any]:
             optimizer.zero_grad()
             return loss
 
-        for name, run in (("forward_s", lambda: hloalias.compile(model, (x,))),
-                          ("training_step_s", lambda: hloalias.compile_training_step(step, model, optimizer, (x, y)))):
+        for name, run in (("forward", lambda: hloalias.compile(model, (x,))),
+                          ("training_step", lambda: hloalias.compile_training_step(step, model, optimizer, (x, y)))):
             timer.seconds = {}
             start = time.perf_counter()
             run()
-            result[name] = time.perf_counter() - start
-            result[name.replace("_s", "_stages")] = dict(timer.seconds)
+            result[f"{name}_s"] = time.perf_counter() - start
+            result[f"{name}_stages"] = dict(timer.seconds)
     elif kind == "seed":  # warm seed compiles against jax.jit of the same program
         import jax
 
@@ -550,7 +550,9 @@ def main() -> None:
         print("LATENCY " + json.dumps(ratio_child(options.ratio_child)), flush=True)
         return
     if options.ratios_only:
-        print("\n".join(ratio_lines(ratios())))
+        data = ratios()
+        print("RATIOS " + json.dumps(data), flush=True)
+        print("\n".join(ratio_lines(data)))
         return
     if options.child:
         import warnings

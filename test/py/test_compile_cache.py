@@ -300,7 +300,7 @@ def test_same_module_same_inputs_reuses_the_import(cache_dir: str, monkeypatch: 
     hloalias.compile(module, (x,))
     again = hloalias.compile(module, (torch.randn(8),))
     assert export_cache.export_cache_stats()["hits"] == 1
-    assert torch.allclose(again(x), module(x))
+    assert torch.allclose(again(x), module(x)) and torch.allclose(first(x), module(x))
 
 
 def test_changed_module_or_inputs_are_imported_again(cache_dir: str) -> None:
@@ -718,3 +718,23 @@ def test_a_training_step_is_traced_once(monkeypatch: pytest.MonkeyPatch) -> None
     compiled.write_back()
     for ours, theirs in zip(model.state_dict().values(), reference.state_dict().values()):
         assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_an_entry_made_for_other_device_state_is_not_used(cache_dir: str) -> None:
+    """The pipeline depends on state already on the device (its layout and
+    dtype are fixed for a new program): an entry made before that state
+    existed is not used, the program is imported again, and the result is
+    right."""
+    stats = program_cache.program_cache_stats()
+    module = _block_class()()
+    x = torch.randn(2, 8)
+    first = hloalias.compile(module, (x,))  # stored; while it lives the module's state is on the device
+    stale = stats.stale
+    exe = hloalias.compile(module, (x,))
+    assert stats.stale == stale + 1
+    assert "entry found but not usable" in exe.explain()
+    assert torch.allclose(exe(x), module(x))
+    hits = stats.hits
+    again = hloalias.compile(module, (x,))  # stored for this state: now a hit
+    assert stats.hits == hits + 1
+    assert torch.allclose(again(x), module(x)) and torch.allclose(first(x), module(x))
