@@ -58,6 +58,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+import sysconfig
 import types
 from typing import Any
 
@@ -93,6 +94,38 @@ def _library_of(module_name: str | None) -> str | None:
     if top in _LIBRARIES or top in sys.stdlib_module_names:
         return top
     return None
+
+
+def _library_definition(value: Any) -> str | None:
+    """The library that defines the class or function ``value`` (see
+    ``_LIBRARIES``), or None.  Only a definition its module holds under its
+    qualified name counts: a class or function made by ``exec`` without a
+    ``__name__`` says it is from ``builtins``, and a local one from a
+    library's function is made at run time; both are keyed by their code."""
+    library = _library_of(getattr(value, "__module__", None))
+    if library is None:
+        return None
+    if isinstance(value, types.FunctionType):  # decorated library functions too: by their file
+        return library if _in_library_files(value.__code__.co_filename, library) else None
+    qualname = getattr(value, "__qualname__", "")
+    if "<locals>" in qualname:
+        return None
+    found: Any = sys.modules.get(value.__module__)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return library if found is value else None
+
+
+def _in_library_files(path: str, library: str) -> bool:
+    if library in sys.stdlib_module_names or library == "builtins":
+        root = sysconfig.get_paths()["stdlib"]
+    else:
+        module = sys.modules.get(library)
+        location = getattr(module, "__file__", None)
+        if not location:
+            return False
+        root = os.path.dirname(os.path.abspath(location))
+    return os.path.abspath(path).startswith(root + os.sep)
 
 
 @functools.cache
@@ -264,7 +297,7 @@ class _Printer:
         return ("builtin", module, name, _distribution_version(library))
 
     def function(self, fn: types.FunctionType, where: str, calls: int) -> Any:
-        library = _library_of(fn.__module__)
+        library = _library_definition(fn)
         if library is not None:
             return ("function", fn.__module__, fn.__qualname__, _distribution_version(library))
         if calls > _MAX_CALL_DEPTH:
@@ -300,7 +333,7 @@ class _Printer:
         return tuple(parts)
 
     def cls(self, cls: type, where: str) -> Any:
-        library = _library_of(cls.__module__)
+        library = _library_definition(cls)
         if library is not None:
             return ("class", cls.__module__, cls.__qualname__, _distribution_version(library))
         ident = id(cls)
