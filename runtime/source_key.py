@@ -347,7 +347,10 @@ class _Printer:
         for member, value in sorted(cls.__dict__.items()):
             if member in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__",
                           "__annotations__", "__parameters__", "__orig_bases__", "__static_attributes__",
-                          "__firstlineno__", "_is_protocol", "__abstractmethods__", "_abc_impl"):
+                          "__firstlineno__", "_is_protocol", "__abstractmethods__", "_abc_impl",
+                          # a dataclass's field descriptions: its generated methods
+                          # (above, by code) and its instances' values say the rest
+                          "__dataclass_fields__", "__dataclass_params__"):
                 continue
             what = f"{name}.{member}"
             if isinstance(value, (staticmethod, classmethod)):

@@ -759,3 +759,25 @@ def test_classes_made_by_exec_are_keyed_by_their_code(cache_dir: str) -> None:
     assert torch.equal(first(x), x * 2.0)
     doubled, shifted = second(x)
     assert torch.equal(doubled, x * 2.0) and torch.equal(shifted, x + 1)
+
+
+def test_a_dataclass_config_is_keyed_by_its_values() -> None:
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        width: int = 8
+        scale: float = 2.0
+
+    class Configured(torch.nn.Module):
+        def __init__(self, config: Config) -> None:
+            super().__init__()
+            self.config = config
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.config.scale
+
+    x = torch.randn(8)
+    key = _key(Configured(Config()), x)
+    assert _key(Configured(Config()), x) == key
+    assert _key(Configured(Config(scale=3.0)), x) != key
