@@ -241,8 +241,9 @@ def _import_torch(
         _explicit_copy_conversions(exported)
     eager_storage = _eager_output_storage(exported)
     mark = observe.start("decompositions")
-    try:
-        exported = decompose(exported, _decomposition_table())
+    try:  # a training step is captured decomposed and functional (frontend/training.py)
+        if not getattr(exported, "hloalias_decomposed", False):
+            exported = decompose(exported, _decomposition_table())
     except Exception as error:  # torch raises many types here
         # AOT autograd wraps the graph to replay an in-place write (or a
         # metadata change) through inputs that share memory; export has no

@@ -28,9 +28,11 @@ reparametrized by traced leaves and the optimizer pointed at them; autograd
 runs during tracing, so ``backward()`` and ``optimizer.step()`` become plain
 aten ops of one graph.  The optimizer is traced with ``capturable=True``
 (its step counters stay tensors: no ``.item()``), and the learning rate is a
-traced 0-d float32 tensor.  That graph, called on the state held as buffers
-and copied back into them, is exported with ``torch.export`` (which
-functionalizes it) for :func:`hloalias.frontend.importer.import_torch`.
+traced 0-d float32 tensor.  The one trace also functionalizes (torch's
+``FunctionalTensorMode``) and applies the importer's decompositions, so its
+graph becomes the ``ExportedProgram`` (state slots as mutated buffers) that
+:func:`hloalias.frontend.importer.import_torch` lowers without a second
+``torch.export`` or a decomposition retrace.
 
 Fake-mode tracing makes every host read of a traced value (``.item()``,
 ``if loss > 0``, ``print(loss)``) an error; it is reported as
@@ -41,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import operator
 import os
 import re
 import traceback
@@ -52,12 +55,14 @@ import torch.compiler
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch._subclasses.functional_tensor import FunctionalTensorMode, dispatch_functionalize
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.utils.stateless import _reparametrize_module
 
 from hloalias.errors import TorchImportError
 from hloalias.frontend.tracing_lock import TRACING_LOCK
 from hloalias.frontend.backward_decompositions import capture_decompositions
+from hloalias.frontend.importer import _decomposition_table
 
 
 class TrainingCaptureError(TorchImportError):
@@ -241,8 +246,8 @@ def _capture(
     with _tracing_flag(), sdpa_kernel(SDPBackend.MATH):
         try:
             graph_module = make_fx(
-                functional,
-                decomposition_table=capture_decompositions(),
+                dispatch_functionalize(functional, FunctionalTensorMode()),
+                decomposition_table={**_decomposition_table(), **capture_decompositions()},
                 tracing_mode="fake",
                 record_stack_traces=True,
             )(
@@ -256,14 +261,12 @@ def _capture(
     _scalar_alphas_to_tensors(graph_module)
     _views_to_reshapes(graph_module)
 
-    step_module = _StepModule.named(
-        graph_module, slots, initial, lr_count, _input_names(step_fn, batch_leaves, batch_spec, lr_count)
-    )
     example_inputs = (*lr_examples, *batch_leaves)
-    try:
-        exported = torch.export.export(step_module, example_inputs, strict=False)
+    input_names = _input_names(step_fn, batch_leaves, batch_spec, lr_count)
+    try:  # the captured graph as it is: no second trace by torch.export
+        exported = _exported_from_graph(graph_module, slots, initial, example_inputs, input_names)
     except Exception as error:
-        raise TrainingCaptureError(f"torch.export of the captured step failed: {error}") from None
+        raise TrainingCaptureError(f"the captured step is not a valid exported program: {error}") from None
     hyperparameters = tuple(_hyperparameters(g) for g in optimizer.param_groups)
     return CapturedTrainingStep(
         exported, tuple(slots), lr_count, batch_spec, hyperparameters, tuple(opt_params)
@@ -300,63 +303,6 @@ def _input_names(step_fn: Callable[..., Any], batch_leaves: list[Any], batch_spe
         batch_names.append(unique("_".join([base, *rest])))
     lr_names = [unique("lr" if lr_count == 1 else f"lr_{index}") for index in range(lr_count)]
     return [*lr_names, *batch_names]
-
-
-class _StepModule(torch.nn.Module):
-    """The captured graph over state held as buffers, copied back in place
-    (what ``torch.export`` records as buffer mutations)."""
-
-    def __init__(
-        self,
-        graph_module: torch.fx.GraphModule,
-        slots: list[StateSlot],
-        initial: dict[str, torch.Tensor],
-        lr_count: int,
-    ) -> None:
-        super().__init__()
-        self._lr_count = lr_count
-        self.step_graph = graph_module
-        self._slot_names = [s.name for s in slots]
-        for name in self._slot_names:
-            owner = self
-            *path, leaf = name.split(".")
-            for part in path:
-                if part not in owner._modules:
-                    owner.add_module(part, torch.nn.Module())
-                owner = owner._modules[part]  # type: ignore[assignment]
-            owner.register_buffer(leaf, initial[name].clone())
-
-    @classmethod
-    def named(
-        cls,
-        graph_module: torch.fx.GraphModule,
-        slots: list[StateSlot],
-        initial: dict[str, torch.Tensor],
-        lr_count: int,
-        input_names: list[str],
-    ) -> "_StepModule":
-        """A step module whose ``forward`` has one positional parameter per
-        input, named ``input_names``: ``torch.export`` names the program's
-        inputs after them (``*inputs`` would give ``inputs_0``, ...)."""
-        subclass = type("TrainingStep", (cls,), {})
-        forward = lambda self, *inputs: cls.forward(self, *inputs)  # noqa: E731
-        forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in ["self", *input_names]]
-        )
-        subclass.forward = forward  # type: ignore[attr-defined]
-        module: _StepModule = subclass(graph_module, slots, initial, lr_count)
-        return module
-
-    def _state(self) -> list[torch.Tensor]:
-        return [self.get_buffer(name) for name in self._slot_names]
-
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        state = self._state()
-        lrs, batch = list(inputs[:self._lr_count]), list(inputs[self._lr_count:])
-        new_values, loss = self.step_graph(state, lrs, batch)
-        for buffer, value in zip(state, new_values):
-            buffer.copy_(value)
-        return loss  # type: ignore[no-any-return]
 
 
 def _describe_trace_failure(error: BaseException) -> str:
@@ -639,3 +585,112 @@ def _views_to_reshapes(graph_module: torch.fx.GraphModule) -> None:
             node.target = torch.ops.aten.reshape.default
     graph.lint()
     graph_module.recompile()
+
+
+def _exported_from_graph(
+    graph_module: torch.fx.GraphModule,
+    slots: list[StateSlot],
+    initial: dict[str, torch.Tensor],
+    example_inputs: tuple[torch.Tensor, ...],
+    input_names: list[str],
+) -> ExportedProgram:
+    """The ``make_fx`` graph of ``functional(flat_state, lrs, batch)`` as an
+    ``ExportedProgram`` whose buffers are the state slots (each mutated to
+    its new value) and whose user inputs are the learning rates and the
+    batch, with each state slot's value written back to it: what
+    ``torch.export`` of a module holding the state as buffers would give,
+    without tracing the graph again.  make_fx's placeholders come in that order already
+    (state, learning rates, batch); the output ``([new values], loss)`` is
+    flattened to ``(*new values, loss)``."""
+    graph = graph_module.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    if len(placeholders) != len(slots) + len(example_inputs):
+        raise TrainingCaptureError(
+            f"the captured step has {len(placeholders)} inputs, expected {len(slots) + len(example_inputs)}"
+        )
+    # The step's inputs named as the user knows them (``lr``, then
+    # ``step_fn``'s parameters: :func:`_input_names`), which errors and
+    # reports show.
+    for node, name in zip(placeholders[len(slots):], input_names):
+        node._rename(name)
+    constants = _lift_tensor_constants(graph_module, placeholders[len(slots)])
+    graph.eliminate_dead_code()
+    for node in graph.nodes:  # make_fx leaves the unused results of multi-output ops without a value
+        if "val" not in node.meta and node.target is operator.getitem:
+            node.meta["val"] = node.args[0].meta["val"][node.args[1]]
+    output = next(node for node in graph.nodes if node.op == "output")
+    flat_outputs = pytree.tree_leaves(output.args[0])
+    if len(flat_outputs) != len(slots) + 1 or not all(isinstance(n, torch.fx.Node) for n in flat_outputs):
+        raise TrainingCaptureError(f"the captured step returns {output.args[0]!r}, expected the new state and the loss")
+    *new_values, loss = flat_outputs
+    output.args = (tuple(flat_outputs),)
+    graph_module._out_spec = None  # the flat outputs are the program's: no make_fx output tree
+    graph.lint()
+    graph_module.recompile()
+    from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
+    from torch.export.graph_signature import (
+        ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument,
+    )
+
+    input_specs = [
+        InputSpec(InputKind.BUFFER, TensorArgument(node.name), slot.name, persistent=True)
+        for node, slot in zip(placeholders, slots)
+    ] + [
+        InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name), name)
+        for name, (node, _) in constants.items()
+    ] + [
+        InputSpec(InputKind.USER_INPUT, TensorArgument(node.name), None)
+        for node in placeholders[len(slots):]
+    ]
+    output_specs = [
+        OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(node.name), slot.name)
+        for node, slot in zip(new_values, slots)
+    ] + [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(loss.name), None)]
+    in_spec = pytree.tree_flatten((example_inputs, {}))[1]
+    out_spec = pytree.tree_flatten(loss.meta["val"])[1]
+    call = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec)
+    exported = ExportedProgram(
+        root=graph_module,
+        graph=graph,
+        graph_signature=ExportGraphSignature(input_specs, output_specs),
+        state_dict={slot.name: initial[slot.name].clone() for slot in slots},
+        range_constraints={},
+        module_call_graph=[ModuleCallEntry("", call)],
+        example_inputs=(example_inputs, {}),
+        constants={name: tensor for name, (_, tensor) in constants.items()},
+    )
+    # Traced functional and with the importer's decompositions applied:
+    # import_torch skips its decomposition retrace.
+    exported.hloalias_decomposed = True  # type: ignore[attr-defined]
+    return exported
+
+
+def _lift_tensor_constants(
+    graph_module: torch.fx.GraphModule, first_user_input: torch.fx.Node
+) -> dict[str, tuple[torch.fx.Node, torch.Tensor]]:
+    """Replace each ``get_attr`` of a tensor (a constant the step created,
+    e.g. ``torch.tensor(0.5)``) by a placeholder before the user inputs, as
+    ``torch.export`` lifts them; returns name -> (placeholder, tensor)."""
+    graph = graph_module.graph
+    fake_mode = next(
+        (n.meta["val"].fake_mode for n in graph.nodes
+         if n.op == "placeholder" and hasattr(n.meta.get("val"), "fake_mode")),
+        None,
+    )
+    lifted: dict[str, tuple[torch.fx.Node, torch.Tensor]] = {}
+    for node in list(graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = getattr(graph_module, str(node.target), None)
+        if not isinstance(value, torch.Tensor):
+            continue
+        with graph.inserting_before(first_user_input):
+            placeholder = graph.placeholder(f"c_{node.target}")
+        placeholder.meta = dict(node.meta)
+        if "val" not in placeholder.meta and fake_mode is not None:
+            placeholder.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
+        node.replace_all_uses_with(placeholder)
+        graph.erase_node(node)
+        delattr(graph_module, str(node.target))
+        lifted[str(node.target)] = (placeholder, value)
+    return lifted

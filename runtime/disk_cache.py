@@ -1,27 +1,44 @@
-"""Persistent compilation cache: XLA executables on disk, shared by processes.
+"""Persistent compilation cache: XLA executables (and, through
+:mod:`hloalias.runtime.program_cache`, compiled programs) on disk, shared by
+one user's processes.
 
 On by default.  Settings (read at each lookup, so tests and tools may
 change them at run time):
 
 - ``HLOALIAS_CACHE_DIR``: the directory (default
   ``$XDG_CACHE_HOME/hloalias/xla`` or ``~/.cache/hloalias/xla``), created
-  with mode 0700: a cache entry is loaded code, so the directory must be
-  writable by its owner only.
+  with mode 0700.
 - ``HLOALIAS_CACHE_MAX_BYTES``: size bound (default 2 GiB).  After each
   write the least recently used entries (file modification time, refreshed
   on every hit) are deleted until the directory is within the bound.
 - ``HLOALIAS_CACHE=0`` (or ``off``/``false``/``no``): disabled; every
   compile goes to XLA and nothing is read or written.
 
+Trust.  An entry is code this process will run, so it is used only when
+nobody but the user could have written it, as ssh and pip decide:
+
+- the directory must be a directory owned by the effective user and not
+  writable by group or others; otherwise the process warns once per
+  directory (:class:`CacheWarning`) and compiles without the cache (nothing
+  read, nothing written);
+- an entry must be a regular file (not a symbolic link) owned by the user
+  and not writable by group or others; otherwise it is rejected;
+- an entry carries HMAC-SHA256 under a per-user secret key: 32 random bytes
+  in ``$XDG_CACHE_HOME/hloalias/cache-key`` (or ``~/.cache/hloalias/cache-key``;
+  ``HLOALIAS_CACHE_KEY_FILE`` overrides), created with mode 0600 beside,
+  not inside, the default cache directory, and held to the same ownership
+  rules.  An entry whose MAC does not verify (planted, copied from another
+  user, corrupted, written under another key) is rejected.  Without a
+  usable key file the cache is off (warned once).
+
 Key: SHA-256 over the module text XLA receives (hloalias's final module,
 so aliasing and donation are part of it), the serialized compile options,
 the jax/jaxlib versions, the PJRT client's platform, platform version and
 runtime type, the device kind and the number of devices.  An entry is
-``MAGIC | key | SHA-256(payload) | payload`` where the payload is PJRT's
-executable serialization (``LoadedExecutable.serialize()``); a lookup
-checks the magic, that the stored key is the requested one and the
-checksum before it hands the bytes to ``deserialize_executable``.  A
-missing entry is a miss; an entry that fails any check or does not
+``MAGIC | key | HMAC(secret, MAGIC | kind | key | payload) | payload``
+where the payload is PJRT's executable serialization
+(``LoadedExecutable.serialize()``) and ``kind`` the entry's file suffix.
+A missing entry is a miss; an entry that fails any check or does not
 deserialize is reported with a :class:`CacheWarning`, removed, and the
 program is compiled again.  Writes go to a temporary file in the same
 directory and are renamed into place, so concurrent processes see either
@@ -31,7 +48,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import os
+import stat
 import tempfile
 import threading
 import warnings
@@ -43,9 +62,12 @@ import jaxlib.version
 
 from hloalias import config
 
-MAGIC = b"HLOALIAS-XLA-EXECUTABLE-1\n"
+MAGIC = b"HLOALIAS-XLA-EXECUTABLE-2\n"
 DEFAULT_MAX_BYTES = 2 * 1024**3
-_SUFFIX = ".xla"
+XLA_SUFFIX = ".xla"
+_SUFFIXES = (XLA_SUFFIX, ".program")  # every kind of entry the bound counts
+_KEY_BYTES = 32
+_HEADER = len(MAGIC) + 64 + 32  # magic, hex key, HMAC-SHA256
 
 
 class CacheWarning(UserWarning):
@@ -59,12 +81,14 @@ class DiskCacheStats:
     hits: int = 0
     misses: int = 0
     writes: int = 0
-    rejected: int = 0  # corrupt, foreign or undeserializable entries
+    rejected: int = 0  # corrupt, foreign, unauthenticated or undeserializable entries
+    untrusted: int = 0  # lookups made without the cache: directory or key not trusted
     xla_compiles: int = 0  # calls into XLA's compiler (cache or not)
 
 
 _STATS = DiskCacheStats()
 _LOCK = threading.Lock()
+_WARNED: set[str] = set()  # untrusted directories and key files already warned about
 
 
 def disk_cache_stats() -> DiskCacheStats:
@@ -78,13 +102,25 @@ def enabled() -> bool:
     return config.flag("HLOALIAS_CACHE")
 
 
+def _user_cache_base() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hloalias")
+
+
 def cache_dir() -> str:
     """The cache directory (see the module docstring); not created here."""
     explicit = config.text("HLOALIAS_CACHE_DIR")
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "hloalias", "xla")
+    return os.path.join(_user_cache_base(), "xla")
+
+
+def key_file() -> str:
+    """The per-user secret key's path (see the module docstring)."""
+    explicit = os.environ.get("HLOALIAS_CACHE_KEY_FILE")
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    return os.path.join(_user_cache_base(), "cache-key")
 
 
 def max_bytes() -> int:
@@ -92,6 +128,124 @@ def max_bytes() -> int:
     return max(0, config.integer("HLOALIAS_CACHE_MAX_BYTES") or 0)
 
 
+# -- trust ------------------------------------------------------------------
+def _expected_owner() -> int:
+    """The uid every cache file must belong to (the effective user)."""
+    return os.geteuid()
+
+
+def _untrusted_why(info: os.stat_result, what: str) -> str | None:
+    """Why a file or directory with ``info`` cannot be trusted, or None."""
+    if info.st_uid != _expected_owner():
+        return f"{what} is owned by uid {info.st_uid}, not by this user (uid {_expected_owner()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _warn_once(subject: str, why: str) -> None:
+    with _LOCK:
+        _STATS.untrusted += 1
+        if subject in _WARNED:
+            return
+        _WARNED.add(subject)
+    warnings.warn(f"hloalias disk cache: not using {subject}: {why}; compiling without the cache",
+                  CacheWarning, stacklevel=4)
+
+
+def _trusted_directory(directory: str, create: bool) -> bool:
+    """True when ``directory`` exists (created 0700 when ``create``) and is
+    a directory the user owns that nobody else may write; warns once when
+    it is not."""
+    try:
+        if create:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        _warn_once(directory, f"cannot create or read it ({error})")
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        _warn_once(directory, "it is not a directory (or is a symbolic link)")
+        return False
+    why = _untrusted_why(info, "the directory")
+    if why is not None:
+        _warn_once(directory, why)
+        return False
+    return True
+
+
+def _secret() -> bytes | None:
+    """The per-user MAC key, created on first use; None (warned once) when
+    the key file or its directory cannot be trusted."""
+    path = key_file()
+    if not _trusted_directory(os.path.dirname(path), create=True):
+        return None
+    try:
+        return _read_secret(path)
+    except FileNotFoundError:
+        pass
+    except _Untrusted as error:
+        _warn_once(path, str(error))
+        return None
+    secret = os.urandom(_KEY_BYTES)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=".tmp-key-", dir=os.path.dirname(path))  # 0600
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(secret)
+            os.link(temporary, path)  # atomic and exclusive: a concurrent creator's key wins
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(temporary)
+        return _read_secret(path)
+    except (OSError, _Untrusted) as error:
+        _warn_once(path, f"cannot create or read the key ({error})")
+        return None
+
+
+class _Untrusted(Exception):
+    pass
+
+
+def _read_trusted(path: str, what: str) -> bytes:
+    """The bytes of ``path``, a regular file (no symbolic link) the user
+    owns that nobody else may write; _Untrusted otherwise."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise _Untrusted(f"{what} is not a regular file")
+        why = _untrusted_why(info, what)
+        if why is not None:
+            raise _Untrusted(why)
+        return handle.read()
+
+
+def _read_secret(path: str) -> bytes:
+    try:
+        secret = _read_trusted(path, "the key file")
+    except OSError as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise _Untrusted(f"cannot read the key file ({error})") from None
+    info = os.stat(path)
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        raise _Untrusted(f"the key file is readable by group or others (mode {stat.S_IMODE(info.st_mode):o})")
+    if len(secret) != _KEY_BYTES:
+        raise _Untrusted(f"the key file holds {len(secret)} bytes, not {_KEY_BYTES}")
+    return secret
+
+
+def _mac(secret: bytes, suffix: str, key: str, payload: bytes) -> bytes:
+    digest = hmac.new(secret, MAGIC + suffix.encode() + b"\0" + key.encode() + b"\0", hashlib.sha256)
+    digest.update(payload)
+    return digest.digest()
+
+
+# -- entries ----------------------------------------------------------------
 def cache_key(module_text: str, options: Any, device: Any, device_count: int = 1) -> str:
     """The entry key of ``module_text`` compiled with ``options`` for
     ``device`` (the first of ``device_count``; the options hold an SPMD
@@ -110,8 +264,38 @@ def cache_key(module_text: str, options: Any, device: Any, device_count: int = 1
     return digest.hexdigest()
 
 
-def _entry_path(directory: str, key: str) -> str:
-    return os.path.join(directory, key + _SUFFIX)
+def _entry_path(directory: str, key: str, suffix: str = XLA_SUFFIX) -> str:
+    return os.path.join(directory, key + suffix)
+
+
+def read_entry(key: str, suffix: str) -> bytes | None:
+    """The authenticated payload stored under ``key`` (64 hex digits) with
+    file suffix ``suffix``, or None: cache disabled, directory or key not
+    trusted (warned once), no entry, or an entry rejected (warned, removed).
+    Counts nothing but rejections; the caller counts hits and misses."""
+    if not enabled():
+        return None
+    directory = cache_dir()
+    if not _trusted_directory(directory, create=False):
+        return None
+    secret = _secret()
+    if secret is None:
+        return None
+    return _read(_entry_path(directory, key, suffix), key, suffix, secret)
+
+
+def write_entry(key: str, suffix: str, payload: bytes) -> bool:
+    """Store ``payload`` under ``key`` (see :func:`read_entry`), then keep
+    the directory within the size bound; False when nothing was written."""
+    if not enabled():
+        return False
+    directory = cache_dir()
+    if not _trusted_directory(directory, create=True):
+        return False
+    secret = _secret()
+    if secret is None:
+        return False
+    return _write(directory, _entry_path(directory, key, suffix), key, suffix, payload, secret)
 
 
 def load_or_compile(
@@ -123,22 +307,32 @@ def load_or_compile(
     device_count: int = 1,
 ) -> Any:
     """The loaded executable for ``module_text``: from the disk cache when an
-    intact entry exists, else ``compile_fn()`` (counted in ``xla_compiles``),
-    then written to the cache.  Cache trouble never fails the compile."""
+    authenticated entry exists, else ``compile_fn()`` (counted in
+    ``xla_compiles``), then written to the cache.  Cache trouble never fails
+    the compile."""
     if not enabled():
         return _count_compile(compile_fn)
-    directory = cache_dir()
     key = cache_key(module_text, options, device, device_count)
-    path = _entry_path(directory, key)
-    loaded = _read(path, key, deserialize_fn)
-    if loaded is not None:
-        with _LOCK:
-            _STATS.hits += 1
-        return loaded
+    payload = read_entry(key, XLA_SUFFIX)
+    if payload is not None:
+        try:
+            loaded = deserialize_fn(payload)
+        except Exception as error:  # PJRT raises XlaRuntimeError and others
+            _reject(_entry_path(cache_dir(), key), f"PJRT could not deserialize it ({error})")
+        else:
+            with _LOCK:
+                _STATS.hits += 1
+            return loaded
     with _LOCK:
         _STATS.misses += 1
     loaded = _count_compile(compile_fn)
-    _write(directory, path, key, loaded)
+    try:
+        serialized = bytes(loaded.serialize())
+    except Exception as error:
+        warnings.warn(f"hloalias disk cache: executable not serializable ({error}); not cached",
+                      CacheWarning, stacklevel=2)
+        return loaded
+    write_entry(key, XLA_SUFFIX, serialized)
     return loaded
 
 
@@ -154,56 +348,45 @@ def _reject(path: str, why: str) -> None:
     warnings.warn(f"hloalias disk cache: ignoring entry {path}: {why}; compiling again", CacheWarning,
                   stacklevel=4)
     try:
-        os.unlink(path)
+        os.unlink(path)  # the directory is the user's (checked): a rewrite replaces it
     except OSError:
         pass
 
 
-def _read(path: str, key: str, deserialize_fn: Callable[[bytes], Any]) -> Any:
+def _read(path: str, key: str, suffix: str, secret: bytes) -> bytes | None:
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = _read_trusted(path, "the entry")
     except FileNotFoundError:
+        return None
+    except _Untrusted as error:
+        _reject(path, str(error))
         return None
     except OSError as error:
         _reject(path, f"unreadable ({error})")
         return None
-    header = len(MAGIC) + 64 + 32
-    if len(data) < header or not data.startswith(MAGIC):
+    if len(data) < _HEADER or not data.startswith(MAGIC):
         _reject(path, "not an hloalias cache entry (bad header)")
         return None
     stored_key = data[len(MAGIC):len(MAGIC) + 64]
-    checksum = data[len(MAGIC) + 64:header]
-    payload = data[header:]
+    stored_mac = data[len(MAGIC) + 64:_HEADER]
+    payload = data[_HEADER:]
     if stored_key != key.encode():
         _reject(path, "entry was written for another key")
         return None
-    if hashlib.sha256(payload).digest() != checksum:
-        _reject(path, "checksum mismatch (truncated or corrupted)")
-        return None
-    try:
-        loaded = deserialize_fn(payload)
-    except Exception as error:  # PJRT raises XlaRuntimeError and others
-        _reject(path, f"PJRT could not deserialize it ({error})")
+    if not hmac.compare_digest(_mac(secret, suffix, key, payload), stored_mac):
+        _reject(path, "its MAC does not verify (corrupted, or not written by this user's hloalias)")
         return None
     try:
         os.utime(path)  # recently used: LRU order is modification time
     except OSError:
         pass
-    return loaded
+    return payload
 
 
-def _write(directory: str, path: str, key: str, loaded: Any) -> None:
+def _write(directory: str, path: str, key: str, suffix: str, payload: bytes, secret: bytes) -> bool:
+    data = MAGIC + key.encode() + _mac(secret, suffix, key, payload) + payload
     try:
-        payload = bytes(loaded.serialize())
-    except Exception as error:
-        warnings.warn(f"hloalias disk cache: executable not serializable ({error}); not cached",
-                      CacheWarning, stacklevel=3)
-        return
-    data = MAGIC + key.encode() + hashlib.sha256(payload).digest() + payload
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=_SUFFIX, dir=directory)
+        handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)  # 0600
         try:
             with os.fdopen(handle, "wb") as stream:
                 stream.write(data)
@@ -216,11 +399,12 @@ def _write(directory: str, path: str, key: str, loaded: Any) -> None:
             raise
     except OSError as error:
         warnings.warn(f"hloalias disk cache: cannot write {path} ({error}); not cached",
-                      CacheWarning, stacklevel=3)
-        return
+                      CacheWarning, stacklevel=4)
+        return False
     with _LOCK:
         _STATS.writes += 1
     evict(directory, max_bytes())
+    return True
 
 
 def evict(directory: str, limit: int) -> list[str]:
@@ -233,7 +417,7 @@ def evict(directory: str, limit: int) -> list[str]:
     except OSError:
         return []
     for name in names:
-        if not name.endswith(_SUFFIX) or name.startswith(".tmp-"):
+        if not name.endswith(_SUFFIXES) or name.startswith(".tmp-"):
             continue
         full = os.path.join(directory, name)
         try:

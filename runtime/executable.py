@@ -85,6 +85,7 @@ from hloalias.pipeline import (
     with_fixed_dtypes,
     with_fixed_layouts,
 )
+from hloalias.runtime import program_cache
 from hloalias.runtime.export_cache import import_cached
 from hloalias.runtime.stages import pass_lines, run_passes
 from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_shardings
@@ -256,24 +257,42 @@ def compile(  # noqa: A001 - the name users expect
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
     target = device_for(mesh.platform if mesh is not None else device)
-    with _refusing_training_steps():
-        program = import_cached(f, example_args, kwargs, lambda: import_torch(f, example_args, kwargs))
-    if _state_sources:
-        # A new dict: the import cache may share the program's.
-        program.state = {name: _state_sources.get(name, value) for name, value in program.state.items()}
-    placement = plan_shardings(program, mesh, shardings, target) if mesh is not None else Placement(target)
-    donated = _resolve_donations(program, requests)
-    _mark_donors(program, donated)
-    # State on a mesh is placed by this program's shardings: its own group.
-    group = _state_group(f if _state_owner is None else _state_owner) if not placement.spmd else _StateGroup()
-    pipeline_text = _pipeline_for(pipeline, program, group, target, placement.spmd)
-    observe.dump("stablehlo", lambda: print_module(program.torch_mlir_module))
-    runs = run_passes(program.torch_mlir_module, pipeline_text, run_pipeline)
-    # The contract of the module XLA gets, checked once: a violation is an
-    # IRError now, not a KeyError in some later call.
-    with program.torch_mlir_module.context:
-        verify(find_main(program.torch_mlir_module))
-    final_text = print_module(program.torch_mlir_module)
+    # A program compiled before (any process) comes from the disk cache
+    # before any import (runtime/program_cache.py); single-device programs
+    # of the caller's own state only (a training step's shares a model's).
+    options_key = (tuple((r.kind, r.target) for r in requests), pipeline, target.platform, target.id, target.device_kind)
+    use_program_cache = mesh is None and _state_owner is None
+    cached = program_cache.lookup(f, example_args, kwargs, options_key) if use_program_cache else None
+    owner = f if _state_owner is None else _state_owner
+    found = cached.found if cached is not None else None
+    if found is not None:  # usable when this process would run the same pipeline
+        found = program_cache.usable(found, _pipeline_for(pipeline, found.program, _state_group(owner), target, False))
+    if found is not None:
+        program, placement, group, final_text = found.program, Placement(target), _state_group(owner), found.final_text
+        pipeline_text = found.pipeline_text
+        pass_report: tuple[str, ...] = (f"passes: from the program cache ({pipeline_text})",)
+    else:
+        with _refusing_training_steps():
+            program = import_cached(f, example_args, kwargs, lambda: import_torch(f, example_args, kwargs))
+        if _state_sources:
+            # A new dict: the import cache may share the program's.
+            program.state = {name: _state_sources.get(name, value) for name, value in program.state.items()}
+        placement = plan_shardings(program, mesh, shardings, target) if mesh is not None else Placement(target)
+        donated = _resolve_donations(program, requests)
+        _mark_donors(program, donated)
+        # State on a mesh is placed by this program's shardings: its own group.
+        group = _state_group(owner) if not placement.spmd else _StateGroup()
+        pipeline_text = _pipeline_for(pipeline, program, group, target, placement.spmd)
+        observe.dump("stablehlo", lambda: print_module(program.torch_mlir_module))
+        runs = run_passes(program.torch_mlir_module, pipeline_text, run_pipeline)
+        pass_report = pass_lines(runs)
+        # The contract of the module XLA gets, checked once: a violation is an
+        # IRError now, not a KeyError in some later call.
+        with program.torch_mlir_module.context:
+            verify(find_main(program.torch_mlir_module))
+        final_text = print_module(program.torch_mlir_module)
+        if cached is not None and cached.key is not None:
+            program_cache.store(cached.key, f, program, pipeline_text, final_text)
     observe.dump("final", final_text)
     key = module_cache_key(final_text)
     cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices), excess_precision)
@@ -304,7 +323,8 @@ def compile(  # noqa: A001 - the name users expect
         state_group=group,
         placement=placement,
     )
-    exe._pass_lines = pass_lines(runs)
+    exe._pass_lines = pass_report
+    exe.program_cache = program_cache.status_line(cached, found)
     return exe
 
 
@@ -491,6 +511,8 @@ class Executable:
         self.cache_hit = cache_hit
         self.view_report = view_report
         self.alias_report = alias_report
+        #: How the program cache served this compile (runtime/program_cache.py).
+        self.program_cache = "program cache: not consulted"
         self._calls = 0
         self._read_final_module(program)
         self._convention = convention or _CallConvention(
@@ -765,6 +787,7 @@ class Executable:
         )
         lines.extend(self._host_copy_lines())
         lines.append(self._call_path_line())
+        lines.append(self.program_cache)
         lines.extend(self._placement.describe(self.memory_stats_per_device))
         return "\n".join(lines)
 

@@ -184,7 +184,9 @@ def compile_module(
         device_list = xla_client.DeviceList(targets)
         return disk_cache.load_or_compile(
             stripped, options, device,
-            lambda: device.client.compile_and_load(artifact, device_list, options),
+            lambda: device.client.compile_and_load(  # serialized only for XLA: a cache hit skips it
+                _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version()),
+                device_list, options),
             lambda payload: device.client.deserialize_executable(payload, device_list, options),
             device_count=len(targets),
         )

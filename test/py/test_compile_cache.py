@@ -5,6 +5,7 @@ through the caches' hooks, never timed."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ def cache_dir(tmp_path: "os.PathLike[str]", monkeypatch: pytest.MonkeyPatch) -> 
     """A private, empty disk cache; in-process caches emptied around the test."""
     directory = os.path.join(str(tmp_path), "xla-cache")
     monkeypatch.setenv("HLOALIAS_CACHE_DIR", directory)
+    monkeypatch.setenv("HLOALIAS_CACHE_KEY_FILE", os.path.join(str(tmp_path), "keys", "cache-key"))
     monkeypatch.delenv("HLOALIAS_CACHE", raising=False)
     monkeypatch.delenv("HLOALIAS_CACHE_MAX_BYTES", raising=False)
     hloalias.clear_cache()
@@ -63,7 +65,7 @@ _CHILD = textwrap.dedent(
 
 
 def _run_child(directory: str) -> list[int]:
-    env = dict(os.environ, HLOALIAS_CACHE_DIR=directory)
+    env = dict(os.environ, HLOALIAS_CACHE_DIR=directory)  # the key file: the fixture's
     env.pop("HLOALIAS_CACHE", None)
     done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -108,8 +110,10 @@ def test_corrupt_entry_warns_and_recompiles(cache_dir: str) -> None:
 def test_an_entry_for_another_key_is_never_loaded(cache_dir: str) -> None:
     x = torch.randn(64)
     hloalias.compile(_affine, (x,))
+    (own,) = _entries(cache_dir)
     hloalias.compile(lambda t: t - 3, (x,))
-    first, second = (os.path.join(cache_dir, n) for n in _entries(cache_dir))
+    first = os.path.join(cache_dir, own)
+    (second,) = (os.path.join(cache_dir, n) for n in _entries(cache_dir) if n != own)
     with open(second, "rb") as handle:
         foreign = handle.read()
     with open(first, "wb") as handle:  # another program's bytes under this key
@@ -158,6 +162,124 @@ def test_size_bound_evicts_least_recently_used(cache_dir: str, monkeypatch: pyte
     assert len(remaining) == 1 and oldest not in remaining
 
 
+# -- trust: ownership, permissions, the per-user MAC ---------------------------
+
+
+def _times_hundred(x: torch.Tensor) -> torch.Tensor:
+    return x * 100
+
+
+def _fresh() -> None:
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    getattr(disk_cache, "_WARNED", set()).clear()
+
+
+def test_a_directory_writable_by_others_is_not_used(cache_dir: str) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    (name,) = _entries(cache_dir)
+    os.chmod(cache_dir, 0o777)
+    _fresh()
+    compiles = disk_cache_stats().xla_compiles
+    with pytest.warns(CacheWarning, match="writable by group or others"):
+        exe = hloalias.compile(_affine, (x,))
+    assert disk_cache_stats().xla_compiles == compiles + 1  # the entry was not read
+    assert torch.equal(exe(x), x * 2 + 1)
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    import warnings as _warnings
+
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error", CacheWarning)  # warned once per directory
+        hloalias.compile(lambda t: t - 3, (x,))
+    assert _entries(cache_dir) == [name]  # nothing written there either
+    assert disk_cache_stats().xla_compiles == compiles + 2
+
+
+def test_a_directory_owned_by_another_user_is_not_used(cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    _fresh()
+    monkeypatch.setattr(disk_cache, "_expected_owner", lambda: os.geteuid() + 4242)
+    compiles = disk_cache_stats().xla_compiles
+    with pytest.warns(CacheWarning, match="owned by uid"):
+        exe = hloalias.compile(_affine, (x,))
+    assert disk_cache_stats().xla_compiles == compiles + 1
+    assert torch.equal(exe(x), x * 2 + 1)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_an_entry_owned_by_another_user_is_not_used(cache_dir: str) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    (name,) = _entries(cache_dir)
+    os.chown(os.path.join(cache_dir, name), 4242, 4242)
+    _fresh()
+    compiles = disk_cache_stats().xla_compiles
+    with pytest.warns(CacheWarning, match="owned by uid 4242"):
+        exe = hloalias.compile(_affine, (x,))
+    assert disk_cache_stats().xla_compiles == compiles + 1
+    assert torch.equal(exe(x), x * 2 + 1)
+    assert os.stat(os.path.join(cache_dir, name)).st_uid == os.geteuid()  # replaced by ours
+
+
+def test_an_entry_writable_by_others_is_not_used(cache_dir: str) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    (name,) = _entries(cache_dir)
+    os.chmod(os.path.join(cache_dir, name), 0o666)
+    _fresh()
+    with pytest.warns(CacheWarning, match="writable by group or others"):
+        exe = hloalias.compile(_affine, (x,))
+    assert torch.equal(exe(x), x * 2 + 1)
+
+
+def _plant(cache_dir: str, victim: str, donor_payload: bytes, mac: bytes) -> None:
+    with open(os.path.join(cache_dir, victim), "wb") as handle:
+        handle.write(disk_cache.MAGIC + victim[:64].encode() + mac + donor_payload)
+
+
+def test_a_planted_entry_is_never_run(cache_dir: str) -> None:
+    """Another program's executable under this program's key, with the
+    checksum recomputed (plain SHA-256, as the old format had) or with a MAC
+    under another user's secret: rejected, and the result is this program's."""
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    (victim,) = _entries(cache_dir)
+    hloalias.compile(_times_hundred, (x,))
+    (donor,) = [n for n in _entries(cache_dir) if n != victim]
+    with open(os.path.join(cache_dir, donor), "rb") as handle:
+        donor_payload = handle.read()[len(disk_cache.MAGIC) + 64 + 32:]
+    other_secret = os.urandom(32)
+    for forged_by in ("plain checksum", "another user's secret"):
+        if forged_by == "plain checksum":
+            mac = hashlib.sha256(donor_payload).digest()
+        else:
+            mac = disk_cache._mac(other_secret, disk_cache.XLA_SUFFIX, victim[:64], donor_payload)
+        _plant(cache_dir, victim, donor_payload, mac)
+        _fresh()
+        compiles = disk_cache_stats().xla_compiles
+        with pytest.warns(CacheWarning, match="MAC does not verify"):
+            exe = hloalias.compile(_affine, (x,))
+        assert disk_cache_stats().xla_compiles == compiles + 1
+        assert torch.equal(exe(x), x * 2 + 1)
+
+
+def test_a_key_file_others_can_read_turns_the_cache_off(cache_dir: str) -> None:
+    x = torch.randn(64)
+    hloalias.compile(_affine, (x,))
+    key = disk_cache.key_file()
+    assert os.stat(key).st_mode & 0o777 == 0o600
+    os.chmod(key, 0o644)
+    _fresh()
+    compiles = disk_cache_stats().xla_compiles
+    with pytest.warns(CacheWarning, match="readable by group or others"):
+        exe = hloalias.compile(_affine, (x,))
+    assert disk_cache_stats().xla_compiles == compiles + 1
+    assert torch.equal(exe(x), x * 2 + 1)
+
+
 # -- in-process import cache ---------------------------------------------------
 
 
@@ -171,7 +293,8 @@ class _Scaled(torch.nn.Module):
         return x * self.weight * self.factor
 
 
-def test_same_module_same_inputs_reuses_the_import(cache_dir: str) -> None:
+def test_same_module_same_inputs_reuses_the_import(cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")  # this is about the in-process import cache
     module = _Scaled()
     x = torch.randn(8)
     hloalias.compile(module, (x,))
@@ -284,8 +407,11 @@ class _ReadsMutableGlobal(torch.nn.Module):
         return x * GLOBAL_TABLE[0]
 
 
-def test_globals_read_by_forward_and_its_helpers_are_part_of_the_key(cache_dir: str) -> None:
+def test_globals_read_by_forward_and_its_helpers_are_part_of_the_key(
+    cache_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     global GLOBAL_SCALE, GLOBAL_SHIFT
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")  # this is about the in-process import cache
     module = _ReadsGlobals()
     x = torch.randn(8)
     try:
@@ -316,3 +442,342 @@ def test_a_mutable_global_makes_the_program_uncacheable(cache_dir: str) -> None:
         assert export_cache.export_cache_stats()["uncacheable"] == 2
     finally:
         GLOBAL_TABLE[0] = 1.0
+
+
+# -- the program cache: a compile keyed before import ----------------------------
+
+from hloalias.runtime import program_cache, source_key  # noqa: E402
+from hloalias.runtime.source_key import Uncacheable  # noqa: E402
+
+_MODULE_SOURCE = """
+import torch
+OFFSET = {offset}
+
+def helper(t):
+    return t {op} OFFSET
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return helper(self.linear(x) * self.scale)
+"""
+
+
+def _block_class(offset: float = 1.0, op: str = "+") -> type:
+    """``Block`` as if defined in a user's file: the same module and
+    qualified name whatever its code."""
+    namespace: dict[str, object] = {"__name__": "user_models"}
+    exec(compile(_MODULE_SOURCE.format(offset=offset, op=op), "user_models.py", "exec"), namespace)
+    return namespace["Block"]  # type: ignore[return-value]
+
+
+def _key(module: object, *args: object, options: object = (), **kwargs: object) -> str:
+    return source_key.source_key(module, args, kwargs, options)
+
+
+def test_the_source_key_changes_with_each_input() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    base = _block_class()()
+    key = _key(base, x)
+    # The same program built again (other weights, another class object): the same key.
+    assert _key(_block_class()(), torch.randn(2, 8)) == key
+
+    def changed(mutate) -> str:  # type: ignore[no-untyped-def]
+        module = _block_class()()
+        mutate(module)
+        return _key(module, x)
+
+    variants = {
+        "code of forward's helper": _key(_block_class(op="-")(), x),
+        "a global the code reads": _key(_block_class(offset=3.0)(), x),
+        "a configuration value": changed(lambda m: setattr(m, "scale", 3.0)),
+        "a dtype": changed(lambda m: m.to(torch.float64)),
+        "a parameter's shape": changed(lambda m: setattr(m, "linear", torch.nn.Linear(8, 8, bias=False))),
+        "requires_grad": changed(lambda m: m.linear.weight.requires_grad_(False)),
+        "training mode": changed(lambda m: m.train(False)),
+        "a submodule's class": changed(lambda m: setattr(m, "linear", torch.nn.Identity())),
+        "an instance-level forward": changed(lambda m: setattr(m, "forward", lambda t: t)),
+        "an input shape": _key(base, torch.randn(3, 8)),
+        "an input dtype": _key(base, x.double()),
+        "an input's strides": _key(base, torch.randn(8, 2).t()),
+        "an input's requires_grad": _key(base, x.clone().requires_grad_()),
+        "an option": _key(base, x, options=(("argnum", 0),)),
+        "a static input": _key(base, x, flag=True),
+    }
+    with torch.no_grad():
+        variants["grad mode"] = _key(base, x)
+    for what, other in variants.items():
+        assert other != key, what
+    assert len(set(variants.values())) == len(variants)
+
+
+def test_the_source_key_sees_tied_weights_and_closures() -> None:
+    class Tied(torch.nn.Module):
+        def __init__(self, tie: bool) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 4)
+            if tie:
+                self.b.weight = self.a.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    x = torch.randn(2, 4)
+    assert _key(Tied(False), x) != _key(Tied(True), x)
+
+    def make(offset: float):  # type: ignore[no-untyped-def]
+        def shifted(t: torch.Tensor) -> torch.Tensor:
+            return t + offset
+        return shifted
+
+    assert _key(make(1.0), x) == _key(make(1.0), x)
+    assert _key(make(1.0), x) != _key(make(2.0), x)
+
+
+def _tiny_llama(**overrides: object) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    settings: dict[str, object] = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    settings.update(overrides)
+    return LlamaForCausalLM(LlamaConfig(**settings)).eval()
+
+
+def test_the_source_key_of_a_transformers_model_holds_its_config() -> None:
+    ids = torch.randint(0, 64, (1, 8))
+    key = _key(_tiny_llama(), ids, use_cache=False)
+    assert _key(_tiny_llama(), ids, use_cache=False) == key  # another instance, other random weights
+    for what, other in {
+        "rms_norm_eps": _tiny_llama(rms_norm_eps=1e-3),
+        "hidden_act": _tiny_llama(hidden_act="gelu"),
+        "attention implementation": _tiny_llama(attn_implementation="eager"),
+        "a dtype": _tiny_llama().to(torch.bfloat16),
+    }.items():
+        assert _key(other, ids, use_cache=False) != key, what
+    assert _key(_tiny_llama(), ids, use_cache=True) != key  # a static input
+
+
+class _Locked(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.lock = threading.Lock()  # no printable state: no key
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def test_what_cannot_be_keyed_takes_the_full_path_and_says_why(cache_dir: str) -> None:
+    x = torch.randn(4)
+    with pytest.raises(Uncacheable, match="lock"):
+        _key(_Locked(), x)
+    hooked = _block_class()()
+    hooked.linear.register_forward_hook(lambda module, inputs, output: output * 2)
+    with pytest.raises(Uncacheable, match="forward hooks"):
+        _key(hooked, torch.randn(2, 8))
+    stats = program_cache.program_cache_stats()
+    before = stats.uncacheable
+    exe = hloalias.compile(_Locked(), (x,))
+    assert torch.equal(exe(x), x + 1)
+    assert stats.uncacheable == before + 1
+    assert "the compile key cannot be computed soundly" in exe.explain()
+    assert any("lock" in reason for reason in stats.reasons)
+
+
+def test_a_changed_program_misses_and_an_unchanged_one_hits(cache_dir: str) -> None:
+    stats = program_cache.program_cache_stats()
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    first = _block_class()()
+    hits, misses = stats.hits, stats.misses
+    exe = hloalias.compile(first, (x,))
+    assert (stats.hits, stats.misses) == (hits, misses + 1)
+    assert torch.allclose(exe(x), first(x))
+    again = _block_class()()  # the same program, other weights
+    exe = hloalias.compile(again, (x,))
+    assert (stats.hits, stats.misses) == (hits + 1, misses + 1)
+    assert "program cache: hit" in exe.explain()
+    assert torch.allclose(exe(x), again(x))  # this module's weights, not the first one's
+    edited = _block_class(op="-")()  # the helper's code edited
+    exe = hloalias.compile(edited, (x,))
+    assert (stats.hits, stats.misses) == (hits + 1, misses + 2)
+    assert torch.allclose(exe(x), edited(x))
+    edited.scale = 5.0  # a configuration value
+    exe = hloalias.compile(edited, (x,))
+    assert (stats.hits, stats.misses) == (hits + 1, misses + 3)
+    assert torch.allclose(exe(x), edited(x))
+    # A dtype (a module not compiled before: converting a compiled module
+    # in place is a separate state-sharing bug, see the report).
+    wide = _block_class(op="-")()
+    wide.scale = 5.0
+    wide.to(torch.float64)
+    exe = hloalias.compile(wide, (x.double(),))
+    assert (stats.hits, stats.misses) == (hits + 1, misses + 4)
+    assert torch.allclose(exe(x.double()), wide(x.double()))
+
+
+_PROGRAM_CHILD = textwrap.dedent(
+    """
+    import warnings, torch, torch.export, hloalias
+    from hloalias.runtime.disk_cache import disk_cache_stats
+    from hloalias.runtime.program_cache import program_cache_stats
+    from transformers import LlamaConfig, LlamaForCausalLM
+    warnings.simplefilter("error", hloalias.runtime.disk_cache.CacheWarning)
+    if HIT_EXPECTED:  # a hit runs neither torch.export nor torch-mlir
+        import hloalias.frontend.importer as importer
+        def refuse(*args, **kwargs):
+            raise AssertionError("imported on a hit")
+        importer.import_torch = refuse
+        torch.export.export = refuse
+
+    class WithConstant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+        def forward(self, x):
+            return self.linear(x) + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    torch.manual_seed(SEED)
+    module = WithConstant()
+    x = torch.randn(2, 4)
+    exe = hloalias.compile(module, (x,))
+    assert torch.allclose(exe(x), module(x))
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (1, 8))
+    exe = hloalias.compile(model, (ids,))
+    out = exe(ids)
+    ref = model(ids)
+    assert torch.allclose(out.logits, ref.logits, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(
+        out.past_key_values.layers[0].keys, ref.past_key_values.layers[0].keys))
+    stats, disk = program_cache_stats(), disk_cache_stats()
+    print("STATS", stats.hits, stats.misses, stats.uncacheable, disk.xla_compiles)
+    """
+)
+
+
+def test_a_fresh_process_compiling_a_known_program_imports_nothing(cache_dir: str) -> None:
+    def child(seed: int, hit: bool) -> list[int]:
+        code = _PROGRAM_CHILD.replace("HIT_EXPECTED", str(hit)).replace("SEED", str(seed))
+        done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        line = [line for line in done.stdout.splitlines() if line.startswith("STATS")][0]
+        return [int(part) for part in line.split()[1:]]
+
+    assert child(0, hit=False) == [0, 2, 0, 2]  # both imported, lowered, compiled and stored
+    assert child(1, hit=True) == [2, 0, 0, 0]  # other weights: no import, no XLA compile
+
+
+# -- a training step is traced once ----------------------------------------------
+
+
+def test_a_training_step_is_traced_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_fx's one trace (functionalized, decomposed) is the program the
+    importer lowers: neither torch.export nor a decomposition retrace runs."""
+    import copy
+
+    import hloalias.frontend.importer as importer
+    from hloalias.frontend import torch_internals
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a second trace of the training step")
+
+    monkeypatch.setattr(torch.export, "export", refuse)
+    monkeypatch.setattr(importer, "decompose", refuse)
+    monkeypatch.setattr(torch_internals, "decompose", refuse)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    x, y = torch.randn(6, 8), torch.randn(6, 4)
+
+    def step_of(net: torch.nn.Module, opt: torch.optim.Optimizer):  # type: ignore[no-untyped-def]
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(net(x), y) * torch.tensor(0.5)  # a lifted constant too
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+
+    compiled = hloalias.compile_training_step(step_of(model, optimizer), model, optimizer, (x, y))
+    eager = step_of(reference, reference_optimizer)
+    for _ in range(3):
+        assert torch.allclose(compiled(x, y), eager(x, y), atol=1e-6)
+    compiled.write_back()
+    for ours, theirs in zip(model.state_dict().values(), reference.state_dict().values()):
+        assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_an_entry_made_for_other_device_state_is_not_used(cache_dir: str) -> None:
+    """The pipeline depends on state already on the device (its layout and
+    dtype are fixed for a new program): an entry made before that state
+    existed is not used, the program is imported again, and the result is
+    right."""
+    stats = program_cache.program_cache_stats()
+    module = _block_class()()
+    x = torch.randn(2, 8)
+    first = hloalias.compile(module, (x,))  # stored; while it lives the module's state is on the device
+    stale = stats.stale
+    exe = hloalias.compile(module, (x,))
+    assert stats.stale == stale + 1
+    assert "entry found but not usable" in exe.explain()
+    assert torch.allclose(exe(x), module(x))
+    hits = stats.hits
+    again = hloalias.compile(module, (x,))  # stored for this state: now a hit
+    assert stats.hits == hits + 1
+    assert torch.allclose(again(x), module(x)) and torch.allclose(first(x), module(x))
+
+
+def test_classes_made_by_exec_are_keyed_by_their_code(cache_dir: str) -> None:
+    """A class made by ``exec`` without ``__name__`` says it is from
+    ``builtins`` (a library): it must still be keyed by its code (generated
+    programs, as the differential tests make them, differ only there)."""
+    source = ("import torch\nclass Program(torch.nn.Module):\n"
+              "    def forward(self, x):\n        return {body}\n")
+    programs = []
+    for body in ("x * 2.0", "(x * 2.0, x + 1)"):
+        namespace: dict[str, object] = {}
+        exec(source.format(body=body), namespace)
+        programs.append(namespace["Program"]())
+    assert type(programs[0]).__module__ == "builtins"
+    x = torch.randn(4)
+    assert _key(programs[0], x) != _key(programs[1], x)
+    first = hloalias.compile(programs[0], (x,))
+    second = hloalias.compile(programs[1], (x,))
+    assert torch.equal(first(x), x * 2.0)
+    doubled, shifted = second(x)
+    assert torch.equal(doubled, x * 2.0) and torch.equal(shifted, x + 1)
+
+
+def test_a_dataclass_config_is_keyed_by_its_values() -> None:
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        width: int = 8
+        scale: float = 2.0
+
+    class Configured(torch.nn.Module):
+        def __init__(self, config: Config) -> None:
+            super().__init__()
+            self.config = config
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.config.scale
+
+    x = torch.randn(8)
+    key = _key(Configured(Config()), x)
+    assert _key(Configured(Config()), x) == key
+    assert _key(Configured(Config(scale=3.0)), x) != key

@@ -1,0 +1,470 @@
+"""The key of a compile computed from what the user handed over, before any
+import: the same key in any process means the same compiled program.
+
+:func:`source_key` returns a SHA-256 hex digest, or raises
+:class:`Uncacheable` with the reason when some part cannot be keyed soundly.
+What the key holds, and why (a cached program may be returned only when a
+fresh ``torch.export`` and lowering would produce the same final module):
+
+- **Versions**: Python, torch, torch-mlir, jax, jaxlib, transformers (when
+  loaded), and hloalias itself as a digest of its source files and native
+  extension (a changed pass changes the key).
+- **The code**, printed without file names or line numbers: for a plain
+  function its code object (bytecode, constants, names, nested code),
+  defaults, closure cells by value and the globals it reads; for an
+  ``nn.Module`` every submodule (``named_modules``, duplicates kept) with its
+  name, class and ``training`` flag.  A class defined outside the
+  libraries below is keyed by everything in its ``__dict__`` and those of
+  its bases (methods by code, class attributes by value); a library class by
+  its qualified name and the library's version.  Code's globals (for user
+  code, three calls deep) are keyed by value: scalars, containers,
+  tensors (with their bytes: forward may bake a global tensor in), dtypes,
+  functions by code, classes as above, a user module by the digest of its
+  source file.
+- **Configuration values the code reads**: every attribute of every
+  submodule other than torch's own bookkeeping, by value, recursively
+  through plain objects (a ``transformers`` config is keyed by all its
+  fields); an object shared by several modules is printed once.
+- **State metadata**, not values (values are arguments of the program):
+  every parameter, buffer and tensor attribute by name with shape, dtype,
+  strides, storage offset, ``requires_grad``, whether it is persistent,
+  and which tensors share a storage (tied weights merge at import).
+- **The inputs**: the pytree structure of ``(args, kwargs)``; per tensor
+  leaf its shape, dtype, strides, ``requires_grad`` and storage sharing
+  with other leaves; other leaves (static values) by value.
+- **Options and settings**: whatever the caller passes as ``options``
+  (donation, pipeline, device), grad mode and the default dtype.
+
+Uncacheable (the caller takes the full import path and says why): an
+``ExportedProgram``; a module with forward hooks or pre-hooks, or global
+module hooks; a value of a type with no printable state (an open file, a
+C object, a lambda from a library passed as a value); cycles or nesting
+deeper than ``_MAX_DEPTH``; user code reached more than three calls deep.
+
+Not seen (documented limits): globals read by *library* code (a registry
+inside ``transformers`` changed at run time), functions reached other than
+by a global name or attribute of ``self`` (a user module's function called
+as ``module.fn`` is covered by that module's file digest, not its run-time
+globals), and library files edited in place without a version change."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import sysconfig
+import types
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+_MAX_DEPTH = 24  # nesting of values
+_MAX_CALL_DEPTH = 3  # user functions followed through globals
+_LIBRARIES = frozenset({
+    "torch", "torch_mlir", "transformers", "jax", "jaxlib", "numpy", "hloalias", "functools", "typing",
+    "collections", "math", "operator", "builtins", "abc", "enum", "dataclasses", "itertools", "inspect",
+    "contextlib", "warnings", "copy", "types", "re", "einops", "safetensors", "tokenizers", "huggingface_hub",
+})
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+# Object fields that differ between processes and that no forward reads:
+# transformers' PretrainedConfig records ``hash(self)`` at construction.
+_PROCESS_LOCAL_FIELDS = frozenset({"_original_object_hash"})
+
+
+class Uncacheable(Exception):
+    """The key cannot be computed soundly; ``str(error)`` says why."""
+
+
+@functools.cache
+def _nn_module_bookkeeping() -> frozenset[str]:
+    """Attribute names every ``nn.Module`` holds for torch itself (hooks,
+    the parameter/buffer/module tables): not configuration."""
+    return frozenset(torch.nn.Module().__dict__)
+
+
+def _library_of(module_name: str | None) -> str | None:
+    top = (module_name or "").split(".")[0]
+    if top in _LIBRARIES or top in sys.stdlib_module_names:
+        return top
+    return None
+
+
+def _library_definition(value: Any) -> str | None:
+    """The library that defines the class or function ``value`` (see
+    ``_LIBRARIES``), or None.  Only a definition its module holds under its
+    qualified name counts: a class or function made by ``exec`` without a
+    ``__name__`` says it is from ``builtins``, and a local one from a
+    library's function is made at run time; both are keyed by their code."""
+    library = _library_of(getattr(value, "__module__", None))
+    if library is None:
+        return None
+    if isinstance(value, types.FunctionType):  # decorated library functions too: by their file
+        return library if _in_library_files(value.__code__.co_filename, library) else None
+    qualname = getattr(value, "__qualname__", "")
+    if "<locals>" in qualname:
+        return None
+    found: Any = sys.modules.get(value.__module__)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return library if found is value else None
+
+
+def _in_library_files(path: str, library: str) -> bool:
+    if library in sys.stdlib_module_names or library == "builtins":
+        root = sysconfig.get_paths()["stdlib"]
+    else:
+        module = sys.modules.get(library)
+        location = getattr(module, "__file__", None)
+        if not location:
+            return False
+        root = os.path.dirname(os.path.abspath(location))
+    return os.path.abspath(path).startswith(root + os.sep)
+
+
+@functools.cache
+def _distribution_version(top: str) -> str:
+    if top in sys.stdlib_module_names or top == "builtins":
+        return sys.version
+    if top == "hloalias":
+        return _hloalias_digest()
+    names = {"torch_mlir": "torch-mlir", "huggingface_hub": "huggingface-hub"}
+    try:
+        return importlib.metadata.version(names.get(top, top))
+    except importlib.metadata.PackageNotFoundError:
+        module = sys.modules.get(top)
+        return str(getattr(module, "__version__", "unknown"))
+
+
+@functools.cache
+def _hloalias_digest() -> str:
+    """SHA-256 over hloalias's Python sources and its native extension's
+    size and modification time (the installed layout: each layer a
+    subpackage)."""
+    import hloalias
+
+    roots = [os.path.dirname(os.path.abspath(hloalias.__file__))]
+    for layer in ("frontend", "passes", "pipeline", "runtime", "tools"):
+        spec = importlib.util.find_spec(f"hloalias.{layer}")
+        if spec is not None and spec.submodule_search_locations:
+            roots.extend(spec.submodule_search_locations)
+    digest = hashlib.sha256()
+    for root in sorted(set(roots)):
+        for directory, subdirectories, names in os.walk(root):
+            subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
+            for name in sorted(names):
+                path = os.path.join(directory, name)
+                if name.endswith(".py"):
+                    digest.update(path.encode() + b"\0")
+                    with open(path, "rb") as handle:
+                        digest.update(handle.read())
+                elif name.endswith((".so", ".pyd")):
+                    info = os.stat(path)
+                    digest.update(f"{path}:{info.st_size}:{info.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+@functools.cache
+def versions() -> tuple[str, ...]:
+    """The versions every key holds (transformers only once loaded)."""
+    parts = [f"python={sys.version}", f"torch={torch.__version__}"]
+    for top in ("torch_mlir", "jax", "jaxlib", "hloalias"):
+        parts.append(f"{top}={_distribution_version(top)}")
+    return tuple(parts)
+
+
+def _file_digest(path: str) -> str:
+    info = os.stat(path)
+    return _file_digest_cached(path, info.st_size, info.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest_cached(path: str, size: int, mtime_ns: int) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+class _Printer:
+    """Prints values into nested tuples of plain Python values (the same
+    in every process for the same program)."""
+
+    def __init__(self) -> None:
+        self.shared: dict[int, int] = {}  # id of an object printed already -> its number
+        self.keep: list[Any] = []  # keeps the objects numbered above alive while printing
+        self.storages: dict[int, int] = {}  # storage address -> first tensor's number
+        self.active: set[int] = set()
+
+    # -- values ------------------------------------------------------------
+    def value(self, value: Any, where: str, depth: int = 0) -> Any:
+        if depth > _MAX_DEPTH:
+            raise Uncacheable(f"{where} is nested more than {_MAX_DEPTH} levels deep")
+        if isinstance(value, _SCALARS):
+            return (type(value).__name__, value)
+        if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return (type(value).__name__, str(value))
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value, where, with_values=True)
+        if isinstance(value, enum.Enum):
+            return ("enum", self.cls(type(value), where), value.name)
+        if isinstance(value, (types.FunctionType, types.MethodType, functools.partial, types.BuiltinFunctionType,
+                              type, types.ModuleType, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            return self.code_value(value, where, 0)
+        ident = id(value)
+        if ident in self.shared:
+            return ("same-as", self.shared[ident])
+        if ident in self.active:
+            raise Uncacheable(f"{where} refers to itself")
+        self.active.add(ident)
+        try:
+            printed = self._container(value, where, depth)
+        finally:
+            self.active.discard(ident)
+        self.shared[ident] = len(self.shared)
+        self.keep.append(value)
+        return printed
+
+    def _container(self, value: Any, where: str, depth: int) -> Any:
+        if isinstance(value, (tuple, list)):
+            return (type(value).__name__, tuple(self.value(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)))
+        if isinstance(value, dict):
+            items = [(self.value(k, f"a key of {where}", depth + 1), self.value(v, f"{where}[{k!r}]", depth + 1))
+                     for k, v in value.items()]
+            return ("dict", tuple(items))  # insertion order: code may iterate it
+        if isinstance(value, (set, frozenset)):
+            return (type(value).__name__, tuple(sorted(repr(self.value(v, where, depth + 1)) for v in value)))
+        if isinstance(value, torch.nn.Module):
+            raise Uncacheable(f"{where} is a module that is not a submodule")
+        if dataclasses.is_dataclass(value) or _plain_object(value):
+            fields = vars(value) if hasattr(value, "__dict__") else {
+                f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            return ("object", self.cls(type(value), where),
+                    tuple((name, self.value(v, f"{where}.{name}", depth + 1)) for name, v in sorted(fields.items())
+                          if name not in _PROCESS_LOCAL_FIELDS))
+        raise Uncacheable(f"{where} is a {type(value).__module__}.{type(value).__qualname__}, "
+                          "a value the compile key cannot print")
+
+    def tensor(self, tensor: torch.Tensor, where: str, with_values: bool) -> Any:
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
+            raise Uncacheable(f"{where} is a tensor subclass ({type(tensor).__name__})")
+        if tensor.is_sparse or tensor.is_quantized or tensor.is_nested or tensor.device.type == "meta":
+            raise Uncacheable(f"{where} is a {tensor.layout} / {tensor.device} tensor")
+        storage = tensor.untyped_storage().data_ptr()
+        shared = self.storages.setdefault(storage, len(self.storages))
+        printed: tuple[Any, ...] = (
+            type(tensor).__name__, tuple(tensor.shape), str(tensor.dtype), tuple(tensor.stride()),
+            tensor.storage_offset(), tensor.requires_grad, str(tensor.device), shared,
+            tensor.is_conj(), tensor.is_neg(),
+        )
+        if with_values:
+            data = tensor.detach().contiguous().cpu()
+            raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
+            printed += (hashlib.sha256(raw).hexdigest(),)
+        return printed
+
+    # -- code --------------------------------------------------------------
+    def code_value(self, value: Any, where: str, calls: int) -> Any:
+        if isinstance(value, types.ModuleType):
+            library = _library_of(value.__name__)
+            if library is not None:
+                return ("module", value.__name__, _distribution_version(library))
+            path = getattr(value, "__file__", None)
+            if not path or not os.path.exists(path):
+                raise Uncacheable(f"{where} is module {value.__name__} without a source file")
+            return ("module", value.__name__, _file_digest(path))
+        if isinstance(value, type):
+            return self.cls(value, where)
+        if isinstance(value, functools.partial):
+            return ("partial", self.code_value(value.func, where, calls),
+                    self.value(value.args, f"{where}'s arguments"), self.value(value.keywords, f"{where}'s keywords"))
+        if isinstance(value, types.MethodType):
+            return ("method", self.code_value(value.__func__, where, calls), self.value(value.__self__, f"{where}'s self"))
+        if isinstance(value, types.FunctionType):
+            return self.function(value, where, calls)
+        if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            return ("op", str(value))
+        # builtins (len, math.sqrt, torch.add): identified by name and library version
+        module = getattr(value, "__module__", None) or getattr(getattr(value, "__self__", None), "__name__", None)
+        library = _library_of(module) or ("torch" if module is None and "torch" in repr(value) else None)
+        name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+        if library is None or name is None:
+            raise Uncacheable(f"{where} is {value!r}, a callable the compile key cannot print")
+        return ("builtin", module, name, _distribution_version(library))
+
+    def function(self, fn: types.FunctionType, where: str, calls: int) -> Any:
+        library = _library_definition(fn)
+        if library is not None:
+            return ("function", fn.__module__, fn.__qualname__, _distribution_version(library))
+        if calls > _MAX_CALL_DEPTH:
+            raise Uncacheable(f"{where} ({fn.__qualname__}) is user code more than {_MAX_CALL_DEPTH} calls deep")
+        ident = id(fn)
+        if ident in self.shared:
+            return ("same-as", self.shared[ident])
+        self.shared[ident] = len(self.shared)
+        self.keep.append(fn)
+        name = f"{fn.__module__}.{fn.__qualname__}"
+        cells = tuple(self.value(_cell(cell, name), f"a closure variable of {name}")
+                      for cell in (fn.__closure__ or ()))
+        return (
+            "function", fn.__module__, fn.__qualname__, _code(fn.__code__),
+            self.value(fn.__defaults__, f"the defaults of {name}"),
+            self.value(fn.__kwdefaults__, f"the keyword defaults of {name}"),
+            cells, self.globals_read(fn.__code__, fn.__globals__, name, calls),
+        )
+
+    def globals_read(self, code: types.CodeType, namespace: dict[str, Any], name: str, calls: int) -> Any:
+        parts = []
+        for global_name in sorted(_names(code)):
+            if global_name not in namespace:
+                continue  # a builtin, an attribute name, or not defined yet
+            value = namespace[global_name]
+            where = f"global '{global_name}' read by {name}"
+            if isinstance(value, types.FunctionType):
+                parts.append((global_name, self.function(value, where, calls + 1)))
+            elif isinstance(value, (type, types.ModuleType, types.BuiltinFunctionType, functools.partial)):
+                parts.append((global_name, self.code_value(value, where, calls + 1)))
+            else:
+                parts.append((global_name, self.value(value, where)))
+        return tuple(parts)
+
+    def cls(self, cls: type, where: str) -> Any:
+        library = _library_definition(cls)
+        if library is not None:
+            return ("class", cls.__module__, cls.__qualname__, _distribution_version(library))
+        ident = id(cls)
+        if ident in self.shared:
+            return ("same-as", self.shared[ident])
+        self.shared[ident] = len(self.shared)
+        self.keep.append(cls)
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        bases = tuple(self.cls(base, f"a base of {name}") for base in cls.__bases__)
+        members: list[Any] = []
+        for member, value in sorted(cls.__dict__.items()):
+            if member in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__",
+                          "__annotations__", "__parameters__", "__orig_bases__", "__static_attributes__",
+                          "__firstlineno__", "_is_protocol", "__abstractmethods__", "_abc_impl",
+                          # a dataclass's field descriptions: its generated methods
+                          # (above, by code) and its instances' values say the rest
+                          "__dataclass_fields__", "__dataclass_params__"):
+                continue
+            what = f"{name}.{member}"
+            if isinstance(value, (staticmethod, classmethod)):
+                members.append((member, type(value).__name__, self.code_value(value.__func__, what, 1)))
+            elif isinstance(value, property):
+                members.append((member, "property", *(self.code_value(f, what, 1) if f is not None else None
+                                                      for f in (value.fget, value.fset, value.fdel))))
+            elif isinstance(value, functools.cached_property):
+                members.append((member, "cached_property", self.code_value(value.func, what, 1)))
+            elif isinstance(value, (types.FunctionType, type)):
+                members.append((member, self.code_value(value, what, 1)))
+            else:
+                members.append((member, self.value(value, what)))
+        return ("class", name, bases, tuple(members))
+
+    # -- modules -------------------------------------------------------------
+    def module(self, root: torch.nn.Module) -> Any:
+        if (torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks
+                or getattr(torch.nn.modules.module, "_global_forward_hooks_always_called", None)):
+            raise Uncacheable("global module forward hooks are registered")
+        bookkeeping = _nn_module_bookkeeping()
+        parts: list[Any] = []
+        for name, sub in root.named_modules(remove_duplicate=False):
+            where = f"module '{name or type(root).__name__}'"
+            if sub._forward_hooks or sub._forward_pre_hooks:
+                raise Uncacheable(f"{where} has forward hooks")
+            own_forward = sub.__dict__.get("forward")
+            parts.append((
+                name, self.cls(type(sub), where), sub.training,
+                None if own_forward is None else self.code_value(own_forward, f"{where}.forward", 1),
+            ))
+            for table in ("_parameters", "_buffers"):
+                for tensor_name, tensor in sub.__dict__[table].items():
+                    persistent = tensor_name not in sub._non_persistent_buffers_set
+                    parts.append((table, tensor_name, persistent,
+                                  None if tensor is None else self.tensor(tensor, f"{where}.{tensor_name}", False)))
+            for attr, value in sorted(sub.__dict__.items()):
+                if attr in bookkeeping or attr == "forward":
+                    continue
+                what = f"attribute '{attr}' of {where}"
+                if isinstance(value, torch.Tensor):  # an argument of the program (a lifted constant)
+                    parts.append((attr, self.tensor(value, what, False)))
+                else:
+                    parts.append((attr, self.value(value, what)))
+        return tuple(parts)
+
+
+def _plain_object(value: Any) -> bool:
+    """An instance of an ordinary Python class whose state is its
+    ``__dict__`` (no slots, not a C type)."""
+    cls = type(value)
+    return (type(cls) in (type, abc.ABCMeta) and cls.__module__ != "builtins"
+            and isinstance(getattr(value, "__dict__", None), dict))
+
+
+def _cell(cell: Any, name: str) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # not bound yet: a recursive inner function
+        raise Uncacheable(f"a closure variable of {name} is unbound") from None
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _names(constant)
+    return names
+
+
+def _code(code: types.CodeType) -> Any:
+    """A code object's meaning, without its file name and line numbers."""
+    return (
+        code.co_name, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
+        code.co_code.hex(), tuple(_constant(c) for c in code.co_consts),
+        code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+    )
+
+
+def _constant(constant: Any) -> Any:
+    if isinstance(constant, types.CodeType):
+        return _code(constant)
+    if isinstance(constant, frozenset):  # its repr's order depends on string hashing
+        return ("frozenset", tuple(sorted(repr(_constant(c)) for c in constant)))
+    if isinstance(constant, tuple):
+        return ("tuple", tuple(_constant(c) for c in constant))
+    return (type(constant).__name__, repr(constant))
+
+
+def source_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> str:
+    """The key of compiling ``f`` on ``(args, kwargs)`` with ``options`` (a
+    value of plain Python types); :class:`Uncacheable` with the reason when
+    some part cannot be printed (see the module docstring)."""
+    from torch.export import ExportedProgram
+
+    printer = _Printer()
+    if isinstance(f, ExportedProgram):
+        raise Uncacheable("an ExportedProgram is keyed by identity only (import it again per process)")
+    if isinstance(f, torch.nn.Module):
+        program: Any = ("module", printer.module(f))
+    elif isinstance(f, (types.FunctionType, functools.partial, types.MethodType)):
+        program = ("function", printer.code_value(f, "the compiled function", 0))
+    else:
+        raise Uncacheable(f"the compiled object is a {type(f).__name__}")
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    inputs = tuple(
+        printer.tensor(leaf, f"input {i}", False) if isinstance(leaf, torch.Tensor)
+        else printer.value(leaf, f"input {i}")
+        for i, leaf in enumerate(leaves)
+    )
+    settings = (torch.is_grad_enabled(), str(torch.get_default_dtype()))
+    library_versions = versions()
+    if "transformers" in sys.modules:
+        library_versions += (f"transformers={_distribution_version('transformers')}",)
+    printed = (library_versions, program, str(spec), inputs, settings, options)
+    return hashlib.sha256(repr(printed).encode()).hexdigest()
+
