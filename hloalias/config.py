@@ -51,6 +51,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HLOALIAS_CACHE_DIR", "path", None, "runtime",
             "Where the disk cache lives; unset: `$XDG_CACHE_HOME/hloalias/xla` or "
             "`~/.cache/hloalias/xla` (created 0700: entries are loaded code)."),
+    Setting("HLOALIAS_CACHE_KEY_FILE", "path", None, "runtime",
+            "The per-user secret that authenticates disk-cache entries (HMAC-SHA256); unset: "
+            "`cache-key` beside the cache (`$XDG_CACHE_HOME/hloalias` or `~/.cache/hloalias`), "
+            "created 0600; a key file others can read or write turns the disk caches off."),
     Setting("HLOALIAS_CACHE_MAX_BYTES", "integer", 2 * 1024**3, "runtime",
             "Size bound of the disk cache in bytes; least recently used entries are deleted first."),
     Setting("HLOALIAS_EXECUTABLE_CACHE_SIZE", "integer", 64, "runtime",
@@ -60,6 +64,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Reuse of an import (`torch.export`, lowering) when the same program object is compiled "
             "again on inputs of the same shapes, dtypes and static values "
             "(`hloalias.runtime.export_cache`); 0 turns it off."),
+    Setting("HLOALIAS_PROGRAM_CACHE", "flag", True, "runtime",
+            "The program cache (`hloalias.runtime.program_cache`): a program compiled before, in any "
+            "process, found before `torch.export` runs; 0/off/false/no turns it off (HLOALIAS_CACHE=0 "
+            "turns off every disk cache)."),
     Setting("HLOALIAS_NATIVE", "flag", True, "runtime",
             "The native call path (`hloalias.runtime._lane`, C++); 0 keeps every call on the Python "
             "path. Read when an executable is made."),

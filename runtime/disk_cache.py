@@ -117,7 +117,7 @@ def cache_dir() -> str:
 
 def key_file() -> str:
     """The per-user secret key's path (see the module docstring)."""
-    explicit = os.environ.get("HLOALIAS_CACHE_KEY_FILE")
+    explicit = config.text("HLOALIAS_CACHE_KEY_FILE")
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
     return os.path.join(_user_cache_base(), "cache-key")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import io
-import os
 import pickle
 import threading
 import warnings
@@ -36,6 +35,7 @@ from typing import Any
 
 import torch
 
+from hloalias import config
 from hloalias.frontend.importer import Program, Stage, _register_transformers_caches
 from hloalias.mlir import new_context, parse_module
 from hloalias.runtime import disk_cache
@@ -68,8 +68,7 @@ def program_cache_stats() -> ProgramCacheStats:
 
 def enabled() -> bool:
     """False when ``HLOALIAS_PROGRAM_CACHE`` or ``HLOALIAS_CACHE`` is 0/off/false/no."""
-    text = os.environ.get("HLOALIAS_PROGRAM_CACHE", "1").strip().lower()
-    return text not in ("0", "off", "false", "no") and disk_cache.enabled()
+    return config.flag("HLOALIAS_PROGRAM_CACHE") and disk_cache.enabled()
 
 
 @dataclasses.dataclass
