@@ -131,10 +131,10 @@ def update_through_view() -> None:
 # CHECK-SAME:   %arg1: tensor<1x2x4xf32> {hloalias.kind = "user_input", hloalias.name = "k"},
 # CHECK-SAME:   %arg2: tensor<2xi64> {hloalias.kind = "user_input", hloalias.name = "pos"})
 # CHECK-SAME:   -> (tensor<1x16x4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation", hloalias.storage = "arg:0"}, tensor<1x8x4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "arg:0"}) {
-# Indices counted from the end are normalized first (idx + 16 where idx < 0).
-# CHECK:        %[[NEG:[0-9]+]] = stablehlo.compare LT, %arg2, %{{.*}}, SIGNED
-# CHECK:        %[[IDX:[0-9]+]] = stablehlo.select %{{.*}}, %{{.*}}, %{{.*}} : tensor<2xi1>, tensor<2xi64>
-# CHECK:        stablehlo.reshape %[[IDX]] : (tensor<2xi64>) -> tensor<2x1xi64>
+# A position counted from the end (-1) is made in-range first (issue 25):
+# CHECK:        stablehlo.compare LT, %arg2, %{{.*}}, SIGNED
+# CHECK:        %[[POS:[0-9]+]] = stablehlo.select
+# CHECK:        stablehlo.reshape %[[POS]] : (tensor<2xi64>) -> tensor<2x1xi64>
 # CHECK:        %[[CACHE:[0-9]+]] = "stablehlo.scatter"(%arg0, %{{.*}}, %arg1)
 # CHECK:        %[[ROWS:[0-9]+]] = stablehlo.slice %[[CACHE]] [0:1, 0:8, 0:4]
 # CHECK-NEXT:   return %[[CACHE]], %[[ROWS]] : tensor<1x16x4xf32>, tensor<1x8x4xf32>
