@@ -240,6 +240,10 @@ def _import_torch(
         _pin_eager_copies(exported)
         _explicit_copy_conversions(exported)
     eager_storage = _eager_output_storage(exported)
+    # as_strided and as_strided_scatter are lowered through index arithmetic
+    # on the example's layout (frontend/decompositions.py): the inputs they
+    # address are recorded before the decompositions take them away.
+    strided_before = _strided_inputs(exported)
     mark = observe.start("decompositions")
     try:  # a training step is captured decomposed and functional (frontend/training.py)
         if not getattr(exported, "hloalias_decomposed", False):
@@ -266,7 +270,8 @@ def _import_torch(
     prepare_graph(exported.graph_module.graph)
     if stage is Stage.STABLEHLO:
         _refuse_host_reads(exported.graph_module.graph)
-    strided_inputs = _check_as_strided(exported)
+    _refuse_returned_as_strided(exported)
+    strided_inputs = {**strided_before, **_strided_inputs(exported)}
     _clamp_slice_bounds(exported.graph_module.graph)
     # Before torch-mlir folds or lowers: see each module's docstring.
     constant_values = _constant_values(exported)
@@ -592,31 +597,15 @@ _AS_STRIDED = torch.ops.aten.as_strided.default
 _AS_STRIDED_SCATTER = torch.ops.aten.as_strided_scatter.default
 
 
-def _check_as_strided(exported: ExportedProgram) -> dict[str, tuple[tuple[int, ...], int | None]]:
-    """What ``x.as_strided(size, stride, offset)`` needs, checked: it
-    addresses ``x``'s storage, which a compiled program does not have.
-    torch-mlir replaces it by a gather at the element positions of the
-    example's layout: the values are eager's, but
-
-    - a returned ``as_strided`` (or a view of one) would be a copy where
-      eager returns a view of ``x`` (writes through it would not reach
-      ``x``): refused, naming the line (return a ``.clone()``);
-    - a write through it (``as_strided_scatter`` after functionalization)
-      has no lowering: refused, naming the line;
-    - a user input read through it must be passed in the example's
-      strides (and storage offset, where an ``as_strided`` gives one) at
-      every call (another layout holds other elements at those positions):
-      the user inputs' names with that layout, for the runtime to check."""
+def _refuse_returned_as_strided(exported: ExportedProgram) -> None:
+    """``x.as_strided(size, stride, offset)`` addresses ``x``'s storage,
+    which a compiled program does not have: the lowering gathers (and
+    ``as_strided_scatter`` scatters) at the element positions of the
+    example's layout.  The values are eager's, but a returned
+    ``as_strided`` (or a view of one) would be a copy where eager returns a
+    view of ``x`` (writes through it would not reach ``x``): refused,
+    naming the line (return a ``.clone()``)."""
     graph = exported.graph_module.graph
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target is _AS_STRIDED_SCATTER:
-            where = _user_frame(node.meta.get("stack_trace") or "")
-            raise TorchImportError(
-                "the program writes through a tensor's as_strided view"
-                + (f" at {where}" if where else "")
-                + ": hloalias cannot compile writes through as_strided (it addresses storage, which "
-                "a compiled program does not have); write through slices, views or index_put_"
-            )
     output = next(node for node in graph.nodes if node.op == "output")
     user_outputs = [
         value
@@ -636,21 +625,36 @@ def _check_as_strided(exported: ExportedProgram) -> dict[str, tuple[tuple[int, .
                     "`.clone()` of it, or build the view from slices, view, transpose or expand"
                 )
             step = _storage_operand(step)
+
+
+def _strided_inputs(exported: ExportedProgram) -> dict[str, tuple[tuple[int, ...], int | None]]:
+    """The user inputs that an ``as_strided`` or ``as_strided_scatter``
+    addresses (read or written through), with the example's strides (and
+    storage offset, where one is given explicitly): another layout holds
+    other elements at those positions, so the runtime checks every call's
+    input against them."""
+    graph = exported.graph_module.graph
     user_inputs = {
         spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT
     }
     strided: dict[str, tuple[tuple[int, ...], int | None]] = {}
     for node in graph.nodes:
-        if node.op != "call_function" or node.target is not _AS_STRIDED:
+        if node.op != "call_function" or node.target not in (_AS_STRIDED, _AS_STRIDED_SCATTER):
             continue
-        root: torch.fx.Node = node
+        # as_strided views its operand; as_strided_scatter writes into a copy
+        # of its first argument laid out as that argument is.
+        first = node.args[0]
+        root: torch.fx.Node = first if node.target is _AS_STRIDED_SCATTER and isinstance(first, torch.fx.Node) else node
         while (operand := _storage_operand(root)) is not None:
             root = operand
         example = root.meta.get("val")
         if root.op == "placeholder" and root.name in user_inputs and isinstance(example, torch.Tensor):
             # Without an explicit storage_offset as_strided keeps the input's:
             # positions are relative to it, and only the strides matter.
-            explicit = (node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")) is not None
+            position = 3 if node.target is _AS_STRIDED else 4  # as_strided_scatter has src first
+            explicit = (
+                node.args[position] if len(node.args) > position else node.kwargs.get("storage_offset")
+            ) is not None
             offset = int(example.storage_offset()) if explicit else None
             previous = strided.get(root.name, ((), None))[1]
             strided[root.name] = (

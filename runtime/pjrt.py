@@ -176,17 +176,13 @@ def compile_module(
         prepare_for_xla(module_text)  # raises its CompileError, naming the attribute
     try:
         stripped = prepare_for_xla(module_text, allow_stored_state=True)
-        # chlo ops (compile_stablehlo keeps JAX's) have no portable form: XLA reads the text.
-        artifact = stripped if "chlo." in stripped else _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())
         if options is None:
             options = xla_client.CompileOptions()
         targets = tuple(devices) if devices is not None else (device,)
         device_list = xla_client.DeviceList(targets)
         return disk_cache.load_or_compile(
             stripped, options, device,
-            lambda: device.client.compile_and_load(  # serialized only for XLA: a cache hit skips it
-                _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version()),
-                device_list, options),
+            lambda: device.client.compile_and_load(_xla_input(stripped), device_list, options),
             lambda payload: device.client.deserialize_executable(payload, device_list, options),
             device_count=len(targets),
         )
@@ -197,6 +193,16 @@ def compile_module(
             f"  hloalias-opt {path} --xla-compile",
             repro_path=path,
         ) from None
+
+
+def _xla_input(stripped: str) -> str | bytes:
+    """What XLA compiles for ``stripped``, made only when XLA compiles (a
+    disk-cache hit skips it): the portable artifact, or the text itself
+    for a module with ``chlo`` ops (``compile_stablehlo`` keeps JAX's),
+    which have no portable form."""
+    if "chlo." in stripped:
+        return stripped
+    return _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())  # type: ignore[no-any-return]
 
 
 def memory_stats(loaded: Any) -> MemoryStats:

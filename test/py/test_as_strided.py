@@ -7,7 +7,8 @@ so hloalias
   of module state: eager returns a view sharing memory, the program would
   return a copy, and writes through it would not reach the base (it did,
   silently);
-- refuses a write through one (no lowering exists);
+- lowers a write through one (and ``as_strided_scatter``) at the example
+  layout's storage positions, with the same layout check as a read;
 - computes with one as eager does, and checks at every call that an input
   read through it is laid out as the example was (strides, and storage
   offset where the call gives one): another layout holds other elements at
@@ -82,16 +83,39 @@ def test_returned_as_strided_view_of_state_is_refused_and_state_unchanged() -> N
     assert torch.equal(module.buf, torch.arange(8.0))
 
 
-def test_write_through_as_strided_is_refused() -> None:
+def test_write_through_as_strided_equals_eager_and_checks_the_layout() -> None:
+    """A write through an ``as_strided`` view (``as_strided_scatter`` after
+    functionalization) is lowered at the example layout's storage
+    positions: it equals eager there, and a call in another layout, where
+    eager would write other elements, is refused before anything runs."""
     def write(x: torch.Tensor) -> torch.Tensor:
-        x.as_strided((2, 2), (1, 2), 1).mul_(2.0)
+        x.as_strided((2, 2), (1, 2), 1).fill_(5.0)
         return x.sum()
 
-    x = torch.arange(8.0)
-    with pytest.raises(TorchImportError) as info:
-        hloalias.compile(write, (x,))
-    assert str(info.value).startswith("the program writes through a tensor's as_strided view at ")
-    assert torch.equal(x, torch.arange(8.0))
+    exe = hloalias.compile(write, (torch.arange(8.0),))
+    x, expected = torch.arange(8.0), torch.arange(8.0)
+    assert torch.equal(exe(x), write(expected))
+    assert torch.equal(x, expected)
+    strided = torch.arange(16.0)[::2]
+    with pytest.raises(ExecutionError, match="input 'x' has strides \\[2\\]"):
+        exe(strided)
+    assert torch.equal(strided, torch.arange(16.0)[::2])
+
+
+def test_as_strided_scatter_checks_its_input_layout() -> None:
+    """``torch.as_strided_scatter`` addresses its input's storage as laid
+    out (eager: ``[0, 1, 1, 6, ...]`` for a stride-2 input): another layout
+    than the example's is refused, not computed at the example's positions."""
+    def scatter(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided_scatter(x, src, (2, 2), (1, 2), 1)
+
+    src = torch.ones(2, 2)
+    exe = hloalias.compile(scatter, (torch.arange(8.0), src))
+    assert torch.equal(exe(torch.arange(8.0), src), scatter(torch.arange(8.0), src))
+    strided = torch.arange(16.0)[::2]
+    assert torch.equal(scatter(strided, src), torch.tensor([0.0, 1, 1, 6, 8, 10, 12, 14]))  # eager, pinned
+    with pytest.raises(ExecutionError, match="input 'x' has strides \\[2\\]"):
+        exe(strided, src)
 
 
 def test_returned_clone_of_an_as_strided_window_equals_eager() -> None:
