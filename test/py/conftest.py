@@ -13,6 +13,15 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={HOST_DEVICE_COUNT}"
     ).strip()
 
+# The suite's compiles use caches of their own (a fresh directory per run),
+# never the user's: a program cached by an earlier run (or by a test that
+# patched hloalias's internals) must not serve this run's, and the suite
+# must pass on a machine whose cache is empty, as CI's first run is.
+if "HLOALIAS_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["HLOALIAS_CACHE_DIR"] = tempfile.mkdtemp(prefix="hloalias-test-cache-")
+
 import warnings
 from collections.abc import Callable, Iterator
 

@@ -66,6 +66,9 @@ def test_upstream_lowering_clamps_negative_indices(monkeypatch: pytest.MonkeyPat
     clamps it to 0: this pins that (if it fails, upstream normalizes now
     and our rewrite is redundant, not wrong)."""
     monkeypatch.setattr(importer, "normalize_indices", lambda graph, constants: False)
+    # The program cache keys hloalias's sources, not a patched function: the
+    # unnormalized program must not be stored for the identical lambda below.
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
     f = lambda x, i: x[:, i] * 1.0  # noqa: E731
     raw = hloalias.compile(f, (X, IDX))
     assert torch.equal(raw(X, IDX), X[:, torch.tensor([0, 0, 0])])
@@ -102,5 +105,8 @@ def test_remainder_takes_the_divisors_sign(name: str) -> None:
 
 def test_upstream_remainder_is_fmod(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importer, "normalize_indices", lambda graph, constants: False)
+    # The program cache keys hloalias's sources, not a patched function: the
+    # unnormalized program must not be stored for the identical lambda below.
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
     a = torch.tensor([-7, -1, 5])
     assert hloalias.compile(lambda a: torch.remainder(a, 3), (a,))(a).tolist() == [-1, -1, 2]
