@@ -103,6 +103,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Generated programs in `test_differential.py` (`scripts/fuzz.sh` raises it)."),
     Setting("HLOALIAS_STATEFUL_EXAMPLES", "integer", 25, "development",
             "Generated stateful programs in `test_differential_stateful.py`."),
+    Setting("HLOALIAS_TRAINING_EXAMPLES", "integer", None, "development",
+            "Generated training steps (optimizers under learning-rate schedules, lr 0 included) in "
+            "`test_differential_stateful.py`; unset: a quarter of the stateful programs, at least 6."),
     Setting("HLOALIAS_DIFF_SEED", "integer", None, "development",
             "The differential tests' seed (replay a failure); unset: the fixed CI sequence."),
     Setting("HLOALIAS_DIFF_KNOWN_BUGS", "flag", False, "development",

@@ -158,10 +158,12 @@ class _Case:
 
 _REFUSAL_PATTERNS = (
     (re.compile(r"torch-mlir cannot lower (\S+)"), "lowering"),
+    (re.compile(r"returns a tensor's as_strided view"), "as-strided-view"),
     (re.compile(r"lowering to the \S+ failed"), "lowering-failed"),
     (re.compile(r"is a torch.sparse"), "sparse"),
     (re.compile(r"of kind TOKEN"), "effect-token"),
     (re.compile(r"data.dependent|value as a Python number|dynamic dimension|dynamic shape", re.I), "dynamic-shape"),
+    (re.compile(r"reads a traced tensor's value on the host"), "host-read"),
     (re.compile(r"complex", re.I), "complex"),
     (re.compile(r"XLA compile failed"), "xla-compile"),
     (re.compile(r"torch.export failed"), "export"),

@@ -142,7 +142,8 @@ func.func @main(%cache: tensor<1x2x8x4xf32>, %row: tensor<1x2x1x4xf32>, %i: tens
 def test_widened_write_equals_the_one_row_write_at_every_start() -> None:
     from hloalias.mlir import new_context, parse_module, print_module
     from hloalias.passes import WidenOneRowUpdates
-    from hloalias.runtime.pjrt import array_to_torch, compile_module, device_for, torch_to_device
+    from hloalias.runtime.ownership import array_to_torch, torch_to_device
+    from hloalias.runtime.pjrt import compile_module, device_for
 
     module = parse_module(_ONE_ROW_WRITE, new_context())
     assert WidenOneRowUpdates().apply(module).widened == 1
