@@ -273,29 +273,35 @@ def read_entry(key: str, suffix: str) -> bytes | None:
     file suffix ``suffix``, or None: cache disabled, directory or key not
     trusted (warned once), no entry, or an entry rejected (warned, removed).
     Counts nothing but rejections; the caller counts hits and misses."""
-    if not enabled():
+    place = _trusted_place(create=False)
+    if place is None:
         return None
-    directory = cache_dir()
-    if not _trusted_directory(directory, create=False):
-        return None
-    secret = _secret()
-    if secret is None:
-        return None
+    directory, secret = place
     return _read(_entry_path(directory, key, suffix), key, suffix, secret)
 
 
 def write_entry(key: str, suffix: str, payload: bytes) -> bool:
     """Store ``payload`` under ``key`` (see :func:`read_entry`), then keep
     the directory within the size bound; False when nothing was written."""
+    place = _trusted_place(create=True)
+    if place is None:
+        return False
+    directory, secret = place
+    return _write(directory, _entry_path(directory, key, suffix), key, suffix, payload, secret)
+
+
+def _trusted_place(create: bool) -> tuple[str, bytes] | None:
+    """The cache directory and the user's secret, or None: cache disabled,
+    directory or key not trusted (each warned once)."""
     if not enabled():
-        return False
+        return None
     directory = cache_dir()
-    if not _trusted_directory(directory, create=True):
-        return False
+    if not _trusted_directory(directory, create=create):
+        return None
     secret = _secret()
     if secret is None:
-        return False
-    return _write(directory, _entry_path(directory, key, suffix), key, suffix, payload, secret)
+        return None
+    return directory, secret
 
 
 def load_or_compile(
