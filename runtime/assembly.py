@@ -1,19 +1,121 @@
-"""Output assembly: a result the ``eliminate-view-results`` pass removed
-comes back as a real torch view of its base (an input, the state or
-another result), rebuilt from the recorded geometry (:class:`_Rebuild`):
-:func:`_view_of` of the base, in the caller's strides where they differ
-(:mod:`hloalias.runtime.strided_views`)."""
+"""Output assembly: a call's results as the torch values eager returns.
+
+- A result of the program becomes a tensor over its runtime buffer
+  (:func:`direct_outputs` for a plan whose outputs are all results; on CPU
+  a buffer lent to torch: :mod:`hloalias.runtime.ownership`).
+- A result the ``eliminate-view-results`` pass removed comes back as a
+  real torch view of its base (an input, the state or another result),
+  rebuilt from the recorded geometry (:class:`_Rebuild`): :func:`_view_of`
+  of the base, in the caller's strides where they differ
+  (:mod:`hloalias.runtime.strided_views`).  A constant output is the
+  recorded constant.
+- Outputs take the program's output structure (a tensor, a flat tuple, or
+  the pytree ``out_spec``).
+
+Contract: assembly reads the committed call (the state slots' new
+buffers, the caller tensors' new values); it changes no state, so an
+exception here leaves the module state the call's
+(:mod:`hloalias.runtime.execution`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
+import jax
 import torch
+import torch.utils._pytree as pytree
 
 from hloalias.errors import ExecutionError
-from hloalias.runtime.ownership import _itemsize
-from hloalias.runtime.plan import _Rebuild
+from hloalias.runtime.ownership import DeviceTensor, _host_result, _itemsize, _result_tensor, array_to_torch
+from hloalias.runtime.plan import _CallPlan, _Rebuild
 from hloalias.runtime.strided_views import strided_view_of
+
+if TYPE_CHECKING:
+    from hloalias.runtime.executable import Executable
+
+
+def _structured(exe: "Executable", flat: list[Any]) -> Any:
+    """``flat`` outputs in the program's output structure."""
+    if exe._flat_outputs:
+        return flat[0] if exe._single_output else tuple(flat)
+    return pytree.tree_unflatten(flat, exe._signature.out_spec)
+
+
+def direct_outputs(exe: "Executable", plan: _CallPlan, outputs: Sequence[jax.Array]) -> Any:
+    """The outputs of a call whose every output is a result of the program
+    (``plan.direct_outputs``): a tensor over each result's buffer."""
+    if plan.host_results:
+        flat = [_host_result(outputs[result.position], result) for result in plan.outputs]
+    else:
+        flat = [array_to_torch(outputs[result.position]) for result in plan.outputs]
+    return _structured(exe, flat)
+
+
+def assemble_outputs(
+    exe: "Executable", inputs: dict[int, Any], arg_tensors: dict[int, Any], produced: dict[str, jax.Array]
+) -> Any:
+    """The outputs of a call in general: results (``produced``, by key),
+    constants, and rebuilt views of their bases; ``arg_tensors`` are the
+    tensors views of user inputs are views of (the caller's tensor, or the
+    resolved copy it was read through)."""
+    torch_results: dict[str, Any] = {}
+
+    def base_tensor(key: str) -> Any:
+        kind, index = exe._rebuild_bases[key]
+        if kind == "output":
+            return result(key)
+        state_name = exe._arg_plan[index][1]
+        if state_name is not None:
+            return array_to_torch(exe._state_array(state_name))
+        value = inputs[index]
+        return value.to_torch() if isinstance(value, DeviceTensor) else arg_tensors[index]
+
+    def result(key: str) -> Any:
+        if key in torch_results:
+            return torch_results[key]
+        if key in produced:
+            value = _result_tensor(produced[key])
+        elif key in exe._constant_outputs:
+            value = exe._constant_outputs[key]
+        else:
+            rebuild = exe._rebuilds[key]
+            if rebuild.base is None:
+                value = None
+            else:
+                base = base_tensor(rebuild.base)
+                same = rebuild.identity and base.dtype == rebuild.dtype
+                value = base if same else _view_of(base, rebuild)
+                if value.requires_grad:
+                    # Compiled results never carry autograd history:
+                    # a pass-through of a grad input is its detach().
+                    value = value.detach()
+        torch_results[key] = value
+        return value
+
+    return _structured(exe, [result(key) for key in exe._output_keys])
+
+
+def input_views(exe: "Executable", recipes: tuple[tuple[int, _Rebuild], ...], inputs: dict[int, Any]) -> Any:
+    """The outputs of a program that is not run and returns only user
+    inputs and same-dtype views of them (``_CallPlan.input_views``), as
+    :func:`assemble_outputs` makes them for plain row-major tensors without
+    grad or lazy bits: the input itself, or ``as_strided`` on it.  None
+    (nothing done) for any other input: the caller takes the general
+    path."""
+    flat = []
+    for index, rebuild in recipes:
+        value = inputs[index]
+        if (
+            type(value) is not torch.Tensor or value.requires_grad or value.is_conj() or value.is_neg()
+            or not value.is_contiguous()
+        ):
+            return None
+        flat.append(value if rebuild.identity else value.as_strided(
+            rebuild.sizes, rebuild.strides, value.storage_offset() + rebuild.offset
+        ))
+    return _structured(exe, flat)
+
 
 def _view_base(value: Any, fallback: Any) -> Any:
     """The tensor a rebuilt view of user input ``value`` is a view of: the

@@ -1,5 +1,11 @@
-"""Execution: ``compile`` runs the whole pipeline and returns an
+"""The runtime's façade: ``compile`` runs the whole pipeline and returns an
 :class:`Executable` that behaves like calling the torch program eagerly.
+A call binds and checks its inputs here, then goes, in order, through
+:mod:`~hloalias.runtime.plan` (the frozen call plan, built once),
+:mod:`~hloalias.runtime.execution` (import, dispatch, wait, commit) and
+:mod:`~hloalias.runtime.assembly` (the outputs); state lives in
+:mod:`~hloalias.runtime.state`, and torch memory meets PJRT buffers only
+in :mod:`~hloalias.runtime.ownership`.  What every call guarantees:
 
 - Results the ``eliminate-view-results`` pass removed come back as real
   torch views (``as_strided``) of their base: the input tensor, the module
@@ -28,7 +34,8 @@
   elsewhere; treat it as consumed.
 - Every call is a transaction: once the program ran, any exception
   (``KeyboardInterrupt`` included) completes the commit before it leaves
-  (``Executable._settle``), so module state is the call's and usable.
+  (:func:`hloalias.runtime.execution.settle`; on a mesh too), so module
+  state is the call's and usable.
 - Inputs must match the example inputs' shapes and dtypes; anything else is
   an :class:`ExecutionError` (compile again for another signature).  Calls
   bind like the eager function: positional or keyword, in any order.
@@ -41,7 +48,8 @@
   update mid-program; XLA cannot).
 - A call that fails leaves the module state and every caller tensor as they
   were.  Calls of executables that share module state are serialized.
-- Single-device CPU calls of the common kind (see :func:`_native_lane`) run
+- Single-device CPU calls of the common kind (see
+  :func:`hloalias.runtime.lane._native_lane`) run
   in native code (``hloalias.runtime._lane``) with the same results and
   errors: a call it does not take runs here, in Python, before anything
   changed.  ``HLOALIAS_NATIVE=0`` (read when an executable is made) keeps
@@ -52,8 +60,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
-import inspect
 import os
 import threading
 import weakref
@@ -72,7 +78,7 @@ from hloalias import attributes as A, config, observe
 from hloalias.observe import traced_compile
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage, import_torch
-from hloalias.contract import DonationRequest, Signature, StoredLayout, resolve_donations, row_major_strides, verify
+from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verify
 from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
@@ -89,43 +95,30 @@ from hloalias.runtime import program_cache
 from hloalias.runtime.export_cache import import_cached
 from hloalias.runtime.stages import pass_lines, run_passes
 from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_shardings
-from hloalias.runtime.assembly import _as_view, _view_base, _view_of
-from hloalias.runtime.lane import _LANE_FALLBACK, _lane_refusal, _native_lane
+from hloalias.runtime.assembly import input_views
+from hloalias.runtime.execution import run_mesh, run_planned
+from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane
 from hloalias.runtime.ownership import (
-    _BACKINGS,
-    _BACKINGS_SWEEP_AT,
     DeviceTensor as DeviceTensor,
-    HostBacking,
-    _backing_of,
-    _can_reseat,
-    _forget_import,
-    _host_result,
     _itemsize,
     _numel,
-    _register_backing,
-    _resolved,
-    _result_tensor,
     _share_memory,
     _tensor_for_device,
-    _torch_dtype_of_jax,
     _writable_on_host,
     array_to_torch,
-    host_backed_tensor,
     to_device as to_device,
     torch_to_device,
 )
-from hloalias.runtime.pjrt import MemoryStats, compile_module, device_for, memory_stats, precision_options
+from hloalias.runtime.pjrt import compile_module, device_for, memory_stats, precision_options
 from hloalias.runtime.plan import (
     _TORCH_DTYPES,
-    _ArgStep,
     _CallConvention,
     _CallPlan,
     _describe_spec,
     _Rebuild,
-    _ResultStep,
     _torch_dtype,
 )
-from hloalias.runtime.state import _form_text, _GROUPS, _state_group, _StateGroup, _StateSlot, _stored_form
+from hloalias.runtime.state import _form_text, _state_group, _StateGroup, _StateSlot
 
 try:  # the native call path (tests read whether it is built here)
     from hloalias.runtime import _lane
@@ -599,10 +592,10 @@ class Executable:
         )
         self._plan = _CallPlan(self) if not self._placement.spmd else None
         #: Zero-copy imports of read-only torch inputs, reused while the same
-        #: tensor object covers the same memory (see :meth:`_import_input`).
+        #: tensor object covers the same memory (see :func:`execution.import_input`).
         self._imports: dict[int, tuple[weakref.ref[torch.Tensor], int, jax.Array]] = {}
         #: The native call path for calls the plan's common kind covers
-        #: (:func:`_native_lane`), or None: every call takes the Python path
+        #: (:func:`~hloalias.runtime.lane._native_lane`), or None: every call takes the Python path
         #: (``_python_only_reason`` says why).
         self._lane, self._python_only_reason = _native_lane(self, self._plan)
 
@@ -932,14 +925,14 @@ class Executable:
         if plan is not None and plan.input_views is not None:
             # Not run (no results, no donation) and every output a view of
             # a user input: no state is read or written, nothing to serialize.
-            outputs = self._input_views(plan.input_views, inputs)
+            outputs = input_views(self, plan.input_views, inputs)
             if outputs is not None:
                 self._calls += 1
                 return outputs
         with self._group.lock if self._slots else _NO_LOCK:
             if plan is not None:
-                return self._run_planned(plan, inputs)
-            return self._run(inputs)
+                return run_planned(self, plan, inputs)
+            return run_mesh(self, inputs)
 
     def _user_leaves(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """The tensor inputs of a call, in ``@main``'s user-input order."""
@@ -1045,498 +1038,9 @@ class Executable:
                     "compile again on one laid out like this"
                 )
 
-    def _run(self, inputs: dict[int, Any]) -> Any:
-        arrays: list[jax.Array] = []
-        bases: dict[int, torch.Tensor] = {}
-        backings: dict[int, HostBacking] = {}
-        reseatable: set[int] = set()
-        donated_slots: dict[int, int] = {}
-        for index, state_name in self._arg_plan:
-            if state_name is not None:
-                array = self._state_array(state_name)
-                if index in self._donated_args:
-                    if id(array) in donated_slots:
-                        raise ExecutionError(
-                            f"module state '{state_name}' is the same buffer as "
-                            f"'{self._names[donated_slots[id(array)]]}' (tied) and the program writes or "
-                            "donates it; XLA cannot take one buffer twice as a donor"
-                        )
-                    donated_slots[id(array)] = index
-                arrays.append(array)
-                continue
-            value = inputs[index]
-            if isinstance(value, DeviceTensor):
-                if self._placement.spmd:
-                    raise ExecutionError(
-                        f"input '{self._names[index]}' is a DeviceTensor; a program on a mesh takes "
-                        "torch tensors and places them by its shardings"
-                    )
-                arrays.append(value.array)
-                continue
-            # Host backings and re-seating are for one CPU device; on a mesh
-            # an input is copied into PJRT-owned shards.
-            spmd = self._placement.spmd
-            # Only a mutated input's runtime buffer is written in place: a
-            # donated tensor is left as it was, wherever it came from.
-            aliased = not spmd and index in self._self_aliased
-            backing = _backing_of(value, self._input_nbytes[index]) if aliased else None
-            if backing is not None:
-                backings[index] = backing
-                bases[index] = value
-                arrays.append(backing.array)
-            else:
-                if not spmd and index in self._self_aliased and _can_reseat(value):
-                    # Decided before the zero-copy export below adds a
-                    # reference to the storage (released asynchronously).
-                    reseatable.add(index)
-                tensor = _resolved(value)
-                tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
-                bases[index] = tensor
-                arrays.append(
-                    self._placement.put(tensor, index) if spmd
-                    else torch_to_device(tensor, self.device, owned=False)
-                )
-        try:
-            results = self._loaded.execute_sharded(arrays)
-            if self._placement.spmd:
-                outputs = self._placement.assemble_outputs(self._loaded, results, self._result_shapes)
-            else:
-                outputs = [shards[0] for shards in results.disassemble_into_single_device_arrays()]
-        except Exception as error:
-            raise ExecutionError(f"XLA execution failed: {error}") from None
-        self._calls += 1
-        produced = dict(zip(self._result_keys, outputs))
-        # Drop the zero-copy imports of caller tensors: they hold a reference
-        # to the caller's storage, which would block re-seating it.
-        kept = {
-            index: array for index, array in enumerate(arrays)
-            if self._arg_plan[index][1] is not None or not isinstance(inputs.get(index), torch.Tensor)
-        }
-        arrays.clear()
-        del results
-        call_name = f"in call {self._calls}"
-        # Commit: nothing below can fail on valid inputs (checked above).
-        for index in self._donated_args:
-            state_name = self._arg_plan[index][1]
-            if state_name is not None:
-                slot = self._slots[state_name]
-                if self._mutation_keys[index] is None and kept[index].is_deleted():
-                    slot.array = None
-                    slot.consumed_by = call_name
-            elif isinstance(inputs[index], DeviceTensor) and self._mutation_keys[index] is None:
-                inputs[index]._consume(call_name)
-        arg_tensors: dict[int, Any] = {}
-        for index, state_name in self._arg_plan:
-            mutation_key = self._mutation_keys[index]
-            new_value = produced.get(mutation_key) if mutation_key is not None else None
-            if state_name is not None:
-                if new_value is not None:
-                    slot = self._slots[state_name]
-                    slot.array = self._commit(state_name, kept[index], new_value)
-                    slot.consumed_by = None
-                continue
-            value = inputs[index]
-            if isinstance(value, DeviceTensor):
-                if new_value is not None:
-                    value._rebind(self._commit(None, kept[index], new_value))
-                continue
-            if new_value is None:
-                arg_tensors[index] = _view_base(value, bases[index])
-                continue
-            self._update_caller_tensor(index, value, new_value, backings.get(index), index in reseatable)
-            # Views of the new value share the caller's tensor, as in eager
-            # (whatever its strides: _assemble_outputs); one with a lazy bit
-            # holds other values than its storage, so they view the new value.
-            view_base = _view_base(value, None)
-            arg_tensors[index] = view_base if view_base is not None else array_to_torch(new_value)
-        return self._assemble_outputs(inputs, arg_tensors, produced)
-
-    def _run_planned(self, plan: _CallPlan, inputs: dict[int, Any]) -> Any:
-        """:meth:`_run` for one device, driven by ``plan`` (see
-        :class:`_CallPlan`): the same steps and guarantees, with the facts of
-        the program precomputed and, after the call, work only for the
-        arguments that have some.  Inputs were checked by ``__call__``."""
-        if not plan.executes:
-            self._calls += 1
-            views_of: dict[int, Any] = {}
-            for step in plan.user_steps:
-                value = inputs[step.index]
-                if not isinstance(value, DeviceTensor):
-                    views_of[step.index] = _view_base(value, _resolved(value))
-            return self._assemble_outputs(inputs, views_of, {})
-        bases: dict[int, torch.Tensor] = {}
-        backings: dict[int, HostBacking] = {}
-        reseatable: set[int] = set()
-        user_arrays: list[jax.Array] = []
-        for step in plan.user_steps:
-            value = inputs[step.index]
-            if isinstance(value, DeviceTensor):
-                user_arrays.append(value.array)
-                continue
-            if (
-                step.imported and plan.host_results
-                and value.is_contiguous() and not value.is_conj() and not value.is_neg()
-            ):
-                # The common read-only input: imported as it is (the import
-                # of the last call reused while it is the same tensor).
-                bases[step.index] = value
-                user_arrays.append(self._import_input(step.index, value))
-                continue
-            if step.in_place is not None:
-                backing = _backing_of(value, self._input_nbytes[step.index])
-                if backing is not None:
-                    backings[step.index] = backing
-                    bases[step.index] = value
-                    user_arrays.append(backing.array)
-                    continue
-                if step.reseat and _can_reseat(value):
-                    # Decided before the zero-copy export below adds a
-                    # reference to the storage (released asynchronously).
-                    reseatable.add(step.index)
-            tensor = _resolved(value)
-            tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
-            bases[step.index] = tensor
-            user_arrays.append(torch_to_device(tensor, self.device, owned=False))
-        arrays = plan.arguments(self, user_arrays)
-        del user_arrays
-        if len(plan.donated_state) > 1:
-            # A tie takes two donors; a consumed donor fails in the
-            # dispatch below, whose error path names it.
-            self._check_donated_state(plan)
-        try:
-            outputs = plan.dispatch.run(arrays)
-        except Exception as error:
-            self._execution_failed(plan, error)
-        # The program ran (donated buffers are gone): from here on, any
-        # exception (KeyboardInterrupt included) commits before it leaves,
-        # so the module state is the call's, never half of it (_settle).
-        kept: dict[int, Any] = {step.index: arrays[step.index] for step in plan.kept}
-        try:
-            try:
-                # Zero-copy imports of caller tensors are read until the
-                # program ends: return only then (the caller may write them next).
-                plan.dispatch.wait(outputs)
-            except Exception as error:
-                self._execution_failed(plan, error)
-            self._calls += 1
-            # Dropping the list drops the zero-copy imports of caller tensors
-            # (they hold a reference to the caller's storage, which would
-            # block re-seating); ``kept`` holds what commit reads.
-            del arrays
-            return self._finish_planned(plan, inputs, bases, backings, reseatable, kept, outputs)
-        except (ExecutionError, DonatedBufferError):
-            raise
-        except BaseException:
-            self._settle(plan, inputs, bases, backings, reseatable, kept, outputs)
-            raise
-
-    def _execution_failed(self, plan: _CallPlan, error: Exception) -> NoReturn:
-        """Raise the error of a planned call whose execution failed
-        (:class:`DonatedBufferError` naming a consumed state buffer, else
-        :class:`ExecutionError`).  Nothing was committed."""
-        for step in plan.steps:
-            if step.slot is not None:
-                self._state_array(step.name)  # a consumed state buffer, in words
-        raise ExecutionError(f"XLA execution failed: {error}") from None
-
-    def _settle(
-        self, plan: _CallPlan, inputs: dict[int, Any], bases: dict[int, torch.Tensor],
-        backings: dict[int, HostBacking], reseatable: set[int], kept: dict[int, Any], outputs: Sequence[jax.Array],
-    ) -> None:
-        """The commit of a call whose program ran, after an exception
-        (``KeyboardInterrupt`` included) left it unfinished: the waiting, the
-        commit or the outputs.  Its donated buffers are gone, so the state
-        can only be the call's: every mutated state slot and runtime buffer
-        behind a written input takes its new value (the commit is
-        idempotent: a step already done is found done), and the results are
-        dropped.  The native call path calls it too.  An error of its own
-        is not raised over the one being handled."""
-        try:
-            self._commit_planned(plan, inputs, backings, reseatable, kept, outputs)
-        except BaseException:  # noqa: BLE001 - the caller re-raises the first error
-            pass
-
-    def _finish_planned(
-        self, plan: _CallPlan, inputs: dict[int, Any], bases: dict[int, torch.Tensor],
-        backings: dict[int, HostBacking], reseatable: set[int], kept: dict[int, Any], outputs: Sequence[jax.Array],
-    ) -> Any:
-        """The commit and outputs of a planned call that ran (``outputs``,
-        ready; ``_calls`` counts it): ``bases`` are the caller tensors (or
-        their resolved copies) the arguments were made from, ``backings``
-        the runtime buffers passed for inputs they back, ``reseatable`` the
-        inputs that may move onto their new buffer, ``kept`` the pre-call
-        arrays of :attr:`_CallPlan.kept`.  Also the native call path's
-        (``_lane``) for a call whose results are not the usual ones.  On any
-        exception the commit is completed (:meth:`_settle`) before it leaves."""
-        try:
-            arg_tensors = self._commit_planned(plan, inputs, backings, reseatable, kept, outputs)
-        except BaseException:
-            self._settle(plan, inputs, bases, backings, reseatable, kept, outputs)
-            raise
-        if plan.direct_outputs:
-            if plan.host_results:
-                flat = [_host_result(outputs[result.position], result) for result in plan.outputs]
-            else:
-                flat = [array_to_torch(outputs[result.position]) for result in plan.outputs]
-            if self._flat_outputs:
-                return flat[0] if self._single_output else tuple(flat)
-            return pytree.tree_unflatten(flat, self._signature.out_spec)
-        for step in plan.user_steps:
-            if step.index not in arg_tensors and step.index in bases:
-                arg_tensors[step.index] = _view_base(inputs[step.index], bases[step.index])
-        return self._assemble_outputs(inputs, arg_tensors, dict(zip(self._result_keys, outputs)))
-
-    def _commit_planned(
-        self, plan: _CallPlan, inputs: dict[int, Any], backings: dict[int, HostBacking], reseatable: set[int],
-        kept: dict[int, Any], outputs: Sequence[jax.Array],
-    ) -> dict[int, Any]:
-        """Commit a planned call that ran: state slots, runtime buffers
-        behind written inputs, caller tensors and donated DeviceTensors take
-        their new values.  Returns the tensors rebuilt views of written
-        inputs are views of.  Idempotent: run again after an exception
-        stopped it part way (:meth:`_settle`), each step already done is
-        found done (a slot or runtime buffer holds its new array; a caller
-        tensor already on its new buffer is left there)."""
-        moved: set[int] | frozenset[int] = _NOTHING
-        for index, lent in backings.items():
-            if lent.array.is_deleted() and (
-                outputs[plan.steps[index].in_place].unsafe_buffer_pointer() != lent.address  # type: ignore[index]
-            ):
-                moved = self._check_in_place(plan, inputs, backings, outputs)
-                break
-        # Commit: nothing below can fail on valid inputs (checked above).
-        if plan.consumed:
-            call_name = f"in call {self._calls}"
-            for step in plan.consumed:
-                value = inputs.get(step.index)
-                if step.slot is not None:
-                    if kept[step.index].is_deleted():
-                        step.slot.array = None
-                        step.slot.consumed_by = call_name
-                elif isinstance(value, DeviceTensor):
-                    value._consume(call_name)
-        arg_tensors: dict[int, Any] = {}
-        for step in plan.after:
-            new_value = outputs[step.mutated] if step.mutated is not None else None
-            if step.slot is not None:
-                if new_value is not None:
-                    step.slot.array = self._commit(step.name, kept[step.index], new_value)
-                    step.slot.consumed_by = None
-                continue
-            value = inputs[step.index]
-            backing = backings.get(step.index)
-            # Found done when committing again (_settle): the buffer already
-            # holds the result XLA wrote into its memory.
-            written_in_place = backing is not None and backing.array is outputs[step.in_place]  # type: ignore[index]
-            if backing is not None and step.index not in moved and backing.array.is_deleted():
-                # XLA wrote the aliased result into the donated buffer (its
-                # address was checked above; it is ready): that result now
-                # owns the memory the caller's tensor shows.
-                backing.array = outputs[step.in_place]  # type: ignore[index]
-                written_in_place = True
-            if isinstance(value, DeviceTensor):
-                if new_value is not None:
-                    value._rebind(self._commit(None, kept[step.index], new_value))
-                continue
-            if new_value is None:
-                continue
-            if not written_in_place and step.index not in moved:
-                self._update_caller_tensor(step.index, value, new_value, backing, step.index in reseatable)
-            if not plan.direct_outputs:
-                # Views of the new value share the caller's tensor, as in
-                # eager (whatever its strides: _assemble_outputs); one with a
-                # lazy bit holds other values than its storage, so they view
-                # the new value.
-                view_base = _view_base(value, None)
-                arg_tensors[step.index] = view_base if view_base is not None else array_to_torch(new_value)
-        return arg_tensors
-
-    def _input_views(self, recipes: tuple[tuple[int, _Rebuild], ...], inputs: dict[int, Any]) -> Any:
-        """The outputs of a program that is not run and returns only user
-        inputs and same-dtype views of them (``_CallPlan.input_views``), as
-        the general assembly makes them for plain row-major tensors without
-        grad or lazy bits: the input itself, or ``as_strided`` on it.  None
-        (nothing done) for any other input: the caller takes the general
-        path."""
-        flat = []
-        for index, rebuild in recipes:
-            value = inputs[index]
-            if (
-                type(value) is not torch.Tensor or value.requires_grad or value.is_conj() or value.is_neg()
-                or not value.is_contiguous()
-            ):
-                return None
-            flat.append(value if rebuild.identity else value.as_strided(
-                rebuild.sizes, rebuild.strides, value.storage_offset() + rebuild.offset
-            ))
-        if self._flat_outputs:
-            return flat[0] if self._single_output else tuple(flat)
-        return pytree.tree_unflatten(flat, self._signature.out_spec)
-
-    def _import_input(self, index: int, tensor: torch.Tensor) -> jax.Array:
-        """The CPU device's zero-copy view of read-only input ``tensor``
-        (contiguous, no lazy bits).  The import of the previous call is
-        reused while it is the same tensor object at the same address: the
-        import *is* that memory (no copy), so it always shows the tensor's
-        current data, however it was written (``.numpy()`` writes bump no
-        version counter), and it keeps the memory it views alive.  Shape and
-        dtype were checked, so the same address means the same bytes.  The
-        entry goes when the tensor does (or a new tensor is passed); only
-        inputs that are not written are imported this way, so it never stands
-        in the way of re-seating a written one.  A donated input's import is
-        not kept: the call consumes it (PJRT deletes the imported array; the
-        caller's memory stays as it was)."""
-        found = self._imports.get(index)
-        address = tensor.data_ptr()
-        if found is not None and found[0]() is tensor and found[1] == address:
-            return found[2]
-        # Exported from a new tensor over the same storage: an export of
-        # ``tensor`` itself would keep its Python object alive (torch
-        # preserves it while its C++ tensor is referenced), so the entry
-        # would never go.
-        array = torch_to_device(tensor.detach(), self.device, owned=False)
-        if array.unsafe_buffer_pointer() == address and index not in self._donated_args:  # zero-copy: reusable
-            reference = weakref.ref(tensor, functools.partial(_forget_import, self._imports, index))
-            self._imports[index] = (reference, address, array)
-        return array
-
-    def _check_donated_state(self, plan: _CallPlan) -> None:
-        """DonatedBufferError for a donated state buffer already consumed,
-        ExecutionError for one buffer taken twice as a donor (tied state).
-        Other state is not checked here: a consumed buffer is None in the
-        argument list or a deleted array, which PJRT refuses before running
-        anything, and the error path of the call names it."""
-        donors: dict[int, int] = {}
-        for step in plan.donated_state:
-            array = self._slot_array(step.name)  # the buffer itself: no copy in another form
-            if id(array) in donors:
-                raise ExecutionError(
-                    f"module state '{step.name}' is the same buffer as "
-                    f"'{self._names[donors[id(array)]]}' (tied) and the program writes or "
-                    "donates it; XLA cannot take one buffer twice as a donor"
-                )
-            donors[id(array)] = step.index
-
-    def _check_in_place(
-        self, plan: _CallPlan, inputs: dict[int, Any], backings: dict[int, HostBacking],
-        outputs: Sequence[jax.Array],
-    ) -> set[int] | frozenset[int]:
-        """Check that XLA wrote each donated runtime buffer's aliased result
-        in place (the runtime relies on it: the caller's tensor shows that
-        memory).  PJRT does so whenever it takes a donation; if it ever did
-        not, the donated memory is released under the tensor, so the tensor
-        is moved onto the result (correct when nothing else views its
-        storage); with other views, ExecutionError: they show released memory.
-        Returns the inputs so moved (they hold their new value)."""
-        moved: set[int] = set()
-        for index, backing in backings.items():
-            if not backing.array.is_deleted():
-                continue  # not donated: XLA wrote elsewhere and commit copies back
-            step = plan.steps[index]
-            assert step.in_place is not None
-            result = outputs[step.in_place]
-            if result.unsafe_buffer_pointer() == backing.address:
-                continue
-            value = inputs[index]
-            alone = _can_reseat(value)
-            tensor, fresh = host_backed_tensor(result, value.dtype, tuple(value.shape), backing.nbytes)
-            with torch.no_grad():
-                value.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
-            _register_backing(fresh)
-            moved.add(index)
-            if not alone:
-                raise ExecutionError(
-                    f"XLA wrote the new value of input '{step.name}' to a new buffer instead of into its "
-                    "donated buffer; the tensor now holds it, but other views of its old memory are invalid"
-                )
-        return moved
-
-    def _update_caller_tensor(
-        self, index: int, value: torch.Tensor, new_value: jax.Array, backing: HostBacking | None,
-        reseatable: bool,
-    ) -> None:
-        """Give the caller's tensor its new value, as cheaply as is correct:
-        nothing to do when XLA wrote it in place (it is backed by a runtime
-        buffer that was donated); re-seat it onto the new buffer when nothing
-        else views its storage (no copy; later calls then update in place);
-        else copy the new value back (counted in ``host_copies``)."""
-        if backing is not None:
-            if backing.array.is_deleted() and backing.rebind(new_value):
-                return
-            if not backing.array.is_deleted():
-                with torch.no_grad():
-                    value.copy_(array_to_torch(new_value))
-                self._count_copy(self._names[index])
-                return
-            # Donated but written elsewhere (never for an input aliased to
-            # its own result): the tensor moves to the new buffer.
-        if reseatable and _writable_on_host(new_value):
-            tensor, fresh = host_backed_tensor(new_value, value.dtype, tuple(value.shape))
-            with torch.no_grad():
-                value.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
-            _register_backing(fresh)
-            return
-        with torch.no_grad():
-            value.copy_(array_to_torch(new_value))
-        self._count_copy(self._names[index])
-
     def _count_copy(self, name: str) -> None:
         self.host_copies[name] = self.host_copies.get(name, 0) + 1
 
-    def _commit(self, state_name: str | None, old: jax.Array, new: jax.Array) -> jax.Array:
-        """The buffer that holds an updated argument after a call.  When XLA
-        wrote in place (the old buffer was donated) that is ``new``; when the
-        old buffer is still alive (a torch view of it is held, or it was not
-        aliased) the new value is copied into it on the host so that every
-        view of it stays live, as eager's would."""
-        if old.is_deleted() or not _writable_on_host(old):
-            return new
-        array_to_torch(old).copy_(array_to_torch(new))
-        if state_name is not None:
-            self._count_copy(state_name)
-        return old
-
-    def _assemble_outputs(
-        self, inputs: dict[int, Any], arg_tensors: dict[int, Any], produced: dict[str, jax.Array]
-    ) -> Any:
-        torch_results: dict[str, Any] = {}
-
-        def base_tensor(key: str) -> Any:
-            kind, index = self._rebuild_bases[key]
-            if kind == "output":
-                return result(key)
-            state_name = self._arg_plan[index][1]
-            if state_name is not None:
-                return array_to_torch(self._state_array(state_name))
-            value = inputs[index]
-            return value.to_torch() if isinstance(value, DeviceTensor) else arg_tensors[index]
-
-        def result(key: str) -> Any:
-            if key in torch_results:
-                return torch_results[key]
-            if key in produced:
-                value = _result_tensor(produced[key])
-            elif key in self._constant_outputs:
-                value = self._constant_outputs[key]
-            else:
-                rebuild = self._rebuilds[key]
-                if rebuild.base is None:
-                    value = None
-                else:
-                    base = base_tensor(rebuild.base)
-                    same = rebuild.identity and base.dtype == rebuild.dtype
-                    value = base if same else _view_of(base, rebuild)
-                    if value.requires_grad:
-                        # Compiled results never carry autograd history:
-                        # a pass-through of a grad input is its detach().
-                        value = value.detach()
-            torch_results[key] = value
-            return value
-
-        flat = [result(key) for key in self._output_keys]
-        if self._flat_outputs:
-            return flat[0] if self._single_output else tuple(flat)
-        return pytree.tree_unflatten(flat, self._signature.out_spec)
 
     def _state_array(self, name: str) -> jax.Array:
         """State ``name``'s buffer in the layout this program reads.  When
@@ -1593,4 +1097,3 @@ class Executable:
 
 
 _NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing
-_NOTHING: frozenset[int] = frozenset()

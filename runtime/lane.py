@@ -5,10 +5,12 @@ runtime/_lane.cpp."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch.utils._pytree as pytree
 
+from hloalias.runtime import execution
 from hloalias.runtime.ownership import _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking, _register_backing
 from hloalias.runtime.pjrt import native_enabled
 from hloalias.runtime.plan import _CallPlan
@@ -96,6 +98,8 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
         tuple(step.index for step in plan.kept), mode,
         len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots), unflatten,
         exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
-        _register_backing, exe._import_input, exe._finish_planned, exe._execution_failed, exe._settle, _LANE_FALLBACK,
+        _register_backing, functools.partial(execution.import_input, exe),
+        functools.partial(execution.finish_planned, exe), functools.partial(execution.execution_failed, exe),
+        functools.partial(execution.settle, exe), _LANE_FALLBACK,
     )
     return lane, None

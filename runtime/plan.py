@@ -226,13 +226,13 @@ class _CallPlan:
     may be re-seated, lazy bits, contiguity) is read on each call; no device
     copy of a torch tensor is kept across calls (the zero-copy import of a
     read-only input, which *is* its memory, is reused while the same tensor
-    object sits at the same address: ``Executable._import_input``).  So a
+    object sits at the same address: ``execution.import_input``).  So a
     tensor whose dtype,
     shape or device changed since the last call is refused, and one whose
     memory changed is read afresh.  State arrays are read from their slots
     on each call, so a ``load_state_dict`` or another executable's update
     is seen.  Mesh (SPMD) programs have no plan: they take the general
-    path (``Executable._run``)."""
+    path (``execution.run_mesh``)."""
 
     def __init__(self, exe: "Executable") -> None:
         results = {key: position for position, key in enumerate(exe._result_keys)}
@@ -312,7 +312,7 @@ class _CallPlan:
         self.direct_outputs = self.direct_outputs and len(self.outputs) == len(exe._output_keys)
         #: For a program that is not run: when every user output is a user
         #: input or a same-dtype view of one, (input index, rebuild) per
-        #: output; :meth:`Executable._input_views` then makes the outputs
+        #: output; :func:`assembly.input_views` then makes the outputs
         #: without the general assembly.  None otherwise.
         self.input_views: tuple[tuple[int, _Rebuild], ...] | None = None
         if not self.executes:

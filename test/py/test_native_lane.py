@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import hloalias
 from hloalias.errors import ExecutionError
-from hloalias.runtime import executable as executable_module
+from hloalias.runtime import executable as executable_module, ownership
 
 NATIVE = executable_module._lane is not None
 
@@ -249,7 +249,7 @@ def _many_results() -> Iterator[torch.Tensor]:
 def test_result_tensors_keep_their_buffers_and_free_them_when_dropped() -> None:
     held = list(_many_results())
     assert all(torch.equal(t, torch.ones(16)) for t in held)
-    registry = executable_module._BACKINGS
+    registry = ownership._BACKINGS
     live = sum(1 for reference in registry.values() if reference() is not None)
     assert live >= len(held)
     del held

@@ -20,7 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import hloalias
-from hloalias.runtime import executable as executable_module
+from hloalias.runtime import executable as executable_module, execution as execution_module, state as state_module
 
 PATHS = ["native", "python"]
 
@@ -73,13 +73,13 @@ def inject(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, hloalias.
     def at(stage: str, exe: hloalias.Executable) -> None:
         fired = [0]
         if stage == "before-run":
-            original_put = executable_module.torch_to_device
+            original_put = execution_module.torch_to_device
 
             def put(*args: Any, **kwargs: Any) -> Any:
                 _raise_once(fired)
                 return original_put(*args, **kwargs)
 
-            monkeypatch.setattr(executable_module, "torch_to_device", put)
+            monkeypatch.setattr(execution_module, "torch_to_device", put)
         elif stage == "after-run":
             dispatch = exe._plan.dispatch  # type: ignore[union-attr]
             original_wait = dispatch.wait
@@ -90,7 +90,7 @@ def inject(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, hloalias.
 
             monkeypatch.setattr(dispatch, "wait", wait)
         elif stage == "commit":
-            slot_type = executable_module._StateSlot
+            slot_type = state_module._StateSlot
             prop = slot_type.__dict__["array"]
 
             def setter(slot: Any, value: Any) -> None:
@@ -224,3 +224,113 @@ def test_functionalization_drops_copy_conversions_upstream() -> None:
     output = next(node for node in graph.nodes if node.op == "output")
     returned = output.args[0]
     assert all(value.meta["val"].dtype == torch.float32 for value in returned)
+
+
+# -- a mesh: the same transaction -------------------------------------------------------
+
+
+def _mesh_or_skip() -> hloalias.Mesh:
+    import jax
+
+    if len(jax.devices("cpu")) < 2:
+        pytest.skip("fewer than 2 CPU devices (conftest forces the host device count)")
+    return hloalias.Mesh((2,), ("dp",), platform="cpu")
+
+
+@pytest.fixture
+def inject_mesh(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, hloalias.Executable], None]]:
+    """``inject_mesh(stage, exe)``: the next call of ``exe`` (a program on a
+    mesh) raises at ``stage``."""
+
+    def at(stage: str, exe: hloalias.Executable) -> None:
+        fired = [0]
+        placement = exe._placement
+        if stage == "before-run":
+            original_put = placement.put
+
+            def put(*args: Any, **kwargs: Any) -> Any:
+                _raise_once(fired)
+                return original_put(*args, **kwargs)
+
+            monkeypatch.setattr(placement, "put", put)
+        elif stage == "after-run":
+            original_assemble = placement.assemble_outputs
+
+            def assemble(*args: Any, **kwargs: Any) -> Any:
+                _raise_once(fired)
+                return original_assemble(*args, **kwargs)
+
+            monkeypatch.setattr(placement, "assemble_outputs", assemble)
+        elif stage == "commit":
+            slot_type = state_module._StateSlot
+            prop = slot_type.__dict__["array"]
+
+            def setter(slot: Any, value: Any) -> None:
+                _raise_once(fired)
+                prop.fset(slot, value)
+
+            monkeypatch.setattr(slot_type, "array", property(prop.fget, setter))
+        elif stage == "outputs":
+            original_unflatten = pytree.tree_unflatten
+
+            def unflatten(*args: Any, **kwargs: Any) -> Any:
+                _raise_once(fired)
+                return original_unflatten(*args, **kwargs)
+
+            monkeypatch.setattr(pytree, "tree_unflatten", unflatten)
+        else:
+            raise AssertionError(stage)
+
+    yield at
+
+
+def test_a_mesh_call_stopped_at_any_stage_leaves_state_before_or_after_and_usable(
+    monkeypatch: pytest.MonkeyPatch, inject_mesh: Callable[[str, hloalias.Executable], None]
+) -> None:
+    """The mesh call path (no call plan): the same transaction as one device."""
+    mesh = _mesh_or_skip()
+    module = Counter()
+    exe = hloalias.compile(module, (torch.ones(4),), mesh=mesh, shardings={"x": ("dp",)})
+    assert exe._plan is None  # the mesh path
+    # The state is donated and written in place: an interrupted commit would lose it.
+    assert any(entry["argument"] == "count" for entry in exe.aliases)
+    eager = Counter()
+    x = torch.tensor([0.5, 1.0, 1.5, 2.0])
+    torch.testing.assert_close(exe(x.clone())["y"], eager(x.clone())["y"])
+    for stage in ("before-run", "after-run", "commit", "outputs"):
+        before = exe.state_dict()["count"]
+        with monkeypatch.context():
+            inject_mesh(stage, exe)
+            with pytest.raises(Fault):
+                exe(x.clone())
+        after = exe.state_dict()["count"]  # usable: no DonatedBufferError
+        assert torch.equal(after, before) or torch.equal(after, before + x), (stage, before, after)
+        if not torch.equal(after, before):
+            eager(x.clone())
+        for _ in range(2):
+            torch.testing.assert_close(exe(x.clone())["y"], eager(x.clone())["y"])
+        torch.testing.assert_close(exe.state_dict()["count"], eager.count)
+
+
+def test_a_mesh_call_interrupted_after_it_ran_keeps_the_call_state() -> None:
+    """After the program ran its donated state buffer is gone: the state
+    must be the call's (not lost), as on one device."""
+    mesh = _mesh_or_skip()
+    exe = hloalias.compile(Counter(), (torch.ones(4),), mesh=mesh, shardings={"x": ("dp",)})
+    placement = exe._placement
+    original = placement.assemble_outputs
+    fired = [0]
+
+    def assemble(*args: Any, **kwargs: Any) -> Any:
+        _raise_once(fired)
+        return original(*args, **kwargs)
+
+    placement.assemble_outputs = assemble  # type: ignore[method-assign]
+    try:
+        with pytest.raises(Fault):
+            exe(torch.ones(4))
+    finally:
+        placement.assemble_outputs = original  # type: ignore[method-assign]
+    assert torch.equal(exe.state_dict()["count"], torch.ones(4))
+    exe(torch.ones(4))
+    assert torch.equal(exe.state_dict()["count"], torch.full((4,), 2.0))

@@ -547,7 +547,7 @@ def test_4_backing_registry_stays_bounded_and_keeps_the_live_buffers() -> None:
     """Results dropped by the caller leave dead registry entries that are
     swept; a tensor updated in place kept alive across many sweeps is
     still found (written in place) on every call."""
-    from hloalias.runtime import executable
+    from hloalias.runtime import ownership
 
     update = hloalias.compile(lambda x: x.mul_(2).add_(1), (torch.zeros(64),))
     fresh = hloalias.compile(lambda x: x + 1, (torch.zeros(32),))
@@ -561,9 +561,9 @@ def test_4_backing_registry_stays_bounded_and_keeps_the_live_buffers() -> None:
             update(y)
             assert y.data_ptr() == address  # still found: XLA wrote in place
     assert all(torch.equal(t, torch.ones(32)) for t in held)
-    live = sum(1 for reference in executable._BACKINGS.values() if reference() is not None)
+    live = sum(1 for reference in ownership._BACKINGS.values() if reference() is not None)
     assert live >= len(held) + 1
-    assert len(executable._BACKINGS) <= 2 * live + 64
+    assert len(ownership._BACKINGS) <= 2 * live + 64
 
 
 # -- 15: the precomputed call plan (issue 14) ------------------------------------------------
