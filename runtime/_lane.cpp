@@ -1,11 +1,11 @@
 // The native call path of a single-device CPU executable (hloalias.runtime._lane).
 //
-// A Lane runs one call of an Executable whose call plan (runtime/executable.py,
+// A Lane runs one call of an Executable whose call plan (runtime/plan.py,
 // _CallPlan) is of the common kind: every user input a plain torch CPU tensor,
 // read-only inputs imported zero-copy, written inputs backed by a runtime
 // buffer from an earlier call (so XLA writes them in place), mutated state
 // donated and written in place, every output a result of the program.  It does
-// what Executable._run_planned does for such a call, without the interpreter:
+// what hloalias.runtime.execution.run_planned does for such a call, without the interpreter:
 // the per-call checks read the tensors' C++ metadata, and result tensors are
 // made over the runtime's buffers with torch's from_blob.
 //
@@ -19,16 +19,21 @@
 //   again and raises the error, copies or re-seats as it always does.
 // - After the program ran, results that are not the usual ones (a written
 //   input XLA did not write in place, a state buffer still alive because a
-//   view of it is held) go to Executable._finish_planned, the Python commit,
+//   view of it is held) go to execution.finish_planned, the Python commit,
 //   with everything the Python path would pass it.  A failed execution goes
-//   to Executable._execution_failed, which raises.
+//   to execution.execution_failed, which raises.
 // - Every call is a transaction: once the program ran (its donated buffers
 //   are gone), any error before the commit is done (KeyboardInterrupt in the
-//   wait, a failed attribute write) goes to Executable._settle, which
+//   wait, a failed attribute write) goes to execution.settle, which
 //   completes the commit in Python, and is then raised as it came.
 // - The dispatch and the wait are the plan's own (SingleDeviceDispatch's
 //   fast-path `entry`, else `run`, and `wait`); the lock is the module's,
 //   held as the Python path holds it.
+// - ABI_VERSION (a module attribute) numbers the Lane constructor's arguments
+//   and what the lane reads of the plan and the executable; runtime/lane.py
+//   uses a build only when it carries the number that file expects (a stale
+//   build takes the Python path, saying why in explain()).  Bump both
+//   together whenever either changes.
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -71,6 +76,9 @@ struct Output {
 };
 
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
+
+// See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
+constexpr long kAbiVersion = 1;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
@@ -347,7 +355,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     const UserInput& input = users[j];
     PyObject* array = nullptr;
     if (!input.in_place) {
-      // Executable._import_input's reuse test, else that method itself.
+      // execution.import_input's reuse test, else that function itself.
       PyObject* found = PyDict_GetItemWithError(self->refs[IMPORTS], input.index);
       if (found == nullptr && PyErr_Occurred()) return nullptr;
       if (found != nullptr && PyTuple_Check(found) && PyTuple_GET_SIZE(found) == 3 &&
@@ -428,7 +436,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     }
   }
   // One buffer twice among the donated state (tied state both written):
-  // the Python path refuses it (Executable._check_donated_state).
+  // the Python path refuses it (execution._check_donated_state).
   const std::vector<Py_ssize_t>& donated = *self->donated_state;
   for (size_t a = 0; a < donated.size(); ++a) {
     for (size_t b = a + 1; b < donated.size(); ++b) {
@@ -461,8 +469,8 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     PyObject* run_args[] = {arrays};
     results = PyObject_Vectorcall(run, run_args, 1, nullptr);
   }
-  // The commit of Executable._finish_planned (`fn`: it, or _settle), with
-  // what _run_planned would pass it.
+  // The commit of execution.finish_planned (`fn`: it, or settle), with
+  // what run_planned would pass it.
   auto commit_in_python = [&](PyObject* fn, PyObject* results_seq) -> PyObject* {
     PyObject* inputs = refs.keep(PyDict_New());
     PyObject* bases = refs.keep(PyDict_New());
@@ -486,7 +494,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     return PyObject_Vectorcall(fn, commit_args, 7, nullptr);
   };
   // The program ran and an error stops the call before its commit is done:
-  // Executable._settle completes it; the error is raised as it came.
+  // execution.settle completes it; the error is raised as it came.
   auto settle = [&](PyObject* ran) -> PyObject* {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
@@ -495,7 +503,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       refs.keep(sequence);
       Py_XDECREF(commit_in_python(self->refs[SETTLE], sequence));
     }
-    PyErr_Clear();  // _settle raises nothing of its own over the call's error
+    PyErr_Clear();  // settle raises nothing of its own over the call's error
     PyErr_Restore(type, value, traceback);
     return nullptr;
   };
@@ -522,7 +530,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     Py_XDECREF(value);
     Py_XDECREF(traceback);
     Py_XDECREF(none);
-    if (none != nullptr) PyErr_SetString(PyExc_RuntimeError, "Executable._execution_failed returned");
+    if (none != nullptr) PyErr_SetString(PyExc_RuntimeError, "execution.execution_failed returned");
     return nullptr;
   }
   PyObject* results_fast = refs.keep(PySequence_Fast(results, "results"));
@@ -530,7 +538,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject** result = PySequence_Fast_ITEMS(results_fast);
   Py_ssize_t result_count = PySequence_Fast_GET_SIZE(results_fast);
 
-  // The call ran: counted, as _run_planned counts it.
+  // The call ran: counted, as run_planned counts it.
   long long calls = int_attribute(self->refs[EXE], s_calls);
   if (calls < 0) return settle(results_fast);
   PyObject* new_calls = refs.keep(PyLong_FromLongLong(calls + 1));
@@ -556,7 +564,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     usual = deleted;
   }
   if (!usual) {
-    // Executable._finish_planned, with what _run_planned would pass.
+    // execution.finish_planned, with what run_planned would pass.
     ++self->finished_in_python;
     PyObject* done = commit_in_python(self->refs[FINISH], results_fast);
     return done != nullptr ? done : settle(results_fast);
@@ -635,7 +643,7 @@ PyObject* lane_call(Lane* self, PyObject* args, PyObject* kwargs) {
 
 // Lane(exe, plan, users, pairs, state, donated_state, outputs, kept, mode, refill, state_count, unflatten,
 //      lock, imports, backings, sweep_at, host_backing, register_backing,
-//      import_input, finish, failed, settle, fallback); see hloalias.runtime.executable._native_lane.
+//      import_input, finish, failed, settle, fallback); see hloalias.runtime.lane._native_lane.
 int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject *exe, *plan, *users, *pairs, *state, *donated, *outputs, *kept, *unflatten, *lock, *imports, *backings,
       *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle, *fallback;
@@ -964,7 +972,8 @@ PyMODINIT_FUNC PyInit__lane() {
   PyObject* module = PyModule_Create(&module_def);
   if (module == nullptr) return nullptr;
   if (PyModule_AddObjectRef(module, "Lane", reinterpret_cast<PyObject*>(&LaneType)) < 0 ||
-      PyModule_AddObjectRef(module, "Waiter", reinterpret_cast<PyObject*>(&WaiterType)) < 0) {
+      PyModule_AddObjectRef(module, "Waiter", reinterpret_cast<PyObject*>(&WaiterType)) < 0 ||
+      PyModule_AddIntConstant(module, "ABI_VERSION", kAbiVersion) < 0) {
     Py_DECREF(module);
     return nullptr;
   }

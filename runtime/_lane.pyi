@@ -2,6 +2,9 @@
 
 from typing import Any
 
+#: The lane's interface number (runtime/lane.py checks it; see _lane.cpp).
+ABI_VERSION: int
+
 class Lane:
     """One executable's native call path: ``lane(user_inputs)`` returns the
     call's outputs, or the ``fallback`` object given at construction when

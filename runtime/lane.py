@@ -1,7 +1,13 @@
 """The native call path's set-up: whether an executable's plan is of the
 kind ``hloalias.runtime._lane.Lane`` runs (:func:`_lane_refusal`) and the
 lane built from the plan's data (:func:`_native_lane`); the lane itself is
-runtime/_lane.cpp."""
+runtime/_lane.cpp.
+
+Contract: a build of the extension is used only when it carries the
+interface number this file expects (``_lane.ABI_VERSION`` ==
+:data:`_LANE_ABI_VERSION`); a stale build (from an older ``_lane.cpp``)
+leaves every call on the Python path and ``explain()`` says so, with how
+to rebuild it."""
 
 from __future__ import annotations
 
@@ -26,12 +32,34 @@ except ImportError:  # not built here: every call takes the Python path
 #: What a native lane returns for a call it leaves to the Python path.
 _LANE_FALLBACK = object()
 
+#: The interface number of the ``Lane`` this file builds (its constructor's
+#: arguments, what it reads of the plan and the executable): runtime/_lane.cpp's
+#: ``kAbiVersion``.  Bump both together.
+_LANE_ABI_VERSION = 1
+
+_REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
+
+
+def _build_refusal() -> str | None:
+    """Why the built extension cannot be used here (words for
+    ``explain()``), or None: it is missing, or a stale build."""
+    if _lane is None:
+        return "the native call path (hloalias.runtime._lane) is not built here"
+    built = getattr(_lane, "ABI_VERSION", None)
+    if built != _LANE_ABI_VERSION:
+        return (
+            f"the native call path's build is stale (hloalias.runtime._lane has interface version "
+            f"{built if built is not None else 'none'}, this runtime needs {_LANE_ABI_VERSION}); {_REBUILD}"
+        )
+    return None
+
 
 def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
     """Why ``exe`` has no native call path (words for ``explain()``), or
     None when it can have one (see :func:`_native_lane`)."""
-    if _lane is None:
-        return "the native call path (hloalias.runtime._lane) is not built here"
+    built = _build_refusal()
+    if built is not None:
+        return built
     if not native_enabled():
         return "HLOALIAS_NATIVE=0"
     if plan is None:
@@ -90,16 +118,19 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
     else:
         spec = exe._signature.out_spec
         mode, unflatten = 2, (lambda flat: pytree.tree_unflatten(flat, spec))
-    lane = _lane.Lane(
-        exe, plan, users,
-        tuple((user_position[first], user_position[second]) for first, second in exe._write_pairs),
-        state, tuple(step.index for step in plan.donated_state),
-        tuple((result.position, result.dtype, tuple(result.shape), result.nbytes) for result in plan.outputs),
-        tuple(step.index for step in plan.kept), mode,
-        len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots), unflatten,
-        exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
-        _register_backing, functools.partial(execution.import_input, exe),
-        functools.partial(execution.finish_planned, exe), functools.partial(execution.execution_failed, exe),
-        functools.partial(execution.settle, exe), _LANE_FALLBACK,
-    )
+    try:
+        lane = _lane.Lane(
+            exe, plan, users,
+            tuple((user_position[first], user_position[second]) for first, second in exe._write_pairs),
+            state, tuple(step.index for step in plan.donated_state),
+            tuple((result.position, result.dtype, tuple(result.shape), result.nbytes) for result in plan.outputs),
+            tuple(step.index for step in plan.kept), mode,
+            len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots), unflatten,
+            exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
+            _register_backing, functools.partial(execution.import_input, exe),
+            functools.partial(execution.finish_planned, exe), functools.partial(execution.execution_failed, exe),
+            functools.partial(execution.settle, exe), _LANE_FALLBACK,
+        )
+    except TypeError as error:  # a build whose Lane takes other arguments than these
+        return None, f"the native call path's build does not match this runtime ({error}); {_REBUILD}"
     return lane, None

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import hloalias
 from hloalias.errors import ExecutionError
-from hloalias.runtime import executable as executable_module, ownership
+from hloalias.runtime import executable as executable_module, lane as lane_module, ownership
 
 NATIVE = executable_module._lane is not None
 
@@ -31,8 +31,9 @@ pytestmark = pytest.mark.skipif(
 
 def test_the_native_call_path_is_built_where_required() -> None:
     # scripts/venv.sh requires it (HLOALIAS_REQUIRE_NATIVE=1): CI must not
-    # silently measure and test only the Python path.
+    # silently measure and test only the Python path, nor a stale build.
     assert NATIVE
+    assert lane_module._build_refusal() is None
 
 
 def kv_update(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -286,6 +287,46 @@ def test_explain_names_the_call_path_and_why(monkeypatch: pytest.MonkeyPatch) ->
     assert "call path: Python (an output is a rebuilt view, a constant or empty)" in viewing.explain()
     assert "call path: Python (HLOALIAS_NATIVE=0)" in python_path(monkeypatch, kv_update, (cache, torch.ones(3, 4))).explain()
 
+
+
+def test_a_stale_build_takes_the_python_path_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build of runtime/_lane.cpp whose interface number is not the one
+    runtime/lane.py expects (an older source) is not used: every call takes
+    the Python path with eager's results, and explain() says how to rebuild."""
+    monkeypatch.setattr(lane_module, "_LANE_ABI_VERSION", lane_module._LANE_ABI_VERSION + 1)
+    exe = hloalias.compile(kv_update, (torch.zeros(3, 5, 4), torch.zeros(3, 4)))
+    assert exe._lane is None
+    line = next(line for line in exe.explain().splitlines() if line.startswith("call path:"))
+    assert "call path: Python (the native call path's build is stale" in line
+    assert f"this runtime needs {lane_module._LANE_ABI_VERSION}" in line and "scripts/venv.sh" in line
+    cache, eager_cache = torch.zeros(3, 5, 4), torch.zeros(3, 5, 4)
+    out = exe(cache, torch.ones(3, 4))
+    assert torch.equal(out, kv_update(eager_cache, torch.ones(3, 4))) and torch.equal(cache, eager_cache)
+
+
+class _OldLane:
+    """A Lane from an older build: another constructor."""
+
+    def __init__(self, *args: Any) -> None:
+        raise TypeError(f"function takes exactly 22 arguments ({len(args)} given)")
+
+
+def test_a_build_without_an_interface_number_or_with_another_constructor_is_not_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A build from before the interface number (no ``ABI_VERSION``), and
+    one whose ``Lane`` takes other arguments: the Python path, not a raw
+    ``TypeError`` at compile."""
+    monkeypatch.setattr(lane_module, "_lane", type("OldBuild", (), {"Lane": _OldLane}))
+    exe = hloalias.compile(lambda x: x * 2, (torch.zeros(4),))
+    assert exe._lane is None and "interface version none" in exe.explain()
+    assert torch.equal(exe(torch.ones(4)), torch.full((4,), 2.0))
+    numbered = type("Build", (), {"Lane": _OldLane, "ABI_VERSION": lane_module._LANE_ABI_VERSION})
+    monkeypatch.setattr(lane_module, "_lane", numbered)
+    exe = hloalias.compile(lambda x: x * 3, (torch.zeros(4),))
+    assert exe._lane is None
+    assert "the native call path's build does not match this runtime (function takes exactly 22" in exe.explain()
+    assert torch.equal(exe(torch.ones(4)), torch.full((4,), 3.0))
 
 def test_executables_sharing_state_see_each_others_updates_under_the_lane() -> None:
     # Each lane refills its plan's cached state list after its commit; the
