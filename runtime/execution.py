@@ -138,6 +138,52 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
         raise
 
 
+def import_input(exe: "Executable", index: int, tensor: torch.Tensor) -> jax.Array:
+    """The CPU device's zero-copy view of read-only input ``tensor``
+    (contiguous, no lazy bits).  The import of the previous call is
+    reused while it is the same tensor object at the same address: the
+    import *is* that memory (no copy), so it always shows the tensor's
+    current data, however it was written (``.numpy()`` writes bump no
+    version counter), and it keeps the memory it views alive.  Shape and
+    dtype were checked, so the same address means the same bytes.  The
+    entry goes when the tensor does (or a new tensor is passed); only
+    inputs that are not written are imported this way, so it never stands
+    in the way of re-seating a written one.  A donated input's import is
+    not kept: the call consumes it (PJRT deletes the imported array; the
+    caller's memory stays as it was)."""
+    found = exe._imports.get(index)
+    address = tensor.data_ptr()
+    if found is not None and found[0]() is tensor and found[1] == address:
+        return found[2]
+    # Exported from a new tensor over the same storage: an export of
+    # ``tensor`` itself would keep its Python object alive (torch
+    # preserves it while its C++ tensor is referenced), so the entry
+    # would never go.
+    array = torch_to_device(tensor.detach(), exe.device, owned=False)
+    if array.unsafe_buffer_pointer() == address and index not in exe._donated_args:  # zero-copy: reusable
+        reference = weakref.ref(tensor, functools.partial(_forget_import, exe._imports, index))
+        exe._imports[index] = (reference, address, array)
+    return array
+
+
+def _check_donated_state(exe: "Executable", plan: _CallPlan) -> None:
+    """DonatedBufferError for a donated state buffer already consumed,
+    ExecutionError for one buffer taken twice as a donor (tied state).
+    Other state is not checked here: a consumed buffer is None in the
+    argument list or a deleted array, which PJRT refuses before running
+    anything, and the error path of the call names it."""
+    donors: dict[int, int] = {}
+    for step in plan.donated_state:
+        array = exe._slot_array(step.name)  # the buffer itself: no copy in another form
+        if id(array) in donors:
+            raise ExecutionError(
+                f"module state '{step.name}' is the same buffer as "
+                f"'{exe._names[donors[id(array)]]}' (tied) and the program writes or "
+                "donates it; XLA cannot take one buffer twice as a donor"
+            )
+        donors[id(array)] = step.index
+
+
 def execution_failed(exe: "Executable", plan: _CallPlan, error: Exception) -> NoReturn:
     """Raise the error of a planned call whose execution failed
     (:class:`DonatedBufferError` naming a consumed state buffer, else
@@ -146,24 +192,6 @@ def execution_failed(exe: "Executable", plan: _CallPlan, error: Exception) -> No
         if step.slot is not None:
             exe._state_array(step.name)  # a consumed state buffer, in words
     raise ExecutionError(f"XLA execution failed: {error}") from None
-
-
-def settle(
-    exe: "Executable", plan: _CallPlan, inputs: dict[int, Any], bases: dict[int, torch.Tensor],
-    backings: dict[int, HostBacking], reseatable: set[int], kept: dict[int, Any], outputs: Sequence[jax.Array],
-) -> None:
-    """The commit of a call whose program ran, after an exception
-    (``KeyboardInterrupt`` included) left it unfinished: the waiting, the
-    commit or the outputs.  Its donated buffers are gone, so the state
-    can only be the call's: every mutated state slot and runtime buffer
-    behind a written input takes its new value (the commit is
-    idempotent: a step already done is found done), and the results are
-    dropped.  The native call path calls it too.  An error of its own
-    is not raised over the one being handled."""
-    try:
-        commit_planned(exe, plan, inputs, backings, reseatable, kept, outputs)
-    except BaseException:  # noqa: BLE001 - the caller re-raises the first error
-        pass
 
 
 def finish_planned(
@@ -189,6 +217,24 @@ def finish_planned(
         if step.index not in arg_tensors and step.index in bases:
             arg_tensors[step.index] = _view_base(inputs[step.index], bases[step.index])
     return assemble_outputs(exe, inputs, arg_tensors, dict(zip(exe._result_keys, outputs)))
+
+
+def settle(
+    exe: "Executable", plan: _CallPlan, inputs: dict[int, Any], bases: dict[int, torch.Tensor],
+    backings: dict[int, HostBacking], reseatable: set[int], kept: dict[int, Any], outputs: Sequence[jax.Array],
+) -> None:
+    """The commit of a call whose program ran, after an exception
+    (``KeyboardInterrupt`` included) left it unfinished: the waiting, the
+    commit or the outputs.  Its donated buffers are gone, so the state
+    can only be the call's: every mutated state slot and runtime buffer
+    behind a written input takes its new value (the commit is
+    idempotent: a step already done is found done), and the results are
+    dropped.  The native call path calls it too.  An error of its own
+    is not raised over the one being handled."""
+    try:
+        commit_planned(exe, plan, inputs, backings, reseatable, kept, outputs)
+    except BaseException:  # noqa: BLE001 - the caller re-raises the first error
+        pass
 
 
 def commit_planned(
@@ -255,52 +301,6 @@ def commit_planned(
             view_base = _view_base(value, None)
             arg_tensors[step.index] = view_base if view_base is not None else array_to_torch(new_value)
     return arg_tensors
-
-
-def import_input(exe: "Executable", index: int, tensor: torch.Tensor) -> jax.Array:
-    """The CPU device's zero-copy view of read-only input ``tensor``
-    (contiguous, no lazy bits).  The import of the previous call is
-    reused while it is the same tensor object at the same address: the
-    import *is* that memory (no copy), so it always shows the tensor's
-    current data, however it was written (``.numpy()`` writes bump no
-    version counter), and it keeps the memory it views alive.  Shape and
-    dtype were checked, so the same address means the same bytes.  The
-    entry goes when the tensor does (or a new tensor is passed); only
-    inputs that are not written are imported this way, so it never stands
-    in the way of re-seating a written one.  A donated input's import is
-    not kept: the call consumes it (PJRT deletes the imported array; the
-    caller's memory stays as it was)."""
-    found = exe._imports.get(index)
-    address = tensor.data_ptr()
-    if found is not None and found[0]() is tensor and found[1] == address:
-        return found[2]
-    # Exported from a new tensor over the same storage: an export of
-    # ``tensor`` itself would keep its Python object alive (torch
-    # preserves it while its C++ tensor is referenced), so the entry
-    # would never go.
-    array = torch_to_device(tensor.detach(), exe.device, owned=False)
-    if array.unsafe_buffer_pointer() == address and index not in exe._donated_args:  # zero-copy: reusable
-        reference = weakref.ref(tensor, functools.partial(_forget_import, exe._imports, index))
-        exe._imports[index] = (reference, address, array)
-    return array
-
-
-def _check_donated_state(exe: "Executable", plan: _CallPlan) -> None:
-    """DonatedBufferError for a donated state buffer already consumed,
-    ExecutionError for one buffer taken twice as a donor (tied state).
-    Other state is not checked here: a consumed buffer is None in the
-    argument list or a deleted array, which PJRT refuses before running
-    anything, and the error path of the call names it."""
-    donors: dict[int, int] = {}
-    for step in plan.donated_state:
-        array = exe._slot_array(step.name)  # the buffer itself: no copy in another form
-        if id(array) in donors:
-            raise ExecutionError(
-                f"module state '{step.name}' is the same buffer as "
-                f"'{exe._names[donors[id(array)]]}' (tied) and the program writes or "
-                "donates it; XLA cannot take one buffer twice as a donor"
-            )
-        donors[id(array)] = step.index
 
 
 def _check_in_place(
