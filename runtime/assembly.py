@@ -49,7 +49,10 @@ def direct_outputs(exe: "Executable", plan: _CallPlan, outputs: Sequence[jax.Arr
         flat = [_host_result(outputs[result.position], result) for result in plan.outputs]
     else:
         flat = [array_to_torch(outputs[result.position]) for result in plan.outputs]
-    return _structured(exe, flat)
+    # _structured inline: every Python-path call comes here.
+    if exe._flat_outputs:
+        return flat[0] if exe._single_output else tuple(flat)
+    return pytree.tree_unflatten(flat, exe._signature.out_spec)
 
 
 def assemble_outputs(
