@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from typing import Any
 
 import pytest
@@ -172,19 +171,22 @@ def test_imported_program_is_one_main_with_lapack_calls() -> None:
     assert "stablehlo.fft" in fft_text and "RFFT" in fft_text
 
 
-def test_program_from_the_disk_cache_runs_lapack() -> None:
-    """A program read back from the disk cache lowers nothing, so nothing
-    filled in jaxlib's LAPACK function pointers: the first call jumped
-    through a null one (a segfault) before the runtime initialized them."""
-    program = (
+def test_program_from_the_disk_cache_runs_lapack(tmp_path: Any) -> None:
+    """A program read back from the disk caches (the imported program and
+    its executable) lowers nothing, so nothing filled in jaxlib's LAPACK
+    function pointers: its first call jumped through a null one (a
+    segfault) before the runtime initialized them.  (The function is in a
+    file: the program cache keys a function by its source.)"""
+    script = tmp_path / "det_program.py"
+    script.write_text(
         "import torch, hloalias\n"
-        "a = torch.eye(3) * 2\n"
-        "print(hloalias.compile(torch.linalg.det, (a,))(a).item())\n"
+        "a = torch.eye(4) * 2  # 4x4: jnp.linalg.det has a closed form up to 3x3\n"
+        "print(hloalias.compile(lambda m: torch.linalg.det(m), (a,))(a).item())\n"
     )
-    env = dict(os.environ, HLOALIAS_CACHE_DIR=tempfile.mkdtemp(prefix="hloalias-lapack-cache-"), HLOALIAS_PROGRAM_CACHE="0")
+    env = dict(os.environ, HLOALIAS_CACHE_DIR=str(tmp_path / "cache"))
     for run in ("compiles and stores", "loads from the disk cache"):
-        child = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=600, env=env)
-        assert child.returncode == 0 and child.stdout.strip() == "8.0", (run, child.returncode, child.stderr[-2000:])
+        child = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
+        assert child.returncode == 0 and child.stdout.strip() == "16.0", (run, child.returncode, child.stderr[-2000:])
 
 
 def test_custom_op_runs_eagerly_with_jax() -> None:
