@@ -15,7 +15,9 @@ Two parts, both used by :func:`hloalias.frontend.importer.import_torch`:
   arithmetic, pools torch-mlir refuses (``ceil_mode``, ``divisor_override``,
   3-d max pools with indices) by explicit windows, ``cdist``, ``isclose``,
   ``angle``; special functions (``lgamma``, ``digamma``, ``polygamma``,
-  ``zeta``, ``erfinv``, ...) from :mod:`hloalias.frontend.special_functions`.
+  ``zeta``, ``erfinv``, ...) from :mod:`hloalias.frontend.special_functions`;
+  linalg and fft by JAX's lowering rules from
+  :mod:`hloalias.frontend.linalg_fft`.
   A decomposition returns ``NotImplemented`` for arguments it does not
   cover, which leaves the op to torch-mlir (and its refusal, if any).
 - :func:`prepare_graph`: rewrites of the decomposed graph that keep

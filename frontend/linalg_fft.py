@@ -8,17 +8,25 @@ the rules add to JAX's functions is torch's conventions: 1-based LU pivots,
 (the first zero pivot, or the first leading minor that is not positive
 definite), the ``(atol, rtol)`` cut-off of ``pinv``.
 
-fft: torch's ``fft_*`` functions are composites of three primitives,
-``_fft_r2c``, ``_fft_c2c`` and ``_fft_c2r``, which torch-mlir cannot lower;
-the composites are expanded (their own decomposition) and the primitives
-become ``jnp.fft.rfftn`` / ``fftn`` / ``ifftn`` / ``irfftn`` with torch's
-normalization.  ``fftshift`` and ``ifftshift`` expand to ``roll``.
+fft: each ``fft_*`` function is its ``jnp.fft`` namesake (numpy's
+signature, and so torch's; integer inputs promoted as torch does);
+``hfft2/n`` and ``ihfft2/n``, which jnp lacks, are numpy's definition of
+``hfft`` over n dims (the real transform of the conjugate, normalization
+swapped); the primitives ``_fft_r2c/c2c/c2r`` (and their prims) map to
+``rfftn``/``fftn``/``ifftn``/``irfftn`` with torch's normalization.
+Complex helpers: ``view_as_real`` (a copy: the graph is functional),
+``abs`` of a complex tensor (torch-mlir lowers it as ``abs`` of the real
+part, a wrong value) and ``conj_physical``.
 
-Errors eager raises for a singular or non positive-definite matrix
-(``_linalg_check_errors``, an op with an effect) are dropped: a compiled
-program cannot raise; its results are what LAPACK leaves (NaN or inf), as
-in JAX and torch_xla.  Not covered: ``ldl_factor``/``ldl_solve`` (JAX has
-no LDL rule), ``lstsq`` (torch.export refuses it)."""
+Errors eager raises for a singular or non positive-definite matrix are
+not raised: ``inv``, ``cholesky``, ``solve`` and ``lu_factor`` map to
+rules directly, without the ``_linalg_check_errors`` torch would trace (an
+op with an effect, which the importer refuses), and the ``*_ex`` ops'
+``check_errors=True`` is ignored; a compiled program cannot raise, its
+results are what LAPACK leaves (inf or NaN), as in JAX and torch_xla.
+Not covered: ``ldl_factor``/``ldl_solve`` (JAX has no LDL rule), ``lstsq``
+(torch.export refuses it), ``pivot=False`` LU (torch's CPU kernel has none
+either)."""
 
 from __future__ import annotations
 
