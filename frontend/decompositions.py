@@ -15,7 +15,9 @@ Two parts, both used by :func:`hloalias.frontend.importer.import_torch`:
   arithmetic, pools torch-mlir refuses (``ceil_mode``, ``divisor_override``,
   3-d max pools with indices) by explicit windows, ``cdist``, ``isclose``,
   ``angle``; special functions (``lgamma``, ``digamma``, ``polygamma``,
-  ``zeta``, ``erfinv``, ...) from :mod:`hloalias.frontend.special_functions`.
+  ``zeta``, ``erfinv``, ...) from :mod:`hloalias.frontend.special_functions`;
+  linalg and fft by JAX's lowering rules from
+  :mod:`hloalias.frontend.linalg_fft`.
   A decomposition returns ``NotImplemented`` for arguments it does not
   cover, which leaves the op to torch-mlir (and its refusal, if any).
 - :func:`prepare_graph`: rewrites of the decomposed graph that keep
@@ -45,6 +47,7 @@ from typing import Any
 import torch
 import torch._decomp
 
+from hloalias.frontend.linalg_fft import linalg_fft_decompositions
 from hloalias.frontend.special_functions import special_decompositions
 
 aten = torch.ops.aten
@@ -790,6 +793,7 @@ def extra_decompositions() -> dict[Any, Callable[..., Any]]:
     table = _torch_entries()
     table.update(_own_entries())
     table.update(special_decompositions())
+    table.update(linalg_fft_decompositions())
     return table
 
 

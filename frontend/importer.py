@@ -51,7 +51,7 @@ from hloalias.mlir import (
     walk_ops,
 )
 from hloalias.repro import write_repro
-from hloalias.frontend import torch_internals
+from hloalias.frontend import jax_lowerings, torch_internals
 from hloalias.frontend.decompositions import extra_decompositions, prepare_graph
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.index_normalization import normalize_indices
@@ -300,6 +300,7 @@ def _import_torch(
     except Exception as error:
         raise TorchImportError(f"torch-mlir's FX importer failed: {error}") from error
     module = importer.module
+    jax_lowered = jax_lowerings.mark_calls(module)
     observe.finish(mark)
     observe.dump("torch", lambda: print_module(module))
     _annotate(module, signature)
@@ -312,6 +313,9 @@ def _import_torch(
     if stage is Stage.STABLEHLO:
         with observe.stage("torch-mlir lowering to StableHLO"):
             _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
+        if jax_lowered:
+            with observe.stage("JAX lowerings"):
+                jax_lowerings.splice(module)
         legalize_tensor_constants(module)
     _annotate(module, signature)
     program = Program(module, stage, signature, state)

@@ -176,6 +176,8 @@ def compile_module(
         prepare_for_xla(module_text)  # raises its CompileError, naming the attribute
     try:
         stripped = prepare_for_xla(module_text, allow_stored_state=True)
+        if "@lapack_" in stripped:
+            _initialize_lapack()
         if options is None:
             options = xla_client.CompileOptions()
         targets = tuple(devices) if devices is not None else (device,)
@@ -193,6 +195,17 @@ def compile_module(
             f"  hloalias-opt {path} --xla-compile",
             repro_path=path,
         ) from None
+
+
+def _initialize_lapack() -> None:
+    """jaxlib's LAPACK kernels (the ``lapack_*_ffi`` custom calls of
+    linalg lowerings, :mod:`hloalias.frontend.jax_lowerings`) call through
+    function pointers that jax fills in when it lowers such an op; a program
+    from the disk cache lowers nothing, and its first call would jump
+    through a null pointer (a segfault).  Idempotent."""
+    from jax._src.lax.linalg import initialize_lapack
+
+    initialize_lapack()
 
 
 def _xla_input(stripped: str) -> str | bytes:

@@ -16,6 +16,9 @@ on them.  :func:`run_case` classifies what happens:
 - ``wrong``: compiled but the outputs or inputs differ from eager's;
 - ``error``: anything else raised (a raw torch/XLA error reaching the
   user is a defect, as a wrong value is);
+- decompositions whose results are unique only in part (singular and
+  eigen vectors: signs, phases) are compared by those parts, per op
+  (:data:`NON_UNIQUE`);
 - ``excluded``: values differ from eager's for an op whose values cannot
   match, with the reason in :data:`EXCLUDED` (random ops: OpInfo seeds
   eager's generator, which XLA's is not; ops with unspecified values):
@@ -214,6 +217,92 @@ def _compare(expected: Any, actual: Any, what: str) -> str | None:
     return None
 
 
+def _close(expected: torch.Tensor, actual: torch.Tensor, label: str) -> str | None:
+    try:
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True, check_stride=False)
+    except AssertionError as error:
+        return f"{label}: {str(error).splitlines()[0]} | " + " ".join(str(error).split("\n")[1:4])
+    return None
+
+
+def _orthonormal_columns(q: torch.Tensor, label: str) -> str | None:
+    gram = q.mH @ q
+    return _close(torch.eye(q.shape[-1], dtype=q.dtype).expand_as(gram), gram, f"{label}^H {label} = I")
+
+
+def _singular_vectors(transposed_v: bool) -> Any:
+    """SVD-like results ``(U, S, V or Vh)``: the singular values are
+    unique, the singular vectors are not (a sign per pair of columns for
+    real matrices, a phase for complex ones, any basis of a repeated
+    value's space): compared are S, the reconstruction ``U_k diag(S) Vh_k``
+    from the first ``k = len(S)`` columns (unique), and whether U's and
+    V's columns are orthonormal."""
+
+    def compare(expected: Any, actual: Any) -> str | None:
+        problem = _shapes(expected, actual)
+        if problem:
+            return problem
+        (eu, es, ev), (au, as_, av) = expected, actual
+        problem = _close(es, as_, "S")
+        if problem or eu.numel() == 0:
+            return problem
+
+        def reconstruct(u: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            vh = v.mH if transposed_v else v
+            k = s.shape[-1]
+            return (u[..., :, :k] * s[..., None, :].to(u.dtype)) @ vh[..., :k, :]
+
+        return (
+            _close(reconstruct(eu, es, ev), reconstruct(au, as_, av), "U diag(S) Vh")
+            or _orthonormal_columns(au, "U")
+            or _orthonormal_columns(av if transposed_v else av.mH, "V")
+        )
+
+    return compare
+
+
+def _hermitian_eigenvectors(expected: Any, actual: Any) -> str | None:
+    """``eigh``: eigenvalues are unique, eigenvectors are not (sign or
+    phase, any basis of a repeated eigenvalue's space): compared are the
+    eigenvalues, ``V diag(w) V^H`` and whether V is unitary."""
+    problem = _shapes(expected, actual)
+    if problem:
+        return problem
+    (ew, ev), (aw, av) = expected, actual
+    return (
+        _close(ew, aw, "eigenvalues")
+        or _close((ev * ew[..., None, :].to(ev.dtype)) @ ev.mH, (av * aw[..., None, :].to(av.dtype)) @ av.mH, "V diag(w) V^H")
+        or _orthonormal_columns(av, "V")
+    )
+
+
+def _eigenvectors_up_to_phase(expected: Any, actual: Any) -> str | None:
+    """``eig``: each eigenvector is unique up to a complex phase (LAPACK
+    normalizes it to unit norm): compared are the eigenvalues and the
+    eigenvectors' moduli, as OpInfo's own gauge for ``linalg.eig``
+    (``abs`` of the eigenvectors) does."""
+    problem = _shapes(expected, actual)
+    if problem:
+        return problem
+    (ew, ev), (aw, av) = expected, actual
+    return _close(ew, aw, "eigenvalues") or _close(ev.abs(), av.abs(), "|eigenvectors|")
+
+
+#: Ops whose results are unique only in part (decompositions): compared
+#: by their unique parts, see each comparison's docstring.  ``svd_lowrank``
+#: and ``pca_lowrank`` also draw a random projection (eager's generator is
+#: not XLA's): their samples' ``q`` covers the matrix's rank, so the
+#: reconstruction is the matrix's either way.
+NON_UNIQUE: dict[str, Any] = {
+    "linalg.svd": _singular_vectors(transposed_v=False),
+    "svd": _singular_vectors(transposed_v=True),
+    "svd_lowrank": _singular_vectors(transposed_v=True),
+    "pca_lowrank": _singular_vectors(transposed_v=True),
+    "linalg.eigh": _hermitian_eigenvectors,
+    "linalg.eig": _eigenvectors_up_to_phase,
+}
+
+
 def _shapes(expected: Any, actual: Any) -> str | None:
     e_leaves = [x for x in pytree.tree_leaves(expected) if isinstance(x, torch.Tensor)]
     a_leaves = [x for x in pytree.tree_leaves(actual) if isinstance(x, torch.Tensor)]
@@ -252,7 +341,10 @@ def run_case(op: Any, dtype: torch.dtype = torch.float32) -> Outcome:
             actual = executable(*inputs)
         except Exception as error:
             return outcome("error", "execution:" + type(error).__name__, str(error).splitlines()[0] if str(error) else "")
-    problem = _compare(expected, actual, "output") or _compare(eager_inputs, inputs, "input")
+    if name in NON_UNIQUE:
+        problem = NON_UNIQUE[name](expected, actual) or _compare(eager_inputs, inputs, "input")
+    else:
+        problem = _compare(expected, actual, "output") or _compare(eager_inputs, inputs, "input")
     if problem is not None and name in EXCLUDED:
         # A random op (OpInfo seeds eager's generator, not XLA's) or one
         # with unspecified values: dtypes and shapes only.
