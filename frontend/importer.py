@@ -51,7 +51,7 @@ from hloalias.mlir import (
     walk_ops,
 )
 from hloalias.repro import write_repro
-from hloalias.frontend import torch_internals
+from hloalias.frontend import crash_guard, torch_internals
 from hloalias.frontend.decompositions import extra_decompositions, prepare_graph
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.index_normalization import normalize_indices
@@ -307,11 +307,25 @@ def _import_torch(
     def locate(aten_name: str) -> str | None:
         return _source_line(f, tuple(args), kwargs, aten_name)
 
-    with observe.stage("torch-mlir lowering to the backend contract"):
-        _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract", locate)
+    # A crash in torch-mlir's native code must not end this process:
+    # frontend/crash_guard.py says when the lowering runs in a child.
+    pipelines = [TORCH_BACKEND_PIPELINE] + ([STABLEHLO_PIPELINE] if stage is Stage.STABLEHLO else [])
+    risky = crash_guard.risky_nodes(exported.graph_module.graph)
+    lowered = None
+    if crash_guard.should_isolate(risky):
+        with observe.stage("torch-mlir lowering in a child process"):
+            lowered = crash_guard.lower_isolated(
+                module, pipelines, crash_guard.program_ops(exported.graph_module.graph), risky, locate
+            )
+    if lowered is not None:
+        module = lowered
+    else:
+        with observe.stage("torch-mlir lowering to the backend contract"):
+            _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract", locate)
+        if stage is Stage.STABLEHLO:
+            with observe.stage("torch-mlir lowering to StableHLO"):
+                _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
     if stage is Stage.STABLEHLO:
-        with observe.stage("torch-mlir lowering to StableHLO"):
-            _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
         legalize_tensor_constants(module)
     _annotate(module, signature)
     program = Program(module, stage, signature, state)
