@@ -14,6 +14,8 @@ float64 and cast back to the input's floating dtype:
 - ``i0``, ``special.i0e``, ``i1``, ``i1e``, ``modified_bessel_i0/i1``: the
   power series up to ``|x| = 30``, Hankel's asymptotic expansion above;
 - ``special.ndtri``: ``sqrt(2) erfinv(2p - 1)``;
+- ``special.erfcx``: ``exp(x^2) erfc(x)`` directly below 2, a continued
+  fraction above (``special.log_ndtr``'s decomposition uses it);
 - ``erfc``: ``1 - erf`` (absolute error ~1e-16 in float64, so a relative
   error that grows where erfc underflows float32's precision of 1 - erf:
   x > ~5).
@@ -31,6 +33,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from hloalias.frontend.bessel_functions import bessel_decompositions
+from hloalias.frontend.orthogonal_polynomials import polynomial_decompositions
 
 aten = torch.ops.aten
 
@@ -204,6 +209,27 @@ def ndtri(p: torch.Tensor) -> torch.Tensor:
     return (math.sqrt(2.0) * _wide(erfinv(2.0 * _wide(p) - 1.0))).to(_result_dtype(p))
 
 
+def _erfcx_wide(x: torch.Tensor) -> torch.Tensor:
+    """``exp(x^2) erfc(x)``: ``exp(x^2) (1 - erf(x))`` below 2 (erfc >= 0.004
+    there: float64's ``1 - erf`` keeps 13 digits), above it the continued
+    fraction of DLMF 7.9.2, ``erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x +
+    1/(x + (3/2)/(x + ...))))``, 60 levels evaluated from the tail."""
+    below = torch.minimum(x, torch.full_like(x, 2.0))
+    direct = torch.exp(below * below) * (1.0 - torch.erf(below))
+    above = torch.maximum(x, torch.full_like(x, 2.0))
+    fraction = above
+    for level in reversed(range(1, 61)):
+        fraction = above + (level / 2.0) / fraction
+    continued = 1.0 / (math.sqrt(math.pi) * fraction)
+    result = torch.where(x < 2.0, direct, continued)
+    result = torch.where(x == math.inf, torch.zeros_like(x), result)
+    return torch.where(torch.isnan(x), x, result)
+
+
+def erfcx(x: torch.Tensor) -> torch.Tensor:
+    return _erfcx_wide(_wide(x)).to(_result_dtype(x))
+
+
 def _bessel_i_wide(x: torch.Tensor, order: int, scaled: bool) -> torch.Tensor:
     """``I_0``/``I_1`` (times ``exp(-|x|)`` when ``scaled``): the power
     series for ``|x| <= 30`` (60 terms), Hankel's asymptotic expansion
@@ -241,8 +267,12 @@ def _bessel_i(order: int, scaled: bool) -> Callable[[torch.Tensor], torch.Tensor
 
 
 def special_decompositions() -> dict[Any, Callable[..., Any]]:
-    """The table of this module's functions by aten op."""
+    """The table of this module's functions by aten op, with those of
+    :mod:`~hloalias.frontend.bessel_functions` and
+    :mod:`~hloalias.frontend.orthogonal_polynomials`."""
     return {
+        **bessel_decompositions(),
+        **polynomial_decompositions(),
         aten.lgamma.default: lgamma,
         aten.digamma.default: digamma,
         aten.polygamma.default: polygamma,
@@ -253,6 +283,7 @@ def special_decompositions() -> dict[Any, Callable[..., Any]]:
         aten.erfinv.default: erfinv,
         aten.erfc.default: erfc,
         aten.special_ndtri.default: ndtri,
+        aten.special_erfcx.default: erfcx,
         aten.i0.default: _bessel_i(0, scaled=False),
         aten.special_i0e.default: _bessel_i(0, scaled=True),
         aten.special_i1.default: _bessel_i(1, scaled=False),
