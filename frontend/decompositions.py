@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import torch._decomp
 
+from hloalias.frontend.op_coverage import op_coverage_decompositions
 from hloalias.frontend.special_functions import special_decompositions
 
 aten = torch.ops.aten
@@ -790,6 +791,7 @@ def extra_decompositions() -> dict[Any, Callable[..., Any]]:
     table = _torch_entries()
     table.update(_own_entries())
     table.update(special_decompositions())
+    table.update(op_coverage_decompositions())
     return table
 
 

@@ -54,6 +54,7 @@ from hloalias.repro import write_repro
 from hloalias.frontend import crash_guard, torch_internals
 from hloalias.frontend.decompositions import extra_decompositions, prepare_graph
 from hloalias.frontend.constant_folding import fold_constants
+from hloalias.frontend.op_coverage import remove_error_checks
 from hloalias.frontend.index_normalization import normalize_indices
 from hloalias.frontend.tracing_lock import TRACING_LOCK
 
@@ -267,6 +268,7 @@ def _import_torch(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
     observe.finish(mark)
+    exported = remove_error_checks(exported)
     prepare_graph(exported.graph_module.graph)
     if stage is Stage.STABLEHLO:
         _refuse_host_reads(exported.graph_module.graph)

@@ -1,0 +1,253 @@
+"""Lowerings of ops outside the linalg, fft and special families that
+torch's OpInfo database found missing (test/py/opinfo_expected_refusals.txt),
+applied with :mod:`hloalias.frontend.decompositions`' table.
+
+Where torch has a decomposition into ops torch-mlir lowers, torch's is
+used (:data:`TORCH_DECOMPOSED`); otherwise ours, in aten ops torch-mlir
+lowers:
+
+- ``nextafter`` and ``frexp`` by arithmetic on the float's bits (a
+  bitcast: torch-mlir lowers no bitwise and/or or shifts);
+- random ops: ``normal`` (every overload) as ``mean + std * randn``,
+  ``randint_like`` as ``low + floor(rand * (high - low))``, ``multinomial``
+  by inverse-CDF sampling (with replacement) or the Gumbel top-k trick
+  (without): each draws from XLA's generator, not eager's, so the sweep
+  compares their dtypes and shapes (values differ by construction).
+
+
+:func:`remove_error_checks` drops linalg's host-side error checks and the
+effect tokens export threads through them.  A decomposition returns
+``NotImplemented`` for arguments it does not
+cover, which leaves the op to torch-mlir (and its refusal, if any)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch._decomp
+from torch.export import ExportedProgram
+from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
+
+aten = torch.ops.aten
+
+#: (op packet, overloads) whose torch decomposition is used.
+TORCH_DECOMPOSED: tuple[tuple[str, tuple[str, ...]], ...] = (("_upsample_bilinear2d_aa", ("vec",)),)
+
+
+def _torch_entries() -> dict[Any, Callable[..., Any]]:
+    table: dict[Any, Callable[..., Any]] = {}
+    for name, overloads in TORCH_DECOMPOSED:
+        for overload in overloads:
+            op = getattr(getattr(aten, name), overload)
+            table[op] = torch._decomp.decomposition_table[op]
+    return table
+
+
+# --- floating-point representation ------------------------------------------------------
+
+# dtype -> (integer dtype of its bits, mantissa bits, exponent bias - 1).
+_FLOAT_BITS = {torch.float32: (torch.int32, 23, 126), torch.float64: (torch.int64, 52, 1022)}
+
+
+def _magnitude_bits(x: torch.Tensor) -> torch.Tensor:
+    """The bits of ``|x|`` as a nonnegative integer (torch-mlir lowers
+    neither bitwise and/or nor shifts: arithmetic on the magnitude stands
+    in for them)."""
+    return torch.abs(x).view(_FLOAT_BITS[x.dtype][0])
+
+
+def nextafter(x: torch.Tensor, y: torch.Tensor) -> Any:
+    """The next representable value after ``x`` towards ``y``: one step of
+    ``|x|``'s bits, up when moving away from 0."""
+    if x.dtype not in _FLOAT_BITS or y.dtype != x.dtype:
+        return NotImplemented
+    x, y = torch.broadcast_tensors(x, y)
+    integer = _FLOAT_BITS[x.dtype][0]
+    sign_bit = -(2 ** (torch.iinfo(integer).bits - 1))
+    magnitude = _magnitude_bits(x)
+    away_from_zero = torch.where(x > 0, y > x, y < x)  # (a bool == bool is a signed compare XLA refuses)
+    stepped = magnitude + torch.where(away_from_zero, torch.ones_like(magnitude), -torch.ones_like(magnitude))
+    bits = torch.where(x < 0, stepped + sign_bit, stepped)
+    # From zero: the smallest subnormal of y's sign.
+    smallest = torch.where(y > 0, torch.ones_like(magnitude), torch.full_like(magnitude, 1 + sign_bit))
+    bits = torch.where(x == 0, smallest, bits)
+    result = bits.view(x.dtype)
+    result = torch.where(x == y, y, result)
+    return torch.where(torch.isnan(x) | torch.isnan(y), x + y, result)
+
+
+def frexp(x: torch.Tensor) -> Any:
+    """``x = mantissa * 2**exponent`` with ``|mantissa|`` in [0.5, 1): the
+    mantissa's bits are ``|x|``'s fraction under the exponent of 0.5
+    (subnormals scaled into the normal range first); 0, infinities and
+    NaN are their own mantissa with exponent 0 (eager's)."""
+    if x.dtype not in _FLOAT_BITS:
+        return NotImplemented
+    integer, fraction_bits, bias = _FLOAT_BITS[x.dtype]
+    unit = 2**fraction_bits
+    subnormal = torch.abs(x) < torch.finfo(x.dtype).tiny
+    scaled = torch.where(subnormal, x * float(unit * 2), x)  # exact: a power of two
+    magnitude = _magnitude_bits(scaled)
+    field = torch.div(magnitude, unit, rounding_mode="floor")
+    exponent = field - bias - torch.where(subnormal, fraction_bits + 1, 0)
+    mantissa_bits = magnitude - field * unit + bias * unit
+    mantissa = mantissa_bits.view(x.dtype)
+    mantissa = torch.where(x < 0, -mantissa, mantissa)
+    special = (x == 0) | ~torch.isfinite(x)
+    mantissa = torch.where(special, x, mantissa)
+    exponent = torch.where(special, torch.zeros_like(exponent), exponent)
+    return mantissa, exponent.to(torch.int32)
+
+
+# --- random ops --------------------------------------------------------------------------
+
+
+def _normal_dtype(*values: Any) -> torch.dtype:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value.dtype
+    return torch.get_default_dtype()
+
+
+def normal_tensor_tensor(mean: torch.Tensor, std: torch.Tensor, *, generator: Any = None) -> Any:
+    if generator is not None:
+        return NotImplemented
+    shape = torch.broadcast_shapes(mean.shape, std.shape)
+    return mean + std * torch.randn(shape, dtype=_normal_dtype(mean, std))
+
+
+def normal_tensor_float(mean: torch.Tensor, std: float = 1.0, *, generator: Any = None) -> Any:
+    if generator is not None:
+        return NotImplemented
+    return mean + std * torch.randn(mean.shape, dtype=mean.dtype)
+
+
+def normal_float_tensor(mean: float, std: torch.Tensor, *, generator: Any = None) -> Any:
+    if generator is not None:
+        return NotImplemented
+    return mean + std * torch.randn(std.shape, dtype=std.dtype)
+
+
+def normal_float_float(
+    mean: float,
+    std: float,
+    size: Sequence[int],
+    *,
+    generator: Any = None,
+    dtype: torch.dtype | None = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: bool | None = None,
+) -> Any:
+    if generator is not None:
+        return NotImplemented
+    return mean + std * torch.randn(list(size), dtype=dtype or torch.get_default_dtype())
+
+
+def randint_like(
+    x: torch.Tensor,
+    high: int,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: bool | None = None,
+    memory_format: Any = None,
+) -> Any:
+    return randint_like_low(x, 0, high, dtype=dtype)
+
+
+def randint_like_low(
+    x: torch.Tensor,
+    low: int,
+    high: int,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: bool | None = None,
+    memory_format: Any = None,
+) -> Any:
+    """``low + floor(u * (high - low))``, ``u`` uniform in [0, 1) in
+    float64 (exact for spans below 2**53)."""
+    span = high - low
+    u = torch.rand(x.shape, dtype=torch.float64)
+    drawn = torch.clamp(torch.floor(u * span), max=span - 1) + low
+    return drawn.to(dtype or x.dtype)
+
+
+def multinomial(x: torch.Tensor, num_samples: int, replacement: bool = False, *, generator: Any = None) -> Any:
+    """Rows of ``x`` are unnormalized probabilities.  With replacement:
+    each sample is the first category whose cumulative probability
+    exceeds a uniform draw; without: the Gumbel top-k trick (the indices
+    of the ``num_samples`` largest ``log p + Gumbel`` noises: a draw
+    without replacement, proportional to ``p``)."""
+    if generator is not None or not x.dtype.is_floating_point:
+        return NotImplemented
+    rows = x.reshape(-1, x.shape[-1]).to(torch.float64)
+    probabilities = rows / rows.sum(-1, keepdim=True)
+    if replacement:
+        cumulative = torch.cumsum(probabilities, -1)  # [r, n]
+        u = torch.rand(rows.shape[0], num_samples, dtype=torch.float64)  # [r, s]
+        # The count of categories whose cumulative probability is <= u.
+        chosen = (cumulative.unsqueeze(1) <= u.unsqueeze(-1)).sum(-1)
+        # A category of probability 0 is never drawn: clamp to the last positive one.
+        last = rows.shape[-1] - 1 - torch.argmax((probabilities > 0).flip(-1).to(torch.int32), -1, keepdim=True)
+        chosen = torch.minimum(chosen, last)
+    else:
+        u = torch.rand(rows.shape, dtype=torch.float64)
+        gumbel = -torch.log(-torch.log(torch.clamp(u, min=1e-300)))
+        scores = torch.where(probabilities > 0, torch.log(probabilities) + gumbel, torch.full_like(u, -math.inf))
+        chosen = torch.topk(scores, num_samples, -1).indices
+    return chosen.to(torch.int64).reshape(*x.shape[:-1], num_samples)
+
+
+def _own_entries() -> dict[Any, Callable[..., Any]]:
+    return {
+        aten.nextafter.default: nextafter,
+        aten.frexp.Tensor: frexp,
+        aten.normal.Tensor_Tensor: normal_tensor_tensor,
+        aten.normal.Tensor_float: normal_tensor_float,
+        aten.normal.float_Tensor: normal_float_tensor,
+        aten.normal.float_float: normal_float_float,
+        aten.randint_like.default: randint_like,
+        aten.randint_like.low_dtype: randint_like_low,
+        aten.multinomial.default: multinomial,
+    }
+
+
+# --- host-side error checks ---------------------------------------------------------------
+
+#: Ops that only check values on the host and raise (linalg's "the matrix
+#: is singular"); export threads an effect token through them.
+ERROR_CHECKS = frozenset((aten._linalg_check_errors.default,))
+
+
+def remove_error_checks(exported: ExportedProgram) -> ExportedProgram:
+    """Drop the host-side error checks (:data:`ERROR_CHECKS`) of an
+    exported program, and the effect tokens export threads through them
+    (an input and an output of kind TOKEN, which an XLA program has no
+    use for).  An XLA program cannot raise on a value: where eager raises
+    (a singular matrix), the compiled program returns what the
+    factorization gives (inf or NaN), as JAX and torch_xla do.  A program
+    with another effectful op is left as it is (refused by name)."""
+    graph = exported.graph_module.graph
+    effects = [node for node in graph.nodes if node.target is torch.ops.higher_order.with_effects]
+    if not effects or any(node.args[1] not in ERROR_CHECKS for node in effects):
+        return exported
+    _remove_effect_tokens(exported)
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in ERROR_CHECKS and not node.users:
+            graph.erase_node(node)
+    exported.graph_module.recompile()
+    return exported
+
+
+def op_coverage_decompositions() -> dict[Any, Callable[..., Any]]:
+    """The table of this module: torch's entries, then ours."""
+    table = _torch_entries()
+    table.update(_own_entries())
+    return table
