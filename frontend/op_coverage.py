@@ -8,6 +8,7 @@ lowers:
 
 - ``nextafter`` and ``frexp`` by arithmetic on the float's bits (a
   bitcast: torch-mlir lowers no bitwise and/or or shifts);
+- ``resize`` to as many elements or fewer (``resize_as_``);
 - random ops: ``normal`` (every overload) as ``mean + std * randn``,
   ``randint_like`` as ``low + floor(rand * (high - low))``, ``multinomial``
   by inverse-CDF sampling (with replacement) or the Gumbel top-k trick
@@ -100,6 +101,17 @@ def frexp(x: torch.Tensor) -> Any:
     mantissa = torch.where(special, x, mantissa)
     exponent = torch.where(special, torch.zeros_like(exponent), exponent)
     return mantissa, exponent.to(torch.int32)
+
+
+def resize(x: torch.Tensor, size: Sequence[int], *, memory_format: Any = None) -> Any:
+    """``resize`` (``resize_``, ``resize_as_`` functionalized) to as many
+    elements or fewer: the leading elements in row-major order, eager's
+    for a contiguous tensor.  Growing is left (the new elements' values
+    are unspecified)."""
+    count = math.prod(size)
+    if count > x.numel() or not x.is_contiguous():
+        return NotImplemented
+    return x.reshape(-1)[:count].reshape(list(size)).clone()
 
 
 # --- random ops --------------------------------------------------------------------------
@@ -209,6 +221,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
     return {
         aten.nextafter.default: nextafter,
         aten.frexp.Tensor: frexp,
+        aten.resize.default: resize,
         aten.normal.Tensor_Tensor: normal_tensor_tensor,
         aten.normal.Tensor_float: normal_tensor_float,
         aten.normal.float_Tensor: normal_float_tensor,
