@@ -9,6 +9,7 @@ lowers:
 - ``nextafter`` and ``frexp`` by arithmetic on the float's bits (a
   bitcast: torch-mlir lowers no bitwise and/or or shifts);
 - ``resize`` to as many elements or fewer (``resize_as_``);
+- ``embedding_bag`` with ``padding_idx`` by a bag mask;
 - random ops: ``normal`` (every overload) as ``mean + std * randn``,
   ``randint_like`` as ``low + floor(rand * (high - low))``, ``multinomial``
   by inverse-CDF sampling (with replacement) or the Gumbel top-k trick
@@ -112,6 +113,56 @@ def resize(x: torch.Tensor, size: Sequence[int], *, memory_format: Any = None) -
     if count > x.numel() or not x.is_contiguous():
         return NotImplemented
     return x.reshape(-1)[:count].reshape(list(size)).clone()
+
+
+def embedding_bag(
+    weight: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    scale_grad_by_freq: bool,
+    mode: int,
+    sparse: bool,
+    per_sample_weights: torch.Tensor | None,
+    include_last_offset: bool,
+    padding_idx: int | None,
+) -> Any:
+    """``embedding_bag`` of 1-d ``indices`` by a bag mask ``[positions,
+    bags]`` (position ``p`` is in bag ``b`` when ``offsets[b] <= p <
+    offsets[b + 1]``, the last bag to the end); positions holding ``padding_idx`` count in no bag.  Modes 0/1/2:
+    sum, mean, max; an empty bag is 0.  The outputs after the first
+    (offset2bag, bag sizes, max indices, which only eager's backward
+    reads; ``F.embedding_bag`` returns the first) follow eager's
+    definitions, not its kernel's quirks (zeros it leaves in some modes)."""
+    if indices.dim() != 1 or not weight.dtype.is_floating_point or include_last_offset:
+        # include_last_offset: eager's kernels disagree among themselves on
+        # positions past the last offset; left to torch-mlir.
+        return NotImplemented
+    positions = indices.shape[0]
+    starts = offsets
+    bags = starts.shape[0]
+    place = torch.arange(positions, dtype=torch.int64)
+    bag_of = (place.unsqueeze(1) >= starts.unsqueeze(0)).sum(1) - 1  # [p]
+    member = bag_of.unsqueeze(1) == torch.arange(bags, dtype=torch.int64).unsqueeze(0)  # [p, b]
+    if padding_idx is not None:
+        padding = padding_idx % weight.shape[0]
+        member = member & (indices != padding).unsqueeze(1)
+    rows = weight.index_select(0, indices)  # [p, d]
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.unsqueeze(1).to(rows.dtype)
+    mask = member.to(rows.dtype)  # [p, b]
+    counts = member.sum(0)  # [b]
+    if mode == 2:
+        spread = torch.where(member.unsqueeze(-1), rows.unsqueeze(1), torch.full_like(rows.unsqueeze(1), -math.inf))
+        best = spread.argmax(0)  # [b, d]: a position
+        output = torch.where(counts.unsqueeze(1) > 0, spread.amax(0), torch.zeros_like(spread[0]))
+        max_indices = torch.where(counts.unsqueeze(1) > 0, indices[best], torch.zeros_like(best))
+    else:
+        output = mask.t() @ rows
+        if mode == 1:
+            output = output / torch.clamp(counts, min=1).unsqueeze(1).to(rows.dtype)
+        max_indices = counts if mode == 1 else torch.zeros_like(counts)
+    bag_size = counts if mode != 0 else torch.zeros_like(counts)
+    return output, torch.clamp(bag_of, min=0), bag_size, max_indices
 
 
 # --- random ops --------------------------------------------------------------------------
@@ -222,6 +273,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.nextafter.default: nextafter,
         aten.frexp.Tensor: frexp,
         aten.resize.default: resize,
+        aten.embedding_bag.padding_idx: embedding_bag,
         aten.normal.Tensor_Tensor: normal_tensor_tensor,
         aten.normal.Tensor_float: normal_tensor_float,
         aten.normal.float_Tensor: normal_float_tensor,
