@@ -9,6 +9,9 @@ lowers:
 - ``nextafter`` and ``frexp`` by arithmetic on the float's bits (a
   bitcast: torch-mlir lowers no bitwise and/or or shifts);
 - ``resize`` to as many elements or fewer (``resize_as_``);
+- ``histogram`` (a bin count) and ``histogramdd`` by one-hot masks over
+  the bins (``[elements, bins]``: for the moderate bin counts histograms
+  use);
 - ``embedding_bag`` with ``padding_idx`` by a bag mask;
 - random ops: ``normal`` (every overload) as ``mean + std * randn``,
   ``randint_like`` as ``low + floor(rand * (high - low))``, ``multinomial``
@@ -165,6 +168,99 @@ def embedding_bag(
     return output, torch.clamp(bag_of, min=0), bag_size, max_indices
 
 
+# --- histograms ------------------------------------------------------------------------
+
+
+def _histogram_edges(column: torch.Tensor, bins: int, bounds: Sequence[float] | None) -> torch.Tensor:
+    """``bins + 1`` evenly spaced edges over ``bounds`` or the data's
+    range; an empty range widens by 0.5 each way (eager's, numpy's)."""
+    if bounds is not None:
+        low = torch.full((), float(bounds[0]), dtype=column.dtype)
+        high = torch.full((), float(bounds[1]), dtype=column.dtype)
+    elif column.numel():
+        low, high = column.amin(), column.amax()
+    else:
+        low, high = torch.zeros((), dtype=column.dtype), torch.ones((), dtype=column.dtype)
+    same = low == high
+    low = torch.where(same, low - 0.5, low)
+    high = torch.where(same, high + 0.5, high)
+    steps = torch.arange(bins + 1, dtype=column.dtype)
+    edges = low + steps * ((high - low) / bins)
+    return torch.where(steps == bins, high, edges)  # the last edge exactly (as linspace)
+
+
+def _bin_positions(column: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """The bin of each element: the count of edges <= it, less one (eager's
+    search), the last edge in the last bin; -1 outside the edges."""
+    bins = edges.shape[0] - 1
+    position = (column.unsqueeze(-1) >= edges).sum(-1) - 1
+    position = torch.where(column == edges[-1], torch.full_like(position, bins - 1), position)
+    inside = (column >= edges[0]) & (column <= edges[-1])
+    return torch.where(inside, position, torch.full_like(position, -1))
+
+
+def _histogram_counts(
+    points: torch.Tensor, bins: Sequence[int], bounds: Sequence[float] | None, weight: torch.Tensor | None, density: bool
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Counts (or weights) of ``points`` (``[N, D]``) in the ``bins`` grid,
+    by a one-hot mask ``[N, prod(bins)]``, and each dimension's edges."""
+    edges = []
+    flat = torch.zeros(points.shape[0], dtype=torch.int64)
+    inside = torch.ones(points.shape[0], dtype=torch.bool)
+    for d, count in enumerate(bins):
+        dim_bounds = None if bounds is None else bounds[2 * d : 2 * d + 2]
+        dim_edges = _histogram_edges(points[:, d], count, dim_bounds)
+        position = _bin_positions(points[:, d], dim_edges)
+        inside = inside & (position >= 0)
+        flat = flat * count + torch.clamp(position, min=0)
+        edges.append(dim_edges)
+    total = math.prod(bins)
+    flat = torch.where(inside, flat, torch.full_like(flat, -1))
+    one_hot = (flat.unsqueeze(1) == torch.arange(total, dtype=torch.int64)).to(points.dtype)
+    weights = torch.ones(points.shape[0], dtype=points.dtype) if weight is None else weight.reshape(-1).to(points.dtype)
+    hist = (one_hot * weights.unsqueeze(1)).sum(0).reshape(list(bins))
+    if density:
+        volume = torch.ones(list(bins), dtype=points.dtype)
+        for d, dim_edges in enumerate(edges):
+            shape = [1] * len(bins)
+            shape[d] = bins[d]
+            volume = volume * (dim_edges[1:] - dim_edges[:-1]).reshape(shape)
+        hist = hist / (hist.sum() * volume)
+    return hist, edges
+
+
+def histogram(
+    x: torch.Tensor, bins: int = 100, *, range: Sequence[float] | None = None,  # noqa: A002 - aten's name
+    weight: torch.Tensor | None = None, density: bool = False,
+) -> Any:
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    hist, edges = _histogram_counts(x.reshape(-1, 1), [bins], range, weight, density)
+    return hist, edges[0]
+
+
+def histogramdd_bin_edges(
+    x: torch.Tensor, bins: Sequence[int], *, range: Sequence[float] | None = None,  # noqa: A002
+    weight: torch.Tensor | None = None, density: bool = False,
+) -> Any:
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    points = x.reshape(-1, x.shape[-1])
+    return [
+        _histogram_edges(points[:, d], count, None if range is None else range[2 * d : 2 * d + 2])
+        for d, count in enumerate(bins)
+    ]
+
+
+def histogramdd_from_bin_cts(
+    x: torch.Tensor, bins: Sequence[int], *, range: Sequence[float] | None = None,  # noqa: A002
+    weight: torch.Tensor | None = None, density: bool = False,
+) -> Any:
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    return _histogram_counts(x.reshape(-1, x.shape[-1]), list(bins), range, weight, density)[0]
+
+
 # --- random ops --------------------------------------------------------------------------
 
 
@@ -274,6 +370,9 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.frexp.Tensor: frexp,
         aten.resize.default: resize,
         aten.embedding_bag.padding_idx: embedding_bag,
+        aten.histogram.bin_ct: histogram,
+        aten._histogramdd_bin_edges.default: histogramdd_bin_edges,
+        aten._histogramdd_from_bin_cts.default: histogramdd_from_bin_cts,
         aten.normal.Tensor_Tensor: normal_tensor_tensor,
         aten.normal.Tensor_float: normal_tensor_float,
         aten.normal.float_Tensor: normal_float_tensor,
