@@ -54,7 +54,7 @@ from hloalias.repro import write_repro
 from hloalias.frontend import crash_guard, torch_internals
 from hloalias.frontend.decompositions import extra_decompositions, prepare_graph
 from hloalias.frontend.constant_folding import fold_constants
-from hloalias.frontend.op_coverage import remove_error_checks
+from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
 from hloalias.frontend.tracing_lock import TRACING_LOCK
 
@@ -281,6 +281,8 @@ def _import_torch(
     if fold_constants(exported.graph_module.graph) or normalized:
         exported.graph_module.recompile()
     _float_comparison_scalars(exported.graph_module.graph)
+    if unsigned_constants_as_bitcasts(exported.graph_module.graph):
+        exported.graph_module.recompile()
     _strided_copies_to_clones(exported.graph_module.graph)
     signature = _with_eager_storage(_signature(exported), eager_storage)
     signature = dataclasses.replace(

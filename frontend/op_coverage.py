@@ -20,7 +20,8 @@ lowers:
   compares their dtypes and shapes (values differ by construction).
 
 
-:func:`remove_error_checks` drops linalg's host-side error checks and the
+:func:`unsigned_constants_as_bitcasts` keeps ``uint8`` constants away from
+a torch-mlir fold it cannot lower.  :func:`remove_error_checks` drops linalg's host-side error checks and the
 effect tokens export threads through them.  A decomposition returns
 ``NotImplemented`` for arguments it does not
 cover, which leaves the op to torch-mlir (and its refusal, if any)."""
@@ -408,6 +409,59 @@ def remove_error_checks(exported: ExportedProgram) -> ExportedProgram:
             graph.erase_node(node)
     exported.graph_module.recompile()
     return exported
+
+
+# --- uint8 constants -----------------------------------------------------------------------
+
+_CONSTANT_FILLS = frozenset((aten.full.default, aten.zeros.default, aten.ones.default))
+
+
+def unsigned_constants_as_bitcasts(graph: torch.fx.Graph) -> bool:
+    """A constant ``uint8`` tensor (``full``, ``zeros``, ``ones``) becomes
+    the ``int8`` constant of the same bits viewed as ``uint8``: torch-mlir
+    folds a ``uint8`` constant (or a conversion of one) into a
+    ``torch.vtensor.literal`` it then cannot lower to StableHLO, and it
+    folds no bitcast.  An empty one is an empty slice of a one-element
+    constant (an empty value folds whatever made it).  Returns whether
+    anything changed."""
+    changed = False
+    for node in list(graph.nodes):
+        value = node.meta.get("val")
+        if node.op != "call_function" or node.target not in _CONSTANT_FILLS:
+            continue
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
+            continue
+        if not all(isinstance(size, int) for size in value.shape):
+            continue
+        if node.target is aten.full.default:
+            fill = node.args[1]
+        else:
+            fill = 0 if node.target is aten.zeros.default else 1
+        if not isinstance(fill, (int, float, bool)):
+            continue
+        byte = int(fill) % 256
+        signed = byte - 256 if byte > 127 else byte
+        shape = list(value.shape)
+        empty = value.numel() == 0
+        # New nodes carry fake values made from the node's own (the importer reads their types).
+        signed_value = value.new_zeros([1] if empty else shape, dtype=torch.int8)
+        with graph.inserting_before(node):
+            signed_node = graph.call_function(aten.full.default, ([1] if empty else shape, signed), {"dtype": torch.int8})
+            signed_node.meta = {"val": signed_value}
+            replacement = graph.call_function(aten.view.dtype, (signed_node, torch.uint8))
+            replacement.meta = {"val": signed_value.view(torch.uint8)}
+            if empty:
+                flat = replacement
+                replacement = graph.call_function(aten.slice.Tensor, (flat, 0, 1, 1))
+                replacement.meta = {"val": flat.meta["val"][0:0]}
+                if shape != [0]:
+                    sliced = replacement
+                    replacement = graph.call_function(aten.view.default, (sliced, shape))
+                    replacement.meta = {"val": value}
+        node.replace_all_uses_with(replacement)
+        graph.erase_node(node)
+        changed = True
+    return changed
 
 
 def op_coverage_decompositions() -> dict[Any, Callable[..., Any]]:
