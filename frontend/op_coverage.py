@@ -9,6 +9,7 @@ lowers:
 - ``nextafter`` and ``frexp`` by arithmetic on the float's bits (a
   bitcast: torch-mlir lowers no bitwise and/or or shifts);
 - ``resize`` to as many elements or fewer (``resize_as_``);
+- ``segment_reduce`` (lengths or offsets) by a membership mask;
 - ``histogram`` (a bin count) and ``histogramdd`` by one-hot masks over
   the bins (``[elements, bins]``: for the moderate bin counts histograms
   use);
@@ -167,6 +168,61 @@ def embedding_bag(
         max_indices = counts if mode == 1 else torch.zeros_like(counts)
     bag_size = counts if mode != 0 else torch.zeros_like(counts)
     return output, torch.clamp(bag_of, min=0), bag_size, max_indices
+
+
+def segment_reduce(
+    data: torch.Tensor,
+    reduce: str,
+    *,
+    lengths: torch.Tensor | None = None,
+    indices: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    axis: int = 0,
+    unsafe: bool = False,
+    initial: float | None = None,
+) -> Any:
+    """Reductions of consecutive segments along ``axis`` (given by
+    ``lengths`` or ``offsets``, 1-d) by a membership mask ``[segments,
+    n]``.  ``initial`` joins every segment's reduction (``mean``: the sum's,
+    over the segment's length); without it an empty segment is the
+    reduction's identity (``mean``: NaN), as eager."""
+    if not data.dtype.is_floating_point or indices is not None or reduce not in ("sum", "mean", "max", "min", "prod"):
+        return NotImplemented
+    if lengths is not None and lengths.dim() == 1:
+        ends = torch.cumsum(lengths, 0)
+        starts = ends - lengths
+    elif lengths is None and offsets is not None and offsets.dim() == 1:
+        starts, ends = offsets[:-1], offsets[1:]
+    else:
+        return NotImplemented
+    axis = axis % data.dim()
+    moved = data.movedim(axis, 0)  # [n, ...]
+    place = torch.arange(moved.shape[0], dtype=starts.dtype)
+    member = (place.unsqueeze(0) >= starts.unsqueeze(1)) & (place.unsqueeze(0) < ends.unsqueeze(1))  # [s, n]
+    mask = member.reshape(*member.shape, *([1] * (moved.dim() - 1)))
+    spread = moved.unsqueeze(0)
+    identity = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}[reduce]
+    masked = torch.where(mask, spread, torch.full_like(spread, identity))
+    if reduce in ("sum", "mean"):
+        result = masked.sum(1)
+    elif reduce == "prod":
+        result = masked.prod(1)
+    else:
+        result = masked.amax(1) if reduce == "max" else masked.amin(1)
+    if initial is not None:
+        start = torch.full_like(result, float(initial))
+        if reduce in ("sum", "mean"):
+            result = result + start
+        elif reduce == "prod":
+            result = result * start
+        else:
+            result = torch.maximum(result, start) if reduce == "max" else torch.minimum(result, start)
+    if reduce == "mean":
+        count = member.sum(1).reshape(-1, *([1] * (moved.dim() - 1))).to(result.dtype)
+        result = result / count
+        if initial is not None:
+            result = torch.where(count == 0, torch.full_like(result, float(initial)), result)
+    return result.movedim(0, axis)
 
 
 # --- histograms ------------------------------------------------------------------------
@@ -372,6 +428,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.resize.default: resize,
         aten.embedding_bag.padding_idx: embedding_bag,
         aten.histogram.bin_ct: histogram,
+        aten.segment_reduce.default: segment_reduce,
         aten._histogramdd_bin_edges.default: histogramdd_bin_edges,
         aten._histogramdd_from_bin_cts.default: histogramdd_from_bin_cts,
         aten.normal.Tensor_Tensor: normal_tensor_tensor,
