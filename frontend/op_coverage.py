@@ -9,6 +9,8 @@ lowers:
 - ``nextafter`` and ``frexp`` by arithmetic on the float's bits (a
   bitcast: torch-mlir lowers no bitwise and/or or shifts);
 - ``resize`` to as many elements or fewer (``resize_as_``);
+- torch's chunked ``linear_cross_entropy`` (custom ops) as the linear
+  layer and ``cross_entropy``, without the gradients it can precompute;
 - ``segment_reduce`` (lengths or offsets) by a membership mask;
 - ``histogram`` (a bin count) and ``histogramdd`` by one-hot masks over
   the bins (``[elements, bins]``: for the moderate bin counts histograms
@@ -223,6 +225,97 @@ def segment_reduce(
         if initial is not None:
             result = torch.where(count == 0, torch.full_like(result, float(initial)), result)
     return result.movedim(0, axis)
+
+
+def _linear_cross_entropy_loss(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    reduction: str,
+    ignore_index: int,
+    label_smoothing: float,
+    acc_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """The loss of the linear layer's logits, unchunked, accumulated in
+    ``acc_dtype`` as torch's chunked op does."""
+    dtype = acc_dtype or input.dtype
+    logits = torch.nn.functional.linear(
+        input.to(dtype), linear_weight.to(dtype), None if linear_bias is None else linear_bias.to(dtype)
+    )
+    loss = torch.nn.functional.cross_entropy(
+        logits,
+        target,
+        None if weight is None else weight.to(dtype),
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+    )
+    return loss.to(input.dtype)
+
+
+def linear_cross_entropy_chunked(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    reduction: str,
+    ignore_index: int,
+    label_smoothing: float,
+    batch_chunk_size: int,
+    acc_policy: str,
+    acc_dtype: torch.dtype | None,
+    allow_retain_graph: bool,
+    compute_input_grad: bool,
+    compute_linear_weight_grad: bool,
+    compute_linear_bias_grad: bool,
+) -> Any:
+    """torch's chunked ``linear_cross_entropy`` (a custom op, ``torch_nn``)
+    as the linear layer and ``cross_entropy``: chunking bounds eager's
+    memory; XLA plans the whole computation.  Only without the gradients
+    the op precomputes in its forward (a program that is not trained):
+    their outputs are then empty, as the op's own."""
+    if compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad:
+        return NotImplemented
+    loss = _linear_cross_entropy_loss(
+        input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing, acc_dtype
+    )
+    return (
+        loss,
+        torch.zeros((0, 0), dtype=input.dtype),
+        torch.zeros((0, 0), dtype=input.dtype),
+        torch.zeros((0,), dtype=input.dtype),
+    )
+
+
+def linear_cross_entropy_chunked_no_reduction(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    batch_chunk_size: int,
+    acc_policy: str,
+    acc_dtype: torch.dtype | None,
+) -> Any:
+    return _linear_cross_entropy_loss(
+        input, linear_weight, target, linear_bias, weight, "none", ignore_index, 0.0, acc_dtype
+    )
+
+
+def _custom_op_entries() -> dict[Any, Callable[..., Any]]:
+    """Entries for ops torch defines as custom ops (registered when their
+    module is imported)."""
+    import torch.nn.modules.linear_cross_entropy  # noqa: F401 - registers torch_nn's ops
+
+    namespace = torch.ops.torch_nn
+    return {
+        namespace._linear_cross_entropy_batch_chunked.default: linear_cross_entropy_chunked,
+        namespace._linear_cross_entropy_batch_chunked_no_reduction.default: linear_cross_entropy_chunked_no_reduction,
+    }
 
 
 # --- histograms ------------------------------------------------------------------------
@@ -525,4 +618,5 @@ def op_coverage_decompositions() -> dict[Any, Callable[..., Any]]:
     """The table of this module: torch's entries, then ours."""
     table = _torch_entries()
     table.update(_own_entries())
+    table.update(_custom_op_entries())
     return table
