@@ -11,6 +11,8 @@ lowers:
 - ``resize`` to as many elements or fewer (``resize_as_``);
 - torch's chunked ``linear_cross_entropy`` (custom ops) as the linear
   layer and ``cross_entropy``, without the gradients it can precompute;
+- ``fractional_max_pool2d/3d`` by gathering the windows its samples
+  place (batched ``[N, C, H, W]`` inputs);
 - ``segment_reduce`` (lengths or offsets) by a membership mask;
 - ``histogram`` (a bin count) and ``histogramdd`` by one-hot masks over
   the bins (``[elements, bins]``: for the moderate bin counts histograms
@@ -318,6 +320,67 @@ def _custom_op_entries() -> dict[Any, Callable[..., Any]]:
     }
 
 
+def _fractional_starts(sample: torch.Tensor, length: int, out: int, kernel: int) -> torch.Tensor:
+    """Window starts ``[N, C, out]`` from the per-plane ``sample`` ``[N, C]``
+    (eager's interval sequence, in the sample's dtype): ``int((i + u) a) -
+    int(u a)`` with ``a = (length - kernel) / (out - 1)``, the last window
+    flush with the end."""
+    steps = torch.arange(out, dtype=sample.dtype)
+    if out > 1:
+        alpha = torch.full((), float(length - kernel), dtype=sample.dtype) / float(out - 1)
+        u = sample.unsqueeze(-1)
+        starts = torch.trunc((steps + u) * alpha).to(torch.int64) - torch.trunc(u * alpha).to(torch.int64)
+    else:
+        starts = torch.zeros((*sample.shape, out), dtype=torch.int64)
+    return torch.where(steps == out - 1, torch.full_like(starts, length - kernel), starts)
+
+
+def _fractional_max_pool(
+    x: torch.Tensor, kernel_size: Sequence[int], output_size: Sequence[int], samples: torch.Tensor
+) -> Any:
+    """Max over windows of ``kernel_size`` at the starts the samples give
+    (``samples[..., 0]`` is the last spatial dimension's, ``[..., 1]`` the one
+    before; eager's order), with the flat (per-plane) index of the first
+    maximum; a NaN is the maximum."""
+    spatial = len(kernel_size)
+    if not x.dtype.is_floating_point or x.dim() != spatial + 2:
+        return NotImplemented
+    sizes = list(x.shape[2:])
+    planes = torch.arange(math.prod(sizes), dtype=torch.int64).reshape(sizes).expand(x.shape).contiguous()
+    values = x
+    for d in range(spatial):
+        axis = 2 + d
+        # Eager's order: sample 0 for the last dimension in 2-d, the first in 3-d.
+        sample_index = (spatial - 1 - d) if spatial == 2 else d
+        starts = _fractional_starts(samples[..., sample_index].to(x.dtype), sizes[d], output_size[d], kernel_size[d])
+        window = starts.unsqueeze(-1) + torch.arange(kernel_size[d], dtype=torch.int64)  # [N, C, out, k]
+        flat = window.reshape(*window.shape[:2], -1)  # [N, C, out * k]
+        shape = [1] * values.dim()
+        shape[0], shape[1], shape[axis] = flat.shape[0], flat.shape[1], flat.shape[2]
+        target = list(values.shape)
+        target[axis] = flat.shape[2]
+        index = flat.reshape(shape).expand(target)
+        values = torch.gather(values, axis, index)
+        planes = torch.gather(planes, axis, index)
+        split = list(values.shape)
+        split[axis : axis + 1] = [output_size[d], kernel_size[d]]
+        values = values.reshape(split).movedim(axis + 1, -1)
+        planes = planes.reshape(split).movedim(axis + 1, -1)
+    values = values.reshape(*values.shape[: 2 + spatial], -1)
+    planes = planes.reshape(*planes.shape[: 2 + spatial], -1)
+    nan_first = torch.where(torch.isnan(values), torch.full_like(values, math.inf), values)
+    best = torch.argmax(nan_first, -1, keepdim=True)
+    return torch.gather(values, -1, best).squeeze(-1), torch.gather(planes, -1, best).squeeze(-1)
+
+
+def fractional_max_pool2d(x: torch.Tensor, kernel_size: Sequence[int], output_size: Sequence[int], samples: torch.Tensor) -> Any:
+    return _fractional_max_pool(x, list(kernel_size), list(output_size), samples)
+
+
+def fractional_max_pool3d(x: torch.Tensor, kernel_size: Sequence[int], output_size: Sequence[int], samples: torch.Tensor) -> Any:
+    return _fractional_max_pool(x, list(kernel_size), list(output_size), samples)
+
+
 # --- histograms ------------------------------------------------------------------------
 
 
@@ -521,6 +584,8 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.resize.default: resize,
         aten.embedding_bag.padding_idx: embedding_bag,
         aten.histogram.bin_ct: histogram,
+        aten.fractional_max_pool2d.default: fractional_max_pool2d,
+        aten.fractional_max_pool3d.default: fractional_max_pool3d,
         aten.segment_reduce.default: segment_reduce,
         aten._histogramdd_bin_edges.default: histogramdd_bin_edges,
         aten._histogramdd_from_bin_cts.default: histogramdd_from_bin_cts,
