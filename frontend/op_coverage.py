@@ -2,9 +2,8 @@
 torch's OpInfo database found missing (test/py/opinfo_expected_refusals.txt),
 applied with :mod:`hloalias.frontend.decompositions`' table.
 
-Where torch has a decomposition into ops torch-mlir lowers, torch's is
-used (:data:`TORCH_DECOMPOSED`); otherwise ours, in aten ops torch-mlir
-lowers:
+torch has no decomposition of these into ops torch-mlir lowers; ours
+are written in aten ops it lowers:
 
 - ``nextafter`` and ``frexp`` by arithmetic on the float's bits (a
   bitcast: torch-mlir lowers no bitwise and/or or shifts);
@@ -24,38 +23,29 @@ lowers:
   (without): each draws from XLA's generator, not eager's, so the sweep
   compares their dtypes and shapes (values differ by construction).
 
-
-:func:`unsigned_constants_as_bitcasts` keeps ``uint8`` constants away from
-a torch-mlir fold it cannot lower.  :func:`remove_error_checks` drops linalg's host-side error checks and the
-effect tokens export threads through them.  A decomposition returns
-``NotImplemented`` for arguments it does not
-cover, which leaves the op to torch-mlir (and its refusal, if any)."""
+A decomposition returns ``NotImplemented`` for arguments it does not
+cover, which leaves the op to torch-mlir (and its refusal, if any).  Two
+graph rewrites besides: :func:`unsigned_constants_as_bitcasts` keeps
+``uint8`` constants away from a torch-mlir fold it cannot lower;
+:func:`remove_error_checks` drops linalg's host-side error checks and the
+effect tokens export threads through them."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
-import torch._decomp
 from torch.export import ExportedProgram
 from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
 
 aten = torch.ops.aten
 
-#: (op packet, overloads) whose torch decomposition is used.
-TORCH_DECOMPOSED: tuple[tuple[str, tuple[str, ...]], ...] = (("_upsample_bilinear2d_aa", ("vec",)),)
-
-
-def _torch_entries() -> dict[Any, Callable[..., Any]]:
-    table: dict[Any, Callable[..., Any]] = {}
-    for name, overloads in TORCH_DECOMPOSED:
-        for overload in overloads:
-            op = getattr(getattr(aten, name), overload)
-            table[op] = torch._decomp.decomposition_table[op]
-    return table
-
+#: torch.broadcast_tensors, typed (torch leaves it untyped).
+_broadcast_tensors = cast(Callable[..., tuple[torch.Tensor, ...]], torch.broadcast_tensors)
+#: torch.broadcast_shapes, typed.
+_broadcast_shapes = cast(Callable[..., torch.Size], torch.broadcast_shapes)
 
 # --- floating-point representation ------------------------------------------------------
 
@@ -75,7 +65,7 @@ def nextafter(x: torch.Tensor, y: torch.Tensor) -> Any:
     ``|x|``'s bits, up when moving away from 0."""
     if x.dtype not in _FLOAT_BITS or y.dtype != x.dtype:
         return NotImplemented
-    x, y = torch.broadcast_tensors(x, y)
+    x, y = _broadcast_tensors(x, y)
     integer = _FLOAT_BITS[x.dtype][0]
     sign_bit = -(2 ** (torch.iinfo(integer).bits - 1))
     magnitude = _magnitude_bits(x)
@@ -487,7 +477,7 @@ def _normal_dtype(*values: Any) -> torch.dtype:
 def normal_tensor_tensor(mean: torch.Tensor, std: torch.Tensor, *, generator: Any = None) -> Any:
     if generator is not None:
         return NotImplemented
-    shape = torch.broadcast_shapes(mean.shape, std.shape)
+    shape = _broadcast_shapes(mean.shape, std.shape)
     return mean + std * torch.randn(shape, dtype=_normal_dtype(mean, std))
 
 
@@ -680,8 +670,7 @@ def unsigned_constants_as_bitcasts(graph: torch.fx.Graph) -> bool:
 
 
 def op_coverage_decompositions() -> dict[Any, Callable[..., Any]]:
-    """The table of this module: torch's entries, then ours."""
-    table = _torch_entries()
-    table.update(_own_entries())
+    """The table of this module's decompositions by op."""
+    table = _own_entries()
     table.update(_custom_op_entries())
     return table

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 aten = torch.ops.aten
+
+#: torch.broadcast_tensors, typed (torch leaves it untyped).
+_broadcast_tensors = cast(Callable[..., tuple[torch.Tensor, ...]], torch.broadcast_tensors)
 
 #: Steps unrolled for a degree given as a tensor (eager's float32 bound of
 #: the Hermite polynomials).
@@ -119,7 +122,7 @@ def _evaluate(family: str, x: Any, n: Any) -> torch.Tensor:
             current = torch.where(torch.abs(y) < 1, trigonometric, current)
         return current
     degree_tensor = torch.trunc(n.to(dtype))
-    y, degree_tensor = torch.broadcast_tensors(y, degree_tensor)
+    y, degree_tensor = _broadcast_tensors(y, degree_tensor)
     previous, current = torch.ones_like(y), first(y)
     result = torch.where(degree_tensor == 0, previous, torch.zeros_like(y))
     result = torch.where(degree_tensor == 1, current, result)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -41,6 +41,9 @@ from hloalias.frontend.bessel_functions import bessel_decompositions
 from hloalias.frontend.orthogonal_polynomials import polynomial_decompositions
 
 aten = torch.ops.aten
+
+#: torch.broadcast_tensors, typed (torch leaves it untyped).
+_broadcast_tensors = cast(Callable[..., tuple[torch.Tensor, ...]], torch.broadcast_tensors)
 
 _LANCZOS_G = 7.0
 _LANCZOS = (
@@ -246,7 +249,7 @@ def _igamma_wide(a: torch.Tensor, x: torch.Tensor, upper: bool) -> torch.Tensor:
     unrolled, so compile time grows with them) matches eager to float32's
     tolerance for ``a`` up to ~400; eager switches to Temme's expansion
     for larger ``a``."""
-    a, x = torch.broadcast_tensors(a, x)
+    a, x = _broadcast_tensors(a, x)
     positive_a = torch.where(a > 0, a, torch.ones_like(a))
     positive_x = torch.where(x > 0, x, torch.ones_like(x))
     # x^a e^-x / Gamma(a), the factor both expansions share.
