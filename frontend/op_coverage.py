@@ -12,6 +12,8 @@ are written in aten ops it lowers:
   layer and ``cross_entropy``, without the gradients it can precompute;
 - ``fractional_max_pool2d/3d`` by gathering the windows its samples
   place (batched ``[N, C, H, W]`` inputs);
+- ``grid_sampler_3d`` (trilinear or nearest; zeros, border or
+  reflection padding) by gathering the corners from the flattened volume;
 - ``segment_reduce`` (lengths or offsets) by a membership mask;
 - ``histogram`` (a bin count) and ``histogramdd`` by one-hot masks over
   the bins (``[elements, bins]``: for the moderate bin counts histograms
@@ -371,6 +373,74 @@ def fractional_max_pool3d(x: torch.Tensor, kernel_size: Sequence[int], output_si
     return _fractional_max_pool(x, list(kernel_size), list(output_size), samples)
 
 
+def _grid_source(coordinate: torch.Tensor, size: int, padding_mode: int, align_corners: bool) -> torch.Tensor:
+    """A normalized grid coordinate ([-1, 1]) as a position in an axis of
+    ``size`` elements, with the padding mode's clipping or reflection (as
+    ATen's grid sampler)."""
+    if align_corners:
+        position = (coordinate + 1) / 2 * (size - 1)
+    else:
+        position = ((coordinate + 1) * size - 1) / 2
+    if padding_mode == 2:  # reflection
+        low, high = (0.0, 2.0 * (size - 1)) if align_corners else (-1.0, 2.0 * size - 1)
+        if low == high:
+            position = torch.zeros_like(position)
+        else:
+            start, span = low / 2, (high - low) / 2
+            distance = torch.abs(position - start)
+            extra = torch.remainder(distance, span)
+            flips = torch.floor(distance / span)
+            even = torch.remainder(flips, 2) == 0
+            position = torch.where(even, extra + start, span - extra + start)
+    if padding_mode in (1, 2):  # border, reflection: clipped into the axis
+        position = torch.clamp(position, 0, size - 1)
+    return position
+
+
+def grid_sampler_3d(
+    x: torch.Tensor, grid: torch.Tensor, interpolation_mode: int, padding_mode: int, align_corners: bool
+) -> Any:
+    """Trilinear (mode 0) or nearest (mode 1) sampling of ``x`` ``[N, C, D,
+    H, W]`` at ``grid`` ``[N, D', H', W', 3]`` (x, y, z: W, H, D), zeros,
+    border or reflection padding: the corners gathered from the flattened
+    volume, out-of-volume corners weighted 0."""
+    if interpolation_mode not in (0, 1) or not x.dtype.is_floating_point:
+        return NotImplemented
+    n, c, depth, height, width = x.shape
+    out_shape = list(grid.shape[1:4])
+    points = grid.reshape(n, -1, 3).to(x.dtype)  # [N, P, 3]
+    ix = _grid_source(points[..., 0], width, padding_mode, align_corners)
+    iy = _grid_source(points[..., 1], height, padding_mode, align_corners)
+    iz = _grid_source(points[..., 2], depth, padding_mode, align_corners)
+    volume = x.reshape(n, c, depth * height * width)
+
+    def corner(zi: torch.Tensor, yi: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+        """Values ``[N, C, P]`` at integer positions, 0 outside."""
+        inside = (xi >= 0) & (xi < width) & (yi >= 0) & (yi < height) & (zi >= 0) & (zi < depth)
+        flat = (torch.clamp(zi, 0, depth - 1) * height + torch.clamp(yi, 0, height - 1)) * width + torch.clamp(
+            xi, 0, width - 1
+        )
+        values = torch.gather(volume, 2, flat.unsqueeze(1).expand(n, c, flat.shape[1]))
+        return torch.where(inside.unsqueeze(1), values, torch.zeros_like(values))
+
+    if interpolation_mode == 1:
+        result = corner(torch.round(iz).to(torch.int64), torch.round(iy).to(torch.int64), torch.round(ix).to(torch.int64))
+    else:
+        x0, y0, z0 = torch.floor(ix), torch.floor(iy), torch.floor(iz)
+        result = torch.zeros((n, c, points.shape[1]), dtype=x.dtype)
+        for dz in (0, 1):
+            wz = (iz - z0) if dz else (z0 + 1 - iz)
+            for dy in (0, 1):
+                wy = (iy - y0) if dy else (y0 + 1 - iy)
+                for dx in (0, 1):
+                    wx = (ix - x0) if dx else (x0 + 1 - ix)
+                    values = corner(
+                        (z0 + dz).to(torch.int64), (y0 + dy).to(torch.int64), (x0 + dx).to(torch.int64)
+                    )
+                    result = result + values * (wx * wy * wz).unsqueeze(1)
+    return result.reshape(n, c, *out_shape)
+
+
 # --- histograms ------------------------------------------------------------------------
 
 
@@ -574,6 +644,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.resize.default: resize,
         aten.embedding_bag.padding_idx: embedding_bag,
         aten.histogram.bin_ct: histogram,
+        aten.grid_sampler_3d.default: grid_sampler_3d,
         aten.fractional_max_pool2d.default: fractional_max_pool2d,
         aten.fractional_max_pool3d.default: fractional_max_pool3d,
         aten.segment_reduce.default: segment_reduce,

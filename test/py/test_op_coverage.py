@@ -119,6 +119,22 @@ def test_fractional_max_pool_with_given_samples() -> None:
     _matches_eager(lambda t, s: torch.ops.aten.fractional_max_pool3d(t, [2, 3, 2], [3, 4, 5], s), x3, samples3)
 
 
+def test_grid_sampler_3d_modes_and_paddings() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, 6, generator=g)
+    grid = torch.rand(2, 3, 4, 2, 3, generator=g) * 2.6 - 1.3
+    for mode in ("bilinear", "nearest"):
+        for padding in ("zeros", "border", "reflection"):
+            for corners in (False, True):
+                _matches_eager(
+                    lambda t, p, m=mode, q=padding, a=corners: torch.nn.functional.grid_sample(
+                        t, p, mode=m, padding_mode=q, align_corners=a
+                    ),
+                    x,
+                    grid,
+                )
+
+
 def test_random_ops_draw_from_their_distributions() -> None:
     """XLA's generator is not eager's: compared by distribution (bounds
     far outside sampling noise at these sizes)."""
