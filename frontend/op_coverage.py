@@ -14,6 +14,8 @@ are written in aten ops it lowers:
   place (batched ``[N, C, H, W]`` inputs);
 - ``grid_sampler_3d`` (trilinear or nearest; zeros, border or
   reflection padding) by gathering the corners from the flattened volume;
+- ``_upsample_bilinear2d_aa`` (antialiased resizing) as weight-matrix
+  products;
 - ``segment_reduce`` (lengths or offsets) by a membership mask;
 - ``histogram`` (a bin count) and ``histogramdd`` by one-hot masks over
   the bins (``[elements, bins]``: for the moderate bin counts histograms
@@ -441,6 +443,44 @@ def grid_sampler_3d(
     return result.reshape(n, c, *out_shape)
 
 
+def _antialias_weights(length: int, out: int, align_corners: bool, scale: float | None, dtype: torch.dtype) -> torch.Tensor:
+    """``[out, length]``: each output's normalized triangle-filter weights,
+    the filter widened by the scale when shrinking (ATen's antialiased
+    bilinear weights; a constant: they depend on the sizes only)."""
+    if align_corners:
+        ratio = (length - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale else length / out
+    support = ratio if ratio >= 1.0 else 1.0  # interp_size 2, halved, times the scale when shrinking
+    inverse = 1.0 / ratio if ratio >= 1.0 else 1.0
+    # In aten ops (a tensor literal cannot be made inside a decomposition), float64.
+    center = ratio * (torch.arange(out, dtype=torch.float64).unsqueeze(1) + 0.5)  # [out, 1]
+    low = torch.clamp(torch.trunc(center - support + 0.5), min=0)
+    high = torch.clamp(torch.trunc(center + support + 0.5), max=length)
+    place = torch.arange(length, dtype=torch.float64).unsqueeze(0)  # [1, length]
+    triangle = torch.clamp(1.0 - torch.abs((place - center + 0.5) * inverse), min=0)
+    weights = torch.where((place >= low) & (place < high), triangle, torch.zeros_like(triangle))
+    total = weights.sum(1, keepdim=True)
+    weights = weights / torch.where(total == 0, torch.ones_like(total), total)
+    return weights.to(dtype)
+
+
+def upsample_bilinear2d_aa(
+    x: torch.Tensor,
+    output_size: Sequence[int],
+    align_corners: bool,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> Any:
+    """Antialiased bilinear resizing (``interpolate(..., antialias=True)``)
+    as two weight-matrix products, one per spatial dimension."""
+    if not x.dtype.is_floating_point or x.dim() != 4:
+        return NotImplemented
+    height = _antialias_weights(x.shape[2], output_size[0], align_corners, scales_h, x.dtype)
+    width = _antialias_weights(x.shape[3], output_size[1], align_corners, scales_w, x.dtype)
+    return torch.matmul(torch.matmul(height, x), width.t())
+
+
 # --- histograms ------------------------------------------------------------------------
 
 
@@ -644,6 +684,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.resize.default: resize,
         aten.embedding_bag.padding_idx: embedding_bag,
         aten.histogram.bin_ct: histogram,
+        aten._upsample_bilinear2d_aa.default: upsample_bilinear2d_aa,
         aten.grid_sampler_3d.default: grid_sampler_3d,
         aten.fractional_max_pool2d.default: fractional_max_pool2d,
         aten.fractional_max_pool3d.default: fractional_max_pool3d,

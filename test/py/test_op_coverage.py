@@ -135,6 +135,21 @@ def test_grid_sampler_3d_modes_and_paddings() -> None:
                 )
 
 
+def test_antialiased_bilinear_resizing() -> None:
+    x = torch.randn(2, 3, 10, 20, generator=torch.Generator().manual_seed(0))
+    for size in ((3, 3), (17, 41), (4, 30)):
+        for corners in (False, True):
+            _matches_eager(
+                lambda t, s=size, a=corners: torch.nn.functional.interpolate(
+                    t, size=s, mode="bilinear", align_corners=a, antialias=True
+                ),
+                x,
+            )
+    _matches_eager(
+        lambda t: torch.nn.functional.interpolate(t, scale_factor=(0.5, 0.25), mode="bilinear", antialias=True), x
+    )
+
+
 def test_random_ops_draw_from_their_distributions() -> None:
     """XLA's generator is not eager's: compared by distribution (bounds
     far outside sampling noise at these sizes)."""
