@@ -17,10 +17,14 @@ costs a Python start and that import (docs/refusals.md has the figures).
   :class:`StageCrashed` with the signal's name and the tail of its
   stderr.  The caller turns it into its :class:`~hloalias.CompileError`.
 
-:func:`lower_torch_mlir` is the torch-mlir lowering as such a stage."""
+:func:`lower_torch_mlir` is the torch-mlir lowering as such a stage,
+:func:`compile_xla` XLA's compile for one CPU device (a probe: its
+executable stays in the child; the caller compiles again in process once
+the child has shown the compile does not crash)."""
 
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 import os
@@ -112,3 +116,24 @@ def lower_torch_mlir(payload: str) -> str:
         for pipeline in pipelines:
             passmanager.PassManager.parse(pipeline).run(module.operation)
     return print_module(module, debug_info=True)
+
+
+def compile_xla(payload: str) -> str:
+    """A stage: ``payload`` is a JSON header (``options``: the
+    ``CompileOptions`` serialized, base64), a newline, and StableHLO text
+    as XLA takes it; compiles it for the first CPU device and returns
+    ``"compiled"``."""
+    from jax._src.lib import xla_client
+
+    import jax
+
+    header, _, text = payload.partition("\n")
+    options = xla_client.CompileOptions.ParseFromString(base64.b64decode(json.loads(header)["options"]))
+    device = jax.devices("cpu")[0]
+    device.client.compile_and_load(text, xla_client.DeviceList((device,)), options)
+    return "compiled"
+
+
+def compile_xla_payload(text: str, serialized_options: bytes) -> str:
+    """The payload of :func:`compile_xla`."""
+    return json.dumps({"options": base64.b64encode(serialized_options).decode()}) + "\n" + text

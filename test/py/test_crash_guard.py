@@ -125,3 +125,20 @@ def test_a_zero_dim_keepdim_reduction_is_on_the_risky_list() -> None:
     graph.call_function(torch.ops.aten.amax.default, (x, [0]), {"keepdim": False})
     assert crash_guard.risky_nodes(graph) == ["aten.logsumexp.default"]
     assert crash_guard.should_isolate(["aten.logsumexp.default"])
+
+
+def test_a_crash_in_xla_compile_is_a_compile_error_and_the_caller_lives(
+    stages: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hloalias.runtime import pjrt
+
+    monkeypatch.setenv("HLOALIAS_ISOLATE_COMPILE", "1")
+    _no_caches(monkeypatch)
+    monkeypatch.setattr(crash_guard, "LOWERING_STAGE", "hloalias.isolation:lower_torch_mlir")
+    monkeypatch.setattr(pjrt, "XLA_PROBE_STAGE", f"{stages}:segfault")
+    x = torch.randn(4, 3)
+    with pytest.raises(hloalias.CompileError, match=r"XLA crashed \(SIGSEGV\) compiling the program") as caught:
+        hloalias.compile(lambda t: torch.tanh(t) * 3.0, (x,))
+    assert caught.value.repro_path and os.path.exists(caught.value.repro_path)
+    monkeypatch.setattr(pjrt, "XLA_PROBE_STAGE", "hloalias.isolation:compile_xla")
+    torch.testing.assert_close(hloalias.compile(lambda t: torch.tanh(t) * 3.0, (x,))(x), torch.tanh(x) * 3.0)
