@@ -48,6 +48,7 @@ import torch
 import torch._decomp
 
 from hloalias.frontend.linalg_fft import linalg_fft_decompositions
+from hloalias.frontend.op_coverage import op_coverage_decompositions
 from hloalias.frontend.special_functions import special_decompositions
 
 aten = torch.ops.aten
@@ -793,6 +794,7 @@ def extra_decompositions() -> dict[Any, Callable[..., Any]]:
     table = _torch_entries()
     table.update(_own_entries())
     table.update(special_decompositions())
+    table.update(op_coverage_decompositions())
     table.update(linalg_fft_decompositions())
     return table
 

@@ -51,9 +51,10 @@ from hloalias.mlir import (
     walk_ops,
 )
 from hloalias.repro import write_repro
-from hloalias.frontend import jax_lowerings, torch_internals
+from hloalias.frontend import crash_guard, jax_lowerings, torch_internals
 from hloalias.frontend.decompositions import extra_decompositions, prepare_graph
 from hloalias.frontend.constant_folding import fold_constants
+from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
 from hloalias.frontend.tracing_lock import TRACING_LOCK
 
@@ -267,6 +268,7 @@ def _import_torch(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
     observe.finish(mark)
+    exported = remove_error_checks(exported)
     prepare_graph(exported.graph_module.graph)
     if stage is Stage.STABLEHLO:
         _refuse_host_reads(exported.graph_module.graph)
@@ -279,6 +281,8 @@ def _import_torch(
     if fold_constants(exported.graph_module.graph) or normalized:
         exported.graph_module.recompile()
     _float_comparison_scalars(exported.graph_module.graph)
+    if unsigned_constants_as_bitcasts(exported.graph_module.graph):
+        exported.graph_module.recompile()
     _strided_copies_to_clones(exported.graph_module.graph)
     signature = _with_eager_storage(_signature(exported), eager_storage)
     signature = dataclasses.replace(
@@ -308,11 +312,25 @@ def _import_torch(
     def locate(aten_name: str) -> str | None:
         return _source_line(f, tuple(args), kwargs, aten_name)
 
-    with observe.stage("torch-mlir lowering to the backend contract"):
-        _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract", locate)
+    # A crash in torch-mlir's native code must not end this process:
+    # frontend/crash_guard.py says when the lowering runs in a child.
+    pipelines = [TORCH_BACKEND_PIPELINE] + ([STABLEHLO_PIPELINE] if stage is Stage.STABLEHLO else [])
+    risky = crash_guard.risky_nodes(exported.graph_module.graph)
+    lowered = None
+    if crash_guard.should_isolate(risky):
+        with observe.stage("torch-mlir lowering in a child process"):
+            lowered = crash_guard.lower_isolated(
+                module, pipelines, crash_guard.program_ops(exported.graph_module.graph), risky, locate
+            )
+    if lowered is not None:
+        module = lowered
+    else:
+        with observe.stage("torch-mlir lowering to the backend contract"):
+            _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract", locate)
+        if stage is Stage.STABLEHLO:
+            with observe.stage("torch-mlir lowering to StableHLO"):
+                _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
     if stage is Stage.STABLEHLO:
-        with observe.stage("torch-mlir lowering to StableHLO"):
-            _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
         if jax_lowered:
             with observe.stage("JAX lowerings"):
                 jax_lowerings.splice(module)

@@ -78,6 +78,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Write every compile's stages to this directory (torch IR, raw StableHLO, the module "
             "after each pass, the final module), as `dump_dir=` of `hloalias.compile` does; "
             "see docs/observability.md."),
+    Setting("HLOALIAS_ISOLATE_COMPILE", "flag", False, "runtime",
+            "1: every compile runs torch-mlir's lowering, and XLA's compile for one CPU device first, "
+            "in a child process, so that a crash in their native code becomes a `CompileError` and not "
+            "the end of the caller's process (programs with an op on the known-risky list lower in a "
+            "child always); costs a process start or two per compile (docs/refusals.md)."),
     Setting("HLOALIAS_LOG", "text", None, "runtime",
             "A logging level (`INFO`, `DEBUG`, ...): attach a stderr handler at that level to the "
             "`hloalias` logger, which logs each compile stage's duration at INFO. Unset: the "

@@ -23,7 +23,7 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias import attributes as A
-from hloalias import config, foreign_ir
+from hloalias import config, foreign_ir, isolation
 from hloalias.errors import CompileError, ExecutionError
 from hloalias.legalize import inline_dense_resources, legalize_tensor_constants
 from hloalias.mlir import (
@@ -184,10 +184,12 @@ def compile_module(
         device_list = xla_client.DeviceList(targets)
         return disk_cache.load_or_compile(
             stripped, options, device,
-            lambda: device.client.compile_and_load(_xla_input(stripped), device_list, options),
+            lambda: _probe_then_compile(device, stripped, device_list, options, len(targets) == 1),
             lambda payload: device.client.deserialize_executable(payload, device_list, options),
             device_count=len(targets),
         )
+    except CompileError:  # the crash guard's, already naming the crash
+        raise
     except Exception as error:
         path = write_repro(module_text, "xla-compile")
         raise CompileError(
@@ -206,6 +208,33 @@ def _initialize_lapack() -> None:
     from jax._src.lax.linalg import initialize_lapack
 
     initialize_lapack()
+
+
+#: The stage the XLA compile probe runs in a child ("module:function").
+XLA_PROBE_STAGE = "hloalias.isolation:compile_xla"
+
+
+def _probe_then_compile(device: Any, stripped: str, device_list: Any, options: Any, single_device: bool) -> Any:
+    """XLA's compile; with ``HLOALIAS_ISOLATE_COMPILE`` set (and one CPU
+    device) first in a child process (:mod:`hloalias.isolation`), so that
+    a crash inside XLA is a :class:`CompileError` and not the end of this
+    process (docs/refusals.md).  A failure in the child without a crash is
+    left to the compile in process, which reports it as always."""
+    if single_device and device.platform == "cpu" and config.flag("HLOALIAS_ISOLATE_COMPILE"):
+        payload = isolation.compile_xla_payload(stripped, options.SerializeAsString())
+        try:
+            isolation.run_isolated(XLA_PROBE_STAGE, payload)
+        except isolation.StageFailed:
+            pass
+        except isolation.StageCrashed as crash:
+            path = write_repro(stripped, "xla-crash")
+            raise CompileError(
+                f"XLA crashed ({crash.signal_name or 'no result'}) compiling the program, in a child process "
+                f"(this process is unharmed)\nmodule written to {path}; replay with:\n"
+                f"  hloalias-opt {path} --xla-compile\nchild's stderr (tail):\n{crash.stderr_tail[-800:]}",
+                repro_path=path,
+            ) from None
+    return device.client.compile_and_load(_xla_input(stripped), device_list, options)
 
 
 def _xla_input(stripped: str) -> str | bytes:
