@@ -743,6 +743,37 @@ def pdist_forward(x: torch.Tensor, p: float = 2) -> torch.Tensor:
     return distances.index_select(0, positions)
 
 
+def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``transformers::grouped_mm_fallback`` (Hugging Face's grouped MoE
+    experts on CPU): ``rows`` ``[S, K]`` sorted by expert, ``weight``
+    ``[E, K, N]``, ``offsets`` ``[E]`` the cumulative row counts; row ``s``
+    is multiplied by the weight of the group it falls in, rows past the last
+    offset are zero (as the library's loop leaves them).  The groups are
+    data-dependent, so each expert's product is taken over all rows and
+    kept where the row is that expert's: one ``[S, N]`` product at a time,
+    added into the result, never an ``[E, S, N]`` stack."""
+    experts = weight.shape[0]
+    row = torch.arange(rows.shape[0], dtype=offsets.dtype)
+    # The group of row s: how many groups end at or before it.
+    group = (offsets.unsqueeze(0) <= row.unsqueeze(1)).sum(1)
+    mine = group.unsqueeze(0) == torch.arange(experts, dtype=group.dtype).unsqueeze(1)  # [E, S]
+    products = torch.matmul(rows.unsqueeze(0), weight)  # [E, S, N]
+    return torch.where(mine.unsqueeze(2), products, torch.zeros((), dtype=rows.dtype)).sum(0)
+
+
+def custom_op_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Entries for third-party custom ops torch-mlir cannot lower, for
+    those registered in this process now (looked up per call: a library
+    loaded after the first import still gets its entries; none is
+    imported here)."""
+    table: dict[Any, Callable[..., Any]] = {}
+    namespace = getattr(torch.ops, "transformers", None)
+    fallback = getattr(namespace, "grouped_mm_fallback", None) if namespace is not None else None
+    if fallback is not None:
+        table[fallback.default] = grouped_mm
+    return table
+
+
 def _own_entries() -> dict[Any, Callable[..., Any]]:
     return {
         aten.cumprod.default: cumprod,

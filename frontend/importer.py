@@ -52,7 +52,7 @@ from hloalias.mlir import (
 )
 from hloalias.repro import write_repro
 from hloalias.frontend import torch_internals
-from hloalias.frontend.decompositions import extra_decompositions, prepare_graph
+from hloalias.frontend.decompositions import custom_op_decompositions, extra_decompositions, prepare_graph
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.index_normalization import normalize_indices
 from hloalias.frontend.tracing_lock import TRACING_LOCK
@@ -247,7 +247,8 @@ def _import_torch(
     mark = observe.start("decompositions")
     try:  # a training step is captured decomposed and functional (frontend/training.py)
         if not getattr(exported, "hloalias_decomposed", False):
-            exported = decompose(exported, _decomposition_table())
+            custom = custom_op_decompositions()  # a library's ops, when it is loaded
+            exported = decompose(exported, {**_decomposition_table(), **custom} if custom else _decomposition_table())
     except Exception as error:  # torch raises many types here
         # AOT autograd wraps the graph to replay an in-place write (or a
         # metadata change) through inputs that share memory; export has no
