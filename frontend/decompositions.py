@@ -743,6 +743,31 @@ def pdist_forward(x: torch.Tensor, p: float = 2) -> torch.Tensor:
     return distances.index_select(0, positions)
 
 
+def native_layer_norm(
+    x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None, bias: torch.Tensor | None,
+    eps: float,
+) -> Any:
+    """LayerNorm computed in eager's CPU kernel's type (float32 for
+    float32, float16 and bfloat16 inputs; float64 for float64): the mean,
+    then the mean square of the centred values.  torch's decomposition goes
+    through ``var_mean``, which torch-mlir computes in float64, and XLA
+    keeps a float64 copy of every normalized activation in temp."""
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64) or not normalized_shape:
+        return NotImplemented
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    wide = x.to(compute)
+    mean = wide.mean(dims, keepdim=True)
+    centred = wide - mean
+    rstd = torch.rsqrt((centred * centred).mean(dims, keepdim=True) + eps)
+    out = centred * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.to(x.dtype), mean.to(x.dtype), rstd.to(x.dtype)
+
+
 def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """``transformers::grouped_mm_fallback`` (Hugging Face's grouped MoE
     experts on CPU): ``rows`` ``[S, K]`` sorted by expert, ``weight``
@@ -785,6 +810,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.hypot.default: hypot,
         aten.put.default: put,
         aten.histc.default: histc,
+        aten.native_layer_norm.default: native_layer_norm,
         aten.cummax.default: cummax,
         aten.cummin.default: cummin,
         aten.logcumsumexp.default: logcumsumexp,
