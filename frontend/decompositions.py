@@ -747,6 +747,62 @@ def pdist_forward(x: torch.Tensor, p: float = 2) -> torch.Tensor:
     return distances.index_select(0, positions)
 
 
+def native_layer_norm(
+    x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None, bias: torch.Tensor | None,
+    eps: float,
+) -> Any:
+    """LayerNorm computed in eager's CPU kernel's type (float32 for
+    float32, float16 and bfloat16 inputs; float64 for float64): the mean,
+    then the mean square of the centred values.  torch's decomposition goes
+    through ``var_mean``, which torch-mlir computes in float64, and XLA
+    keeps a float64 copy of every normalized activation in temp."""
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64) or not normalized_shape:
+        return NotImplemented
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    wide = x.to(compute)
+    mean = wide.mean(dims, keepdim=True)
+    centred = wide - mean
+    rstd = torch.rsqrt((centred * centred).mean(dims, keepdim=True) + eps)
+    out = centred * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.to(x.dtype), mean.to(x.dtype), rstd.to(x.dtype)
+
+
+def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``transformers::grouped_mm_fallback`` (Hugging Face's grouped MoE
+    experts on CPU): ``rows`` ``[S, K]`` sorted by expert, ``weight``
+    ``[E, K, N]``, ``offsets`` ``[E]`` the cumulative row counts; row ``s``
+    is multiplied by the weight of the group it falls in, rows past the last
+    offset are zero (as the library's loop leaves them).  The groups are
+    data-dependent, so each expert's product is taken over all rows and
+    kept where the row is that expert's: one ``[S, N]`` product at a time,
+    added into the result, never an ``[E, S, N]`` stack."""
+    experts = weight.shape[0]
+    row = torch.arange(rows.shape[0], dtype=offsets.dtype)
+    # The group of row s: how many groups end at or before it.
+    group = (offsets.unsqueeze(0) <= row.unsqueeze(1)).sum(1)
+    mine = group.unsqueeze(0) == torch.arange(experts, dtype=group.dtype).unsqueeze(1)  # [E, S]
+    products = torch.matmul(rows.unsqueeze(0), weight)  # [E, S, N]
+    return torch.where(mine.unsqueeze(2), products, torch.zeros((), dtype=rows.dtype)).sum(0)
+
+
+def custom_op_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Entries for third-party custom ops torch-mlir cannot lower, for
+    those registered in this process now (looked up per call: a library
+    loaded after the first import still gets its entries; none is
+    imported here)."""
+    table: dict[Any, Callable[..., Any]] = {}
+    namespace = getattr(torch.ops, "transformers", None)
+    fallback = getattr(namespace, "grouped_mm_fallback", None) if namespace is not None else None
+    if fallback is not None:
+        table[fallback.default] = grouped_mm
+    return table
+
+
 def _own_entries() -> dict[Any, Callable[..., Any]]:
     return {
         aten.cumprod.default: cumprod,
@@ -758,6 +814,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.hypot.default: hypot,
         aten.put.default: put,
         aten.histc.default: histc,
+        aten.native_layer_norm.default: native_layer_norm,
         aten.cummax.default: cummax,
         aten.cummin.default: cummin,
         aten.logcumsumexp.default: logcumsumexp,

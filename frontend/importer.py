@@ -52,7 +52,7 @@ from hloalias.mlir import (
 )
 from hloalias.repro import write_repro
 from hloalias.frontend import crash_guard, jax_lowerings, torch_internals
-from hloalias.frontend.decompositions import extra_decompositions, prepare_graph
+from hloalias.frontend.decompositions import custom_op_decompositions, extra_decompositions, prepare_graph
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
@@ -248,7 +248,8 @@ def _import_torch(
     mark = observe.start("decompositions")
     try:  # a training step is captured decomposed and functional (frontend/training.py)
         if not getattr(exported, "hloalias_decomposed", False):
-            exported = decompose(exported, _decomposition_table())
+            custom = custom_op_decompositions()  # a library's ops, when it is loaded
+            exported = decompose(exported, {**_decomposition_table(), **custom} if custom else _decomposition_table())
     except Exception as error:  # torch raises many types here
         # AOT autograd wraps the graph to replay an in-place write (or a
         # metadata change) through inputs that share memory; export has no

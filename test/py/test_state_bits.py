@@ -205,7 +205,7 @@ def test_cache_as_a_user_input_is_not_stored_as_bits() -> None:
 
 
 def test_fixed_dtypes_go_to_the_pass_without_options() -> None:
-    assert with_fixed_dtypes(CPU_PIPELINE, ("cache:bits",)).endswith("store-state-as-bits{dtypes=cache:bits})")
+    assert "store-state-as-bits{dtypes=cache:bits}," in with_fixed_dtypes(CPU_PIPELINE, ("cache:bits",))
     assert with_fixed_dtypes(DEFAULT_PIPELINE, ("cache:bits",)) == DEFAULT_PIPELINE
     assert with_fixed_dtypes(CPU_PIPELINE, ()) == CPU_PIPELINE
 
