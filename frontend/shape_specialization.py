@@ -176,6 +176,7 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
                         [int(s) for s in old.shape], [int(s) for s in old.stride()], dtype=old.dtype
                     )
             new = new_graph.placeholder(node.name, type_expr=node.type)
+            new.name = node.name  # as the signature names it (FX renames builtins: "input")
             new.meta = _meta(node, value)
             env[node], values[node] = new, value
         elif node.op == "call_function":
@@ -204,6 +205,7 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
                 "call_function", target, pytree.tree_map(new_arg, node.args),
                 pytree.tree_map(new_arg, node.kwargs), name=node.name,
             )
+            new.name = node.name
             new.meta = _meta(node, value)
             env[node], values[node] = new, value
         elif node.op == "output":

@@ -160,3 +160,18 @@ def test_a_changed_rank_does_not_specialize() -> None:
     dynamic = export_dynamic(model, (_ids(8),), {}, [frozenset({1})])
     with pytest.raises(NotSpecializable, match="rank"):
         specialize(dynamic, (torch.arange(8) % 32,), {})
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - a builtin's name, as users write
+        return input * 2
+
+
+def test_an_input_named_like_a_builtin_keeps_its_name() -> None:
+    """FX renames a new node called ``input`` to ``input_1``; the
+    specialized program keeps the signature's names."""
+    model = Scaled()
+    for length in (4, 6, 9):
+        x = torch.randn(3, length)
+        torch.testing.assert_close(hloalias.compile(model, (x,))(x), x * 2)
+    assert shape_family.shape_family_stats().specialized == 2
