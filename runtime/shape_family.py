@@ -20,8 +20,8 @@ gives (``test/py/test_shape_family.py`` compares the imported modules'
 text); its state is the module's own tensors, checked by identity at each
 specialization (a replaced parameter makes the module a new family).
 ``HLOALIAS_SHAPE_FAMILY=0`` turns this off.  At most ``MAX_FAMILIES``
-modules are kept (least recently used dropped); a family goes with its
-module."""
+modules are kept (least recently used dropped); a family goes when its
+module is garbage-collected (its dynamic export holds the state tensors)."""
 
 from __future__ import annotations
 
@@ -114,6 +114,14 @@ def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | 
         return None
 
 
+def _forget(dead: weakref.ref[Any]) -> None:
+    """Drop the family of a collected module: its dynamic export holds the
+    module's state tensors."""
+    with _LOCK:
+        for key in [k for k, family in _FAMILIES.items() if family.reference is dead]:
+            del _FAMILIES[key]
+
+
 def _fallback(reason: str) -> None:
     with _LOCK:
         _STATS.fallbacks += 1
@@ -142,7 +150,7 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
         key = _family_key(f, args, kwargs) or key
         with _LOCK:
             _STATS.first += 1
-            _FAMILIES[key] = _Family(weakref.ref(f), sizes)
+            _FAMILIES[key] = _Family(weakref.ref(f, _forget), sizes)
             while len(_FAMILIES) > MAX_FAMILIES:
                 _FAMILIES.popitem(last=False)
         return program

@@ -175,3 +175,20 @@ def test_an_input_named_like_a_builtin_keeps_its_name() -> None:
         x = torch.randn(3, length)
         torch.testing.assert_close(hloalias.compile(model, (x,))(x), x * 2)
     assert shape_family.shape_family_stats().specialized == 2
+
+
+def test_a_collected_module_takes_its_family_and_state_with_it() -> None:
+    import gc
+    import weakref
+
+    model = Mixer().eval()
+    hloalias.compile(model, (_ids(8),))
+    hloalias.compile(model, (_ids(12),))
+    weight = weakref.ref(model.proj.weight)
+    assert len(shape_family._FAMILIES) == 1
+    del model
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    gc.collect()
+    assert len(shape_family._FAMILIES) == 0
+    assert weight() is None
