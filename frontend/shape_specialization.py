@@ -212,10 +212,9 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
             new_graph.output(pytree.tree_map(new_arg, node.args[0]))
         else:
             raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")
-    graph_module = torch.fx.GraphModule(exported.graph_module, new_graph)
-    return ExportedProgram(
-        root=graph_module,
-        graph=graph_module.graph,
+    return ExportedProgram(  # builds the one GraphModule of the new graph
+        root=exported.graph_module,
+        graph=new_graph,
         graph_signature=exported.graph_signature,
         state_dict=exported.state_dict,
         range_constraints={},
