@@ -48,7 +48,7 @@ if __package__ in (None, ""):
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = ("seed", "sgd_mlp", "gpt2_decode", "many_views", "donate")
 WARM_SAMPLES = {"seed": 7, "many_views": 5, "donate": 7}
-STAGES = ("program_cache", "export", "decompose", "fx_import", "lower_torch", "lower_stablehlo", "passes",
+STAGES = ("program_cache", "export", "decompose", "specialize", "fx_import", "lower_torch", "lower_stablehlo", "passes",
           "print_and_key", "prepare_for_xla", "serialize", "xla_compile", "disk_load",
           "executable_init", "other")
 
@@ -92,6 +92,9 @@ def _instrument(timer: StageTimer) -> None:
     program_cache.lookup = timer.wrap("program_cache", program_cache.lookup)  # key, read, decode
     importer._export = timer.wrap("export", importer._export)
     importer.decompose = timer.wrap("decompose", importer.decompose)
+    from hloalias.frontend import shape_specialization
+
+    shape_specialization.specialize = timer.wrap("specialize", shape_specialization.specialize)
     base_importer = importer.FxImporter
 
     class TimedImporter(base_importer):  # type: ignore[misc,valid-type]
@@ -417,7 +420,58 @@ def ratio_child(kind: str) -> dict[str, Any]:
         result["program_cache"] = exe.program_cache
         result["xla_compiles"] = disk_cache.disk_cache_stats().xla_compiles
         result["correct"] = bool(torch.allclose(exe(ids).logits, model(ids).logits, atol=1e-4))
+    elif kind == "shapes":  # the 4-layer HF Llama at new sequence lengths (runtime/shape_family.py)
+        import transformers
+
+        from hloalias.runtime import shape_family
+
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+        correct = True
+        for length in (16, 24, 40, 9):
+            ids = torch.randint(0, 256, (1, length))
+            timer.seconds = {}
+            start = time.perf_counter()
+            exe = hloalias.compile(model, (ids,))
+            result[f"compile_{length}_s"] = time.perf_counter() - start
+            result[f"stages_{length}"] = dict(timer.seconds)
+            correct = correct and bool(torch.allclose(exe(ids).logits, model(ids).logits, atol=1e-4))
+        stats = shape_family.shape_family_stats()
+        result["family"] = {"first": stats.first, "exported": stats.exported, "specialized": stats.specialized,
+                            "fallbacks": stats.fallbacks, "reasons": stats.reasons}
+        result["correct"] = correct
+    elif kind == "hf_training":  # forward compile vs training-step compile of a 2-layer HF Llama, caches off
+        import transformers
+
+        from hloalias.runtime import training as runtime_training
+
+        runtime_training.capture_training_step = timer.wrap("capture", runtime_training.capture_training_step)
+        os.environ["HLOALIAS_CACHE"] = "0"
+        hloalias.compile(lambda t: t + 1, (torch.randn(4),))  # first-use costs paid outside both
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, "num_hidden_layers": 2}))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 256, (2, 16))
+
+        def lm_step(ids: torch.Tensor) -> torch.Tensor:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss
+
+        for name, run in (("forward", lambda: hloalias.compile(model.eval(), (ids,))),
+                          ("training_step", lambda: hloalias.compile_training_step(
+                              lm_step, model.train(), optimizer, (ids,)))):
+            timer.seconds = {}
+            start = time.perf_counter()
+            run()
+            result[f"{name}_s"] = time.perf_counter() - start
+            result[f"{name}_stages"] = dict(timer.seconds)
     elif kind == "training":  # forward compile vs training-step compile of one MLP, caches off
+        from hloalias.runtime import training as runtime_training
+
+        runtime_training.capture_training_step = timer.wrap("capture", runtime_training.capture_training_step)
         os.environ["HLOALIAS_CACHE"] = "0"
         hloalias.compile(lambda t: t + 1, (torch.randn(4),))  # first-use costs paid outside both
         torch.manual_seed(0)
@@ -497,12 +551,17 @@ def ratios() -> dict[str, Any]:
         first = run_ratio_child("hf", cache_dir)
         again = run_ratio_child("hf", cache_dir)
         training = run_ratio_child("training", cache_dir)
+        hf_training = run_ratio_child("hf_training", cache_dir)
         seed = run_ratio_child("seed", cache_dir)
-    return {"hf_first": first, "hf_fresh_process": again, "training": training, "seed": seed}
+    with tempfile.TemporaryDirectory(prefix="hloalias-latency-ratio-") as cache_dir:
+        shapes = run_ratio_child("shapes", cache_dir)
+    return {"hf_first": first, "hf_fresh_process": again, "training": training, "hf_training": hf_training,
+            "seed": seed, "shapes": shapes}
 
 
 def ratio_lines(data: dict[str, Any]) -> list[str]:
     first, again, training, seed = data["hf_first"], data["hf_fresh_process"], data["training"], data["seed"]
+    hf_training, shapes = data.get("hf_training"), data.get("shapes")
     return [
         "## Issue 26's ratios (fresh processes, imports excluded)", "",
         "| measure | figures | ratio | target |", "|---|---|---:|---:|",
@@ -513,6 +572,16 @@ def ratio_lines(data: dict[str, Any]) -> list[str]:
         f"| training step (AdamW, 3-layer MLP) ÷ forward compile of the same MLP, caches off | "
         f"{_fmt(training['training_step_s'])} ÷ {_fmt(training['forward_s'])} | "
         f"{training['training_step_s'] / training['forward_s']:.2f}× | ≤ 2× |",
+        *([] if hf_training is None else [
+            f"| training step (AdamW, 2-layer HF Llama, causal-LM loss) ÷ its forward compile, caches off | "
+            f"{_fmt(hf_training['training_step_s'])} ÷ {_fmt(hf_training['forward_s'])} | "
+            f"{hf_training['training_step_s'] / hf_training['forward_s']:.2f}× | ≤ 2× |"]),
+        *([] if shapes is None else [
+            f"| HF Llama (4 layers) at sequence length {length} after 16 (same process; "
+            f"{'dynamic export' if index == 0 else 'specialized'}) ÷ its first compile (16) | "
+            f"{_fmt(shapes[f'compile_{length}_s'])} ÷ {_fmt(shapes['compile_16_s'])} | "
+            f"{shapes[f'compile_{length}_s'] / shapes['compile_16_s']:.2f}× | ≤ 0.25× |"
+            for index, length in enumerate((24, 40, 9))]),
         f"| seed, warm process, new object, every cache off ÷ `jax.jit` (new function, lower + compile) | "
         f"{_fmt(seed['hloalias_warm_s'])} ÷ {_fmt(seed['jax_jit_warm_s'])} | "
         f"{seed['hloalias_warm_s'] / seed['jax_jit_warm_s']:.2f}× | ≤ 1.0× |",
@@ -528,6 +597,17 @@ def ratio_lines(data: dict[str, Any]) -> list[str]:
         "",
         "Training step stages (ms): " + ", ".join(f"{k} {v * 1e3:,.0f}" for k, v in training["training_step_stages"].items())
         + "; forward " + ", ".join(f"{k} {v * 1e3:,.0f}" for k, v in training["forward_stages"].items()) + ".", "",
+        *([] if hf_training is None else [
+            "HF Llama training step stages (ms): "
+            + ", ".join(f"{k} {v * 1e3:,.0f}" for k, v in hf_training["training_step_stages"].items())
+            + "; forward " + ", ".join(f"{k} {v * 1e3:,.0f}" for k, v in hf_training["forward_stages"].items())
+            + f". Loads at the start: {hf_training['load']:.1f}.", ""]),
+        *([] if shapes is None else [
+            "New sequence lengths, stages (ms): " + "; ".join(
+                f"{length}: " + ", ".join(f"{k} {v * 1e3:,.0f}" for k, v in shapes[f"stages_{length}"].items())
+                for length in (16, 24, 40, 9))
+            + f". Shape family: {shapes['family']}; outputs equal eager: {shapes['correct']}; "
+            f"load at the start {shapes['load']:.1f}.", ""]),
     ]
 
 

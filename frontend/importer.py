@@ -269,6 +269,24 @@ def _import_torch(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
     observe.finish(mark)
+    return _import_decomposed(f, args, kwargs, exported, state_aliases, eager_storage, strided_before, stage)
+
+
+def _import_decomposed(
+    f: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    exported: ExportedProgram,
+    state_aliases: dict[str, str],
+    eager_storage: list[str | None] | None,
+    strided_before: dict[str, tuple[tuple[int, ...], int | None]],
+    stage: Stage,
+) -> Program:
+    """The import from the decomposed program on (FX import, lowering);
+    ``state_aliases``, ``eager_storage`` and ``strided_before`` are what
+    :func:`_import_torch` read from the graph before decomposing it.
+    :mod:`hloalias.frontend.shape_specialization` enters here with a
+    program specialized from one exported with dynamic dimensions."""
     exported = remove_error_checks(exported)
     prepare_graph(exported.graph_module.graph)
     if stage is Stage.STABLEHLO:
@@ -906,7 +924,7 @@ def _storage_classes(
 _COPY_OR_VIEW_OPS = ("contiguous", "reshape", "flatten")
 
 
-def _pin_eager_copies(exported: ExportedProgram) -> None:
+def _pin_eager_copies(exported: ExportedProgram) -> bool:
     """Make each ``contiguous``/``reshape``/``flatten`` that copies in eager
     (for the example inputs' strides: its result has a storage of its own)
     an explicit ``clone`` (then ``view``), in place.  Functionalization
@@ -914,7 +932,7 @@ def _pin_eager_copies(exported: ExportedProgram) -> None:
     from eager's (``x.add_(1)`` on a non-contiguous ``x`` becomes a
     contiguous ``add``), decides "view" where eager copied, and then replays
     later mutations of ``x`` into the result; a clone is a copy in every
-    graph."""
+    graph.  Returns whether it changed the graph."""
     graph = exported.graph_module.graph
     changed = False
     for node in list(graph.nodes):
@@ -933,7 +951,12 @@ def _pin_eager_copies(exported: ExportedProgram) -> None:
             )
             copy.meta = dict(node.meta)
             replacement = copy
-            if tuple(result.shape) != tuple(operand.shape):
+            if any(isinstance(size, torch.SymInt) for size in (*result.shape, *operand.shape)):
+                # Symbolic sizes are not literals (a program exported with
+                # dynamic dimensions): the op itself, a view of the clone.
+                replacement = graph.call_function(node.target, (copy, *node.args[1:]), dict(node.kwargs))
+                replacement.meta = dict(node.meta)
+            elif tuple(result.shape) != tuple(operand.shape):
                 replacement = graph.call_function(torch.ops.aten.view.default, (copy, list(result.shape)))
                 replacement.meta = dict(node.meta)
         node.replace_all_uses_with(replacement)
@@ -941,6 +964,7 @@ def _pin_eager_copies(exported: ExportedProgram) -> None:
         changed = True
     if changed:
         exported.graph_module.recompile()
+    return changed
 
 
 def _eager_output_storage(exported: ExportedProgram) -> list[str | None] | None:
@@ -1046,7 +1070,7 @@ def _float_comparison_scalars(graph: torch.fx.Graph) -> None:
             node.args = (tensor, float(scalar), *node.args[2:])
 
 
-def _explicit_copy_conversions(exported: ExportedProgram) -> None:
+def _explicit_copy_conversions(exported: ExportedProgram) -> bool:
     """Spell out the conversion and broadcast of every ``dst.copy_(src)``
     whose ``src`` has another dtype or shape than ``dst`` (in place): the
     source becomes ``src.to(dst.dtype).expand(dst.shape)``, what eager's
@@ -1055,7 +1079,8 @@ def _explicit_copy_conversions(exported: ExportedProgram) -> None:
     broadcasting one as ``src`` unexpanded, so the mutation's new value
     (and every read of ``dst`` after it: ``return self.buf``) would carry
     ``src``'s dtype or shape (pinned by
-    ``test_runtime_transaction.py::test_functionalization_drops_copy_conversions_upstream``)."""
+    ``test_runtime_transaction.py::test_functionalization_drops_copy_conversions_upstream``).
+    Returns whether it changed the graph."""
     graph = exported.graph_module.graph
     changed = False
     for node in list(graph.nodes):
@@ -1083,6 +1108,7 @@ def _explicit_copy_conversions(exported: ExportedProgram) -> None:
             changed = True
     if changed:
         exported.graph_module.recompile()
+    return changed
 
 
 def _strided_copies_to_clones(graph: torch.fx.Graph) -> None:

@@ -108,6 +108,8 @@ def capture_training_step(
     optimizer: torch.optim.Optimizer,
     example_batch: Sequence[Any],
     kept_grads: frozenset[str] = frozenset(),
+    *,
+    stack_traces: bool = False,
 ) -> CapturedTrainingStep:
     """Trace ``step_fn(*example_batch)`` (which calls ``model`` and
     ``optimizer``) into one functional program; see the module docstring.
@@ -119,7 +121,11 @@ def capture_training_step(
     state yet gets its initial state here for SGD (momentum buffers of
     zeros, exact when ``dampening == 0``), Adam and AdamW (zero moments,
     step 0); any other optimizer must have state already (run one eager
-    step first).  Raises :class:`TrainingCaptureError`."""
+    step first).  Raises :class:`TrainingCaptureError`.
+
+    ``stack_traces``: record each node's stack trace (what lowering errors
+    quote as the user's line); off by default, as recording costs every
+    traced op: a host read found without them is traced again with them."""
     if not isinstance(model, torch.nn.Module):
         raise TrainingCaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -142,16 +148,26 @@ def capture_training_step(
             raise TrainingCaptureError(f"optimizer parameter {index} is not a parameter of the model")
     _check_groups(optimizer)
     opt_state = _initial_optimizer_state(optimizer, opt_params)
-    try:
-        with TRACING_LOCK:
-            return _capture(step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept_grads)
-    except _GradientsKept as kept:
-        # The step accumulates into .grad across calls (no zero_grad, or
-        # zero_grad(set_to_none=False)): gradients become device state too.
-        with TRACING_LOCK:
-            return _capture(
-                step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept.names | kept_grads
-            )
+    kept, traces = kept_grads, stack_traces
+    while True:
+        try:
+            with TRACING_LOCK:
+                return _capture(
+                    step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept, traces
+                )
+        except _GradientsKept as kept_now:
+            # The step accumulates into .grad across calls (no zero_grad, or
+            # zero_grad(set_to_none=False)): gradients become device state too.
+            # (``kept`` grows with every retry, bounded by the parameters.)
+            kept = kept_now.names | kept
+        except _HostReadUntraced:
+            # Failure path only: trace again recording stack traces, so that
+            # the error names the user's line (recording costs every op).
+            traces = True
+
+
+class _HostReadUntraced(Exception):
+    """Raised from a trace without stack traces that found a host read."""
 
 
 class _GradientsKept(Exception):
@@ -171,6 +187,7 @@ def _capture(
     opt_params: list[torch.nn.Parameter],
     opt_state: list[dict[str, torch.Tensor]],
     kept_grads: frozenset[str],
+    stack_traces: bool,
 ) -> CapturedTrainingStep:
     named_params = dict(model.named_parameters())
     named_buffers = dict(model.named_buffers())
@@ -249,7 +266,7 @@ def _capture(
                 dispatch_functionalize(functional, FunctionalTensorMode()),
                 decomposition_table={**_decomposition_table(), **capture_decompositions()},
                 tracing_mode="fake",
-                record_stack_traces=True,
+                record_stack_traces=stack_traces,
             )(
                 flat_state, lr_examples, batch_leaves
             )
@@ -257,8 +274,9 @@ def _capture(
             raise
         except Exception as error:  # torch raises many types while tracing
             raise TrainingCaptureError(_describe_trace_failure(error)) from None
+    # Graph edits only: _exported_from_graph lints and recompiles once.
     _drop_profiler_nodes(graph_module)
-    _scalar_alphas_to_tensors(graph_module)
+    _scalar_alphas_to_tensors(graph_module, stack_traces)
     _views_to_reshapes(graph_module)
 
     example_inputs = (*lr_examples, *batch_leaves)
@@ -500,8 +518,6 @@ def _drop_profiler_nodes(graph_module: torch.fx.GraphModule) -> None:
                 graph.erase_node(user)
             if node in graph.nodes:
                 graph.erase_node(node)
-    graph.lint()
-    graph_module.recompile()
 
 
 _ALPHA_OPS = {
@@ -512,11 +528,12 @@ _ALPHA_OPS = {
 }
 
 
-def _scalar_alphas_to_tensors(graph_module: torch.fx.GraphModule) -> None:
+def _scalar_alphas_to_tensors(graph_module: torch.fx.GraphModule, stack_traces: bool = True) -> None:
     """``param.add_(grad, alpha=-lr)`` with a tensor ``lr`` reads ``lr`` on
     the host (``_local_scalar_dense``), which XLA cannot run; it becomes
     ``param.add_(grad * -lr)``.  Any other host read left in the graph is a
-    :class:`TrainingCaptureError` naming the line."""
+    :class:`TrainingCaptureError` naming the line (:class:`_HostReadUntraced`
+    when the graph was traced without ``stack_traces``)."""
     graph = graph_module.graph
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target != torch.ops.aten._local_scalar_dense.default:
@@ -530,14 +547,14 @@ def _scalar_alphas_to_tensors(graph_module: torch.fx.GraphModule) -> None:
                 user.args = (user.args[0], scaled)
                 user.kwargs = {k: v for k, v in user.kwargs.items() if k != "alpha"}
         if node.users:
+            if not stack_traces:
+                raise _HostReadUntraced()
             trace = node.meta.get("stack_trace") or ""
             raise TrainingCaptureError(
                 "cannot capture the training step as one graph: a traced tensor is read on the host "
                 f"(.item() / float()){_last_user_frame(trace)}"
             )
         graph.erase_node(node)
-    graph.lint()
-    graph_module.recompile()
 
 
 def _last_user_frame(stack_trace: str) -> str:
@@ -583,8 +600,6 @@ def _views_to_reshapes(graph_module: torch.fx.GraphModule) -> None:
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target == torch.ops.aten.view.default and root(node) not in mutated:
             node.target = torch.ops.aten.reshape.default
-    graph.lint()
-    graph_module.recompile()
 
 
 def _exported_from_graph(

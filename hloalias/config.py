@@ -68,6 +68,10 @@ SETTINGS: tuple[Setting, ...] = (
             "The program cache (`hloalias.runtime.program_cache`): a program compiled before, in any "
             "process, found before `torch.export` runs; 0/off/false/no turns it off (HLOALIAS_CACHE=0 "
             "turns off every disk cache)."),
+    Setting("HLOALIAS_SHAPE_FAMILY", "flag", True, "runtime",
+            "New input sizes of a module compiled before in this process come from one export with "
+            "dynamic dimensions, specialized per sizes (`hloalias.runtime.shape_family`); 0/off/false/no "
+            "exports every new size again."),
     Setting("HLOALIAS_NATIVE", "flag", True, "runtime",
             "The native call path (`hloalias.runtime._lane`, C++); 0 keeps every call on the Python "
             "path. Read when an executable is made."),

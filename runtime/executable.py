@@ -77,7 +77,7 @@ from torch_mlir import ir
 from hloalias import attributes as A, config, observe
 from hloalias.observe import traced_compile
 from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
-from hloalias.frontend.importer import Program, Stage, import_torch
+from hloalias.frontend.importer import Program, Stage
 from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verify
 from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
@@ -93,6 +93,7 @@ from hloalias.pipeline import (
 )
 from hloalias.runtime import program_cache
 from hloalias.runtime.export_cache import import_cached
+from hloalias.runtime.shape_family import import_program
 from hloalias.runtime.stages import pass_lines, run_passes
 from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_shardings
 from hloalias.runtime.assembly import input_views
@@ -266,7 +267,7 @@ def compile(  # noqa: A001 - the name users expect
         pass_report: tuple[str, ...] = (f"passes: from the program cache ({pipeline_text})",)
     else:
         with _refusing_training_steps():
-            program = import_cached(f, example_args, kwargs, lambda: import_torch(f, example_args, kwargs))
+            program = import_cached(f, example_args, kwargs, lambda: import_program(f, example_args, kwargs))
         if _state_sources:
             # A new dict: the import cache may share the program's.
             program.state = {name: _state_sources.get(name, value) for name, value in program.state.items()}

@@ -1,0 +1,262 @@
+"""One export, many shapes: a program exported once with dynamic
+dimensions, specialized to each call signature's sizes.
+
+:func:`export_dynamic` runs ``torch.export`` with the named dimensions of
+the user's tensor inputs dynamic (``Dim.DYNAMIC``: torch keeps each one
+symbolic unless the model's code fixes it) and the importer's
+decompositions, once.  :func:`import_specialized` turns that decomposed,
+symbolic program into the static program ``torch.export`` would give for
+concrete inputs, without tracing the model again: every shape computation
+of the graph (``sym_size`` and the integer arithmetic on it, the range
+asserts) is evaluated for the inputs' sizes and replaced by its value, and
+every op's result type is derived again by running the op on fake tensors
+of the concrete shapes; the importer then continues from the decomposed
+program (:func:`hloalias.frontend.importer._import_decomposed`: FX import,
+lowering to StableHLO).  What depends on shapes runs again; the trace and
+the decomposition retrace do not.
+
+Not specializable, :class:`NotSpecializable` (the caller exports the
+concrete shapes as usual): a dimension torch specialized while exporting
+(the model's code depends on its value: the placeholder holds a number) or
+a size outside the range export inferred; a range assert of the graph
+that fails for the sizes; a graph with higher-order ops or submodules;
+non-tensor or non-contiguous inputs; and programs whose import rewrites
+the graph before decomposing it with shapes as literals (``copy_`` conversions, ``as_strided`` inputs)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from hloalias.errors import TorchImportError
+from hloalias.frontend import importer
+from hloalias.frontend.tracing_lock import TRACING_LOCK
+
+
+class NotSpecializable(TorchImportError):
+    """The program cannot be exported once for many shapes, or not
+    specialized to these inputs' sizes; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicExport:
+    """A decomposed program with symbolic dimensions, and what the importer
+    read from its graph before decomposing (see
+    :func:`hloalias.frontend.importer._import_decomposed`)."""
+
+    exported: ExportedProgram
+    state_aliases: dict[str, str]
+    eager_storage: list[str | None] | None
+    #: per user input leaf, the dimensions exported as dynamic
+    dynamic_dims: tuple[frozenset[int], ...]
+
+
+_SHAPE_VALUES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+_ASSERTS = {
+    torch.ops.aten._assert_scalar.default,
+    torch.ops.aten.sym_constrain_range.default,
+    torch.ops.aten.sym_constrain_range_for_size.default,
+}
+
+
+def export_dynamic(
+    f: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any], dynamic_dims: Sequence[frozenset[int]]
+) -> DynamicExport:
+    """Export ``f`` on ``(args, kwargs)`` with ``dynamic_dims[i]`` of the
+    ``i``-th tensor leaf dynamic, and decompose it; raises
+    :class:`NotSpecializable` where the result could not be specialized
+    soundly later (module docstring), :class:`TorchImportError` where
+    export fails."""
+    with TRACING_LOCK:
+        return _export_dynamic(f, tuple(args), dict(kwargs), tuple(dynamic_dims))
+
+
+def _export_dynamic(
+    f: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_dims: tuple[frozenset[int], ...]
+) -> DynamicExport:
+    _check_inputs(args, kwargs)
+    leaves = pytree.tree_leaves((args, kwargs))
+    if len(leaves) != len(dynamic_dims):
+        raise NotSpecializable(f"{len(dynamic_dims)} dynamic-dimension sets for {len(leaves)} inputs")
+    shapes = torch.export.ShapesCollection()  # type: ignore[no-untyped-call]
+    for leaf, dims in zip(leaves, dynamic_dims):
+        if any(leaf.shape[d] < 2 for d in dims):  # export specializes sizes 0 and 1
+            raise NotSpecializable("a dynamic dimension has size 0 or 1 in the example")
+        shapes[leaf] = {d: torch.export.Dim.DYNAMIC for d in dims}
+    importer._check_strided_inputs(args, kwargs)
+    exported = importer._export(f, args, kwargs, shapes.dynamic_shapes(f, args, kwargs))  # type: ignore[no-untyped-call]
+    importer._check_strided_outputs(exported)
+    exported, state_aliases = importer._merge_aliased_state(exported, owned=True)
+    importer._pin_eager_copies(exported)
+    # This rewrite writes shapes into the graph as literals: a program
+    # that needs it is exported per shape.
+    if importer._explicit_copy_conversions(exported):
+        raise NotSpecializable("the program has copy_ with a conversion or broadcast")
+    eager_storage = importer._eager_output_storage(exported)
+    if importer._strided_inputs(exported):
+        raise NotSpecializable("the program addresses an input through as_strided")
+    try:
+        exported = importer.decompose(exported, importer._decomposition_table())
+    except Exception as error:  # torch raises many types here
+        raise NotSpecializable(f"decomposing the dynamic program failed: {error}") from error
+    if importer._strided_inputs(exported):
+        raise NotSpecializable("the program addresses an input through as_strided")
+    return DynamicExport(exported, state_aliases, eager_storage, dynamic_dims)
+
+
+def import_specialized(
+    dynamic: DynamicExport, f: Any, args: Sequence[Any], kwargs: dict[str, Any], stage: importer.Stage
+) -> importer.Program:
+    """The program ``import_torch(f, args, kwargs)`` gives, from ``dynamic``
+    specialized to the inputs' sizes (module docstring); raises
+    :class:`NotSpecializable` when they do not fit it."""
+    with TRACING_LOCK:
+        exported = specialize(dynamic, tuple(args), dict(kwargs))
+        return importer._import_decomposed(
+            f, tuple(args), dict(kwargs), exported, dynamic.state_aliases, dynamic.eager_storage, {}, stage
+        )
+
+
+def _check_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    leaves = pytree.tree_leaves((args, kwargs))
+    for position, leaf in enumerate(leaves):
+        if not isinstance(leaf, torch.Tensor):
+            raise NotSpecializable(f"input {position} is a {type(leaf).__name__}, not a tensor")
+        if leaf.layout != torch.strided or not leaf.is_contiguous():
+            raise NotSpecializable(f"input {position} is not a contiguous dense tensor")
+
+
+def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ExportedProgram:
+    """``dynamic.exported`` with every dimension fixed to the inputs' sizes
+    (see the module docstring): a new graph, the program's signature,
+    state and constants shared."""
+    _check_inputs(args, kwargs)
+    exported = dynamic.exported
+    leaves = pytree.tree_leaves((args, kwargs))
+    graph = exported.graph_module.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    user_names = list(exported.graph_signature.user_inputs)
+    if len(user_names) != len(leaves):
+        raise NotSpecializable(f"the program takes {len(user_names)} inputs, not {len(leaves)}")
+    concrete = dict(zip(user_names, leaves))
+    bindings = _bind_symbols(placeholders, concrete)
+    for symbol, value_range in exported.range_constraints.items():
+        size = bindings.get(symbol)
+        if size is not None and not bool(value_range.lower <= size <= value_range.upper):
+            raise NotSpecializable(f"size {size} is outside the range {value_range} export inferred")
+    fake_mode = FakeTensorMode()
+    new_graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, Any] = {}  # old node -> new node, or a shape value
+    values: dict[torch.fx.Node, Any] = {}  # old node -> fake tensor / concrete value
+
+    def new_arg(argument: Any) -> Any:
+        return env[argument] if isinstance(argument, torch.fx.Node) else argument
+
+    def value_of(argument: Any) -> Any:
+        return values[argument] if isinstance(argument, torch.fx.Node) else argument
+
+    for node in graph.nodes:
+        old = node.meta.get("val")
+        if node.op == "placeholder":
+            source = concrete.get(node.name)
+            if not isinstance(old, torch.Tensor):
+                raise NotSpecializable(f"input '{node.name}' is not a tensor")
+            with fake_mode:
+                if source is not None:
+                    value = torch.empty_strided(source.shape, source.stride(), dtype=source.dtype)
+                else:  # state: static shapes
+                    value = torch.empty_strided(
+                        [int(s) for s in old.shape], [int(s) for s in old.stride()], dtype=old.dtype
+                    )
+            new = new_graph.placeholder(node.name, type_expr=node.type)
+            new.name = node.name  # as the signature names it (FX renames builtins: "input")
+            new.meta = _meta(node, value)
+            env[node], values[node] = new, value
+        elif node.op == "call_function":
+            target = node.target
+            fake_args = pytree.tree_map(value_of, node.args)
+            fake_kwargs = pytree.tree_map(value_of, node.kwargs)
+            if target in _ASSERTS:
+                if target is torch.ops.aten._assert_scalar.default and not bool(fake_args[0]):
+                    raise NotSpecializable(f"the program asserts {node.args[1:]!r} for these sizes")
+                continue
+            if not isinstance(target, torch._ops.OpOverload) and getattr(target, "__module__", None) not in (
+                "_operator", "operator", "torch", "math", "torch.fx.experimental.sym_node"
+            ):
+                raise NotSpecializable(f"the graph calls {target!r}, which is not an operator")
+            try:
+                if isinstance(old, _SHAPE_VALUES) and not isinstance(old, torch.Tensor):
+                    # A shape computation: its value for these sizes.
+                    value = target(*fake_args, **fake_kwargs)
+                    env[node], values[node] = value, value
+                    continue
+                with fake_mode:
+                    value = target(*fake_args, **fake_kwargs)
+            except Exception as error:  # an op's own check of these sizes (torch raises many types)
+                raise NotSpecializable(f"{target} fails for these sizes: {error}") from error
+            new = new_graph.create_node(
+                "call_function", target, pytree.tree_map(new_arg, node.args),
+                pytree.tree_map(new_arg, node.kwargs), name=node.name,
+            )
+            new.name = node.name
+            new.meta = _meta(node, value)
+            env[node], values[node] = new, value
+        elif node.op == "output":
+            new_graph.output(pytree.tree_map(new_arg, node.args[0]))
+        else:
+            raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")
+    return ExportedProgram(  # builds the one GraphModule of the new graph
+        root=exported.graph_module,
+        graph=new_graph,
+        graph_signature=exported.graph_signature,
+        state_dict=exported.state_dict,
+        range_constraints={},
+        module_call_graph=exported.module_call_graph,
+        example_inputs=(args, kwargs),
+        constants=exported.constants,
+    )
+
+
+def _bind_symbols(placeholders: list[torch.fx.Node], concrete: dict[str, torch.Tensor]) -> dict[Any, int]:
+    """Each size symbol of the user inputs' shapes -> its value in the
+    concrete inputs; a static dimension must have the exported size."""
+    bindings: dict[Any, int] = {}
+    for node in placeholders:
+        source = concrete.get(node.name)
+        value = node.meta.get("val")
+        if source is None or not isinstance(value, torch.Tensor):
+            continue
+        if value.dim() != source.dim() or value.dtype != source.dtype:
+            raise NotSpecializable(f"input '{node.name}' has another rank or dtype than the exported one")
+        for dim, (size, wanted) in enumerate(zip(value.shape, source.shape)):
+            if isinstance(size, torch.SymInt):
+                expression = size.node.expr
+                if not expression.is_Symbol:
+                    raise NotSpecializable(f"input '{node.name}' dimension {dim} is an expression ({expression})")
+                if bindings.setdefault(expression, int(wanted)) != int(wanted):
+                    raise NotSpecializable(f"size symbol {expression} takes two values")
+            elif int(size) != int(wanted):
+                raise NotSpecializable(
+                    f"input '{node.name}' dimension {dim} was exported as {int(size)} (the model's code "
+                    f"fixed it), got {int(wanted)}"
+                )
+    return bindings
+
+
+def _meta(node: torch.fx.Node, value: Any) -> dict[str, Any]:
+    """``node``'s meta with the value (and tensor metadata) of the concrete
+    shapes."""
+    meta = dict(node.meta)
+    meta["val"] = value
+    meta.pop("tensor_meta", None)
+    if isinstance(value, torch.Tensor):
+        meta["tensor_meta"] = _extract_tensor_metadata(value)
+    return meta
+

@@ -1,0 +1,211 @@
+"""New input sizes of a module compiled before, in this process, from one
+export with dynamic dimensions (:mod:`hloalias.frontend.shape_specialization`).
+
+As ``torch.compile``'s automatic dynamic shapes: the first compile of a
+module exports its inputs' sizes as they are.  A later compile of the same
+module object on inputs that differ only in sizes (same structure, dtypes,
+ranks, code, configuration and state: the program-cache key,
+:mod:`hloalias.runtime.source_key`, of the call with the sizes left out)
+exports once more with the dimensions that changed dynamic, and from then
+on every size is a specialization of that export: no ``torch.export``, no
+decomposition retrace; the FX import, the lowering, the passes and XLA
+still run for the new sizes.  Where the model's code depends on a changed
+dimension (export fixes it), where the dynamic export fails, or where a
+later call changes a dimension that export kept static, the compile takes
+the usual path (:func:`hloalias.frontend.importer.import_torch`), and
+:func:`shape_family_stats` says why.
+
+The specialized program is the one a fresh export of the concrete sizes
+gives (``test/py/test_shape_family.py`` compares the imported modules'
+text); its state is the module's own tensors, checked by identity at each
+specialization (a replaced parameter makes the module a new family).
+``HLOALIAS_SHAPE_FAMILY=0`` turns this off.  At most ``MAX_FAMILIES``
+modules are kept (least recently used dropped); a family goes when its
+module is garbage-collected (its dynamic export holds the state tensors)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import threading
+import weakref
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hloalias import config
+from hloalias.errors import TorchImportError
+from hloalias.frontend.importer import Program, Stage, import_torch
+from hloalias.frontend.shape_specialization import (
+    DynamicExport,
+    NotSpecializable,
+    export_dynamic,
+    import_specialized,
+)
+from hloalias.runtime.source_key import Uncacheable, source_key
+
+MAX_FAMILIES = 16
+
+
+@dataclasses.dataclass
+class ShapeFamilyStats:
+    """Counters (live): ``first`` imports of a family (the sizes as they
+    are), ``exported`` dynamic exports, ``specialized`` imports from one,
+    ``fallbacks`` to the usual import, with the ``reasons`` (last 8)."""
+
+    first: int = 0
+    exported: int = 0
+    specialized: int = 0
+    fallbacks: int = 0
+    reasons: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Family:
+    reference: weakref.ref[Any]
+    sizes: tuple[tuple[int, ...], ...]
+    dynamic: DynamicExport | None = None
+    refused: str | None = None
+
+
+_FAMILIES: collections.OrderedDict[str, _Family] = collections.OrderedDict()
+_LOCK = threading.Lock()
+_STATS = ShapeFamilyStats()
+
+
+def shape_family_stats() -> ShapeFamilyStats:
+    return _STATS
+
+
+def clear_shape_families() -> None:
+    """Forget every family and reset the counters."""
+    global _STATS
+    with _LOCK:
+        _FAMILIES.clear()
+        _STATS = ShapeFamilyStats()
+
+
+def enabled() -> bool:
+    return config.flag("HLOALIAS_SHAPE_FAMILY")
+
+
+def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The program-cache key of ``f`` with the inputs' sizes left out, or
+    None where there is no family: not a module, an input that is not a
+    contiguous tensor, inputs sharing memory, or no sound key."""
+    if not isinstance(f, torch.nn.Module):
+        return None
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    storages = set()
+    kinds = []
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor) or leaf.layout != torch.strided or not leaf.is_contiguous():
+            return None
+        storage = leaf.untyped_storage().data_ptr()
+        if storage in storages and leaf.numel():
+            return None
+        storages.add(storage)
+        kinds.append((str(leaf.dtype), leaf.dim(), leaf.requires_grad, str(leaf.device)))
+    try:
+        return source_key(f, (), {}, ("shape family", str(spec), tuple(kinds)))
+    except Uncacheable:
+        return None
+
+
+def _forget(dead: weakref.ref[Any]) -> None:
+    """Drop the family of a collected module: its dynamic export holds the
+    module's state tensors."""
+    with _LOCK:
+        for key in [k for k, family in _FAMILIES.items() if family.reference is dead]:
+            del _FAMILIES[key]
+
+
+def _fallback(reason: str) -> None:
+    with _LOCK:
+        _STATS.fallbacks += 1
+        _STATS.reasons = [*_STATS.reasons[-7:], reason]
+
+
+def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Program:
+    """The program of ``f`` on ``(args, kwargs)``: from the module's family
+    when it has one for these sizes, else ``import_torch`` (see the module
+    docstring)."""
+    key = _family_key(f, args, kwargs) if enabled() else None
+    if key is None:
+        return import_torch(f, args, kwargs)
+    sizes = tuple(tuple(leaf.shape) for leaf in pytree.tree_leaves((args, kwargs)))
+    with _LOCK:
+        family = _FAMILIES.get(key)
+        if family is not None and family.reference() is not f:
+            family = None
+        if family is not None:
+            _FAMILIES.move_to_end(key)
+    if family is None:
+        program = import_torch(f, args, kwargs)
+        # Keyed again after the import: a model may set attributes on its
+        # first forward (transformers records its modules' output names),
+        # and later compiles see it that way.
+        key = _family_key(f, args, kwargs) or key
+        with _LOCK:
+            _STATS.first += 1
+            _FAMILIES[key] = _Family(weakref.ref(f, _forget), sizes)
+            while len(_FAMILIES) > MAX_FAMILIES:
+                _FAMILIES.popitem(last=False)
+        return program
+    if family.refused is not None:
+        _fallback(family.refused)
+        return import_torch(f, args, kwargs)
+    if family.dynamic is None:
+        if sizes == family.sizes:
+            return import_torch(f, args, kwargs)
+        changed = tuple(
+            frozenset(d for d, (before, now) in enumerate(zip(old, new)) if before != now)
+            for old, new in zip(family.sizes, sizes)
+        )
+        try:
+            family.dynamic = export_dynamic(f, args, kwargs, changed)
+        except TorchImportError as error:  # the model does not export with these dimensions dynamic
+            family.refused = f"dynamic export: {str(error).splitlines()[0]}"
+            _fallback(family.refused)
+            return import_torch(f, args, kwargs)
+        with _LOCK:
+            _STATS.exported += 1
+    try:
+        program = import_specialized(family.dynamic, f, args, kwargs, Stage.STABLEHLO)
+    except NotSpecializable as error:
+        _fallback(str(error).splitlines()[0])
+        return import_torch(f, args, kwargs)
+    for name, tensor in program.state.items():
+        if _state_path(f, name) is not tensor and not _created_in_forward(f, name):
+            # A replaced tensor: export again (a new family).
+            with _LOCK:
+                _FAMILIES.pop(key, None)
+            _fallback(f"state '{name}' was replaced since the dynamic export")
+            return import_torch(f, args, kwargs)
+    with _LOCK:
+        _STATS.specialized += 1
+    return program
+
+
+_LIFTED = re.compile(r"(lifted_tensor|_tensor_constant)_?\d+")
+
+
+def _created_in_forward(f: Any, name: str) -> bool:
+    """Whether state ``name`` is a constant forward creates (``torch.tensor``
+    of a config value), which export lifts under a name of its own: its
+    value comes from the code and configuration, which the family's key
+    holds.  A tensor attribute of the module is not one (its name is its
+    path, checked by identity)."""
+    return _state_path(f, name) is None and _LIFTED.fullmatch(name.rsplit(".", 1)[-1]) is not None
+
+
+def _state_path(f: Any, name: str) -> Any:
+    """The tensor at dotted attribute path ``name`` of ``f``, or None."""
+    target = f
+    for part in name.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            return None
+    return target if isinstance(target, torch.Tensor) else None

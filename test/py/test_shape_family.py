@@ -1,0 +1,194 @@
+"""New input sizes of a compiled module from one dynamic export
+(runtime/shape_family.py, frontend/shape_specialization.py): results equal
+eager, the specialized import equals a fresh export's, and every case the
+dynamic export cannot serve falls back to the usual import.  Counted
+through the family's counters, never timed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import hloalias
+from hloalias.frontend.importer import import_torch
+from hloalias.frontend.shape_specialization import NotSpecializable, export_dynamic, specialize
+from hloalias.runtime import export_cache, shape_family
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
+    monkeypatch.delenv("HLOALIAS_SHAPE_FAMILY", raising=False)
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    shape_family.clear_shape_families()
+    yield
+    shape_family.clear_shape_families()
+    hloalias.clear_cache()
+
+
+class Mixer(torch.nn.Module):
+    """A sequence model: embedding, linear, softmax over the sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 8)
+        self.proj = torch.nn.Linear(8, 8)
+        self.scale = 2.0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.proj(self.embed(ids)) * self.scale
+        weights = torch.softmax(h.sum(-1), dim=-1)
+        return h.transpose(1, 2).reshape(ids.shape[0], -1) + weights.repeat(1, 8)
+
+
+def _ids(length: int) -> torch.Tensor:
+    return torch.arange(2 * length).reshape(2, length) % 32
+
+
+def test_new_lengths_are_specialized_and_equal_eager() -> None:
+    torch.manual_seed(0)
+    model = Mixer().eval()
+    for length in (8, 12, 5, 12):
+        exe = hloalias.compile(model, (_ids(length),))
+        torch.testing.assert_close(exe(_ids(length)), model(_ids(length)))
+    stats = shape_family.shape_family_stats()
+    # 8: the first import; 12: the one dynamic export, specialized to 12;
+    # 5: specialized; 12 again: the in-process import cache.
+    assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (1, 1, 2, 0)
+
+
+def test_specialized_import_equals_a_fresh_export() -> None:
+    torch.manual_seed(0)
+    model = Mixer().eval()
+    dynamic = export_dynamic(model, (_ids(8),), {}, [frozenset({1})])
+    from hloalias.frontend.shape_specialization import import_specialized
+    from hloalias.frontend.importer import Stage
+
+    for length in (3, 8, 17):
+        specialized = import_specialized(dynamic, model, (_ids(length),), {}, Stage.STABLEHLO)
+        fresh = import_torch(model, (_ids(length),))
+        assert specialized.text == fresh.text
+        assert specialized.signature == fresh.signature
+
+
+def test_tiny_llama_new_sequence_length_equals_eager() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).eval()
+    for length in (6, 10, 7):
+        ids = torch.randint(0, 64, (1, length))
+        exe = hloalias.compile(model, (ids,))
+        torch.testing.assert_close(exe(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+    stats = shape_family.shape_family_stats()
+    assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (1, 1, 2, 0), stats.reasons
+
+
+class Branchy(torch.nn.Module):
+    """Code that depends on the sequence length."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] > 8:
+            return x * 2
+        return x + 1
+
+
+def test_a_length_outside_the_exported_branch_falls_back() -> None:
+    model = Branchy()
+    for length in (12, 16, 5):
+        x = torch.randn(2, length)
+        torch.testing.assert_close(hloalias.compile(model, (x,))(x), model(x))
+    stats = shape_family.shape_family_stats()
+    assert stats.specialized == 1  # 16 is in the branch export took for 16; 5 is not
+    assert stats.fallbacks == 1 and "outside the range" in stats.reasons[-1]
+
+
+class FixedView(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(2, 8) * 3
+
+
+def test_a_dimension_the_code_fixes_is_refused_and_the_usual_import_runs() -> None:
+    model = FixedView()
+    x = torch.randn(16)
+    torch.testing.assert_close(hloalias.compile(model, (x,))(x), model(x))
+    with pytest.raises(hloalias.TorchImportError):  # as without families: 24 elements do not view as 2x8
+        hloalias.compile(model, (torch.randn(24),))
+    stats = shape_family.shape_family_stats()
+    assert stats.specialized == 0 and stats.fallbacks == 1
+
+
+def test_a_changed_attribute_is_a_new_family() -> None:
+    """The family key holds the module's configuration: a changed value
+    read by forward is never served by the old export."""
+    torch.manual_seed(0)
+    model = Mixer().eval()
+    hloalias.compile(model, (_ids(8),))
+    hloalias.compile(model, (_ids(12),))
+    model.scale = 3.0
+    exe = hloalias.compile(model, (_ids(16),))
+    torch.testing.assert_close(exe(_ids(16)), model(_ids(16)))
+    assert shape_family.shape_family_stats().first == 2
+
+
+def test_a_replaced_parameter_is_not_served_by_the_old_export() -> None:
+    torch.manual_seed(0)
+    model = Mixer().eval()
+    hloalias.compile(model, (_ids(8),))
+    hloalias.compile(model, (_ids(12),))
+    model.proj.weight = torch.nn.Parameter(torch.randn(8, 8))
+    exe = hloalias.compile(model, (_ids(16),))
+    torch.testing.assert_close(exe(_ids(16)), model(_ids(16)))
+    assert "replaced" in shape_family.shape_family_stats().reasons[-1]
+
+
+def test_off_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HLOALIAS_SHAPE_FAMILY", "0")
+    model = Mixer().eval()
+    for length in (8, 12):
+        hloalias.compile(model, (_ids(length),))
+    stats = shape_family.shape_family_stats()
+    assert (stats.first, stats.exported, stats.specialized) == (0, 0, 0)
+
+
+def test_a_changed_rank_does_not_specialize() -> None:
+    model = Mixer().eval()
+    dynamic = export_dynamic(model, (_ids(8),), {}, [frozenset({1})])
+    with pytest.raises(NotSpecializable, match="rank"):
+        specialize(dynamic, (torch.arange(8) % 32,), {})
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - a builtin's name, as users write
+        return input * 2
+
+
+def test_an_input_named_like_a_builtin_keeps_its_name() -> None:
+    """FX renames a new node called ``input`` to ``input_1``; the
+    specialized program keeps the signature's names."""
+    model = Scaled()
+    for length in (4, 6, 9):
+        x = torch.randn(3, length)
+        torch.testing.assert_close(hloalias.compile(model, (x,))(x), x * 2)
+    assert shape_family.shape_family_stats().specialized == 2
+
+
+def test_a_collected_module_takes_its_family_and_state_with_it() -> None:
+    import gc
+    import weakref
+
+    model = Mixer().eval()
+    hloalias.compile(model, (_ids(8),))
+    hloalias.compile(model, (_ids(12),))
+    weight = weakref.ref(model.proj.weight)
+    assert len(shape_family._FAMILIES) == 1
+    del model
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    gc.collect()
+    assert len(shape_family._FAMILIES) == 0
+    assert weight() is None
