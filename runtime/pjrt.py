@@ -180,6 +180,10 @@ def compile_module(
             options = xla_client.CompileOptions()
         targets = tuple(devices) if devices is not None else (device,)
         device_list = xla_client.DeviceList(targets)
+        if len({d.process_index for d in targets}) > 1:
+            # Each process's executable drives its own devices: not one
+            # cache entry for all (runtime/distributed.py).
+            return device.client.compile_and_load(_xla_input(stripped), device_list, options)
         return disk_cache.load_or_compile(
             stripped, options, device,
             lambda: device.client.compile_and_load(_xla_input(stripped), device_list, options),
