@@ -310,7 +310,8 @@ def compile(  # noqa: A001 - the name users expect
         # The runtime stores permuted state as the module says: its own convention.
         with observe.stage("XLA compile"):
             loaded = compile_module(
-                final_text, target, options=options, devices=placement.devices, allow_stored_state=True
+                final_text, target, options=options, devices=placement.devices, allow_stored_state=True,
+                rewrite=placement.for_xla if placement.spmd else None,
             )
         _cache_put(cache_slot, loaded)
     # Reports of the final module (all runs of each pass together), not

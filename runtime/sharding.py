@@ -33,7 +33,7 @@ from torch_mlir import ir
 from hloalias.contract import Signature
 from hloalias.errors import ShardingError
 from hloalias.mlir import element_bits, find_main
-from hloalias.runtime import distributed
+from hloalias.runtime import distributed, shardy
 from hloalias.runtime.jaxlib_private import sharding_impls, xla_client
 
 SpecEntry: TypeAlias = "str | tuple[str, ...] | None"
@@ -266,12 +266,30 @@ class Placement:
         build.num_replicas = 1
         build.num_partitions = len(self.devices)
         build.use_spmd_partitioning = True
-        build.use_shardy_partitioner = False  # the module carries mhlo.sharding
+        # Shardy when for_xla can write the module's shardings as sdy (it
+        # turns this off when it cannot): GSPMD is deprecated in XLA.
+        build.use_shardy_partitioner = shardy.available()
         build.device_assignment = xla_client.DeviceAssignment.create(
             np.array([d.id for d in self.devices]).reshape(1, len(self.devices))
         )
         build.allow_spmd_sharding_propagation_to_output = [not s for s in sharded_results] or [True]
         return options
+
+
+    def for_xla(self, text: str, options: Any) -> str:
+        """``text`` (the final module as XLA takes it) with Shardy's
+        annotations when ``options`` ask for Shardy (:mod:`hloalias.runtime.shardy`);
+        when the module has shardings it cannot translate, ``text`` as it
+        is and ``options`` switched to GSPMD."""
+        build = options.executable_build_options
+        if self.mesh is None or not build.use_shardy_partitioner:
+            return text
+        specs = {("".join(a.hlo.split()), len(a.spec)): a.spec for a in self.arguments.values()}
+        converted = shardy.to_shardy(text, list(zip(self.mesh.axis_names, self.mesh.mesh_shape)), specs)
+        if converted is None:
+            build.use_shardy_partitioner = False
+            return text
+        return converted
 
 
 def plan_shardings(
