@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from hloalias.errors import DistributedError
+from hloalias.runtime.jaxlib_private import jax_distributed, xla_bridge
 
 #: torchrun's variables, read by :func:`initialize` when its arguments are
 #: not given (the launcher sets them; so do torchrun and SLURM wrappers).
@@ -126,9 +127,7 @@ def _env_int(name: str) -> int | None:
 
 
 def _backends_started() -> bool:
-    from jax._src import xla_bridge
-
-    return bool(xla_bridge._backends)
+    return bool(xla_bridge.backends_are_initialized())
 
 
 def is_initialized() -> bool:
@@ -198,8 +197,6 @@ def check_same_program(key: str, devices: Sequence[Any], what: str = "program") 
     Nothing to do on one process's devices."""
     if not spans_processes(devices):
         return
-    from jax._src import distributed as jax_distributed
-
     client = jax_distributed.global_state.client
     if client is None:  # pragma: no cover - devices of several processes imply a client
         return
@@ -232,8 +229,6 @@ def barrier(name: str, timeout_s: int = AGREEMENT_TIMEOUT_S) -> None:
     """Wait until every process reached ``name`` (nothing on one process)."""
     if jax.process_count() == 1:
         return
-    from jax._src import distributed as jax_distributed
-
     client = jax_distributed.global_state.client
     assert client is not None
     try:

@@ -103,7 +103,9 @@ def launch(
     children: list[subprocess.Popen[bytes]] = []
     relays: list[threading.Thread] = []
     status = 0
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGTERM stops the ranks as Ctrl-C does (handlers: main thread only).
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
     try:
         for rank in range(nprocs):
             child = subprocess.Popen(
@@ -137,7 +139,8 @@ def launch(
         status = 130
     finally:
         _stop(children, grace)
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         for relay in relays:
             relay.join(timeout=5)
     if status < 0:  # killed by a signal: the shell's convention

@@ -83,13 +83,27 @@ def test_training_steps_across_processes_equal_a_single_process(
 
 def test_state_is_sharded_across_processes_and_updated_in_place(trained: tuple[Path, list[dict[str, Any]]]) -> None:
     _, reports = trained
+    # The same steps on one process's 4 devices: the same bytes per device.
+    data = worker.batches()
+    single: dict[str, dict[str, int]] = {}
+    for kind, mesh, shardings in (
+        ("dp", hloalias.Mesh((4,), ("dp",)), worker.DATA_PARALLEL),
+        ("tp", hloalias.Mesh((2, 2), ("dp", "tp")), worker.TENSOR_PARALLEL),
+    ):
+        model, optimizer, step = worker.trainer()
+        train = hloalias.compile_training_step(step, model, optimizer, data[0], mesh=mesh, shardings=shardings)
+        figures = list(train.executable.memory_stats_per_device.values())
+        assert len(figures) == 4 and all(f == figures[0] for f in figures)
+        single[kind] = figures[0]
     for report in reports:
         # fc1.weight (32 x 16) over tp=2: each of this process's 2 devices holds 16 rows.
         assert report["tp_local_shard_shapes"] == [(16, 16), (16, 16)]
         # Every state tensor (4 parameters, 3 Adam tensors each) is aliased in place.
         assert report["dp_aliases"] == 16
-        for stats in report["dp_bytes"].values():
-            assert stats["alias_bytes"] > 0 and stats["output_bytes"] - stats["alias_bytes"] < stats["alias_bytes"]
+        for kind in ("dp", "tp"):
+            for stats in report[f"{kind}_bytes"].values():
+                assert stats == single[kind]
+                assert stats["alias_bytes"] > 0
 
 
 def test_bytes_are_reported_per_process_for_its_own_devices(trained: tuple[Path, list[dict[str, Any]]]) -> None:
