@@ -189,6 +189,14 @@ def gather(array: jax.Array) -> np.ndarray:
         return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 
+def gathered_tensor(array: jax.Array) -> torch.Tensor:
+    """:func:`gather` as a torch tensor of its own memory (bf16 included)."""
+    value = gather(array)
+    if value.dtype.name == "bfloat16":
+        return torch.from_numpy(value.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(value.copy())
+
+
 def check_same_program(key: str, devices: Sequence[Any], what: str = "program") -> None:
     """Before a compile on ``devices`` that span processes: every process
     publishes ``key`` (the final module's) and reads the others'.  A process

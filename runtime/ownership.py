@@ -34,7 +34,7 @@ import torch
 import torch.utils.dlpack
 
 from hloalias.errors import DonatedBufferError, ExecutionError
-from hloalias.runtime.distributed import gather
+from hloalias.runtime.distributed import gathered_tensor
 from hloalias.runtime.jaxlib_private import buffer_to_dlpack as _buffer_to_dlpack
 from hloalias.runtime.jaxlib_private import dlpack_to_buffer as _dlpack_to_buffer
 from hloalias.runtime.pjrt import device_for
@@ -81,9 +81,7 @@ def array_to_torch(array: jax.Array) -> torch.Tensor:
     from other processes too: a collective, :mod:`hloalias.runtime.distributed`)."""
     devices = array.sharding.device_set
     if not array.is_fully_addressable:  # shards in other processes: gathered
-        return torch.from_numpy(gather(array).copy()) if array.dtype.name != "bfloat16" else (
-            torch.from_numpy(gather(array).view(np.int16).copy()).view(torch.bfloat16)
-        )
+        return gathered_tensor(array)
     if len(devices) > 1:
         first = min(devices, key=lambda d: d.id)
         array = jax.device_put(array, jax.sharding.SingleDeviceSharding(first), may_alias=False)

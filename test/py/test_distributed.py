@@ -134,6 +134,17 @@ def test_forward_and_decode_across_processes_equal_eager(trained: tuple[Path, li
         torch.testing.assert_close(report["decode_state"]["v_cache"], decode.v_cache)
 
 
+def test_bf16_state_across_processes_equals_eager(trained: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, reports = trained
+    eager = worker.Accumulator()
+    expected = [eager(x) for x in worker.bf16_inputs()]
+    for report in reports:
+        for got, want in zip(report["bf16"], expected):
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(report["bf16_state"]["total"], eager.total, rtol=0, atol=0)
+
+
 def test_misuse_is_named(trained: tuple[Path, list[dict[str, Any]]]) -> None:
     _, reports = trained
     for rank, report in enumerate(reports):

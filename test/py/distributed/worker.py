@@ -61,6 +61,23 @@ class Decode(torch.nn.Module):
         return (scores.softmax(-1) @ self.v_cache).reshape(1, -1)
 
 
+class Accumulator(torch.nn.Module):
+    """A bf16 buffer updated in place, sharded over the mesh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.arange(32, dtype=torch.bfloat16).reshape(8, 4) / 7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.add_(x)
+        return self.total * 3
+
+
+def bf16_inputs(count: int = 2) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(13)
+    return [torch.randn(8, 4, generator=generator).to(torch.bfloat16) for _ in range(count)]
+
+
 def batches(count: int = STEPS + 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The global batches, the same in every process."""
     generator = torch.Generator().manual_seed(7)
@@ -146,6 +163,12 @@ def train(out: Path) -> dict[str, Any]:
     report["decode"] = [decoder(token, torch.tensor([i])) for i, token in enumerate(tokens())]
     report["decode_state"] = decoder.state_dict()
     report["decode_bytes"] = decoder.memory_stats_per_device
+
+    accumulator = hloalias.compile(
+        Accumulator(), (bf16_inputs()[0],), mesh=dp_mesh, shardings={"total": ("dp", None), "x": ("dp", None)}
+    )
+    report["bf16"] = [accumulator(x) for x in bf16_inputs()]
+    report["bf16_state"] = accumulator.state_dict()
 
     report["mesh_too_large"] = _error(lambda: hloalias.compile(
         MLP().eval(), (data[0][0],), mesh=hloalias.Mesh((8,), ("dp",))
