@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 from hloalias.errors import (
     CompileError,
     DonatedBufferError,
+    DistributedError,
     DonationError,
     ExecutionError,
     HloaliasError,
@@ -45,6 +46,8 @@ _LAZY = {
     "Jit": "hloalias.runtime",
     "jit": "hloalias.runtime",
     "compile_stablehlo": "hloalias.runtime.foreign",
+    "distributed": "hloalias.runtime",
+    "checkpoint": "hloalias.runtime",
 }
 
 if TYPE_CHECKING:
@@ -61,6 +64,7 @@ if TYPE_CHECKING:
     from hloalias.runtime import TrainingStep, compile_training_step
     from hloalias.runtime import Jit, jit
     from hloalias.runtime.foreign import compile_stablehlo
+    from hloalias.runtime import checkpoint, distributed
 
 
 def __getattr__(name: str) -> Any:
@@ -72,10 +76,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CompileError", "DeviceTensor", "DonatedBufferError", "DonationError", "Executable",
+    "CompileError", "DeviceTensor", "DistributedError", "DonatedBufferError", "DonationError", "Executable",
     "ExecutionError", "HloaliasError", "IRError", "Mesh", "PassError", "PipelineError", "Program",
     "ShardingError",
     "Stage", "TorchImportError", "cache_stats", "clear_cache", "compile", "import_torch", "to_device",
     "TrainingStep", "compile_training_step",
-    "Jit", "jit", "compile_stablehlo", "__version__",
+    "Jit", "jit", "compile_stablehlo", "__version__", "checkpoint", "distributed",
 ]

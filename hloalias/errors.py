@@ -53,3 +53,9 @@ class ExecutionError(HloaliasError):
 class ShardingError(HloaliasError):
     """A mesh or partition spec is invalid: unknown axis or tensor, a
     dimension not divisible by its axes, a mesh larger than the devices."""
+
+
+class DistributedError(HloaliasError):
+    """Several processes could not run one program together: the distributed
+    runtime is initialized twice or too late, its settings are missing, or
+    the processes compiled different programs."""

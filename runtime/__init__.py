@@ -17,9 +17,10 @@ from hloalias.runtime.jit_cache import Jit, JitStats, Lowered, jit
 from hloalias.runtime.pjrt import MemoryStats
 from hloalias.runtime.sharding import Mesh
 from hloalias.runtime.training import TrainingStep, compile_training_step
+from hloalias.runtime import checkpoint, distributed
 
 __all__ = [
     "CacheStats", "DeviceTensor", "Executable", "MemoryStats", "Mesh", "TrainingStep", "cache_stats",
     "clear_cache", "compile", "compile_training_step", "to_device",
-    "Jit", "JitStats", "Lowered", "jit",
+    "Jit", "JitStats", "Lowered", "jit", "checkpoint", "distributed",
 ]

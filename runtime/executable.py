@@ -96,6 +96,7 @@ from hloalias.runtime.export_cache import import_cached
 from hloalias.runtime.shape_family import import_program
 from hloalias.runtime.stages import pass_lines, run_passes
 from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_shardings
+from hloalias.runtime.distributed import check_same_program
 from hloalias.runtime.assembly import input_views
 from hloalias.runtime.execution import run_mesh, run_planned
 from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane
@@ -289,6 +290,8 @@ def compile(  # noqa: A001 - the name users expect
             program_cache.store(cached.key, f, program, pipeline_text, final_text)
     observe.dump("final", final_text)
     key = module_cache_key(final_text)
+    if placement.spmd:  # every process of a multi-process mesh runs this program
+        check_same_program(key, placement.devices)
     cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices), excess_precision)
     loaded = _cache_get(cache_slot)
     hit = loaded is not None
@@ -301,7 +304,8 @@ def compile(  # noqa: A001 - the name users expect
         # The runtime stores permuted state as the module says: its own convention.
         with observe.stage("XLA compile"):
             loaded = compile_module(
-                final_text, target, options=options, devices=placement.devices, allow_stored_state=True
+                final_text, target, options=options, devices=placement.devices, allow_stored_state=True,
+                rewrite=placement.for_xla if placement.spmd else None,
             )
         _cache_put(cache_slot, loaded)
     # Reports of the final module (all runs of each pass together), not
@@ -544,8 +548,9 @@ class Executable:
                 first_name[id(slot)] = name
         stats = memory_stats(loaded).as_dict()
         devices = self._placement.devices
-        # On a mesh XLA reports one partition's figures; every device holds the same.
-        self.memory_stats_per_device = {f"{d.platform}:{d.id}": dict(stats) for d in devices}
+        # On a mesh XLA reports one partition's figures; every device holds
+        # the same.  Per device: this process's devices (runtime/distributed.py).
+        self.memory_stats_per_device = {f"{d.platform}:{d.id}": dict(stats) for d in self._placement.local_devices}
         stats = {name: value * len(devices) for name, value in stats.items()}
         stats["argument_bytes"] -= duplicate_bytes
         stats["total_bytes"] -= duplicate_bytes

@@ -7,7 +7,9 @@ entries (``dlpack_managed_tensor_to_buffer``/``buffer_to_dlpack_managed_tensor``
 ~3x cheaper than ``jax.dlpack``), the C++ dispatch fast path (``pjit`` with
 ``MeshExecutableFastpathData``, the path ``jax.jit`` calls take), the
 ``xla_client`` types (``CompileOptions``, ``DeviceList``, ``HloSharding``,
-``ArrayImpl``) and ``GSPMDSharding``.  They were written against
+``ArrayImpl``), ``GSPMDSharding``, and for several processes
+``jax._src.distributed``'s coordination client (key-value store, barrier)
+and ``xla_bridge.backends_are_initialized``.  They were written against
 :data:`TESTED_JAXLIB` (the pinned version).  On another jaxlib every
 optional entry found missing is None (its caller takes the public path:
 same results, more host time); the required ones fail at import with an
@@ -26,7 +28,8 @@ TESTED_JAXLIB = "0.10.2"
 JAXLIB_VERSION: str = jaxlib.version.__version__
 
 try:  # required: compile options, device lists, array and sharding types
-    from jax._src import sharding_impls
+    from jax._src import distributed as jax_distributed  # the coordination client (runtime/distributed.py)
+    from jax._src import sharding_impls, xla_bridge
     from jax._src.lib import xla_client
 except ImportError as error:  # pragma: no cover - another jaxlib's layout
     raise ImportError(
@@ -74,6 +77,6 @@ if JAXLIB_VERSION != TESTED_JAXLIB:
     )
 
 __all__ = [
-    "JAXLIB_VERSION", "TESTED_JAXLIB", "buffer_to_dlpack", "dlpack_to_buffer", "pjit", "pxla", "sharding_impls",
-    "tree_util", "xla_client",
+    "JAXLIB_VERSION", "TESTED_JAXLIB", "buffer_to_dlpack", "dlpack_to_buffer", "jax_distributed", "pjit", "pxla",
+    "sharding_impls", "tree_util", "xla_bridge", "xla_client",
 ]

@@ -34,6 +34,7 @@ import torch
 import torch.utils.dlpack
 
 from hloalias.errors import DonatedBufferError, ExecutionError
+from hloalias.runtime.distributed import gathered_tensor
 from hloalias.runtime.jaxlib_private import buffer_to_dlpack as _buffer_to_dlpack
 from hloalias.runtime.jaxlib_private import dlpack_to_buffer as _dlpack_to_buffer
 from hloalias.runtime.pjrt import device_for
@@ -76,8 +77,11 @@ def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Ar
 def array_to_torch(array: jax.Array) -> torch.Tensor:
     """A torch tensor for ``array``: zero-copy for CPU arrays on one device,
     a host copy for accelerator arrays (the installed torch is a CPU build)
-    and for arrays sharded or replicated over several devices (gathered)."""
+    and for arrays sharded or replicated over several devices (gathered;
+    from other processes too: a collective, :mod:`hloalias.runtime.distributed`)."""
     devices = array.sharding.device_set
+    if not array.is_fully_addressable:  # shards in other processes: gathered
+        return gathered_tensor(array)
     if len(devices) > 1:
         first = min(devices, key=lambda d: d.id)
         array = jax.device_put(array, jax.sharding.SingleDeviceSharding(first), may_alias=False)

@@ -165,13 +165,16 @@ def precision_options(options: Any, excess_precision: bool) -> Any:
 
 def compile_module(
     module_text: str, device: Any, *, options: Any = None, devices: Any = None, allow_stored_state: bool = False,
+    rewrite: Callable[[str, Any], str] | None = None,
 ) -> Any:
     """Compile final StableHLO ``module_text`` for ``device`` (or, with SPMD
     ``options``, for ``devices``); return the loaded executable, from the
     persistent cache when it holds the same program for the same devices and
     XLA (:mod:`hloalias.runtime.disk_cache`).  Raises :class:`CompileError`
     (with a repro file); for a module in the runtime's stored state layout
-    unless ``allow_stored_state`` (see :func:`prepare_for_xla`)."""
+    unless ``allow_stored_state`` (see :func:`prepare_for_xla`).  ``rewrite``
+    (the placement's, for Shardy) rewrites the text XLA gets and may adjust
+    ``options`` before either keys the cache."""
     if not allow_stored_state and A.MODULE_STATE_FORM in module_text:
         prepare_for_xla(module_text)  # raises its CompileError, naming the attribute
     try:
@@ -180,8 +183,14 @@ def compile_module(
             _initialize_lapack()
         if options is None:
             options = xla_client.CompileOptions()
+        if rewrite is not None:
+            stripped = rewrite(stripped, options)
         targets = tuple(devices) if devices is not None else (device,)
         device_list = xla_client.DeviceList(targets)
+        if len({d.process_index for d in targets}) > 1:
+            # Each process's executable drives its own devices: not one
+            # cache entry for all (runtime/distributed.py).
+            return device.client.compile_and_load(_xla_input(stripped), device_list, options)
         return disk_cache.load_or_compile(
             stripped, options, device,
             lambda: _probe_then_compile(device, stripped, device_list, options, len(targets) == 1),
@@ -242,7 +251,7 @@ def _xla_input(stripped: str) -> str | bytes:
     disk-cache hit skips it): the portable artifact, or the text itself
     for a module with ``chlo`` ops (``compile_stablehlo`` keeps JAX's),
     which have no portable form."""
-    if "chlo." in stripped:
+    if "chlo." in stripped or "sdy." in stripped:  # jaxlib's dialects: as text
         return stripped
     return _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())  # type: ignore[no-any-return]
 

@@ -33,6 +33,7 @@ from torch_mlir import ir
 from hloalias.contract import Signature
 from hloalias.errors import ShardingError
 from hloalias.mlir import element_bits, find_main
+from hloalias.runtime import distributed, shardy
 from hloalias.runtime.jaxlib_private import sharding_impls, xla_client
 
 SpecEntry: TypeAlias = "str | tuple[str, ...] | None"
@@ -92,10 +93,12 @@ class Mesh:
         by_id = {device.id: device for device in available}
         if self.device_ids is None:
             if len(available) < self.size:
+                processes = distributed.process_count()
+                where = f" across {processes} processes" if processes > 1 else ""
                 raise ShardingError(
                     f"mesh {self.mesh_shape} needs {self.size} devices, but platform "
-                    f"'{self.platform}' has {len(available)} (on CPU, set XLA_FLAGS="
-                    f"--xla_force_host_platform_device_count={self.size} before jax starts)"
+                    f"'{self.platform}' has {len(available)}{where} (on CPU, set XLA_FLAGS="
+                    f"--xla_force_host_platform_device_count=N before jax starts; N devices per process)"
                 )
             return list(available[: self.size])
         missing = [i for i in self.device_ids if i not in by_id]
@@ -193,6 +196,10 @@ class Placement:
         self.device = self.devices[0]
         self._jax_mesh = mesh.jax_mesh(self.devices) if mesh is not None else None
         self.arguments: dict[int, ArgumentSharding] = {}
+        #: True when the mesh spans several processes (runtime/distributed.py).
+        self.multiprocess = distributed.spans_processes(self.devices)
+        #: The mesh's devices this process drives (all of them on one process).
+        self.local_devices = distributed.local_devices(self.devices)
 
     @property
     def spmd(self) -> bool:
@@ -231,6 +238,8 @@ class Placement:
         """``tensor`` as the sharded global array of argument ``arg_index``
         (a copy into PJRT-owned buffers, one shard per device)."""
         host = tensor.detach().contiguous()
+        if self.multiprocess:  # each process copies its own devices' shards
+            return distributed.put_global(host, self.named_sharding(arg_index))
         with jax.enable_x64(True):
             # numpy has no bfloat16 view of torch's; go through DLPack.
             array = jax.dlpack.from_dlpack(host)
@@ -257,12 +266,30 @@ class Placement:
         build.num_replicas = 1
         build.num_partitions = len(self.devices)
         build.use_spmd_partitioning = True
-        build.use_shardy_partitioner = False  # the module carries mhlo.sharding
+        # Shardy when for_xla can write the module's shardings as sdy (it
+        # turns this off when it cannot): GSPMD is deprecated in XLA.
+        build.use_shardy_partitioner = shardy.available()
         build.device_assignment = xla_client.DeviceAssignment.create(
             np.array([d.id for d in self.devices]).reshape(1, len(self.devices))
         )
         build.allow_spmd_sharding_propagation_to_output = [not s for s in sharded_results] or [True]
         return options
+
+
+    def for_xla(self, text: str, options: Any) -> str:
+        """``text`` (the final module as XLA takes it) with Shardy's
+        annotations when ``options`` ask for Shardy (:mod:`hloalias.runtime.shardy`);
+        when the module has shardings it cannot translate, ``text`` as it
+        is and ``options`` switched to GSPMD."""
+        build = options.executable_build_options
+        if self.mesh is None or not build.use_shardy_partitioner:
+            return text
+        specs = {("".join(a.hlo.split()), len(a.spec)): a.spec for a in self.arguments.values()}
+        converted = shardy.to_shardy(text, list(zip(self.mesh.axis_names, self.mesh.mesh_shape)), specs)
+        if converted is None:
+            build.use_shardy_partitioner = False
+            return text
+        return converted
 
 
 def plan_shardings(

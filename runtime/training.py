@@ -54,6 +54,7 @@ from hloalias.frontend.training import _hyperparameters as hyperparameters_of
 from hloalias.frontend.training import _initial_optimizer_state as optimizer_state_of
 from hloalias.frontend.training import _lr_value as lr_of
 from hloalias.runtime.executable import DeviceTensor, Executable, compile
+from hloalias.runtime.sharding import Mesh
 
 #: The default pipeline, then ``order-in-place-updates``: weights the
 #: backward reads for input gradients are updated in place without a copy.
@@ -72,6 +73,8 @@ def compile_training_step(
     donate: Sequence[int] = (),
     pipeline: str | None = None,
     device: Any = None,
+    mesh: Mesh | None = None,
+    shardings: dict[str | int, Any] | None = None,
 ) -> "TrainingStep":
     """Capture ``step_fn(*example_batch)`` — forward, ``backward()``,
     ``optimizer.step()``, ``optimizer.zero_grad()`` on ``model`` and
@@ -81,16 +84,26 @@ def compile_training_step(
     whose buffers the step may consume.  Parameters, buffers and optimizer
     state are donated always (they are updated in place).  ``pipeline``
     defaults to :data:`TRAINING_PIPELINE`.  The model and the
-    optimizer are not changed.  Raises :class:`TrainingCaptureError` when
+    optimizer are not changed.
+
+    ``mesh`` runs the step on several devices (and processes:
+    :mod:`hloalias.runtime.distributed`); ``shardings`` maps batch positions
+    and parameter or buffer FQNs to partition specs (as ``hloalias.compile``'s).
+    A parameter's optimizer state and kept gradient of its shape take its
+    spec; everything else is replicated.  Data parallel: shard the batch
+    (``{0: ("dp", None)}``): XLA all-reduces the gradients.
+
+    Raises :class:`TrainingCaptureError` when
     the step cannot be captured (naming the construct and the line) and
     :class:`DonationError` for a bad ``donate`` entry."""
     store = _store_of(model)
+    placement = (mesh, shardings)
     captured, executable = _compile_step(
-        store, step_fn, model, optimizer, example_batch, tuple(donate), pipeline, device
+        store, step_fn, model, optimizer, example_batch, tuple(donate), pipeline, device, placement
     )
     step = TrainingStep(captured, executable, model, optimizer)
     step._recompile = lambda: _compile_step(
-        store, step_fn, model, optimizer, example_batch, tuple(donate), pipeline, device
+        store, step_fn, model, optimizer, example_batch, tuple(donate), pipeline, device, placement
     )
     step._store = store
     step._generation = store.generation
@@ -133,6 +146,7 @@ def _store_of(model: torch.nn.Module) -> _TrainingStore:
 def _compile_step(
     store: _TrainingStore, step_fn: Callable[..., Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     example_batch: Sequence[Any], donate: tuple[Any, ...], pipeline: str | None, device: Any,
+    placement: tuple[Mesh | None, dict[str | int, Any] | None] = (None, None),
 ) -> tuple[CapturedTrainingStep, Executable]:
     """Capture and compile one step over the model's shared state store."""
     captured = capture_training_step(step_fn, model, optimizer, example_batch, kept_grads=store.kept_grads)
@@ -163,11 +177,49 @@ def _compile_step(
         if not kept <= store.kept_grads:
             store.kept_grads |= kept
             store.generation += 1
+    mesh, shardings = placement
     executable = compile(
         captured.exported, donate=positions, pipeline=pipeline or TRAINING_PIPELINE, device=device,
+        mesh=mesh, shardings=_step_shardings(captured, model, shardings) if shardings is not None else None,
         _state_owner=model, _state_sources=sources,
     )
     return captured, executable
+
+
+def _step_shardings(
+    captured: CapturedTrainingStep, model: torch.nn.Module, shardings: Any
+) -> dict[str | int, Any]:
+    """``compile_training_step``'s ``shardings`` (batch positions, parameter
+    and buffer FQNs) as the captured program's: batch position ``i`` is user
+    input ``lr_count + i``; a parameter's optimizer state and kept gradient
+    of the parameter's shape take its spec.  Unknown keys are left for
+    ``compile``'s ShardingError to name."""
+    if not isinstance(shardings, dict):
+        return shardings  # type: ignore[no-any-return]  # compile names the type
+    state = captured.exported.state_dict
+    slot_of_fqn = {slot.fqn: slot.name for slot in captured.slots if slot.kind in ("param", "buffer")}
+    fqn_of_param = {id(p): fqn for fqn, p in model.named_parameters()}
+    mapped: dict[str | int, Any] = {}
+    for key, spec in shardings.items():
+        if isinstance(key, int) and not isinstance(key, bool):
+            mapped[captured.lr_count + key] = spec
+        elif isinstance(key, str) and key in slot_of_fqn:
+            mapped[slot_of_fqn[key]] = spec
+        else:
+            mapped[key] = spec
+    for slot in captured.slots:
+        if slot.kind == "grad":
+            source = slot_of_fqn.get(slot.fqn or "")
+        elif slot.kind == "optimizer" and slot.param_index is not None:
+            source = slot_of_fqn.get(fqn_of_param.get(id(captured.parameters[slot.param_index]), ""))
+        else:
+            continue
+        if source is None or source not in mapped:
+            continue
+        value, reference = state.get(slot.name), state.get(source)
+        if isinstance(value, torch.Tensor) and isinstance(reference, torch.Tensor) and value.shape == reference.shape:
+            mapped.setdefault(slot.name, mapped[source])
+    return mapped
 
 
 class TrainingStep:
