@@ -529,10 +529,17 @@ class Executable:
             name: self._group.slot(
                 value, device, self._state_put(state_index[name]), self._stored_layouts.get(name),
                 needs_torch_layout=name in self._torch_layout_state,
-                bits=self._stored_bits.get(name), needs_torch_dtype=name in self._torch_dtype_state,
+                bits=self._stored_bits.get(name), needs_torch_dtype=name in self._torch_dtype_state, name=name,
             )
             for name, value in program.state.items()
         }
+        #: Each state slot once (tied names share one), checked at every call
+        #: for changes torch made to the module's tensor (``_sync_from_torch``).
+        watched: dict[int, tuple[str, _StateSlot]] = {}
+        for name, slot in self._slots.items():
+            watched.setdefault(id(slot), (name, slot))
+        self._watched: tuple[tuple[str, _StateSlot], ...] = tuple(watched.values())
+        self._watched_slots = tuple(slot for _, slot in self._watched)
         # A tensor reachable under several names (tied weights) is one
         # buffer: XLA counts each argument, the device holds it once.
         seen: set[int] = set()
@@ -824,10 +831,26 @@ class Executable:
         """Current parameters, buffers and constants (host copies, in
         torch's layout whatever layout the device buffer has)."""
         with self._group.lock:
+            self._sync_from_torch()
             return {
                 name: self._slots[name].torch_value(self._slot_array(name)).clone(memory_format=torch.contiguous_format)
                 for name in self._slots
             }
+
+    def write_back(self) -> None:
+        """Copy the device state into the module's own tensors (in place),
+        so that eager code sees what calls left there; a change torch makes
+        to them afterwards is then the newest value, read by the next call.
+        Constants and tensors that no longer exist are skipped."""
+        with self._group.lock:
+            self._sync_from_torch()
+            values = {name: slot.torch_value(self._slot_array(name)) for name, slot in self._watched}
+            with torch.no_grad():
+                for name, slot in self._watched:
+                    source = slot.source()
+                    if source is not None:
+                        source.copy_(values[name])
+                    slot.mark_synced()
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Set module state.  Every entry is checked (known name, torch tensor
@@ -910,6 +933,11 @@ class Executable:
             leaves = [kwargs[name] for name in self._keyword_leaves]
         else:
             leaves = self._user_leaves(args, kwargs)
+        for slot in self._watched_slots:  # slot.torch_changed(), inlined: every call pays it
+            source = slot.source()
+            if source is not None and (source._version != slot.version or source.data_ptr() != slot.source_ptr):
+                self._sync_from_torch()
+                break
         if self._lane is not None:
             outputs = self._lane(leaves)
             if outputs is not _LANE_FALLBACK:
@@ -939,6 +967,18 @@ class Executable:
             if plan is not None:
                 return run_planned(self, plan, inputs)
             return run_mesh(self, inputs)
+
+    def _sync_from_torch(self) -> None:
+        """Bring the device state up to the module's tensors that torch
+        changed since they last agreed (``m.weight.mul_(2)``,
+        ``cache.zero_()``, ``model.load_state_dict(...)``): the user's write
+        is the newest value, as in eager.  A dtype or shape change is an
+        ExecutionError naming the tensor (``_StateSlot.refresh_from_torch``).
+        Checked before every call and ``state_dict()``."""
+        with self._group.lock:
+            for name, slot in self._watched:
+                if slot.torch_changed():
+                    slot.refresh_from_torch(name)
 
     def _user_leaves(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """The tensor inputs of a call, in ``@main``'s user-input order."""

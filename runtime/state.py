@@ -17,6 +17,7 @@ import torch
 from torch.export import ExportedProgram
 
 from hloalias.contract import StoredLayout
+from hloalias.errors import ExecutionError
 from hloalias.runtime.ownership import _resolved, _torch_dtype_of_jax, _writable_on_host, array_to_torch, torch_to_device
 
 if TYPE_CHECKING:
@@ -45,7 +46,12 @@ class _StateSlot:
         layout: StoredLayout | None = None, bits: torch.dtype | None = None,
     ) -> None:
         self.source: weakref.ref[torch.Tensor] = weakref.ref(source)
+        #: What torch's tensor was when the buffer last equalled it: its
+        #: version counter and memory (``.data =`` and ``module.to(dtype)``
+        #: swap the memory without counting a version).
         self.version = source._version
+        self.source_ptr = source.data_ptr()
+        self.shape = tuple(source.shape)
         self.device = device
         self.put = put if put is not None else (lambda t: torch_to_device(t, device, owned=True))
         self.layout = layout
@@ -84,6 +90,42 @@ class _StateSlot:
         self._array = value
         if self.readers:
             self._forget_cached_lists()
+
+    def torch_changed(self) -> bool:
+        """Whether torch changed the slot's tensor (in place, or its memory
+        swapped) since the buffer last equalled it."""
+        source = self.source()
+        return source is not None and (source._version != self.version or source.data_ptr() != self.source_ptr)
+
+    def mark_synced(self) -> None:
+        """Record that torch's tensor now holds the buffer's value (it was
+        just copied there, as ``TrainingStep.write_back`` does)."""
+        source = self.source()
+        if source is not None:
+            self.version = source._version
+            self.source_ptr = source.data_ptr()
+
+    def refresh_from_torch(self, name: str) -> None:
+        """Make the buffer hold what torch's tensor holds now, after torch
+        changed it (:meth:`torch_changed`): the user's write is the newest
+        value, as in eager, also where calls updated the state since (the
+        module's tensor keeps what it held when the two last agreed: after
+        compiling, ``write_back()`` or the previous refresh).  Refused
+        (ExecutionError, nothing changed) when the tensor's dtype or shape
+        changed: the program was compiled for the old ones."""
+        source = self.source()
+        if source is None:
+            return
+        if source.dtype != self.torch_dtype or tuple(source.shape) != self.shape:
+            raise ExecutionError(
+                f"module state '{name}' is now {source.dtype} {list(source.shape)}, but the program was compiled "
+                f"for {self.torch_dtype} {list(self.shape)} (the module was converted after compiling); "
+                "compile again"
+            )
+        self.array = self.upload(_resolved(source))
+        self.version = source._version
+        self.source_ptr = source.data_ptr()
+        self.consumed_by = None
 
     def _forget_cached_lists(self) -> None:
         """Drop the argument lists of the plans reading this slot: they hold
@@ -181,7 +223,7 @@ class _StateGroup:
     def slot(
         self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None,
         layout: StoredLayout | None = None, needs_torch_layout: bool = False,
-        bits: torch.dtype | None = None, needs_torch_dtype: bool = False,
+        bits: torch.dtype | None = None, needs_torch_dtype: bool = False, name: str = "",
     ) -> _StateSlot:
         """The slot of ``source`` on ``device``, created (copied to the
         device, by ``put`` when given: a mesh placement, in ``layout``) on first use; re-read when torch changed ``source``
@@ -189,7 +231,7 @@ class _StateGroup:
         (the program writes, donates or views the tensor): then it is stored
         in torch's layout from now on; likewise its dtype (``bits``) unless
         ``needs_torch_dtype`` (the program writes or donates it in torch's
-        dtype, or views it)."""
+        dtype, or views it).  ``name`` names the tensor in errors."""
         with self.lock:
             slot = self.existing(source, device)
             if slot is None:
@@ -200,10 +242,8 @@ class _StateGroup:
                 slot.to_torch_layout()
             if needs_torch_dtype:
                 slot.to_torch_dtype()
-            if source._version != slot.version:
-                slot.array = slot.upload(_resolved(source))
-                slot.version = source._version
-                slot.consumed_by = None
+            if slot.torch_changed():
+                slot.refresh_from_torch(name)
             return slot
 
     def existing(self, source: torch.Tensor, device: Any) -> _StateSlot | None:

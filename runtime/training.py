@@ -430,6 +430,9 @@ class TrainingStep:
                 if slot.kind in ("param", "buffer"):
                     assert slot.fqn is not None
                     named[slot.fqn].copy_(device_state[slot.name])
+                    # The module's tensor equals the device state again: a
+                    # later change to it in torch is the newest value.
+                    self.executable._slots[slot.name].mark_synced()
         params = self._parameters
         for slot in self._slots:
             if slot.kind == "grad":

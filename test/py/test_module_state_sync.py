@@ -1,0 +1,159 @@
+"""A call reads the module's state as eager would, after torch changed it.
+
+The device holds one copy of each state tensor (runtime/state.py).  When
+torch changes the module's own tensor after compiling (``m.weight.mul_(2)``,
+``cache.zero_()``, ``model.load_state_dict``, ``m.to(torch.float64)``), the
+next call, and ``state_dict()``, see it:
+
+- a tensor torch changed is read again: the user's write is the newest
+  value, also where calls updated the state on the device since (the
+  module's tensor holds what it held when the two last agreed: at compile,
+  ``write_back()``, or the previous re-read);
+- a dtype or shape change is an ExecutionError naming the tensor;
+- ``Executable.write_back()`` and ``TrainingStep.write_back()`` copy the
+  device state into the module, so that an edit made after it starts from
+  what calls left.
+
+Each on both call paths; nothing changes when a call is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hloalias
+from hloalias.errors import ExecutionError
+
+from test_runtime_transaction import PATHS, compile_on
+
+
+class Affine(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0]), requires_grad=False)
+        self.b = torch.nn.Parameter(torch.tensor([0.5, 0.5, 0.5]), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w * x + self.b
+
+
+class Accumulator(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.add_(x)
+        return self.total * 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_in_place_change_of_a_parameter_is_read_by_the_next_call(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Affine()
+    x = torch.tensor([1.0, 1.0, 2.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    torch.testing.assert_close(exe(x), model(x))
+    with torch.no_grad():
+        model.w.mul_(2)
+        model.b.fill_(-1.0)
+    torch.testing.assert_close(exe(x), model(x), rtol=0, atol=0)
+    torch.testing.assert_close(exe.state_dict()["w"], model.w.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_module_loaded_from_a_state_dict_is_read_by_the_next_call(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, other = Affine(), Affine()
+    with torch.no_grad():
+        other.w.copy_(torch.tensor([7.0, 8.0, 9.0]))
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    exe(x)
+    model.load_state_dict(other.state_dict())
+    torch.testing.assert_close(exe(x), other(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_module_converted_to_another_dtype_is_refused_by_name(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Affine()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    before = exe(x)
+    model.to(torch.float64)
+    with pytest.raises(ExecutionError, match=r"module state 'w' is now torch.float64 \[3\].*compile again"):
+        exe(x)
+    model.to(torch.float32)  # the same values again, in new memory
+    torch.testing.assert_close(exe(x), before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_reset_of_state_no_call_updated_is_read(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Accumulator()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    with torch.no_grad():
+        model.total.fill_(10.0)
+    torch.testing.assert_close(exe(x), torch.tensor([22.0, 24.0, 26.0]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_reset_after_calls_is_the_newest_value(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Accumulator()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    exe(x)
+    exe(x)  # the device holds 2x; the module's tensor still 0
+    with torch.no_grad():
+        model.total.zero_()  # a reset between sequences
+    torch.testing.assert_close(exe.state_dict()["total"], torch.zeros(3), rtol=0, atol=0)
+    torch.testing.assert_close(exe(x), x * 2, rtol=0, atol=0)
+    torch.testing.assert_close(exe(x), x * 4, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_write_back_then_an_edit_starts_from_what_calls_left(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Accumulator()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    exe(x)
+    exe.write_back()
+    torch.testing.assert_close(model.total, x, rtol=0, atol=0)
+    with torch.no_grad():
+        model.total.mul_(10)  # eager's edit of what calls left
+    torch.testing.assert_close(exe(x), x * 22, rtol=0, atol=0)
+    model.load_state_dict(exe.state_dict())  # equal values: nothing changes
+    torch.testing.assert_close(exe(x), x * 24, rtol=0, atol=0)
+
+
+def test_eager_changes_after_write_back_reach_the_next_training_step() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    reference = torch.nn.Linear(4, 2)
+    reference.load_state_dict(model.state_dict())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x, target = torch.randn(3, 4), torch.randn(3, 2)
+
+    def training_step(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    step = hloalias.compile_training_step(training_step, model, optimizer, (x, target))
+
+    def eager_step() -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(reference(x), target)
+        loss.backward()
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+        return loss.detach()
+
+    torch.testing.assert_close(step(x, target), eager_step())
+    step.write_back()
+    with torch.no_grad():  # an eager edit of the trained weights
+        model.weight.mul_(0.5)
+        reference.weight.mul_(0.5)
+    torch.testing.assert_close(step(x, target), eager_step())
+    step.write_back()
+    torch.testing.assert_close(model.weight, reference.weight)
