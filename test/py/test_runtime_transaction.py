@@ -66,6 +66,30 @@ def _raise_once(counter: list[int]) -> None:
         raise Fault
 
 
+def _inject_after_the_run(stage: str, monkeypatch: pytest.MonkeyPatch, fired: list[int]) -> None:
+    """The stages both call paths share: storing a state slot's new buffer
+    (``commit``) and structuring the outputs (``outputs``)."""
+    if stage == "commit":
+        slot_type = state_module._StateSlot
+        prop = slot_type.__dict__["array"]
+
+        def setter(slot: Any, value: Any) -> None:
+            _raise_once(fired)
+            prop.fset(slot, value)
+
+        monkeypatch.setattr(slot_type, "array", property(prop.fget, setter))
+    elif stage == "outputs":
+        original_unflatten = pytree.tree_unflatten
+
+        def unflatten(*args: Any, **kwargs: Any) -> Any:
+            _raise_once(fired)
+            return original_unflatten(*args, **kwargs)
+
+        monkeypatch.setattr(pytree, "tree_unflatten", unflatten)
+    else:
+        raise AssertionError(stage)
+
+
 @pytest.fixture
 def inject(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, hloalias.Executable], None]]:
     """``inject(stage, exe)``: the next call of ``exe`` raises at ``stage``."""
@@ -89,25 +113,8 @@ def inject(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, hloalias.
                 _raise_once(fired)
 
             monkeypatch.setattr(dispatch, "wait", wait)
-        elif stage == "commit":
-            slot_type = state_module._StateSlot
-            prop = slot_type.__dict__["array"]
-
-            def setter(slot: Any, value: Any) -> None:
-                _raise_once(fired)
-                prop.fset(slot, value)
-
-            monkeypatch.setattr(slot_type, "array", property(prop.fget, setter))
-        elif stage == "outputs":
-            original_unflatten = pytree.tree_unflatten
-
-            def unflatten(*args: Any, **kwargs: Any) -> Any:
-                _raise_once(fired)
-                return original_unflatten(*args, **kwargs)
-
-            monkeypatch.setattr(pytree, "tree_unflatten", unflatten)
         else:
-            raise AssertionError(stage)
+            _inject_after_the_run(stage, monkeypatch, fired)
 
     yield at
 
@@ -261,25 +268,8 @@ def inject_mesh(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, hloa
                 return original_assemble(*args, **kwargs)
 
             monkeypatch.setattr(placement, "assemble_outputs", assemble)
-        elif stage == "commit":
-            slot_type = state_module._StateSlot
-            prop = slot_type.__dict__["array"]
-
-            def setter(slot: Any, value: Any) -> None:
-                _raise_once(fired)
-                prop.fset(slot, value)
-
-            monkeypatch.setattr(slot_type, "array", property(prop.fget, setter))
-        elif stage == "outputs":
-            original_unflatten = pytree.tree_unflatten
-
-            def unflatten(*args: Any, **kwargs: Any) -> Any:
-                _raise_once(fired)
-                return original_unflatten(*args, **kwargs)
-
-            monkeypatch.setattr(pytree, "tree_unflatten", unflatten)
         else:
-            raise AssertionError(stage)
+            _inject_after_the_run(stage, monkeypatch, fired)
 
     yield at
 
