@@ -78,7 +78,7 @@ struct Output {
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
 // See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
-constexpr long kAbiVersion = 1;
+constexpr long kAbiVersion = 2;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
@@ -928,7 +928,41 @@ PyGetSetDef waiter_getset[] = {
 
 PyTypeObject WaiterType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// first_changed(refs, versions, pointers) -> int: the index of the first
+// tensor (weakrefs; a dead one is skipped) whose version counter or data
+// pointer differs from the ones given, or -1.  runtime/state.py's check of
+// the module's tensors before every call (StateWatch), in native code: it
+// runs once per state tensor per call.
+PyObject* first_changed(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
+      PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[0]) || PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "first_changed(refs, versions, pointers): three tuples of one length");
+    return nullptr;
+  }
+  const Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* tensor = PyWeakref_GetObject(PyTuple_GET_ITEM(args[0], i));  // borrowed
+    if (tensor == nullptr) return nullptr;
+    if (tensor == Py_None) continue;
+    if (!THPVariable_Check(tensor)) {
+      PyErr_SetString(PyExc_TypeError, "first_changed: a reference to something other than a tensor");
+      return nullptr;
+    }
+    const long long version = PyLong_AsLongLong(PyTuple_GET_ITEM(args[1], i));
+    const long long pointer = PyLong_AsLongLong(PyTuple_GET_ITEM(args[2], i));
+    if ((version == -1 || pointer == -1) && PyErr_Occurred()) return nullptr;
+    const at::Tensor& value = THPVariable_Unpack(tensor);
+    if (static_cast<long long>(value._version()) != version ||
+        reinterpret_cast<intptr_t>(value.data_ptr()) != static_cast<intptr_t>(pointer)) {
+      return PyLong_FromSsize_t(i);
+    }
+  }
+  return PyLong_FromLong(-1);
+}
+
 PyMethodDef module_methods[] = {
+    {"first_changed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(first_changed)), METH_FASTCALL,
+     "first_changed(refs, versions, pointers) -> int: see runtime/state.py's StateWatch."},
     {"wait_ready", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(wait_ready)), METH_FASTCALL,
      "wait_ready(arrays, spin_ns) -> bool: see hloalias.runtime.pjrt.wait_ready."},
     {nullptr, nullptr, 0, nullptr}};

@@ -15,6 +15,10 @@ class Lane:
     @property
     def counts(self) -> dict[str, int]: ...
 
+def first_changed(refs: tuple[Any, ...], versions: tuple[int, ...], pointers: tuple[int, ...], /) -> int:
+    """The index of the first live tensor whose version or data pointer
+    differs from the given ones, or -1 (runtime/state.py's StateWatch)."""
+
 def wait_ready(arrays: Any, spin_ns: int, /) -> bool:
     """hloalias.runtime.pjrt.wait_ready in native code."""
 

@@ -99,7 +99,7 @@ from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_sh
 from hloalias.runtime.distributed import check_same_program
 from hloalias.runtime.assembly import input_views
 from hloalias.runtime.execution import run_mesh, run_planned
-from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane
+from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed
 from hloalias.runtime.ownership import (
     DeviceTensor as DeviceTensor,
     _itemsize,
@@ -120,7 +120,7 @@ from hloalias.runtime.plan import (
     _Rebuild,
     _torch_dtype,
 )
-from hloalias.runtime.state import _form_text, _state_group, _StateGroup, _StateSlot
+from hloalias.runtime.state import StateWatch, _form_text, _state_group, _StateGroup, _StateSlot
 
 try:  # the native call path (tests read whether it is built here)
     from hloalias.runtime import _lane
@@ -539,7 +539,7 @@ class Executable:
         for name, slot in self._slots.items():
             watched.setdefault(id(slot), (name, slot))
         self._watched: tuple[tuple[str, _StateSlot], ...] = tuple(watched.values())
-        self._watched_slots = tuple(slot for _, slot in self._watched)
+        self._state_watch = StateWatch(tuple(slot for _, slot in self._watched), native_first_changed())
         # A tensor reachable under several names (tied weights) is one
         # buffer: XLA counts each argument, the device holds it once.
         seen: set[int] = set()
@@ -933,11 +933,8 @@ class Executable:
             leaves = [kwargs[name] for name in self._keyword_leaves]
         else:
             leaves = self._user_leaves(args, kwargs)
-        for slot in self._watched_slots:  # slot.torch_changed(), inlined: every call pays it
-            source = slot.source()
-            if source is not None and (source._version != slot.version or source.data_ptr() != slot.source_ptr):
-                self._sync_from_torch()
-                break
+        if self._watched and self._state_watch.changed():
+            self._sync_from_torch()
         if self._lane is not None:
             outputs = self._lane(leaves)
             if outputs is not _LANE_FALLBACK:

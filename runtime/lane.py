@@ -11,6 +11,8 @@ to rebuild it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +37,7 @@ _LANE_FALLBACK = object()
 #: The interface number of the ``Lane`` this file builds (its constructor's
 #: arguments, what it reads of the plan and the executable): runtime/_lane.cpp's
 #: ``kAbiVersion``.  Bump both together.
-_LANE_ABI_VERSION = 1
+_LANE_ABI_VERSION = 2
 
 _REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
 
@@ -52,6 +54,15 @@ def _build_refusal() -> str | None:
             f"{built if built is not None else 'none'}, this runtime needs {_LANE_ABI_VERSION}); {_REBUILD}"
         )
     return None
+
+
+def native_first_changed() -> Callable[[tuple[Any, ...], tuple[int, ...], tuple[int, ...]], int] | None:
+    """``_lane.first_changed`` (the per-call check of the module's tensors,
+    :class:`~hloalias.runtime.state.StateWatch`) where the native call path
+    is built and enabled, else None (the check runs in Python)."""
+    if _build_refusal() is not None or not native_enabled():
+        return None
+    return getattr(_lane, "first_changed", None)
 
 
 def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:

@@ -104,6 +104,7 @@ class _StateSlot:
         if source is not None:
             self.version = source._version
             self.source_ptr = source.data_ptr()
+            _AGREEMENTS[0] += 1
 
     def refresh_from_torch(self, name: str) -> None:
         """Make the buffer hold what torch's tensor holds now, after torch
@@ -126,6 +127,7 @@ class _StateSlot:
         self.version = source._version
         self.source_ptr = source.data_ptr()
         self.consumed_by = None
+        _AGREEMENTS[0] += 1
 
     def _forget_cached_lists(self) -> None:
         """Drop the argument lists of the plans reading this slot: they hold
@@ -194,6 +196,49 @@ class _StateSlot:
         # ``_array``, when set, always has the stored dtype.
         self._array = fresh
         self._forget_cached_lists()
+
+
+#: Counts the times a slot recorded a new agreement with its tensor
+#: (``refresh_from_torch``, ``mark_synced``): a :class:`StateWatch` rebuilds
+#: its tuples when it moved.
+_AGREEMENTS = [0]
+
+
+def _first_changed_in_python(refs: tuple[Any, ...], versions: tuple[int, ...], pointers: tuple[int, ...]) -> int:
+    for index, ref in enumerate(refs):
+        tensor = ref()
+        if tensor is not None and (tensor._version != versions[index] or tensor.data_ptr() != pointers[index]):
+            return index
+    return -1
+
+
+class StateWatch:
+    """The per-call check that a call never reads a stale copy of the
+    module's state: whether torch changed any of ``slots``' tensors since
+    the slot last agreed with it (:meth:`_StateSlot.torch_changed`).  The
+    slots' weakrefs, versions and data pointers are kept as three tuples for
+    ``first_changed`` (``_lane.first_changed`` where the native call path is
+    built, about a tenth of the Python loop's cost), rebuilt only when some
+    slot recorded a new agreement."""
+
+    def __init__(
+        self, slots: tuple[_StateSlot, ...],
+        first_changed: Callable[[tuple[Any, ...], tuple[int, ...], tuple[int, ...]], int] | None,
+    ) -> None:
+        self.slots = slots
+        self._first_changed = first_changed or _first_changed_in_python
+        self._agreements = -1
+        self._refs: tuple[Any, ...] = ()
+        self._versions: tuple[int, ...] = ()
+        self._pointers: tuple[int, ...] = ()
+
+    def changed(self) -> bool:
+        if self._agreements != _AGREEMENTS[0]:
+            self._agreements = _AGREEMENTS[0]
+            self._refs = tuple(slot.source for slot in self.slots)
+            self._versions = tuple(slot.version for slot in self.slots)
+            self._pointers = tuple(slot.source_ptr for slot in self.slots)
+        return self._first_changed(self._refs, self._versions, self._pointers) >= 0
 
 
 def _form_text(layout: StoredLayout | None, bits: torch.dtype | None = None) -> str:

@@ -157,3 +157,36 @@ def test_eager_changes_after_write_back_reach_the_next_training_step() -> None:
     torch.testing.assert_close(step(x, target), eager_step())
     step.write_back()
     torch.testing.assert_close(model.weight, reference.weight)
+
+
+def test_the_native_and_python_checks_agree() -> None:
+    """``_lane.first_changed`` is the Python loop in native code: the same
+    index for an in-place change, a swapped ``.data``, a dead reference."""
+    import gc
+    import weakref
+
+    from hloalias.runtime import lane, state
+
+    native = lane.native_first_changed()
+    if native is None:
+        pytest.skip("the native call path is not built here")
+    tensors = [torch.zeros(3) for _ in range(4)]
+    refs = tuple(weakref.ref(t) for t in tensors)
+
+    def recorded() -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return tuple(t._version for t in tensors), tuple(t.data_ptr() for t in tensors)
+
+    versions, pointers = recorded()
+    checks = (native, state._first_changed_in_python)
+    assert [check(refs, versions, pointers) for check in checks] == [-1, -1]
+    tensors[2].add_(1)
+    assert [check(refs, versions, pointers) for check in checks] == [2, 2]
+    versions, pointers = recorded()
+    tensors[1].data = torch.ones(3)  # no version counted, new memory
+    assert [check(refs, versions, pointers) for check in checks] == [1, 1]
+    versions, pointers = recorded()
+    tensors[0] = torch.zeros(3)  # the first one dies
+    gc.collect()
+    assert [check(refs, versions, pointers) for check in checks] == [-1, -1]
+    with pytest.raises(TypeError):
+        native(refs, versions[:1], pointers)
