@@ -172,11 +172,36 @@ def _hloalias_digest() -> str:
 
 @functools.cache
 def versions() -> tuple[str, ...]:
-    """The versions every key holds (transformers only once loaded)."""
+    """The versions every key holds (transformers only once loaded), and a
+    digest of hloalias's own code: a version number does not change with
+    every build (an editable install, a pip install from a git commit), and
+    an entry compiled by other lowerings or passes must not be found."""
     parts = [f"python={sys.version}", f"torch={torch.__version__}"]
     for top in ("torch_mlir", "jax", "jaxlib", "hloalias"):
         parts.append(f"{top}={_distribution_version(top)}")
+    parts.append(f"hloalias-code={own_code_digest()}")
     return tuple(parts)
+
+
+#: The packages whose code makes the program: every layer of hloalias.
+_OWN_PACKAGES = ("hloalias", "hloalias.frontend", "hloalias.passes", "hloalias.pipeline", "hloalias.runtime")
+
+
+def own_code_digest() -> str:
+    """A digest of every Python file and native extension of hloalias's
+    layers (names and contents; found without importing the layers, which
+    is what the cache before import saves)."""
+    digest = hashlib.sha256()
+    for package in _OWN_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        for root in (spec.submodule_search_locations or ()) if spec is not None else ():
+            for folder, subfolders, files in os.walk(root):
+                subfolders[:] = sorted(name for name in subfolders if name != "__pycache__")
+                for name in sorted(files):
+                    if name.endswith((".py", ".so", ".pyd")):
+                        path = os.path.join(folder, name)
+                        digest.update(f"{package}:{os.path.relpath(path, root)}\0{_file_digest(path)}\0".encode())
+    return digest.hexdigest()
 
 
 def _file_digest(path: str) -> str:

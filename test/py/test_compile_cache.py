@@ -516,6 +516,30 @@ def test_the_source_key_changes_with_each_input() -> None:
     assert len(set(variants.values())) == len(variants)
 
 
+def test_the_source_key_changes_with_hloalias_own_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version number stays while the code changes (an editable install,
+    a pip install from a git commit): an entry compiled by other lowerings
+    or passes must not be found."""
+    x = torch.randn(2, 8)
+    module = _block_class()()
+    key = _key(module, x)
+    edited = os.path.join(os.path.dirname(source_key.__file__), "..", "passes")
+    real_digest = source_key._file_digest
+
+    def digest(path: str) -> str:  # one file of the passes layer edited
+        return "edited" if os.path.basename(path) == "__init__.py" and "passes" in path else real_digest(path)
+
+    monkeypatch.setattr(source_key, "_file_digest", digest)
+    source_key.versions.cache_clear()
+    try:
+        assert os.path.isdir(edited)
+        assert _key(module, x) != key
+    finally:
+        monkeypatch.undo()
+        source_key.versions.cache_clear()
+    assert _key(module, x) == key
+
+
 def test_the_source_key_sees_tied_weights_and_closures() -> None:
     class Tied(torch.nn.Module):
         def __init__(self, tie: bool) -> None:
