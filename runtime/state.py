@@ -279,6 +279,10 @@ class _StateGroup:
         dtype, or views it).  ``name`` names the tensor in errors."""
         with self.lock:
             slot = self.existing(source, device)
+            if slot is not None and (source.dtype != slot.torch_dtype or tuple(source.shape) != slot.shape):
+                # Converted since (``module.to(torch.float64)``): a new
+                # program gets a slot of its own; the old ones refuse to run.
+                slot = None
             if slot is None:
                 slot = _StateSlot(source, device, put, layout, bits)
                 self._slots[(id(source), device.platform, device.id)] = weakref.ref(slot)

@@ -81,6 +81,10 @@ def test_a_module_converted_to_another_dtype_is_refused_by_name(path: str, monke
     model.to(torch.float64)
     with pytest.raises(ExecutionError, match=r"module state 'w' is now torch.float64 \[3\].*compile again"):
         exe(x)
+    again = hloalias.compile(model, (x.double(),))  # "compile again" works
+    torch.testing.assert_close(again(x.double()), model(x.double()), rtol=0, atol=0)
+    with pytest.raises(ExecutionError, match="module state 'w' is now torch.float64"):
+        exe(x)
     model.to(torch.float32)  # the same values again, in new memory
     torch.testing.assert_close(exe(x), before, rtol=0, atol=0)
 
