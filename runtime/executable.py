@@ -539,6 +539,11 @@ class Executable:
         for name, slot in self._slots.items():
             watched.setdefault(id(slot), (name, slot))
         self._watched: tuple[tuple[str, _StateSlot], ...] = tuple(watched.values())
+        #: Each slot's count of replaced attributes when this program last
+        #: checked it (``_check_follow``); why it may never follow one (a
+        #: training step: set by compile_training_step), else None.
+        self._replacements: dict[int, int] = {id(slot): slot.replacements for _, slot in self._watched}
+        self._follows_replacements: str | None = None
         self._state_watch = StateWatch(tuple(slot for _, slot in self._watched), native_first_changed())
         # A tensor reachable under several names (tied weights) is one
         # buffer: XLA counts each argument, the device holds it once.
@@ -974,8 +979,29 @@ class Executable:
         Checked before every call and ``state_dict()``."""
         with self._group.lock:
             for name, slot in self._watched:
+                if slot.replacements != self._replacements.get(id(slot), 0):
+                    self._check_follow(name, slot)
                 if slot.torch_changed():
                     slot.refresh_from_torch(name)
+
+    def _check_follow(self, name: str, slot: _StateSlot) -> None:
+        """Refuse a slot that followed its module attribute to a new tensor
+        (``m.w = nn.Parameter(...)``: :meth:`_StateSlot.follow`) where this
+        program cannot: the slot is shared by tied names (eager's other name
+        still holds the old tensor), or a training step's optimizer holds
+        the old parameter (eager would go on updating that one)."""
+        tied = sorted(n for n, s in self._slots.items() if s is slot)
+        if len(tied) > 1:
+            raise ExecutionError(
+                f"module state '{name}' was replaced by another tensor after compiling, and the program "
+                f"reads it under the tied names {tied}; compile again"
+            )
+        if self._follows_replacements is not None:
+            raise ExecutionError(
+                f"module state '{name}' was replaced by another tensor after compiling; "
+                f"{self._follows_replacements}; compile again"
+            )
+        self._replacements[id(slot)] = slot.replacements
 
     def _user_leaves(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """The tensor inputs of a call, in ``@main``'s user-input order."""

@@ -3,7 +3,15 @@ shared by every executable and training step compiled from one module
 (:class:`_StateGroup`, one per ``nn.Module``/``ExportedProgram``), each
 buffer in the form (layout, dtype) its slot records (:class:`_StateSlot`).
 Calls of executables sharing a group are serialized by its lock; a slot's
-buffer is replaced only under it."""
+buffer is replaced only under it.
+
+A slot follows the module attribute it was made from: when torch registers
+another tensor under that attribute (``m.weight = nn.Parameter(...)``,
+``m.cache = torch.zeros(...)``, ``load_state_dict(..., assign=True)``, a
+replaced submodule), torch's registration hooks re-point the slot to the new
+tensor (:func:`_on_registration`), and the next call reads it as it reads
+any tensor torch changed.  A removed attribute (set to None) or a new tensor
+of another dtype or shape is an ExecutionError at the next call."""
 
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from torch.export import ExportedProgram
 
 from hloalias.contract import StoredLayout
 from hloalias.errors import ExecutionError
+from torch.utils.weak import WeakIdKeyDictionary
 from hloalias.runtime.ownership import _resolved, _torch_dtype_of_jax, _writable_on_host, array_to_torch, torch_to_device
 
 if TYPE_CHECKING:
@@ -64,6 +73,12 @@ class _StateSlot:
         self.array = self.upload(_resolved(source))
         self.consumed_by: str | None = None
         self.nbytes = source.numel() * source.element_size()
+        #: How often the module attribute behind the slot was given another
+        #: tensor (:meth:`follow`); why the slot cannot follow it, if so.
+        self.replacements = 0
+        self.unfollowable: str | None = None
+        self._group: weakref.ref[_StateGroup] | None = None
+        _slots_of(source).append(weakref.ref(self))
 
     @property
     def stored_dtype(self) -> torch.dtype:
@@ -91,6 +106,33 @@ class _StateSlot:
         if self.readers:
             self._forget_cached_lists()
 
+    def follow(self, new: torch.Tensor | None) -> None:
+        """The module attribute this slot stands for now holds ``new``
+        (None: removed).  The slot stands for ``new`` from now on; the next
+        call finds it changed (no version or address can match) and reads
+        it (:meth:`refresh_from_torch`, which refuses another dtype or
+        shape).  Called from torch's registration hooks: never raises."""
+        self.replacements += 1
+        group = self._group() if self._group is not None else None
+        old = self.source()
+        if new is None:
+            self.unfollowable = "was removed from the module (set to None)"
+            new = _REMOVED
+        elif group is not None and group.existing(new, self.device) not in (None, self):
+            self.unfollowable = "now holds a tensor that another state entry of the program also holds"
+        if group is not None:
+            with group.lock:
+                if old is not None:
+                    group._slots.pop((id(old), self.device.platform, self.device.id), None)
+                if new is not _REMOVED and self.unfollowable is None:
+                    group._slots[(id(new), self.device.platform, self.device.id)] = weakref.ref(self)
+        self.source = weakref.ref(new)
+        if new is not _REMOVED:
+            _slots_of(new).append(weakref.ref(self))
+        self.version = -1
+        self.source_ptr = -1
+        _AGREEMENTS[0] += 1
+
     def torch_changed(self) -> bool:
         """Whether torch changed the slot's tensor (in place, or its memory
         swapped) since the buffer last equalled it."""
@@ -117,6 +159,10 @@ class _StateSlot:
         source = self.source()
         if source is None:
             return
+        if self.unfollowable is not None:
+            raise ExecutionError(
+                f"module state '{name}' {self.unfollowable} after compiling; compile again"
+            )
         if source.dtype != self.torch_dtype or tuple(source.shape) != self.shape:
             raise ExecutionError(
                 f"module state '{name}' is now {source.dtype} {list(source.shape)}, but the program was compiled "
@@ -285,6 +331,7 @@ class _StateGroup:
                 slot = None
             if slot is None:
                 slot = _StateSlot(source, device, put, layout, bits)
+                slot._group = weakref.ref(self)
                 self._slots[(id(source), device.platform, device.id)] = weakref.ref(slot)
                 return slot
             if needs_torch_layout:
@@ -322,6 +369,63 @@ class _StateGroup:
             if slot is not None:
                 entries.append(f"{name}:{'torch' if slot.bits is None else 'bits'}")
         return tuple(entries)
+
+
+#: The live slots that stand for a tensor, in every group.
+_SLOTS_OF_TENSOR: WeakIdKeyDictionary = WeakIdKeyDictionary()
+#: What a removed attribute's slot stands for: no version matches -1.
+_REMOVED = torch.empty(0)
+
+
+def _slots_of(tensor: torch.Tensor) -> list[weakref.ref[_StateSlot]]:
+    found: list[weakref.ref[_StateSlot]] | None = _SLOTS_OF_TENSOR.get(tensor)  # type: ignore[no-untyped-call]
+    if found is None:
+        found = []
+        _SLOTS_OF_TENSOR[tensor] = found
+    else:
+        found[:] = [ref for ref in found if ref() is not None and ref().source() is tensor]  # type: ignore[union-attr]
+    return found
+
+
+def _replaced(old: Any, new: Any) -> None:
+    """Module attribute ``old`` now holds ``new``: every slot of ``old`` follows."""
+    if not isinstance(old, torch.Tensor) or old is new:
+        return
+    refs = _SLOTS_OF_TENSOR.get(old)  # type: ignore[no-untyped-call]
+    if not refs:
+        return
+    for ref in list(refs):
+        slot = ref()
+        if slot is not None and slot.source() is old:
+            slot.follow(new if isinstance(new, torch.Tensor) else None)
+
+
+def _on_tensor_registration(module: torch.nn.Module, name: str, value: Any) -> None:
+    # torch calls this before it stores ``value``: the attribute still holds the old tensor.
+    old: torch.Tensor | None = module._parameters.get(name)
+    if old is None:
+        old = module._buffers.get(name)
+    _replaced(old, value)
+
+
+def _on_module_registration(module: torch.nn.Module, name: str, value: Any) -> None:
+    old = module._modules.get(name)
+    if not isinstance(old, torch.nn.Module) or old is value:
+        return
+    new_tensors: dict[str, torch.Tensor] = {}
+    if isinstance(value, torch.nn.Module):
+        new_tensors.update(value.named_parameters(remove_duplicate=False))
+        new_tensors.update(value.named_buffers(remove_duplicate=False))
+    for path, tensor in [*old.named_parameters(remove_duplicate=False), *old.named_buffers(remove_duplicate=False)]:
+        _replaced(tensor, new_tensors.get(path))
+
+
+# Global hooks: torch calls them for every parameter, buffer and submodule
+# registered on any module (``m.w = nn.Parameter(...)`` goes through them);
+# they cost a dictionary lookup unless the old tensor has a slot.
+torch.nn.modules.module.register_module_parameter_registration_hook(_on_tensor_registration)
+torch.nn.modules.module.register_module_buffer_registration_hook(_on_tensor_registration)
+torch.nn.modules.module.register_module_module_registration_hook(_on_module_registration)
 
 
 _GROUPS: "weakref.WeakKeyDictionary[Any, _StateGroup]" = weakref.WeakKeyDictionary()

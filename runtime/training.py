@@ -183,6 +183,9 @@ def _compile_step(
         mesh=mesh, shardings=_step_shardings(captured, model, shardings) if shardings is not None else None,
         _state_owner=model, _state_sources=sources,
     )
+    # A replaced parameter (``model.w = nn.Parameter(...)``) leaves the
+    # optimizer holding the old one: eager would go on training that.
+    executable._follows_replacements = "the optimizer of compile_training_step still holds the old tensor"
     return captured, executable
 
 

@@ -12,7 +12,12 @@ next call, and ``state_dict()``, see it:
 - a dtype or shape change is an ExecutionError naming the tensor;
 - ``Executable.write_back()`` and ``TrainingStep.write_back()`` copy the
   device state into the module, so that an edit made after it starts from
-  what calls left.
+  what calls left;
+- a module attribute given another tensor (``m.w = nn.Parameter(...)``, a
+  buffer assigned, ``load_state_dict(assign=True)``, a replaced submodule)
+  is what the next call reads and updates; a buffer set to None, given
+  another dtype or shape, untied from a tied name, or replaced under a training step, it
+  is an ExecutionError naming it.
 
 Each on both call paths; nothing changes when a call is refused."""
 
@@ -161,6 +166,100 @@ def test_eager_changes_after_write_back_reach_the_next_training_step() -> None:
     torch.testing.assert_close(step(x, target), eager_step())
     step.write_back()
     torch.testing.assert_close(model.weight, reference.weight)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_replaced_parameter_is_read_by_the_next_call(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Affine()
+    x = torch.tensor([1.0, 1.0, 2.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    exe(x)
+    model.w = torch.nn.Parameter(torch.tensor([5.0, 6.0, 7.0]), requires_grad=False)
+    torch.testing.assert_close(exe(x), model(x), rtol=0, atol=0)
+    torch.testing.assert_close(exe.state_dict()["w"], model.w.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_replaced_buffer_receives_the_calls_updates(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, reference = Accumulator(), Accumulator()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    exe(x)
+    reference(x)
+    model.total = torch.full((3,), 10.0)
+    reference.total = torch.full((3,), 10.0)
+    torch.testing.assert_close(exe(x), reference(x), rtol=0, atol=0)
+    exe.write_back()
+    torch.testing.assert_close(model.total, reference.total, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_state_loaded_with_assign_and_a_replaced_submodule_are_read(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    x = torch.randn(4, 3)
+    exe = compile_on(path, monkeypatch, model, (x,))
+    exe(x)
+    other = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    model.load_state_dict(other.state_dict(), assign=True)
+    torch.testing.assert_close(exe(x), model(x))  # XLA's dot rounds apart from torch's
+    model[2] = torch.nn.Linear(3, 2)
+    torch.testing.assert_close(exe(x), model(x))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_replacement_the_program_cannot_follow_is_refused_by_name(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Affine()
+    x = torch.tensor([1.0, 1.0, 2.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    exe(x)
+    model.w = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+    with pytest.raises(ExecutionError, match=r"module state 'w' is now torch.float32 \[4\]"):
+        exe(x)
+    accumulator = Accumulator()
+    counting = compile_on(path, monkeypatch, accumulator, (x,))
+    counting(x)
+    accumulator.total = None  # torch's buffer hooks see it (a parameter set to None goes unseen)
+    with pytest.raises(ExecutionError, match=r"module state 'total' was removed"):
+        counting(x)
+
+
+def test_untying_a_tied_weight_is_refused() -> None:
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4, bias=False)
+            self.b = torch.nn.Linear(4, 4, bias=False)
+            self.b.weight = self.a.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    model = Tied()
+    x = torch.randn(2, 4)
+    exe = hloalias.compile(model, (x,))
+    exe(x)
+    model.b.weight = torch.nn.Parameter(torch.zeros(4, 4))
+    with pytest.raises(ExecutionError, match=r"tied names \['a.weight', 'b.weight'\]"):
+        exe(x)
+
+
+def test_a_parameter_replaced_under_a_training_step_is_refused() -> None:
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, target = torch.randn(3, 4), torch.randn(3, 2)
+
+    def training_step(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    step = hloalias.compile_training_step(training_step, model, optimizer, (x, target))
+    step(x, target)
+    model.weight = torch.nn.Parameter(torch.zeros(2, 4))
+    with pytest.raises(ExecutionError, match="module state .*weight.* the optimizer of compile_training_step"):
+        step(x, target)
 
 
 def test_the_native_and_python_checks_agree() -> None:
