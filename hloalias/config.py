@@ -18,7 +18,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, TypeVar
+
+T = TypeVar("T")
 
 Scope = Literal["runtime", "build", "development"]
 Kind = Literal["flag", "integer", "number", "text", "path"]
@@ -165,28 +168,30 @@ def flag(name: str) -> bool:
     return default
 
 
-def integer(name: str) -> int | None:
-    """An integer variable (None when unset and it has no default)."""
-    default = setting(name).default
-    value = _raw(name, "integer")
+def _parsed(name: str, kind: Kind, parse: Callable[[str], T], what: str) -> T | None:
+    """Variable ``name`` read by ``parse`` (None when unset or invalid: the
+    caller takes the default; an invalid value is reported by ``_invalid``)."""
+    value = _raw(name, kind)
     if value is not None:
         try:
-            return int(value)
+            return parse(value)
         except ValueError:
-            _invalid(name, value, "an integer", default)
-    return default if isinstance(default, int) else None
+            _invalid(name, value, what, setting(name).default)
+    return None
+
+
+def integer(name: str) -> int | None:
+    """An integer variable (None when unset and it has no default)."""
+    value = _parsed(name, "integer", int, "an integer")
+    default = setting(name).default
+    return value if value is not None else (default if isinstance(default, int) else None)
 
 
 def number(name: str) -> float | None:
     """A number variable (None when unset and it has no default)."""
+    value = _parsed(name, "number", float, "a number")
     default = setting(name).default
-    value = _raw(name, "number")
-    if value is not None:
-        try:
-            return float(value)
-        except ValueError:
-            _invalid(name, value, "a number", default)
-    return float(default) if isinstance(default, (int, float)) else None
+    return value if value is not None else (float(default) if isinstance(default, (int, float)) else None)
 
 
 def text(name: str) -> str | None:
