@@ -991,7 +991,10 @@ class Executable:
         still holds the old tensor), or a training step's optimizer holds
         the old parameter (eager would go on updating that one)."""
         tied = sorted(n for n, s in self._slots.items() if s is slot)
-        if len(tied) > 1:
+        # Tied names stay one tensor when every one of them was given the
+        # same new memory (``load_state_dict(..., assign=True)`` of a tied
+        # model makes two Parameters over one storage): then the slot may follow.
+        if len(tied) > 1 and not all(_same_tensor(self._group.module_tensor(n), slot.source()) for n in tied):
             raise ExecutionError(
                 f"module state '{name}' was replaced by another tensor after compiling, and the program "
                 f"reads it under the tied names {tied}; compile again"
@@ -1166,3 +1169,14 @@ class Executable:
 
 
 _NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing
+
+
+def _same_tensor(first: torch.Tensor | None, second: torch.Tensor | None) -> bool:
+    """Whether ``first`` and ``second`` are one tensor or show the same
+    memory the same way (two Parameters over one storage)."""
+    if first is None or second is None:
+        return False
+    return first is second or (
+        first.dtype == second.dtype and first.shape == second.shape and first.stride() == second.stride()
+        and first.data_ptr() == second.data_ptr()
+    )

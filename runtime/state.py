@@ -307,9 +307,25 @@ class _StateGroup:
     """The device state of one module (or of one function's constants) and
     the lock that serializes calls reading or writing it."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: torch.nn.Module | None = None) -> None:
         self.lock = threading.RLock()
         self._slots: dict[tuple[int, str, int], weakref.ref[_StateSlot]] = {}
+        #: The module whose state this is (None: a function's or a program's).
+        self.owner: weakref.ref[torch.nn.Module] | None = weakref.ref(owner) if owner is not None else None
+
+    def module_tensor(self, name: str) -> torch.Tensor | None:
+        """The owner module's parameter or buffer ``name`` (a dotted FQN) as
+        it is now, or None (no owner module, or no such attribute)."""
+        owner = self.owner() if self.owner is not None else None
+        if owner is None:
+            return None
+        prefix, _, leaf = name.rpartition(".")
+        try:
+            module = owner.get_submodule(prefix) if prefix else owner
+        except AttributeError:
+            return None
+        found = module._parameters.get(leaf)
+        return found if found is not None else module._buffers.get(leaf)
 
     def slot(
         self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None,
@@ -440,6 +456,6 @@ def _state_group(f: Any) -> _StateGroup:
     with _GROUPS_LOCK:
         group = _GROUPS.get(f)
         if group is None:
-            group = _StateGroup()
+            group = _StateGroup(f if isinstance(f, torch.nn.Module) else None)
             _GROUPS[f] = group
         return group

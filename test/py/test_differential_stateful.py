@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 
 import hloalias
-from differential.stateful import StatefulProgram, stateful_programs
+from differential.stateful import EDITS, SHAPE, StatefulProgram, stateful_programs
 from differential.training import TrainingProgram, training_programs
 
 EXAMPLES = int(os.environ.get("HLOALIAS_STATEFUL_EXAMPLES", "25"))
@@ -42,6 +42,16 @@ def stateful_problems(program: StatefulProgram) -> list[str]:
     held_ours: list[torch.Tensor] = []
     for call in range(1, program.calls + 1):
         exe = executables[call % len(executables)]
+        edit = program.edit_before(call)
+        if edit is not None:
+            statement, needs_write_back = EDITS[edit]
+            if needs_write_back:
+                exe.write_back()
+            for module in (eager, compiled_from):
+                with torch.no_grad():
+                    exec(statement, {"torch": torch, "SHAPE": SHAPE, "m": module, "fresh": program.build()})  # noqa: S102
+            held_eager.clear()
+            held_ours.clear()
         e0, e1, _ = program.inputs(call)
         x0, x1, base = program.inputs(call)
         overlapping = program.overlap is not None and program.overlap < 4
@@ -121,6 +131,12 @@ FIXED = {
     ),
     "overlapping_inputs_written_are_refused": StatefulProgram(
         ("x0.add_(self.buf)",), ("x1[:, 1]",), 2, False, 2, True
+    ),
+    "edits_between_calls_are_read": StatefulProgram(
+        ("self.buf.add_(x0)", "c0 = x0 + self.w"), ("self.buf", "c0"), 3, True, None, False, (1, 4)
+    ),
+    "an_edit_after_write_back_starts_from_the_calls_state": StatefulProgram(
+        ("self.buf.add_(self.w2)",), ("self.buf",), 3, False, None, False, (5, 2)
     ),
     "overlapping_inputs_read_only_agree": StatefulProgram(
         ("self.buf.add_(x0)", "self.buf[1].copy_(x1[2])"), ("self.buf", "x1[:, 1]"), 2, False, 2, False

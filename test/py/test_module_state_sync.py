@@ -293,3 +293,23 @@ def test_the_native_and_python_checks_agree() -> None:
     assert [check(refs, versions, pointers) for check in checks] == [-1, -1]
     with pytest.raises(TypeError):
         native(refs, versions[:1], pointers)
+
+
+def test_a_tied_model_loaded_with_assign_stays_tied() -> None:
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4, bias=False)
+            self.b = torch.nn.Linear(4, 4, bias=False)
+            self.b.weight = self.a.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    model, other = Tied(), Tied()
+    x = torch.randn(2, 4)
+    exe = hloalias.compile(model, (x,))
+    exe(x)
+    model.load_state_dict(other.state_dict(), assign=True)  # two Parameters over other's one storage
+    assert model.a.weight.data_ptr() == model.b.weight.data_ptr()
+    torch.testing.assert_close(exe(x), model(x))

@@ -17,6 +17,14 @@ from the same module, *holding every result across calls*, and may pass
   raises ExecutionError and changes neither the inputs nor the state;
   otherwise it agrees with eager.
 
+Between calls the test may edit the module as users do (``EDITS``): set the
+buffer, assign a new buffer, load a state dict (also with ``assign=True``,
+which leaves the tied parameter as two Parameters over one storage), or
+``write_back()`` and scale the buffer in place.  Eager and hloalias must
+agree after each edit; held results are compared only since the last edit
+(an earlier result that views state is a view of the device buffer in
+hloalias, of the module's tensor in eager: docs/runtime.md).
+
 Arithmetic is exact (multiples of 1/4, constants 0.5/2/1/-1), so the
 comparison is bit for bit."""
 
@@ -51,6 +59,19 @@ COMPUTED: tuple[str, ...] = (
     # a view at another offset of a shared base).
     "x1.as_strided((3, 2), (6, 2)) * 2.0",
 )
+#: Edits of the module between calls, applied to the eager module and to
+#: the one compiled from (``m``), with ``fresh`` a new instance of the
+#: program; ``write_back`` first where the edit reads the state (the
+#: module's tensors hold the device state only after ``write_back()``).
+EDITS: tuple[tuple[str, bool], ...] = (
+    # (statement, needs write_back first)
+    ("m.buf.fill_(0.75)", False),
+    ("m.buf = torch.full(SHAPE, 0.5)", False),
+    ("m.w.fill_(-0.5)", False),
+    ("m.load_state_dict(fresh.state_dict())", False),
+    ("m.load_state_dict(fresh.state_dict(), assign=True)", False),
+    ("m.buf.mul_(2.0)", True),
+)
 RETURNS: tuple[str, ...] = (
     "self.buf", "self.buf[1:3]", "self.buf.t()", "self.buf[:, ::2]", "x0", "x0[0]", "x1[:, 1]", "self.w2[1:2]",
 )
@@ -66,6 +87,12 @@ class StatefulProgram:
     two_executables: bool
     overlap: int | None  # row offset of x1 in one shared base (< 4: overlapping), None: separate inputs
     writes_input: bool
+    #: EDITS index applied before call ``i + 2`` (None: no edit).
+    edits: tuple[int | None, ...] = ()
+
+    def edit_before(self, call: int) -> int | None:
+        position = call - 2
+        return self.edits[position] if 0 <= position < len(self.edits) else None
 
     def source(self) -> str:
         lines = [
@@ -105,7 +132,8 @@ class StatefulProgram:
     def describe(self) -> str:
         return (
             f"{self.source()}calls={self.calls} two_executables={self.two_executables} "
-            f"overlap={self.overlap} writes_input={self.writes_input}"
+            f"overlap={self.overlap} writes_input={self.writes_input} "
+            f"edits={[EDITS[e][0] if e is not None else None for e in self.edits]}"
         )
 
 
@@ -120,6 +148,10 @@ def stateful_programs(draw: st.DrawFn) -> StatefulProgram:
     names = [*RETURNS, *(f"c{n}" for n in range(len(computed)))]
     returns = draw(st.lists(st.sampled_from(names), min_size=1, max_size=4))
     overlap = draw(st.sampled_from([None, None, 0, 2, 4]))
+    calls = draw(st.integers(2, 3))
+    edits = tuple(
+        draw(st.sampled_from([None, None, *range(len(EDITS))])) for _ in range(calls - 1)
+    )
     return StatefulProgram(
-        tuple(body), tuple(returns), draw(st.integers(2, 3)), draw(st.booleans()), overlap, writes_input
+        tuple(body), tuple(returns), calls, draw(st.booleans()), overlap, writes_input, edits
     )
