@@ -545,6 +545,10 @@ class Executable:
         self._replacements: dict[int, int] = {id(slot): slot.replacements for _, slot in self._watched}
         self._follows_replacements: str | None = None
         self._state_watch = StateWatch(tuple(slot for _, slot in self._watched), native_first_changed())
+        self._group.note_written([
+            slot for name, slot in self._watched
+            if self._mutation_keys[self._names.index(self._signature.state_aliases.get(name, name))] is not None
+        ])
         # A tensor reachable under several names (tied weights) is one
         # buffer: XLA counts each argument, the device holds it once.
         seen: set[int] = set()

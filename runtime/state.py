@@ -11,7 +11,12 @@ another tensor under that attribute (``m.weight = nn.Parameter(...)``,
 replaced submodule), torch's registration hooks re-point the slot to the new
 tensor (:func:`_on_registration`), and the next call reads it as it reads
 any tensor torch changed.  A removed attribute (set to None) or a new tensor
-of another dtype or shape is an ExecutionError at the next call."""
+of another dtype or shape is an ExecutionError at the next call.
+
+The owner module's ``state_dict()`` first copies every slot some program
+of the group writes into the module's tensor (:meth:`_StateGroup.note_written`),
+so a checkpoint holds what calls left; a tensor torch changed since the two
+last agreed keeps the user's write."""
 
 from __future__ import annotations
 
@@ -312,6 +317,44 @@ class _StateGroup:
         self._slots: dict[tuple[int, str, int], weakref.ref[_StateSlot]] = {}
         #: The module whose state this is (None: a function's or a program's).
         self.owner: weakref.ref[torch.nn.Module] | None = weakref.ref(owner) if owner is not None else None
+        #: Slots some program of the group writes (see :meth:`note_written`).
+        self._written: "weakref.WeakValueDictionary[int, _StateSlot]" = weakref.WeakValueDictionary()
+        self._state_dict_hook: Any = None
+
+    def note_written(self, slots: list[_StateSlot]) -> None:
+        """``slots`` are written by a program of this group: the owner
+        module's ``state_dict()`` (``torch.save``, ``save_pretrained``,
+        checkpoint code) first copies what calls left in them into the
+        module's tensors (:meth:`write_back_written`, a state-dict pre-hook
+        registered once), so a saved checkpoint never loses the calls'
+        updates.  Direct reads of the module's tensors still see them only
+        after ``write_back()``."""
+        owner = self.owner() if self.owner is not None else None
+        if owner is None or not slots:
+            return
+        for slot in slots:
+            self._written[id(slot)] = slot
+        if self._state_dict_hook is None:
+            group = weakref.ref(self)
+
+            def write_back_first(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
+                found = group()
+                if found is not None and not torch.compiler.is_compiling():
+                    found.write_back_written()
+
+            self._state_dict_hook = owner.register_state_dict_pre_hook(write_back_first)  # type: ignore[no-untyped-call]
+
+    def write_back_written(self) -> None:
+        """Copy each written slot's buffer into its module tensor (in place)
+        unless torch changed that tensor since they last agreed: then the
+        user's write is the newest value, which the next call reads."""
+        with self.lock, torch.no_grad():
+            for slot in list(self._written.values()):
+                source, array = slot.source(), slot.array
+                if source is None or array is None or array.is_deleted() or slot.torch_changed():
+                    continue
+                source.copy_(slot.torch_value(array))
+                slot.mark_synced()
 
     def module_tensor(self, name: str) -> torch.Tensor | None:
         """The owner module's parameter or buffer ``name`` (a dotted FQN) as

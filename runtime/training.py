@@ -21,7 +21,9 @@ executable and are aliased in place (inferred donors); batch inputs named in
 ``donate`` are explicit donors.  The loss is the only result that comes
 back.  Until :meth:`TrainingStep.write_back`, the model's and the optimizer's
 own tensors keep the values they had at compile time (or at the last
-``write_back``/``reload``).
+``write_back``/``reload``), except that ``model.state_dict()`` and
+``optimizer.state_dict()`` first copy the steps' device state in (a
+checkpoint never holds stale state; not for a step on a mesh).
 
 One state store per model: every training step compiled for a model (and
 optimizer) and every executable ``hloalias.compile`` made from the model
@@ -107,7 +109,38 @@ def compile_training_step(
     )
     step._store = store
     step._generation = store.generation
+    if not executable._placement.spmd:
+        _checkpoint_sees_steps(store, optimizer, step)
     return step
+
+
+def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimizer, step: "TrainingStep") -> None:
+    """Make ``optimizer.state_dict()`` (``torch.save`` of a checkpoint,
+    ``accelerate``/``transformers`` Trainer code) first copy what the steps
+    left on the device into the optimizer's state, as the model's
+    ``state_dict()`` does for parameters and buffers (the state group's
+    pre-hook, :meth:`hloalias.runtime.state._StateGroup.note_written`):
+    without it a checkpoint taken without ``write_back()`` silently holds
+    the optimizer state of compile time.  One pre-hook per optimizer; a
+    step on a mesh is not registered (its state is gathered by a collective
+    every process must enter, which a hook cannot promise)."""
+    with store.lock:
+        steps = store.steps_of.get(optimizer)
+        if steps is None:
+            steps = store.steps_of[optimizer] = weakref.WeakSet()
+            found = weakref.ref(store)
+
+            def write_back_first(opt: torch.optim.Optimizer) -> None:
+                live = found()
+                registered = live.steps_of.get(opt) if live is not None else None
+                # Every step of the optimizer reads the same device state:
+                # any live one holds it all.
+                for candidate in list(registered or ()):
+                    candidate._write_back_optimizer()
+                    break
+
+            optimizer.register_state_dict_pre_hook(write_back_first)
+        steps.add(step)
 
 
 class _TrainingStore:
@@ -129,6 +162,11 @@ class _TrainingStore:
         self.kept_grads: frozenset[str] = frozenset()
         #: bumped when ``kept_grads`` grows: steps compiled before recompile
         self.generation = 0
+        #: optimizer -> its live single-device steps, whose device state its
+        #: ``state_dict()`` pre-hook copies in first (:func:`_checkpoint_sees_steps`)
+        self.steps_of: "weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.WeakSet[TrainingStep]]" = (
+            weakref.WeakKeyDictionary()
+        )
 
 
 _STORES: "weakref.WeakKeyDictionary[torch.nn.Module, _TrainingStore]" = weakref.WeakKeyDictionary()
@@ -428,6 +466,7 @@ class TrainingStep:
         ``model.state_dict()`` and ``optimizer.state_dict()`` see it."""
         device_state = self.executable.state_dict()
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
+        self._write_back_optimizer(device_state)
         with torch.no_grad():
             for slot in self._slots:
                 if slot.kind in ("param", "buffer"):
@@ -436,12 +475,19 @@ class TrainingStep:
                     # The module's tensor equals the device state again: a
                     # later change to it in torch is the newest value.
                     self.executable._slots[slot.name].mark_synced()
-        params = self._parameters
         for slot in self._slots:
             if slot.kind == "grad":
                 assert slot.fqn is not None
                 named[slot.fqn].grad = device_state[slot.name]
-            elif slot.kind == "optimizer":
+
+    def _write_back_optimizer(self, device_state: dict[str, torch.Tensor] | None = None) -> None:
+        """Set the optimizer's state (``optimizer.state[param][key]``) to
+        copies of the device state."""
+        if device_state is None:
+            device_state = self.executable.state_dict()
+        params = self._parameters
+        for slot in self._slots:
+            if slot.kind == "optimizer":
                 assert slot.param_index is not None and slot.key is not None
                 self._optimizer.state[params[slot.param_index]][slot.key] = device_state[slot.name]
 

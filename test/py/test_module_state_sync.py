@@ -313,3 +313,94 @@ def test_a_tied_model_loaded_with_assign_stays_tied() -> None:
     model.load_state_dict(other.state_dict(), assign=True)  # two Parameters over other's one storage
     assert model.a.weight.data_ptr() == model.b.weight.data_ptr()
     torch.testing.assert_close(exe(x), model(x))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_checkpoint_of_the_module_holds_what_calls_left(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model.state_dict()`` (torch.save, save_pretrained) without
+    ``write_back()`` first copies the calls' state updates into the module:
+    a checkpoint never holds the compile-time state."""
+    import io
+
+    model, reference = Accumulator(), Accumulator()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    for _ in range(3):
+        exe(x)
+        reference(x)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer)
+    torch.testing.assert_close(saved["total"], reference.total, rtol=0, atol=0)
+    torch.testing.assert_close(model.total, reference.total, rtol=0, atol=0)  # eager's tensor, updated in place
+    # The module and the device agree again: the calls go on from there.
+    torch.testing.assert_close(exe(x), reference(x), rtol=0, atol=0)
+    torch.testing.assert_close(model.state_dict()["total"], reference.total, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_checkpoint_after_an_edit_holds_the_edit(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Accumulator()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    exe(x)
+    exe(x)
+    with torch.no_grad():
+        model.total.fill_(7.0)  # the user's write is the newest value
+    torch.testing.assert_close(model.state_dict()["total"], torch.full((3,), 7.0), rtol=0, atol=0)
+    torch.testing.assert_close(exe(x), (7.0 + x) * 2, rtol=0, atol=0)
+
+
+def test_a_recompile_after_calls_starts_from_what_calls_left() -> None:
+    """torch.export reads ``state_dict()`` of the module it traces: a second
+    program compiled after calls (another batch size) continues the state."""
+    model, reference = Accumulator(), Accumulator()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    first = hloalias.compile(model, (x,))
+    first(x)
+    reference(x)
+    second = hloalias.compile(model, (x * 2,))
+    torch.testing.assert_close(second(x * 2), reference(x * 2), rtol=0, atol=0)
+    torch.testing.assert_close(first(x), reference(x), rtol=0, atol=0)
+    torch.testing.assert_close(model.state_dict()["total"], reference.total, rtol=0, atol=0)
+
+
+def test_a_checkpoint_of_model_and_optimizer_holds_the_trained_state() -> None:
+    """Without ``write_back()``: ``model.state_dict()`` and
+    ``optimizer.state_dict()`` after compiled AdamW steps equal eager's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference.load_state_dict(model.state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=0.05)
+    x, target = torch.randn(6, 4), torch.randn(6, 2)
+
+    def make_step(net: torch.nn.Module, opt: torch.optim.Optimizer):  # type: ignore[no-untyped-def]
+        def training_step(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(net(inputs), labels)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return training_step
+
+    step = hloalias.compile_training_step(make_step(model, optimizer), model, optimizer, (x, target))
+    eager_step = make_step(reference, reference_optimizer)
+    for _ in range(3):
+        step(x, target)
+        eager_step(x, target)
+    saved, expected = model.state_dict(), reference.state_dict()
+    for name in expected:
+        torch.testing.assert_close(saved[name], expected[name])
+    state, expected_state = optimizer.state_dict()["state"], reference_optimizer.state_dict()["state"]
+    assert sorted(state) == sorted(expected_state)
+    for index in expected_state:
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(state[index][key].float(), expected_state[index][key].float())
+    # Training goes on from the device state, as it would have.
+    step(x, target)
+    eager_step(x, target)
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value)

@@ -74,8 +74,10 @@ def test_mlp_five_steps_equal_eager(name: str) -> None:
     before = copy.deepcopy(model.state_dict())
     eager_losses = [_step_fn(eager_model, eager_opt)(x, y) for x, y in batches]
     losses = [train(x, y) for x, y in batches]
-    # Until write_back the torch model keeps its values: the state is on the device.
-    _assert_state_equal(before, model.state_dict())
+    # The torch model's own tensors keep their values: the state is on the device ...
+    _assert_state_equal(before, {name: value.detach() for name, value in model.named_parameters()})
+    # ... but a checkpoint (model.state_dict()) copies the trained values in first.
+    _assert_state_equal(eager_model.state_dict(), model.state_dict())
     for eager_loss, loss in zip(eager_losses, losses):
         assert loss.shape == () and loss.dtype == torch.float32
         torch.testing.assert_close(loss, eager_loss.detach(), rtol=RTOL, atol=ATOL)
