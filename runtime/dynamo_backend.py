@@ -50,6 +50,7 @@ import torch
 
 from hloalias.runtime.executable import Executable
 from hloalias.runtime.jit_cache import DEFAULT_CACHE_SIZE, Jit, JitStats
+from hloalias.runtime.state import bring_up_to_date
 
 _OPTIONS = ("pipeline", "device", "cache_size")
 
@@ -101,11 +102,16 @@ class CompiledGraph:
         return self.jit.stats
 
     def __call__(self, *args: Any) -> Any:
+        # A module tensor that executables of hloalias.compile/jit of the
+        # same module updated on the device holds a stale value until it is
+        # brought up to date (what eager would read).
         if self._boxed_call:
             (inputs,) = args
             arguments = tuple(inputs)
             inputs.clear()  # the boxed convention: the callee owns (and frees) the list
+            bring_up_to_date(arguments)
             return list(self.jit(*arguments))
+        bring_up_to_date(args)
         return self.jit(*args)
 
     def explain(self) -> str:

@@ -13,13 +13,16 @@ tensor (:func:`_on_registration`), and the next call reads it as it reads
 any tensor torch changed.  A removed attribute (set to None) or a new tensor
 of another dtype or shape is an ExecutionError at the next call.
 
-The owner module's ``state_dict()`` first copies every slot some program
-of the group writes into the module's tensor (:meth:`_StateGroup.note_written`),
-so a checkpoint holds what calls left; a tensor torch changed since the two
-last agreed keeps the user's write."""
+The owner module's ``state_dict()`` and eager forward first copy every
+slot some program of the group writes, where it lags the module's tensor,
+into that tensor (:meth:`_StateGroup.note_written`), and a
+``torch.compile``d graph does so for its inputs (:func:`bring_up_to_date`):
+torch never reads a stale module tensor; a tensor torch changed since the
+two last agreed keeps the user's write."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable
@@ -75,7 +78,11 @@ class _StateSlot:
         #: replacing the buffer drops those lists (see ``_CallPlan``).
         self.readers: list[weakref.ref[_CallPlan]] = []
         self._array: jax.Array | None = None
+        #: Whether the buffer holds a value the module's tensor does not
+        #: (a call wrote it since the two last agreed): see :func:`bring_up_to_date`.
+        self.lags = False
         self.array = self.upload(_resolved(source))
+        self._set_lags(False)
         self.consumed_by: str | None = None
         self.nbytes = source.numel() * source.element_size()
         #: How often the module attribute behind the slot was given another
@@ -108,8 +115,15 @@ class _StateSlot:
         ):
             value = self._reinterpreted(value)
         self._array = value
+        if value is not None and not self.lags:
+            self._set_lags(True)
         if self.readers:
             self._forget_cached_lists()
+
+    def _set_lags(self, lags: bool) -> None:
+        if lags != self.lags:
+            self.lags = lags
+            _LAGGING[0] += 1 if lags else -1
 
     def follow(self, new: torch.Tensor | None) -> None:
         """The module attribute this slot stands for now holds ``new``
@@ -138,6 +152,18 @@ class _StateSlot:
         self.source_ptr = -1
         _AGREEMENTS[0] += 1
 
+    def copy_to_source(self) -> None:
+        """Copy the buffer into the module's tensor (in place) when it
+        lags it and torch did not change the tensor since the two last
+        agreed; then they agree."""
+        group = self._group() if self._group is not None else None
+        with group.lock if group is not None else contextlib.nullcontext(), torch.no_grad():
+            source, array = self.source(), self._array
+            if not self.lags or source is None or array is None or array.is_deleted() or self.torch_changed():
+                return
+            source.copy_(self.torch_value(array))
+            self.mark_synced()
+
     def torch_changed(self) -> bool:
         """Whether torch changed the slot's tensor (in place, or its memory
         swapped) since the buffer last equalled it."""
@@ -151,6 +177,7 @@ class _StateSlot:
         if source is not None:
             self.version = source._version
             self.source_ptr = source.data_ptr()
+            self._set_lags(False)
             _AGREEMENTS[0] += 1
 
     def refresh_from_torch(self, name: str) -> None:
@@ -178,6 +205,7 @@ class _StateSlot:
         self.version = source._version
         self.source_ptr = source.data_ptr()
         self.consumed_by = None
+        self._set_lags(False)
         _AGREEMENTS[0] += 1
 
     def _forget_cached_lists(self) -> None:
@@ -249,6 +277,30 @@ class _StateSlot:
         self._forget_cached_lists()
 
 
+#: How many live or dead slots lag their tensor (:attr:`_StateSlot.lags`):
+#: 0 lets :func:`bring_up_to_date` return at once.  (A slot collected while
+#: lagging keeps it above 0: only a slower check, never a missed one.)
+_LAGGING = [0]
+
+
+def bring_up_to_date(tensors: Any) -> None:
+    """Before torch itself reads ``tensors`` (a ``torch.compile``d graph's
+    inputs, an eager forward of the module), copy into each one that a state
+    slot stands for what calls left on the device since the two last
+    agreed, unless torch changed the tensor since (the user's write is then
+    the newest value, which the next call reads)."""
+    if not _LAGGING[0]:
+        return
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        refs = _SLOTS_OF_TENSOR.get(tensor)  # type: ignore[no-untyped-call]
+        for ref in refs or ():
+            slot = ref()
+            if slot is not None and slot.lags and slot.source() is tensor:
+                slot.copy_to_source()
+
+
 #: Counts the times a slot recorded a new agreement with its tensor
 #: (``refresh_from_torch``, ``mark_synced``): a :class:`StateWatch` rebuilds
 #: its tuples when it moved.
@@ -308,6 +360,16 @@ def _stored_form(tensor: torch.Tensor, layout: StoredLayout | None, bits: torch.
     return tensor if bits is None else tensor.view(bits)
 
 
+def _tracing(*values: Any) -> bool:
+    """Whether torch is tracing (dynamo, ``torch.export``, ``make_fx``: the
+    values it passes are fake or proxy tensors): the state hooks then do
+    nothing (a copy into a module tensor would be traced, or fail)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return True
+    leaves, _ = torch.utils._pytree.tree_flatten(values)
+    return any(isinstance(leaf, torch.Tensor) and type(leaf) not in (torch.Tensor, torch.nn.Parameter) for leaf in leaves)
+
+
 class _StateGroup:
     """The device state of one module (or of one function's constants) and
     the lock that serializes calls reading or writing it."""
@@ -320,6 +382,7 @@ class _StateGroup:
         #: Slots some program of the group writes (see :meth:`note_written`).
         self._written: "weakref.WeakValueDictionary[int, _StateSlot]" = weakref.WeakValueDictionary()
         self._state_dict_hook: Any = None
+        self._forward_hook: Any = None
 
     def note_written(self, slots: list[_StateSlot]) -> None:
         """``slots`` are written by a program of this group: the owner
@@ -339,22 +402,25 @@ class _StateGroup:
 
             def write_back_first(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
                 found = group()
-                if found is not None and not torch.compiler.is_compiling():
+                if found is not None and not _tracing():
+                    found.write_back_written()
+
+            def write_back_before_forward(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+                found = group()
+                if found is not None and _LAGGING[0] and not _tracing(args, kwargs):
                     found.write_back_written()
 
             self._state_dict_hook = owner.register_state_dict_pre_hook(write_back_first)  # type: ignore[no-untyped-call]
+            self._forward_hook = owner.register_forward_pre_hook(write_back_before_forward, with_kwargs=True)
 
     def write_back_written(self) -> None:
         """Copy each written slot's buffer into its module tensor (in place)
-        unless torch changed that tensor since they last agreed: then the
-        user's write is the newest value, which the next call reads."""
-        with self.lock, torch.no_grad():
+        where it lags it, unless torch changed that tensor since they last
+        agreed: then the user's write is the newest value, which the next
+        call reads."""
+        with self.lock:
             for slot in list(self._written.values()):
-                source, array = slot.source(), slot.array
-                if source is None or array is None or array.is_deleted() or slot.torch_changed():
-                    continue
-                source.copy_(slot.torch_value(array))
-                slot.mark_synced()
+                slot.copy_to_source()
 
     def module_tensor(self, name: str) -> torch.Tensor | None:
         """The owner module's parameter or buffer ``name`` (a dotted FQN) as

@@ -21,9 +21,10 @@ executable and are aliased in place (inferred donors); batch inputs named in
 ``donate`` are explicit donors.  The loss is the only result that comes
 back.  Until :meth:`TrainingStep.write_back`, the model's and the optimizer's
 own tensors keep the values they had at compile time (or at the last
-``write_back``/``reload``), except that ``model.state_dict()`` and
-``optimizer.state_dict()`` first copy the steps' device state in (a
-checkpoint never holds stale state; not for a step on a mesh).
+``write_back``/``reload``), except that an eager ``model(x)``,
+``model.state_dict()`` and ``optimizer.state_dict()`` first copy the
+steps' device state in (eager evaluation and checkpoints never see stale
+state; not for a step on a mesh).
 
 One state store per model: every training step compiled for a model (and
 optimizer) and every executable ``hloalias.compile`` made from the model

@@ -404,3 +404,66 @@ def test_a_checkpoint_of_model_and_optimizer_holds_the_trained_state() -> None:
     eager_step(x, target)
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], value)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_eager_forward_after_calls_reads_what_calls_left(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager code calling the module between compiled calls (an evaluation,
+    a fallback) sees the state as eager would have it, and the next compiled
+    call continues from what the eager call left."""
+    model, reference = Accumulator(), Accumulator()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    exe(x)
+    reference(x)
+    torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)  # eager, on the module itself
+    torch.testing.assert_close(exe(x), reference(x), rtol=0, atol=0)
+    torch.testing.assert_close(model.total, torch.tensor([2.0, 4.0, 6.0]), rtol=0, atol=0)  # the eager call's state
+    torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+
+
+def test_torch_compile_and_hloalias_compile_of_one_module_share_its_state() -> None:
+    model, reference = Accumulator(), Accumulator()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = hloalias.compile(model, (x,))
+    exe(x)
+    exe(x)
+    reference(x)
+    reference(x)
+    compiled = torch.compile(model, backend="hloalias")
+    torch.testing.assert_close(compiled(x), reference(x), rtol=0, atol=0)
+    torch.testing.assert_close(exe(x), reference(x), rtol=0, atol=0)
+    torch.testing.assert_close(compiled(x), reference(x), rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
+def test_an_eager_evaluation_after_training_steps_sees_the_trained_weights() -> None:
+    """Train with compiled steps, evaluate in eager without write_back()."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference.load_state_dict(model.state_dict())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    x, target = torch.randn(6, 4), torch.randn(6, 2)
+
+    def make_step(net: torch.nn.Module, opt: torch.optim.Optimizer):  # type: ignore[no-untyped-def]
+        def training_step(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(net(inputs), labels)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return training_step
+
+    step = hloalias.compile_training_step(make_step(model, optimizer), model, optimizer, (x, target))
+    eager_step = make_step(reference, reference_optimizer)
+    for _ in range(2):
+        step(x, target)
+        eager_step(x, target)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), reference(x))  # an evaluation between steps
+    step(x, target)
+    eager_step(x, target)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x))
