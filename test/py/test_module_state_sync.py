@@ -366,15 +366,14 @@ def test_a_recompile_after_calls_starts_from_what_calls_left() -> None:
     torch.testing.assert_close(model.state_dict()["total"], reference.total, rtol=0, atol=0)
 
 
-def test_a_checkpoint_of_model_and_optimizer_holds_the_trained_state() -> None:
-    """Without ``write_back()``: ``model.state_dict()`` and
-    ``optimizer.state_dict()`` after compiled AdamW steps equal eager's."""
+def _compiled_and_eager_mlp(make_optimizer):  # type: ignore[no-untyped-def]
+    """An MLP and its eager twin, their optimizers, a batch, the compiled
+    training step and the eager one."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     reference.load_state_dict(model.state_dict())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
-    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=0.05)
+    optimizer, reference_optimizer = make_optimizer(model.parameters()), make_optimizer(reference.parameters())
     x, target = torch.randn(6, 4), torch.randn(6, 2)
 
     def make_step(net: torch.nn.Module, opt: torch.optim.Optimizer):  # type: ignore[no-untyped-def]
@@ -387,7 +386,15 @@ def test_a_checkpoint_of_model_and_optimizer_holds_the_trained_state() -> None:
         return training_step
 
     step = hloalias.compile_training_step(make_step(model, optimizer), model, optimizer, (x, target))
-    eager_step = make_step(reference, reference_optimizer)
+    return model, reference, optimizer, reference_optimizer, x, target, step, make_step(reference, reference_optimizer)
+
+
+def test_a_checkpoint_of_model_and_optimizer_holds_the_trained_state() -> None:
+    """Without ``write_back()``: ``model.state_dict()`` and
+    ``optimizer.state_dict()`` after compiled AdamW steps equal eager's."""
+    model, reference, optimizer, reference_optimizer, x, target, step, eager_step = _compiled_and_eager_mlp(
+        lambda params: torch.optim.AdamW(params, lr=0.05)
+    )
     for _ in range(3):
         step(x, target)
         eager_step(x, target)
@@ -439,25 +446,9 @@ def test_torch_compile_and_hloalias_compile_of_one_module_share_its_state() -> N
 
 def test_an_eager_evaluation_after_training_steps_sees_the_trained_weights() -> None:
     """Train with compiled steps, evaluate in eager without write_back()."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    reference.load_state_dict(model.state_dict())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    x, target = torch.randn(6, 4), torch.randn(6, 2)
-
-    def make_step(net: torch.nn.Module, opt: torch.optim.Optimizer):  # type: ignore[no-untyped-def]
-        def training_step(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            loss = torch.nn.functional.mse_loss(net(inputs), labels)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-        return training_step
-
-    step = hloalias.compile_training_step(make_step(model, optimizer), model, optimizer, (x, target))
-    eager_step = make_step(reference, reference_optimizer)
+    model, reference, optimizer, reference_optimizer, x, target, step, eager_step = _compiled_and_eager_mlp(
+        lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    )
     for _ in range(2):
         step(x, target)
         eager_step(x, target)
