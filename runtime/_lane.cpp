@@ -78,7 +78,7 @@ struct Output {
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
 // See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
-constexpr long kAbiVersion = 2;
+constexpr long kAbiVersion = 3;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
@@ -124,6 +124,8 @@ PyObject* s_arguments;
 PyObject* s_acquire;
 PyObject* s_release;
 PyObject* s_calls;
+PyObject* s_unreturned;
+PyObject* s_ran_results;
 
 bool intern(PyObject** slot, const char* text) {
   *slot = PyUnicode_InternFromString(text);
@@ -451,6 +453,12 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   // Python path reads it).
   PyObject* dispatch = refs.keep(PyObject_GetAttr(self->refs[PLAN], s_dispatch));
   if (dispatch == nullptr) return nullptr;
+  PyObject* unreturned = refs.keep(PyObject_GetAttr(dispatch, s_unreturned));
+  if (unreturned == nullptr) return nullptr;
+  if (!PyDict_Check(unreturned)) {
+    PyErr_SetString(PyExc_TypeError, "the dispatch's unreturned results are not a dict");
+    return nullptr;
+  }
   // jaxlib's fast-path function where the dispatch has one (`entry`,
   // called as `run` calls it), else `run`.
   PyObject* entry = PyObject_GetAttr(dispatch, s_entry);
@@ -507,9 +515,38 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     PyErr_Restore(type, value, traceback);
     return nullptr;
   };
+  // The results once the program ran.  A fast-path hit returns here with
+  // no signal check between (C calling C); an error out of the dispatch
+  // (KeyboardInterrupt inside jaxlib's cache-miss callback, after the
+  // execute) leaves them with the dispatch: SingleDeviceDispatch.ran_results
+  // says whether the program ran, and forgets them either way.
   PyObject* ran = results;
+  bool launched = results != nullptr;
+  if (launched) refs.keep(results);
+  if (launched && PyDict_GET_SIZE(unreturned) != 0) {
+    // A cache miss's results, now with the lane: forgotten without running
+    // Python (no point for an interrupt to land).
+    PyObject* thread = refs.keep(PyLong_FromUnsignedLong(PyThread_get_thread_ident()));
+    if (thread == nullptr || (PyDict_DelItem(unreturned, thread) < 0 && !PyErr_ExceptionMatches(PyExc_KeyError))) {
+      return settle(results);
+    }
+    PyErr_Clear();
+  }
+  if (!launched) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject* ran_args[] = {dispatch, Py_None};
+    PyObject* found = PyObject_VectorcallMethod(s_ran_results, ran_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    if (found == nullptr) {
+      PyErr_WriteUnraisable(dispatch);  // not raised over the call's error
+    } else if (found != Py_None && ran == nullptr) {
+      ran = refs.keep(found);
+      found = nullptr;
+    }
+    Py_XDECREF(found);
+    PyErr_Restore(type, value, traceback);
+  }
   if (results != nullptr) {
-    refs.keep(results);
     PyObject* wait_args[] = {dispatch, results};
     PyObject* waited = PyObject_VectorcallMethod(s_wait, wait_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
     // (`wait` is the dispatch's Waiter where it is native: called as it is.)
@@ -517,9 +554,16 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     Py_XDECREF(waited);
   }
   if (results == nullptr) {
-    // Not an execution error (KeyboardInterrupt in the wait): the program
-    // ran, so the call commits before the error leaves.
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return ran != nullptr ? settle(ran) : nullptr;
+    // The program ran and the error is not the execution's own (a
+    // KeyboardInterrupt, or any error out of the dispatch after the
+    // execute): the call commits before the error leaves.
+    bool interrupt = !PyErr_ExceptionMatches(PyExc_Exception);
+    if (ran != nullptr && (interrupt || !launched)) {
+      settle(ran);
+      if (interrupt) return nullptr;
+    } else if (interrupt) {
+      return nullptr;
+    }
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
     PyErr_NormalizeException(&type, &value, &traceback);
@@ -979,7 +1023,8 @@ PyMODINIT_FUNC PyInit__lane() {
       !intern(&s_run, "run") || !intern(&s_dispatch, "dispatch") || !intern(&s_entry, "entry") || !intern(&s_state_arrays, "state_arrays") ||
       !intern(&s_stored_array, "_array") || !intern(&s_is_ready, "is_ready") ||
       !intern(&s_block_until_ready, "block_until_ready") || !intern(&s_wait, "wait") || !intern(&s_arguments, "arguments") ||
-      !intern(&s_acquire, "acquire") || !intern(&s_release, "release") || !intern(&s_calls, "_calls")) {
+      !intern(&s_acquire, "acquire") || !intern(&s_release, "release") || !intern(&s_calls, "_calls") ||
+      !intern(&s_unreturned, "unreturned") || !intern(&s_ran_results, "ran_results")) {
     return nullptr;
   }
   LaneType.tp_name = "hloalias.runtime._lane.Lane";

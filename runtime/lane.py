@@ -37,7 +37,7 @@ _LANE_FALLBACK = object()
 #: The interface number of the ``Lane`` this file builds (its constructor's
 #: arguments, what it reads of the plan and the executable): runtime/_lane.cpp's
 #: ``kAbiVersion``.  Bump both together.
-_LANE_ABI_VERSION = 2
+_LANE_ABI_VERSION = 3
 
 _REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
 

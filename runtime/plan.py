@@ -293,7 +293,7 @@ class _CallPlan:
         self.kept = self.after + self.consumed
         self.host_results = exe.device.platform == "cpu"
         #: How the program runs: jaxlib's C++ dispatch where it has one.
-        self.dispatch = SingleDeviceDispatch(exe._loaded, exe.device)
+        self.dispatch = self.new_dispatch(exe)
         #: A program with no results and no donations has no effect on the
         #: device (every output is a view of an input or a constant): it is
         #: not run at all.
@@ -327,6 +327,12 @@ class _CallPlan:
                 recipes.append((index, rebuild))
             else:
                 self.input_views = tuple(recipes)
+
+    @staticmethod
+    def new_dispatch(exe: "Executable") -> SingleDeviceDispatch:
+        """A dispatch of ``exe``'s program (whose fast path has seen no call
+        yet), which knows its result types."""
+        return SingleDeviceDispatch(exe._loaded, exe.device, result_types=list(zip(exe._result_shapes, exe._result_dtypes)))
 
     def arguments(self, exe: "Executable", user_arrays: list[jax.Array]) -> list[jax.Array | None]:
         """The argument list in @main order: the state slots' current arrays
