@@ -25,6 +25,8 @@ and :func:`execution_failed` for the rest."""
 from __future__ import annotations
 
 import functools
+import itertools
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -113,14 +115,23 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
     # What commit reads of the pre-call arguments, taken before they run.
     kept: dict[int, Any] = {step.index: arrays[step.index] for step in plan.kept}
     dispatch = plan.dispatch
-    # The results, stored as the execute returns (SingleDeviceDispatch.launch):
+    # The results, stored as the execute returns (SingleDeviceDispatch's launch):
     # once the program ran (donated buffers are gone), an exception at any
     # point (KeyboardInterrupt included) finds them and commits before it
     # leaves, so the module state is the call's, never half of it (settle).
     ran: list[Sequence[jax.Array]] = []
     try:
-        dispatch.launch(arrays, ran)
+        # The launch of SingleDeviceDispatch's docstring.
+        if dispatch.unreturned:  # a launch interrupted earlier on this thread
+            dispatch.unreturned.pop(threading.get_ident(), None)
+        entry = dispatch.entry
+        if entry is not None:
+            ran.extend(itertools.starmap(entry, (arrays,)))
+        else:
+            ran.extend(map(dispatch.run, (arrays,)))
         outputs = ran[0]
+        if dispatch.unreturned:
+            dispatch.unreturned.pop(threading.get_ident(), None)
         try:
             # Zero-copy imports of caller tensors are read until the
             # program ends: return only then (the caller may write them next).

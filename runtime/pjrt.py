@@ -301,13 +301,19 @@ class SingleDeviceDispatch:
     signal handler (``KeyboardInterrupt``) only at its own checks (a
     Python function's entry and return, after a call from Python
     bytecode), never inside C code calling C code.  So every execute is
-    called from C code that stores what it returns before any such check:
-    :meth:`launch` appends the results to the caller's list, and
-    :meth:`_execute_sharded` (the cache-miss callback's and the slow path's
-    execute) keeps each step's value in :attr:`unreturned` under the
-    thread's id until :meth:`launch` (or the native lane) has them.  After
-    an exception out of a launch, :meth:`ran_results` says whether
-    the program ran, and with which results."""
+    called from C code that stores what it returns before any such check.
+    A caller launches the program so: it drops its thread's
+    :attr:`unreturned` entry if there is one (an earlier launch
+    interrupted), then appends the results to a list of its own from C
+    (``ran.extend(itertools.starmap(entry, (arrays,)))``, or
+    ``ran.extend(map(run, (arrays,)))`` when :attr:`entry` is None), then
+    drops the entry again (``execution.run_planned``; the native lane calls
+    :attr:`entry` from C and drops it from C).  :meth:`_execute_sharded`
+    (the cache-miss callback's and the slow path's execute) keeps each
+    step's value in :attr:`unreturned` under the thread's id until the
+    caller has them.  After an exception out of a launch,
+    :meth:`ran_results` says whether the program ran, and with which
+    results."""
 
     MAX_MISSES = 8
 
@@ -368,26 +374,8 @@ class SingleDeviceDispatch:
             result.block_until_ready()
         self._poll = time.perf_counter_ns() - start < self._spin
 
-    def launch(self, arrays: Sequence[jax.Array | None], ran: list[Sequence[jax.Array]]) -> None:
-        """Run the program on ``arrays`` (as :attr:`run`) and append its
-        results to ``ran``, stored by C code as the execute returns: an
-        exception raised from then on (``KeyboardInterrupt`` included)
-        finds them there, and one raised inside the execute's Python
-        callback after the program ran finds them through
-        :meth:`ran_results`."""
-        unreturned = self.unreturned
-        if unreturned:  # a launch interrupted earlier on this thread
-            unreturned.pop(threading.get_ident(), None)
-        entry = self.entry
-        if entry is not None:
-            ran.extend(itertools.starmap(entry, (arrays,)))
-        else:
-            ran.extend(map(self.run, (arrays,)))
-        if unreturned:
-            unreturned.pop(threading.get_ident(), None)
-
     def ran_results(self, ran: Sequence[Sequence[jax.Array]] | None) -> Sequence[jax.Array] | None:
-        """After an exception out of :meth:`launch` (``ran``: its list) or
+        """After an exception out of a launch (``ran``: its list) or
         out of the native lane's call of :attr:`entry` (None): the results
         of the program if it ran (its execute returned), else None.  The
         thread's :attr:`unreturned` entry is forgotten either way."""
