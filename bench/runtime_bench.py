@@ -341,6 +341,26 @@ def decode_step_rows(timed_calls: int) -> list[dict[str, Any]]:
              "times": times, "arguments": len(exe._arg_plan)}]
 
 
+DEVICE_TENSOR_CHAIN = "DeviceTensor chain (y = exe(hloalias.to_device(y)))"
+DEVICE_TENSOR_READY = "DeviceTensor made before the call (exe(d), d = hloalias.to_device(x) not timed)"
+
+
+def timed_with_setup(setup: Callable[[], Any], call: Callable[[Any], Any], count: int, rounds: int = 5) -> float:
+    """Median over ``rounds`` of the median seconds of ``call(setup())``,
+    only ``call`` timed."""
+    medians = []
+    for _ in range(rounds):
+        samples = []
+        for _ in range(max(1, count // rounds)):
+            value = setup()
+            start = time.perf_counter()
+            call(value)
+            samples.append(time.perf_counter() - start)
+            del value
+        medians.append(statistics.median(samples))
+    return statistics.median(medians)
+
+
 def latency_rows(timed_calls: int) -> list[dict[str, Any]]:
     """Per-call time of bench.latency's ``donate`` and ``sgd_mlp`` workloads
     (same configurations) with the inputs as bench.latency passes them (torch
@@ -357,9 +377,20 @@ def latency_rows(timed_calls: int) -> list[dict[str, Any]]:
     def donate_chain() -> None:
         chain["y"] = exe(chain["y"])  # a runtime-owned result, donated: XLA writes in place
 
+    device_chain = {"y": exe(x.clone())}
+
+    def device_tensor_chain() -> None:
+        # The DeviceTensor route: consumed on donation, so XLA writes its
+        # buffer in place; the upload of y is part of the step.
+        device_chain["y"] = exe(hloalias.to_device(device_chain["y"]))
+
     drivers = same_program_drivers(exe, {exe._user_indices[0]: x})
     times = interleaved({"torch input (as bench.latency)": lambda: exe(x),
-                         "device-owned input (y = exe(y))": donate_chain, **drivers}, timed_calls)
+                         "device-owned input (y = exe(y))": donate_chain,
+                         DEVICE_TENSOR_CHAIN: device_tensor_chain, **drivers}, timed_calls)
+    # The DeviceTensor made before each call, outside the timed region (as
+    # the peers' fresh device buffer): the call alone.
+    times[DEVICE_TENSOR_READY] = timed_with_setup(lambda: hloalias.to_device(x), exe, timed_calls)
     rows.append({"workload": f"donate ({donate.title.split(': ', 1)[1]})", "times": times})
     del exe, chain, drivers
     gc.collect()
@@ -724,6 +755,23 @@ def report(rows: list[dict[str, Any]], overhead: list[dict[str, Any]], latency: 
             f"| {row['workload']} | {torch_in * 1e3:.2f} | {device_in * 1e3:.2f} | {jax_same * 1e3:.2f} | "
             f"{raw * 1e3:.2f} | {device_in / jax_same:.2f}x |"
         )
+    donate_times = latency[0]["times"]
+    lines += [
+        "",
+        "### The donation chain, by route",
+        "",
+        "The donate workload above, each route to a donated input (same rounds; the last row times the call "
+        "alone). A donated torch tensor is never overwritten (issue 24 item 2: it is left as it was, "
+        "whatever its memory), so `y = exe(y)` gets a fresh 64 MiB output each call. A donated `DeviceTensor` "
+        "is consumed and XLA writes its buffer in place: the route to take for buffer reuse.",
+        "",
+        "| route | ms/call |",
+        "|---|---:|",
+    ]
+    for name in ("torch input (as bench.latency)", "device-owned input (y = exe(y))", DEVICE_TENSOR_CHAIN,
+                 DEVICE_TENSOR_READY, "jax.jit (same program)", "raw PJRT"):
+        if name in donate_times:
+            lines.append(f"| {name} | {donate_times[name] * 1e3:.2f} |")
     lines += [
         "",
         "## A second executable of the same module",

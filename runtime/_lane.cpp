@@ -4,10 +4,13 @@
 // _CallPlan) is of the common kind: every user input a plain torch CPU tensor,
 // read-only inputs imported zero-copy, written inputs backed by a runtime
 // buffer from an earlier call (so XLA writes them in place), mutated state
-// donated and written in place, every output a result of the program.  It does
-// what hloalias.runtime.execution.run_planned does for such a call, without the interpreter:
-// the per-call checks read the tensors' C++ metadata, and result tensors are
-// made over the runtime's buffers with torch's from_blob.
+// donated and written in place, every output a result of the program.  It
+// interprets the plan's step tables (runtime/plan.py, _NativeSteps: one step
+// per input, per check of the results, per commit and per output, with their
+// operands), so what a call does with each argument and result is decided
+// once, in the plan; this file knows what each kind of step does, without the
+// interpreter: the per-call checks read the tensors' C++ metadata, and result
+// tensors are made over the runtime's buffers with torch's from_blob.
 //
 // Contract (what keeps it exact):
 // - Before the program runs nothing is changed.  Any input or state the lane
@@ -51,10 +54,17 @@
 
 namespace {
 
+// The step tables' op codes: runtime/plan.py's, whose _NativeSteps builds
+// the tables (what a call does with each input, check, commit and output);
+// this file only knows what each step kind does.
+enum InputStep { IMPORT = 0, BACKED = 1 };
+enum CheckStep { WROTE_IN_PLACE = 0, TAKEN = 1 };
+enum CommitStep { SET_BACKING = 0, SET_SLOT = 1 };
+
 struct UserInput {
   PyObject* index;  // the @main argument index (a Python int): the key of exe._imports
   Py_ssize_t argument;  // the same index: the input's position in the argument list
-  bool in_place;    // false: read-only, imported zero-copy
+  bool in_place;    // BACKED: written in place into its runtime buffer; else IMPORT (read-only, zero-copy)
   bool written;     // eager's refusals for in-place writes apply
   at::ScalarType dtype;
   std::vector<int64_t> shape;
@@ -62,10 +72,20 @@ struct UserInput {
   Py_ssize_t result;  // in_place: the result XLA writes into its buffer
 };
 
-struct MutatedState {
+// After the program ran: is this the usual result (else the Python commit)?
+struct Check {
+  int step;  // CheckStep
+  Py_ssize_t argument;
+  Py_ssize_t result;  // WROTE_IN_PLACE: the result at the input's address
+  Py_ssize_t user;    // WROTE_IN_PLACE: the user input's position
+};
+
+struct Commit {
+  int step;  // CommitStep
   Py_ssize_t argument;
   Py_ssize_t result;
-  PyObject* slot;
+  Py_ssize_t user;  // SET_BACKING: the user input whose runtime buffer takes the result
+  PyObject* slot;   // SET_SLOT: the state slot (owned through Lane::held)
 };
 
 struct Output {
@@ -78,7 +98,7 @@ struct Output {
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
 // See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
-constexpr long kAbiVersion = 2;
+constexpr long kAbiVersion = 4;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
@@ -92,7 +112,8 @@ struct Lane {
   PyObject* refs[NREFS];
   std::vector<UserInput>* users;
   std::vector<std::pair<Py_ssize_t, Py_ssize_t>>* pairs;
-  std::vector<MutatedState>* state;
+  std::vector<Check>* checks;
+  std::vector<Commit>* commits;
   std::vector<Output>* outputs;
   std::vector<Py_ssize_t>* donated_state;  // argument positions of donated state
   std::vector<PyObject*>* kept;  // Python ints: the arguments whose pre-call arrays the commit reads
@@ -124,6 +145,8 @@ PyObject* s_arguments;
 PyObject* s_acquire;
 PyObject* s_release;
 PyObject* s_calls;
+PyObject* s_unreturned;
+PyObject* s_ran_results;
 
 bool intern(PyObject** slot, const char* text) {
   *slot = PyUnicode_InternFromString(text);
@@ -451,6 +474,12 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   // Python path reads it).
   PyObject* dispatch = refs.keep(PyObject_GetAttr(self->refs[PLAN], s_dispatch));
   if (dispatch == nullptr) return nullptr;
+  PyObject* unreturned = refs.keep(PyObject_GetAttr(dispatch, s_unreturned));
+  if (unreturned == nullptr) return nullptr;
+  if (!PyDict_Check(unreturned)) {
+    PyErr_SetString(PyExc_TypeError, "the dispatch's unreturned results are not a dict");
+    return nullptr;
+  }
   // jaxlib's fast-path function where the dispatch has one (`entry`,
   // called as `run` calls it), else `run`.
   PyObject* entry = PyObject_GetAttr(dispatch, s_entry);
@@ -507,9 +536,38 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     PyErr_Restore(type, value, traceback);
     return nullptr;
   };
+  // The results once the program ran.  A fast-path hit returns here with
+  // no signal check between (C calling C); an error out of the dispatch
+  // (KeyboardInterrupt inside jaxlib's cache-miss callback, after the
+  // execute) leaves them with the dispatch: SingleDeviceDispatch.ran_results
+  // says whether the program ran, and forgets them either way.
   PyObject* ran = results;
+  bool launched = results != nullptr;
+  if (launched) refs.keep(results);
+  if (launched && PyDict_GET_SIZE(unreturned) != 0) {
+    // A cache miss's results, now with the lane: forgotten without running
+    // Python (no point for an interrupt to land).
+    PyObject* thread = refs.keep(PyLong_FromUnsignedLong(PyThread_get_thread_ident()));
+    if (thread == nullptr || (PyDict_DelItem(unreturned, thread) < 0 && !PyErr_ExceptionMatches(PyExc_KeyError))) {
+      return settle(results);
+    }
+    PyErr_Clear();
+  }
+  if (!launched) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject* ran_args[] = {dispatch, Py_None};
+    PyObject* found = PyObject_VectorcallMethod(s_ran_results, ran_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    if (found == nullptr) {
+      PyErr_WriteUnraisable(dispatch);  // not raised over the call's error
+    } else if (found != Py_None && ran == nullptr) {
+      ran = refs.keep(found);
+      found = nullptr;
+    }
+    Py_XDECREF(found);
+    PyErr_Restore(type, value, traceback);
+  }
   if (results != nullptr) {
-    refs.keep(results);
     PyObject* wait_args[] = {dispatch, results};
     PyObject* waited = PyObject_VectorcallMethod(s_wait, wait_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
     // (`wait` is the dispatch's Waiter where it is native: called as it is.)
@@ -517,9 +575,16 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     Py_XDECREF(waited);
   }
   if (results == nullptr) {
-    // Not an execution error (KeyboardInterrupt in the wait): the program
-    // ran, so the call commits before the error leaves.
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return ran != nullptr ? settle(ran) : nullptr;
+    // The program ran and the error is not the execution's own (a
+    // KeyboardInterrupt, or any error out of the dispatch after the
+    // execute): the call commits before the error leaves.
+    bool interrupt = !PyErr_ExceptionMatches(PyExc_Exception);
+    if (ran != nullptr && (interrupt || !launched)) {
+      settle(ran);
+      if (interrupt) return nullptr;
+    } else if (interrupt) {
+      return nullptr;
+    }
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
     PyErr_NormalizeException(&type, &value, &traceback);
@@ -544,24 +609,20 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject* new_calls = refs.keep(PyLong_FromLongLong(calls + 1));
   if (new_calls == nullptr || PyObject_SetAttr(self->refs[EXE], s_calls, new_calls) < 0) return settle(results_fast);
 
-  // The usual results?  Written inputs written in place (their donated
-  // buffer gone, the result at its address), mutated state's old buffer gone.
+  // The usual results?  The plan's check steps, in order.
   bool usual = true;
-  for (size_t j = 0; j < users.size() && usual; ++j) {
-    const UserInput& input = users[j];
-    if (!input.in_place) continue;
-    if (input.result >= result_count) return settle(results_fast);
-    int deleted = is_deleted(PyList_GET_ITEM(arrays, input.argument));
-    if (deleted < 0) return settle(results_fast);
-    uintptr_t address = buffer_address(result[input.result]);
-    if (PyErr_Occurred()) return settle(results_fast);
-    usual = deleted && address == addresses[j];
-  }
-  for (const MutatedState& state : *self->state) {
+  for (const Check& check : *self->checks) {
     if (!usual) break;
-    int deleted = is_deleted(PyList_GET_ITEM(arrays, state.argument));
+    if (check.argument >= PyList_GET_SIZE(arrays)) return settle(results_fast);
+    int deleted = is_deleted(PyList_GET_ITEM(arrays, check.argument));
     if (deleted < 0) return settle(results_fast);
-    usual = deleted;
+    usual = deleted != 0;
+    if (usual && check.step == WROTE_IN_PLACE) {
+      if (check.result >= result_count) return settle(results_fast);
+      uintptr_t address = buffer_address(result[check.result]);
+      if (PyErr_Occurred()) return settle(results_fast);
+      usual = address == addresses[check.user];
+    }
   }
   if (!usual) {
     // execution.finish_planned, with what run_planned would pass.
@@ -570,18 +631,23 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     return done != nullptr ? done : settle(results_fast);
   }
 
-  // Commit (nothing below fails on valid inputs).
-  for (size_t j = 0; j < users.size(); ++j) {
-    if (backings[j] != nullptr && PyObject_SetAttr(backings[j], s_array, result[users[j].result]) < 0) return settle(results_fast);
-  }
-  for (const MutatedState& state : *self->state) {
-    if (state.result >= result_count) return settle(results_fast);
-    if (PyObject_SetAttr(state.slot, s_array, result[state.result]) < 0 ||
-        PyObject_SetAttr(state.slot, s_consumed_by, Py_None) < 0) {
-      return settle(results_fast);
+  // Commit: the plan's commit steps, in order (nothing fails on valid inputs).
+  bool slots_set = false;
+  for (const Commit& commit : *self->commits) {
+    if (commit.result >= result_count) return settle(results_fast);
+    PyObject* value = result[commit.result];
+    if (commit.step == SET_BACKING) {
+      if (backings[commit.user] == nullptr || PyObject_SetAttr(backings[commit.user], s_array, value) < 0) {
+        return settle(results_fast);
+      }
+    } else {
+      if (PyObject_SetAttr(commit.slot, s_array, value) < 0 || PyObject_SetAttr(commit.slot, s_consumed_by, Py_None) < 0) {
+        return settle(results_fast);
+      }
+      slots_set = true;
     }
   }
-  if (self->refill && !self->state->empty()) {
+  if (self->refill && slots_set) {
     // Setting a slot's array dropped the plan's cached list (_StateSlot's
     // readers).  Under the lock the other state arrays are the ones this
     // call read, so the plan's list is this call's with each new buffer in
@@ -590,15 +656,20 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     PyObject* state_arrays = refs.keep(PyList_GetSlice(arrays, 0, self->state_count));
     if (state_arrays == nullptr) return settle(results_fast);
     bool same = true;
-    for (const MutatedState& state : *self->state) {
-      PyObject* stored = PyObject_GetAttr(state.slot, s_stored_array);
+    for (const Commit& commit : *self->commits) {
+      if (commit.step != SET_SLOT) continue;
+      if (commit.argument >= self->state_count) {
+        same = false;
+        break;
+      }
+      PyObject* stored = PyObject_GetAttr(commit.slot, s_stored_array);
       if (stored == nullptr) return settle(results_fast);
-      same = stored == result[state.result];
+      same = stored == result[commit.result];
       if (!same) {
         Py_DECREF(stored);
         break;
       }
-      PyList_SetItem(state_arrays, state.argument, stored);  // steals
+      PyList_SetItem(state_arrays, commit.argument, stored);  // steals
     }
     if (same && PyObject_SetAttr(self->refs[PLAN], s_state_arrays, state_arrays) < 0) return settle(results_fast);
   }
@@ -641,17 +712,18 @@ PyObject* lane_call(Lane* self, PyObject* args, PyObject* kwargs) {
   }
 }
 
-// Lane(exe, plan, users, pairs, state, donated_state, outputs, kept, mode, refill, state_count, unflatten,
-//      lock, imports, backings, sweep_at, host_backing, register_backing,
-//      import_input, finish, failed, settle, fallback); see hloalias.runtime.lane._native_lane.
+// Lane(exe, plan, inputs, pairs, checks, commits, donated_state, outputs, kept, mode, refill, state_count,
+//      unflatten, lock, imports, backings, sweep_at, host_backing, register_backing,
+//      import_input, finish, failed, settle, fallback): the step tables are runtime/plan.py's
+//      _NativeSteps; see hloalias.runtime.lane._native_lane.
 int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
-  PyObject *exe, *plan, *users, *pairs, *state, *donated, *outputs, *kept, *unflatten, *lock, *imports, *backings,
-      *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle, *fallback;
+  PyObject *exe, *plan, *users, *pairs, *checks, *commits, *donated, *outputs, *kept, *unflatten, *lock, *imports,
+      *backings, *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle, *fallback;
   int mode, refill;
   Py_ssize_t state_count;
-  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!ipnOOO!O!O!OOOOOOO", &exe, &plan, &PyTuple_Type, &users,
-                        &PyTuple_Type, &pairs, &PyTuple_Type, &state, &PyTuple_Type, &donated, &PyTuple_Type,
-                        &outputs, &PyTuple_Type, &kept,
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOO", &exe, &plan, &PyTuple_Type, &users,
+                        &PyTuple_Type, &pairs, &PyTuple_Type, &checks, &PyTuple_Type, &commits, &PyTuple_Type,
+                        &donated, &PyTuple_Type, &outputs, &PyTuple_Type, &kept,
                         &mode, &refill, &state_count, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
                         &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &settle, &fallback)) {
     return -1;
@@ -695,19 +767,24 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   };
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(users); ++i) {
     PyObject *index, *dtype, *shape;
-    int in_place, written;
+    int step, written;
     long long nbytes;
     Py_ssize_t result;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(users, i), "O!ppOOLn", &PyLong_Type, &index, &in_place, &written, &dtype,
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(users, i), "O!ipOOLn", &PyLong_Type, &index, &step, &written, &dtype,
                           &shape, &nbytes, &result)) {
       return -1;
     }
+    if (step != IMPORT && step != BACKED) {
+      PyErr_SetString(PyExc_ValueError, "Lane: an unknown input step");
+      return -1;
+    }
+    bool in_place = step == BACKED;
     Py_ssize_t argument = PyLong_AsSsize_t(index);
     if (argument < 0) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Lane: a negative argument index");
       return -1;
     }
-    UserInput input{hold(index), argument, in_place != 0, written != 0, at::ScalarType::Undefined, {}, nbytes, result};
+    UserInput input{hold(index), argument, in_place, written != 0, at::ScalarType::Undefined, {}, nbytes, result};
     if (!dtype_of(dtype, input.dtype) || !shape_of(shape, input.shape)) return -1;
     self->users->push_back(std::move(input));
   }
@@ -721,11 +798,42 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
     }
     self->pairs->emplace_back(first, second);
   }
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(state); ++i) {
+  Py_ssize_t user_count = static_cast<Py_ssize_t>(self->users->size());
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(checks); ++i) {
+    int step;
+    Py_ssize_t argument, result, user;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(checks, i), "innn", &step, &argument, &result, &user)) return -1;
+    if ((step != WROTE_IN_PLACE && step != TAKEN) || argument < 0 ||
+        (step == WROTE_IN_PLACE && (result < 0 || user < 0 || user >= user_count))) {
+      PyErr_SetString(PyExc_ValueError, "Lane: a malformed check step");
+      return -1;
+    }
+    self->checks->push_back({step, argument, result, user});
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(commits); ++i) {
+    int step;
     Py_ssize_t argument, result;
-    PyObject* slot;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(state, i), "nnO", &argument, &result, &slot)) return -1;
-    self->state->push_back({argument, result, hold(slot)});
+    PyObject* target;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(commits, i), "innO", &step, &argument, &result, &target)) return -1;
+    Commit commit{step, argument, result, -1, nullptr};
+    if (step == SET_BACKING) {
+      commit.user = PyLong_Check(target) ? PyLong_AsSsize_t(target) : -1;
+      if (commit.user < 0 || commit.user >= user_count) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "Lane: a SET_BACKING step names no user input");
+        return -1;
+      }
+    } else if (step == SET_SLOT) {
+      commit.slot = hold(target);
+    } else {
+      PyErr_SetString(PyExc_ValueError, "Lane: an unknown commit step");
+      return -1;
+    }
+    if (argument < 0 || result < 0) {
+      PyErr_SetString(PyExc_ValueError, "Lane: a negative position in a commit step");
+      return -1;
+    }
+    self->commits->push_back(commit);
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(donated); ++i) {
     Py_ssize_t argument = PyLong_AsSsize_t(PyTuple_GET_ITEM(donated, i));
@@ -766,7 +874,8 @@ PyObject* lane_new(PyTypeObject* type, PyObject*, PyObject*) {
   for (auto& ref : self->refs) ref = nullptr;
   self->users = new std::vector<UserInput>();
   self->pairs = new std::vector<std::pair<Py_ssize_t, Py_ssize_t>>();
-  self->state = new std::vector<MutatedState>();
+  self->checks = new std::vector<Check>();
+  self->commits = new std::vector<Commit>();
   self->outputs = new std::vector<Output>();
   self->kept = new std::vector<PyObject*>();
   self->donated_state = new std::vector<Py_ssize_t>();
@@ -789,7 +898,8 @@ int lane_clear(Lane* self) {
   std::vector<PyObject*> held;
   held.swap(*self->held);
   self->users->clear();
-  self->state->clear();
+  self->checks->clear();
+  self->commits->clear();
   self->outputs->clear();
   self->kept->clear();
   self->donated_state->clear();
@@ -802,7 +912,8 @@ void lane_dealloc(Lane* self) {
   lane_clear(self);
   delete self->users;
   delete self->pairs;
-  delete self->state;
+  delete self->checks;
+  delete self->commits;
   delete self->outputs;
   delete self->kept;
   delete self->donated_state;
@@ -979,7 +1090,8 @@ PyMODINIT_FUNC PyInit__lane() {
       !intern(&s_run, "run") || !intern(&s_dispatch, "dispatch") || !intern(&s_entry, "entry") || !intern(&s_state_arrays, "state_arrays") ||
       !intern(&s_stored_array, "_array") || !intern(&s_is_ready, "is_ready") ||
       !intern(&s_block_until_ready, "block_until_ready") || !intern(&s_wait, "wait") || !intern(&s_arguments, "arguments") ||
-      !intern(&s_acquire, "acquire") || !intern(&s_release, "release") || !intern(&s_calls, "_calls")) {
+      !intern(&s_acquire, "acquire") || !intern(&s_release, "release") || !intern(&s_calls, "_calls") ||
+      !intern(&s_unreturned, "unreturned") || !intern(&s_ran_results, "ran_results")) {
     return nullptr;
   }
   LaneType.tp_name = "hloalias.runtime._lane.Lane";

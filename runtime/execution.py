@@ -25,6 +25,8 @@ and :func:`execution_failed` for the rest."""
 from __future__ import annotations
 
 import functools
+import itertools
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -110,31 +112,47 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
         # A tie takes two donors; a consumed donor fails in the
         # dispatch below, whose error path names it.
         _check_donated_state(exe, plan)
-    try:
-        outputs = plan.dispatch.run(arrays)
-    except Exception as error:
-        execution_failed(exe, plan, error)
-    # The program ran (donated buffers are gone): from here on, any
-    # exception (KeyboardInterrupt included) commits before it leaves,
-    # so the module state is the call's, never half of it (settle).
+    # What commit reads of the pre-call arguments, taken before they run.
     kept: dict[int, Any] = {step.index: arrays[step.index] for step in plan.kept}
+    dispatch = plan.dispatch
+    # The results, stored as the execute returns (SingleDeviceDispatch's launch):
+    # once the program ran (donated buffers are gone), an exception at any
+    # point (KeyboardInterrupt included) finds them and commits before it
+    # leaves, so the module state is the call's, never half of it (settle).
+    ran: list[Sequence[jax.Array]] = []
     try:
+        # The launch of SingleDeviceDispatch's docstring.
+        if dispatch.unreturned:  # a launch interrupted earlier on this thread
+            dispatch.unreturned.pop(threading.get_ident(), None)
+        entry = dispatch.entry
+        if entry is not None:
+            ran.extend(itertools.starmap(entry, (arrays,)))
+        else:
+            ran.extend(map(dispatch.run, (arrays,)))
+        outputs = ran[0]
+        if dispatch.unreturned:
+            dispatch.unreturned.pop(threading.get_ident(), None)
         try:
             # Zero-copy imports of caller tensors are read until the
             # program ends: return only then (the caller may write them next).
-            plan.dispatch.wait(outputs)
+            dispatch.wait(outputs)
         except Exception as error:
             execution_failed(exe, plan, error)
         exe._calls += 1
         # Dropping the list drops the zero-copy imports of caller tensors
         # (they hold a reference to the caller's storage, which would
         # block re-seating); ``kept`` holds what commit reads.
-        del arrays
+        arrays = []
         return finish_planned(exe, plan, inputs, bases, backings, reseatable, kept, outputs)
     except (ExecutionError, DonatedBufferError):
         raise
-    except BaseException:
-        settle(exe, plan, inputs, bases, backings, reseatable, kept, outputs)
+    except BaseException as error:
+        arrays = []
+        ran_outputs = dispatch.ran_results(ran)
+        if ran_outputs is not None:
+            settle(exe, plan, inputs, bases, backings, reseatable, kept, ran_outputs)
+        if isinstance(error, Exception):  # not an interrupt: the execution's error, in words
+            execution_failed(exe, plan, error)
         raise
 
 

@@ -42,6 +42,10 @@ buffer_to_dlpack: Any = None
 pjit: Any = None
 tree_util: Any = None
 pxla: Any = None
+#: ``array_result_handler(aval, sharding, committed=, _skip_checks=)``: a
+#: C++ result handler, so ``ExecuteResults.consume_with_handlers`` makes the
+#: result arrays without calling back into Python (pjrt.SingleDeviceDispatch).
+array_result_handler: Any = getattr(xla_client, "array_result_handler", None)
 try:
     from jax._src.lib import _jax as _jaxlib_ext
 
@@ -67,7 +71,7 @@ if JAXLIB_VERSION != TESTED_JAXLIB:
     missing = [
         name for name, value in (
             ("dlpack_managed_tensor_to_buffer", dlpack_to_buffer), ("buffer_to_dlpack_managed_tensor", buffer_to_dlpack),
-            ("pjit fast path", pjit),
+            ("pjit fast path", pjit), ("array_result_handler", array_result_handler),
         ) if value is None
     ]
     warnings.warn(
@@ -77,6 +81,6 @@ if JAXLIB_VERSION != TESTED_JAXLIB:
     )
 
 __all__ = [
-    "JAXLIB_VERSION", "TESTED_JAXLIB", "buffer_to_dlpack", "dlpack_to_buffer", "jax_distributed", "pjit", "pxla",
+    "JAXLIB_VERSION", "TESTED_JAXLIB", "array_result_handler", "buffer_to_dlpack", "dlpack_to_buffer", "jax_distributed", "pjit", "pxla",
     "sharding_impls", "tree_util", "xla_bridge", "xla_client",
 ]

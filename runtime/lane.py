@@ -21,7 +21,7 @@ import torch.utils._pytree as pytree
 from hloalias.runtime import execution
 from hloalias.runtime.ownership import _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking, _register_backing
 from hloalias.runtime.pjrt import native_enabled
-from hloalias.runtime.plan import _CallPlan
+from hloalias.runtime.plan import UNFLATTEN, _CallPlan, _NativeSteps
 
 if TYPE_CHECKING:
     from hloalias.runtime.executable import Executable
@@ -37,7 +37,7 @@ _LANE_FALLBACK = object()
 #: The interface number of the ``Lane`` this file builds (its constructor's
 #: arguments, what it reads of the plan and the executable): runtime/_lane.cpp's
 #: ``kAbiVersion``.  Bump both together.
-_LANE_ABI_VERSION = 2
+_LANE_ABI_VERSION = 4
 
 _REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
 
@@ -111,32 +111,15 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
     refusal = _lane_refusal(exe, plan)
     if refusal is not None or plan is None or _lane is None:
         return None, refusal
-    user_position = {index: position for position, index in enumerate(exe._user_indices)}
-    users = tuple(
-        (
-            step.index, step.in_place is not None, step.index in exe._written_in_place, step.dtype,
-            tuple(step.shape), exe._input_nbytes[step.index], step.in_place if step.in_place is not None else -1,
-        )
-        for step in plan.user_steps
-    )
-    state = tuple(
-        (step.index, step.mutated, step.slot) for step in plan.after if step.slot is not None and step.mutated is not None
-    )
-    if exe._single_output:
-        mode, unflatten = 0, None
-    elif exe._flat_outputs:
-        mode, unflatten = 1, None
-    else:
+    steps = _NativeSteps.of(exe, plan)
+    unflatten = None
+    if steps.mode == UNFLATTEN:
         spec = exe._signature.out_spec
-        mode, unflatten = 2, (lambda flat: pytree.tree_unflatten(flat, spec))
+        unflatten = lambda flat: pytree.tree_unflatten(flat, spec)  # noqa: E731
     try:
         lane = _lane.Lane(
-            exe, plan, users,
-            tuple((user_position[first], user_position[second]) for first, second in exe._write_pairs),
-            state, tuple(step.index for step in plan.donated_state),
-            tuple((result.position, result.dtype, tuple(result.shape), result.nbytes) for result in plan.outputs),
-            tuple(step.index for step in plan.kept), mode,
-            len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots), unflatten,
+            exe, plan, steps.inputs, steps.pairs, steps.checks, steps.commits, steps.donated_state, steps.outputs,
+            steps.kept, steps.mode, steps.refill, steps.state_count, unflatten,
             exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
             _register_backing, functools.partial(execution.import_input, exe),
             functools.partial(execution.finish_planned, exe), functools.partial(execution.execution_failed, exe),

@@ -8,7 +8,10 @@ and are stripped before serialization."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +42,7 @@ from hloalias.mlir import (
 )
 from hloalias.repro import write_repro
 from hloalias.runtime import disk_cache
+from hloalias.runtime.jaxlib_private import array_result_handler as _array_result_handler
 from hloalias.runtime.jaxlib_private import buffer_to_dlpack as _buffer_to_dlpack
 from hloalias.runtime.jaxlib_private import dlpack_to_buffer as _dlpack_to_buffer
 from hloalias.runtime.jaxlib_private import pjit as _jax_pjit
@@ -290,13 +294,35 @@ class SingleDeviceDispatch:
     method, as tests substitute).  ``spin_ns`` is the poll bound of
     :meth:`_wait` (default :data:`READY_SPIN_NS`): a test sets it to 0 (no
     wait is ever in time) or to hours (every wait is), so what it checks
-    does not depend on how long the program took on a loaded machine."""
+    does not depend on how long the program took on a loaded machine.
+
+    Results are never lost to an interrupt (the transaction of
+    ``runtime/execution.py`` rests on it): the interpreter runs a pending
+    signal handler (``KeyboardInterrupt``) only at its own checks (a
+    Python function's entry and return, after a call from Python
+    bytecode), never inside C code calling C code.  So every execute is
+    called from C code that stores what it returns before any such check.
+    A caller launches the program so: it drops its thread's
+    :attr:`unreturned` entry if there is one (an earlier launch
+    interrupted), then appends the results to a list of its own from C
+    (``ran.extend(itertools.starmap(entry, (arrays,)))``, or
+    ``ran.extend(map(run, (arrays,)))`` when :attr:`entry` is None), then
+    drops the entry again (``execution.run_planned``; the native lane calls
+    :attr:`entry` from C and drops it from C).  :meth:`_execute_sharded`
+    (the cache-miss callback's and the slow path's execute) keeps each
+    step's value in :attr:`unreturned` under the thread's id until the
+    caller has them.  After an exception out of a launch,
+    :meth:`ran_results` says whether the program ran, and with which
+    results."""
 
     MAX_MISSES = 8
 
-    __slots__ = ("run", "entry", "wait", "_loaded", "_sharding", "_misses", "_poll", "_spin")
+    __slots__ = ("run", "entry", "wait", "unreturned", "_loaded", "_sharding", "_consume", "_misses", "_poll", "_spin")
 
-    def __init__(self, loaded: Any, device: Any, *, fast: bool = True, spin_ns: int | None = None) -> None:
+    def __init__(
+        self, loaded: Any, device: Any, *, fast: bool = True, spin_ns: int | None = None,
+        result_types: Sequence[tuple[tuple[int, ...], torch.dtype | None]] | None = None,
+    ) -> None:
         self._loaded = loaded
         self._misses = 0
         self._poll = True
@@ -308,6 +334,16 @@ class SingleDeviceDispatch:
             NativeWaiter(self._spin) if NativeWaiter is not None and native_enabled() else self._wait
         )
         self._sharding = jax.sharding.SingleDeviceSharding(device)
+        #: What an execute of :meth:`_execute_sharded` returned and its
+        #: caller has not yet received, by thread id (see the class's
+        #: docstring); empty between calls.
+        self.unreturned: dict[int, Any] = {}
+        #: ExecuteResults -> the result arrays: with C++ result handlers
+        #: where ``result_types`` (each result's shape and dtype, the
+        #: program's own) are known, so no Python runs between the
+        #: execute and the stored arrays; else jaxlib's disassembly, which
+        #: calls back into Python for each result's sharding.
+        self._consume: Callable[[Any], list[Any]] = _result_consumer(loaded, self._sharding, result_types)
         #: ``run(arrays)``: the results of one execution, in order.
         self.run: Callable[[Sequence[jax.Array | None]], Sequence[jax.Array]] = self._execute_sharded
         call = self._fast_call() if fast else None
@@ -338,9 +374,31 @@ class SingleDeviceDispatch:
             result.block_until_ready()
         self._poll = time.perf_counter_ns() - start < self._spin
 
+    def ran_results(self, ran: Sequence[Sequence[jax.Array]] | None) -> Sequence[jax.Array] | None:
+        """After an exception out of a launch (``ran``: its list) or
+        out of the native lane's call of :attr:`entry` (None): the results
+        of the program if it ran (its execute returned), else None.  The
+        thread's :attr:`unreturned` entry is forgotten either way."""
+        found = self.unreturned.pop(threading.get_ident(), None) if self.unreturned else None
+        if ran:
+            return ran[0]
+        if found is None:
+            return None
+        if not isinstance(found, list):  # the execute's results, not made arrays yet
+            try:
+                found = self._consume(found)
+            except Exception:  # noqa: BLE001 - nothing to recover: the caller raises its error
+                return None
+        return _single_device_arrays(found)
+
     def _execute_sharded(self, arrays: Sequence[jax.Array | None]) -> list[jax.Array]:
-        results = self._loaded.execute_sharded(list(arrays))
-        return [shards[0] for shards in results.disassemble_into_single_device_arrays()]
+        # Each step's value is stored by C code (zip, map, dict.update) as
+        # the call making it returns: no signal check between.
+        key = (threading.get_ident(),)
+        unreturned = self.unreturned
+        unreturned.update(zip(key, map(self._loaded.execute_sharded, (list(arrays),))))
+        unreturned.update(zip(key, map(self._consume, (unreturned[key[0]],))))
+        return _single_device_arrays(unreturned[key[0]])
 
     def _execute_positional(self, *arrays: Any) -> tuple[jax.Array, ...]:
         return tuple(self._execute_sharded(arrays))
@@ -377,6 +435,52 @@ class SingleDeviceDispatch:
         )
         return results, entry, False
 
+
+_DISASSEMBLE = operator.methodcaller("disassemble_into_single_device_arrays")
+
+#: numpy's dtype of each torch dtype a result can have (the result handlers' avals).
+_NUMPY_DTYPES: dict[torch.dtype, Any] = {
+    torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16,
+    torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
+    torch.uint8: np.uint8, torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64,
+    torch.bool: np.bool_, torch.complex64: np.complex64, torch.complex128: np.complex128,
+}
+
+
+def _result_consumer(
+    loaded: Any, sharding: Any, result_types: Sequence[tuple[tuple[int, ...], torch.dtype | None]] | None,
+) -> Callable[[Any], list[Any]]:
+    """``ExecuteResults -> arrays`` for ``loaded`` (see
+    ``SingleDeviceDispatch._consume``): ``consume_with_handlers`` with one
+    C++ handler per result when every result's type is known and their
+    number is the executable's, else jaxlib's disassembly."""
+    if result_types is None or _array_result_handler is None:
+        return _DISASSEMBLE
+    try:
+        import ml_dtypes
+
+        numpy_dtypes = {**_NUMPY_DTYPES, torch.bfloat16: ml_dtypes.bfloat16}
+        kinds = loaded.get_output_memory_kinds()
+        if len(kinds) != 1 or len(kinds[0]) != len(result_types):
+            return _DISASSEMBLE
+        handlers = []
+        for shape, dtype in result_types:
+            if dtype not in numpy_dtypes:
+                return _DISASSEMBLE
+            aval = jax.core.ShapedArray(tuple(shape), numpy_dtypes[dtype])
+            # The program's own result types: no check is needed (nor made per call).
+            handlers.append(_array_result_handler(aval, sharding, committed=True, _skip_checks=True))
+    except Exception:  # noqa: BLE001 - another jaxlib's handlers: its disassembly serves
+        return _DISASSEMBLE
+    return operator.methodcaller("consume_with_handlers", handlers)
+
+
+def _single_device_arrays(found: list[Any]) -> list[jax.Array]:
+    """The result arrays of a single-device execute, from either form the
+    consumer gives (a list of arrays, or of one-shard lists)."""
+    if found and isinstance(found[0], list):
+        return [shards[0] for shards in found]
+    return found
 
 #: How long a wait polls a result before it blocks, in ns.
 READY_SPIN_NS = 100_000

@@ -293,7 +293,7 @@ class _CallPlan:
         self.kept = self.after + self.consumed
         self.host_results = exe.device.platform == "cpu"
         #: How the program runs: jaxlib's C++ dispatch where it has one.
-        self.dispatch = SingleDeviceDispatch(exe._loaded, exe.device)
+        self.dispatch = self.new_dispatch(exe)
         #: A program with no results and no donations has no effect on the
         #: device (every output is a view of an input or a constant): it is
         #: not run at all.
@@ -328,6 +328,12 @@ class _CallPlan:
             else:
                 self.input_views = tuple(recipes)
 
+    @staticmethod
+    def new_dispatch(exe: "Executable") -> SingleDeviceDispatch:
+        """A dispatch of ``exe``'s program (whose fast path has seen no call
+        yet), which knows its result types."""
+        return SingleDeviceDispatch(exe._loaded, exe.device, result_types=list(zip(exe._result_shapes, exe._result_dtypes)))
+
     def arguments(self, exe: "Executable", user_arrays: list[jax.Array]) -> list[jax.Array | None]:
         """The argument list in @main order: the state slots' current arrays
         (None where a slot's buffer was consumed; a copy in this program's
@@ -349,6 +355,92 @@ class _CallPlan:
         for position, step in enumerate(self.steps):
             arrays[position] = next(state_values) if step.slot is not None else next(user_values)
         return arrays
+
+
+# -- the native lane's step tables ---------------------------------------------------------
+
+#: Input steps (``_NativeSteps.inputs``): how a user input becomes an argument.
+IMPORT = 0  #: read only: the zero-copy import (``execution.import_input``)
+BACKED = 1  #: written in place: the runtime buffer behind the whole tensor (``ownership._backing_of``)
+#: Check steps (``_NativeSteps.checks``), after the program ran: the call's
+#: results are the usual ones, else the Python commit (``execution.finish_planned``) takes them.
+WROTE_IN_PLACE = 0  #: the argument's buffer was taken and the result sits at the input's address
+TAKEN = 1  #: the argument's buffer was taken (XLA wrote the new value into it)
+#: Commit steps (``_NativeSteps.commits``), done in order.
+SET_BACKING = 0  #: the input's runtime buffer holds the result (``HostBacking.array``)
+SET_SLOT = 1  #: the state slot holds the result, not consumed (``_StateSlot.array``)
+#: How the outputs are structured (``_NativeSteps.mode``).
+SINGLE, TUPLE, UNFLATTEN = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _NativeSteps:
+    """A plan's call as step tables, the data the native lane
+    (runtime/_lane.cpp) interprets: which step it takes for each input,
+    each check of the results, each commit and each output, with their
+    operands (argument and result positions, user positions, slots).
+    Built once from the same :class:`_ArgStep` and :class:`_ResultStep`
+    facts the Python path reads, so a change to what a call does with an
+    argument or result is made here, in the plan; the lane only knows
+    what each step kind does.  The op codes above are the lane's
+    (``ABI_VERSION`` numbers them with the constructor)."""
+
+    #: (argument index, step: IMPORT/BACKED, eager's write refusals apply,
+    #: dtype, shape, bytes, the result written into a BACKED buffer or -1).
+    inputs: tuple[tuple[int, int, bool, torch.dtype, tuple[int, ...], int, int], ...]
+    #: (user position, user position): inputs whose bytes must not overlap.
+    pairs: tuple[tuple[int, int], ...]
+    #: (step: WROTE_IN_PLACE/TAKEN, argument position, result position or -1, user position or -1).
+    checks: tuple[tuple[int, int, int, int], ...]
+    #: (step: SET_BACKING/SET_SLOT, argument position, result position, user position or the slot).
+    commits: tuple[tuple[int, int, int, Any], ...]
+    #: Argument positions of donated state (one buffer twice among them: the Python path refuses).
+    donated_state: tuple[int, ...]
+    #: (result position, dtype, shape, bytes) per user output.
+    outputs: tuple[tuple[int, torch.dtype, tuple[int, ...], int], ...]
+    #: The arguments whose pre-call arrays the Python commit reads.
+    kept: tuple[int, ...]
+    mode: int
+    #: Each state argument a slot of its own: the plan's cached state list can be refilled.
+    refill: bool
+    #: State arguments, first in the argument list.
+    state_count: int
+
+    @staticmethod
+    def of(exe: "Executable", plan: "_CallPlan") -> "_NativeSteps":
+        user_position = {index: position for position, index in enumerate(exe._user_indices)}
+        inputs = tuple(
+            (
+                step.index, BACKED if step.in_place is not None else IMPORT, step.index in exe._written_in_place,
+                step.dtype, tuple(step.shape), exe._input_nbytes[step.index],
+                step.in_place if step.in_place is not None else -1,
+            )
+            for step in plan.user_steps
+        )
+        checks: list[tuple[int, int, int, int]] = []
+        commits: list[tuple[int, int, int, Any]] = []
+        for step in plan.user_steps:
+            if step.in_place is not None:
+                checks.append((WROTE_IN_PLACE, step.index, step.in_place, user_position[step.index]))
+                commits.append((SET_BACKING, step.index, step.in_place, user_position[step.index]))
+        for step in plan.after:
+            if step.slot is not None and step.mutated is not None:
+                checks.append((TAKEN, step.index, -1, -1))
+                commits.append((SET_SLOT, step.index, step.mutated, step.slot))
+        if exe._single_output:
+            mode = SINGLE
+        elif exe._flat_outputs:
+            mode = TUPLE
+        else:
+            mode = UNFLATTEN
+        return _NativeSteps(
+            inputs,
+            tuple((user_position[first], user_position[second]) for first, second in exe._write_pairs),
+            tuple(checks), tuple(commits), tuple(step.index for step in plan.donated_state),
+            tuple((result.position, result.dtype, tuple(result.shape), result.nbytes) for result in plan.outputs),
+            tuple(step.index for step in plan.kept), mode,
+            len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots),
+        )
 
 
 _TORCH_DTYPES = {

@@ -202,14 +202,12 @@ def test_a_failed_execution_raises_and_changes_nothing() -> None:
     assert exe._plan is not None
     real = exe._plan.dispatch
 
-    class Failing:
-        def run(self, arrays: Any) -> Any:
-            raise RuntimeError("device lost")
+    def lost(arrays: Any) -> Any:
+        raise RuntimeError("device lost")
 
-        def wait(self, results: Any) -> None:
-            raise AssertionError("not reached")
-
-    exe._plan.dispatch = Failing()  # type: ignore[assignment]
+    failing = exe._plan.new_dispatch(exe)
+    failing.entry, failing.run = None, lost
+    exe._plan.dispatch = failing
     with pytest.raises(ExecutionError, match="XLA execution failed: device lost"):
         exe(torch.full((3, 4), 7.0), torch.tensor([2]))
     exe._plan.dispatch = real

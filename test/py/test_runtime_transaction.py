@@ -318,3 +318,107 @@ def test_a_mesh_call_interrupted_after_it_ran_keeps_the_call_state() -> None:
     assert torch.equal(exe.state_dict()["count"], torch.ones(4))
     exe(torch.ones(4))
     assert torch.equal(exe.state_dict()["count"], torch.full((4,), 2.0))
+
+
+# -- an interrupt at every point of a call ----------------------------------------------
+
+
+class _InterruptAt:
+    """A ``sys.setprofile`` hook that raises :class:`Fault` at the
+    ``at``-th profile event of a call (each Python function's entry and
+    return, each C function called from Python bytecode and its return):
+    where the interpreter also runs a pending signal handler, so a
+    ``KeyboardInterrupt`` can land there.  ``c_return`` of XLA's execute
+    (jaxlib's ``execute_sharded`` or the fast-path entry, called from
+    Python) is the point right after the program ran and before its results
+    are stored anywhere; a ``call`` inside jaxlib's cache-miss callback is
+    the first call of a new argument placement.  C code calling C code (the
+    native lane calling jaxlib) has no such point, as it has no signal check."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.seen = 0
+        self.fired: tuple[str, str] | None = None
+        self.active = False
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if not self.active:
+            return
+        if self.seen == self.at:
+            self.active = False
+            name = getattr(arg, "__qualname__", repr(arg)) if event.startswith("c_") else frame.f_code.co_qualname
+            self.fired = (event, name)
+            raise Fault
+        self.seen += 1
+
+
+def _interrupt_at_every_point(exe: hloalias.Executable, *, new_placement: bool) -> list[tuple[str, str]]:
+    """Calls of ``exe`` (compiled from a ``Counter``), the k-th interrupted
+    at its k-th profile event (:class:`_InterruptAt`), for every k until a
+    call runs to its end: after each, the state is the one before the call
+    or the call's, usable, and later calls go on from it as eager does.
+    ``new_placement``: each call is the first of its argument placement
+    (a fresh dispatch: jaxlib's fast path misses and calls back into
+    Python).  Returns the points where an interrupt fired."""
+    import gc
+    import sys
+
+    plan = exe._plan
+    assert plan is not None
+    eager = Counter()
+    x = torch.tensor([0.5, 1.0, 1.5, 2.0])
+    torch.testing.assert_close(exe(x.clone())["y"], eager(x.clone())["y"])
+    points: list[tuple[str, str]] = []
+    gc.disable()  # no collection (and its callbacks) shifting the events
+    try:
+        for at in range(100_000):
+            if new_placement:
+                plan.dispatch = plan.new_dispatch(exe)
+            before = exe.state_dict()["count"]
+            arg = x.clone()
+            hook = _InterruptAt(at)
+            sys.setprofile(hook)
+            try:
+                hook.active = True
+                exe(arg)
+                hook.active = False
+            except Fault:
+                pass
+            finally:
+                hook.active = False
+                sys.setprofile(None)
+            where = (at, hook.fired)
+            try:
+                after = exe.state_dict()["count"]  # usable: no DonatedBufferError
+            except hloalias.HloaliasError as error:
+                raise AssertionError(f"state lost by an interrupt at {where}: {error}") from None
+            assert torch.equal(after, before) or torch.equal(after, before + x), (where, before, after)
+            if not torch.equal(after, before):
+                eager(x.clone())  # the interrupted call took effect: eager's too
+            torch.testing.assert_close(exe(x.clone())["y"], eager(x.clone())["y"], msg=lambda m: f"{where}: {m}")
+            torch.testing.assert_close(exe.state_dict()["count"], eager.count)
+            if hook.fired is None:
+                return points
+            points.append(hook.fired)
+    finally:
+        gc.enable()
+    raise AssertionError("a call of more than 100000 profile events")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("placement", ["seen", "new"])
+def test_an_interrupt_at_any_point_of_a_call_leaves_state_before_or_after_and_usable(
+    path: str, placement: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24's transaction at every point a KeyboardInterrupt can land,
+    not only at stage boundaries: right after XLA's execute returned
+    (its donated state buffer gone, the results not stored yet) and inside
+    jaxlib's cache-miss callback on a new argument placement among them."""
+    exe = compile_on(path, monkeypatch, Counter(), (torch.ones(4),))
+    points = _interrupt_at_every_point(exe, new_placement=placement == "new")
+    # The sweep reached the points the transaction is about.
+    names = {name for _, name in points}
+    if placement == "new":
+        assert any("_cache_miss" in name for name in names), sorted(names)
+    if path == "python":
+        assert "list.extend" in names, sorted(names)  # the store of the execute's results
