@@ -51,7 +51,7 @@ from hloalias.mlir import (
     walk_ops,
 )
 from hloalias.repro import write_repro
-from hloalias.frontend import crash_guard, jax_lowerings, torch_internals
+from hloalias.frontend import crash_guard, jax_lowerings, single_trace, torch_internals
 from hloalias.frontend.decompositions import custom_op_decompositions, extra_decompositions, prepare_graph
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
@@ -233,6 +233,15 @@ def _import_torch(
     kwargs = dict(kwargs or {})
     mark = observe.start("torch.export")
     _check_strided_inputs(tuple(args), kwargs)
+    if not isinstance(f, ExportedProgram) and dynamic_shapes is None:
+        # One trace where the training IR would change nothing
+        # (frontend/single_trace.py); errors come from the path below.
+        single = _export_decomposed(f, tuple(args), kwargs)
+        if single is not None:
+            _check_strided_outputs(single)
+            observe.finish(mark)
+            single, state_aliases = _merge_aliased_state(single, owned=True)
+            return _import_decomposed(f, args, kwargs, single, state_aliases, None, {}, stage)
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
     _check_strided_outputs(exported)
     observe.finish(mark)
@@ -604,6 +613,17 @@ def _register_transformers_caches(f: Any) -> None:
         cache_class = pending.pop()
         register_pytree_node(cache_class)
         pending.extend(cache_class.__subclasses__())
+
+
+def _export_decomposed(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ExportedProgram | None:
+    """:func:`_export` and :func:`decompose` with the importer's table in
+    one trace, or None where the program needs the training IR
+    (:mod:`hloalias.frontend.single_trace`)."""
+    module = f if isinstance(f, torch.nn.Module) else _FunctionModule.wrap(f)
+    _register_transformers_caches(f)
+    custom = custom_op_decompositions()
+    table = {**_decomposition_table(), **custom} if custom else _decomposition_table()
+    return single_trace.export_decomposed(module, args, kwargs, table)
 
 
 def _export(
