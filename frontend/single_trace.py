@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import OutputKind
+from torch.export.graph_signature import InputKind, OutputKind
 
 from hloalias.frontend import torch_internals
 
@@ -84,7 +84,7 @@ def _mutable_op(func: Any) -> bool:
     if isinstance(func, torch._ops.OpOverload):
         return bool(func._schema.is_mutable)
     if isinstance(func, torch._ops.OpOverloadPacket):
-        return any(getattr(func, name)._schema.is_mutable for name in func.overloads())
+        return any(getattr(func, name)._schema.is_mutable for name in func.overloads())  # type: ignore[no-untyped-call]
     return False
 
 
@@ -96,12 +96,12 @@ def _watching(module: torch.nn.Module) -> Iterator[None]:
 
     def enter(*_: Any) -> None:
         watch = _WriteWatch()
-        watch.__enter__()
+        watch.__enter__()  # type: ignore[no-untyped-call]
         watches.append(watch)
 
     def leave(*_: Any) -> None:
         if watches:
-            watches.pop().__exit__(None, None, None)
+            watches.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
     try:
@@ -110,7 +110,7 @@ def _watching(module: torch.nn.Module) -> Iterator[None]:
         for handle in handles:
             handle.remove()
         while watches:
-            watches.pop().__exit__(None, None, None)
+            watches.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
 
 def _code_objects(code: types.CodeType) -> list[types.CodeType]:
@@ -153,20 +153,59 @@ def _holds_as_strided(exported: ExportedProgram) -> bool:
 
 
 def export_decomposed(
-    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], table: dict[Any, Callable[..., Any]]
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    table: dict[Any, Callable[..., Any]],
+    dynamic_shapes: Any = None,
 ) -> ExportedProgram | None:
-    """The decomposed program of ``module`` on ``args``/``kwargs`` from one
-    trace, or None when the program needs the training IR or the trace
-    fails (module docstring)."""
+    """The decomposed program of ``module`` on ``args``/``kwargs`` (with
+    ``torch.export``'s ``dynamic_shapes``) from one trace, or None when the
+    program needs the training IR or the trace fails (module docstring)."""
     if may_write_in_place(module):
         return None
     try:
         with _watching(module):
-            exported = torch_internals.export_decomposed(module, args, kwargs, table)
+            exported = torch_internals.export_decomposed(module, args, kwargs, table, dynamic_shapes)
     except Exception:  # _WritesInPlace, or any failure: the two-trace path names it
         return None
     if exported is None or _holds_as_strided(exported):
         return None
     if any(spec.kind in _MUTATIONS for spec in exported.graph_signature.output_specs):
         return None
+    if not _bake_static_inputs(exported):
+        return None
     return exported
+
+
+_STATIC_TYPES = (bool, int, float, str)
+
+
+def _bake_static_inputs(exported: ExportedProgram) -> bool:
+    """Replace each read of a Python-value user input (``factor=2``) by its
+    value, in place, as the training IR has it (``torch.export`` specializes
+    on such values; its post-dispatch trace leaves the placeholder in the
+    ops' arguments).  False, changing nothing, where such an input holds
+    another kind of value."""
+    graph = exported.graph_module.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    static: dict[torch.fx.Node, Any] = {}
+    for spec, node in zip(exported.graph_signature.input_specs, placeholders):
+        value = node.meta.get("val")
+        if spec.kind is not InputKind.USER_INPUT or isinstance(value, torch.Tensor) or not node.users:
+            continue
+        if type(value) not in _STATIC_TYPES:
+            return False
+        static[node] = value
+    if not static:
+        return True
+
+    def bake(argument: Any) -> Any:
+        return static[argument] if isinstance(argument, torch.fx.Node) and argument in static else argument
+
+    for node in graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            node.args = torch.fx.node.map_aggregate(node.args, bake)
+            node.kwargs = torch.fx.node.map_aggregate(node.kwargs, bake)
+    exported.graph_module.recompile()
+    return True

@@ -256,9 +256,10 @@ def export_decomposed(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     table: dict[Any, Callable[..., Any]],
+    dynamic_shapes: Any = None,
 ) -> ExportedProgram | None:
-    """``decompose(torch.export.export(module, args, kwargs, strict=False),
-    table)`` traced once (module docstring), or None when torch lacks the
+    """``decompose(torch.export.export(module, args, kwargs,
+    dynamic_shapes=dynamic_shapes, strict=False), table)`` traced once (module docstring), or None when torch lacks the
     private names (the caller then exports and decomposes).  Exceptions are
     torch's, raised from the trace.
 
@@ -278,11 +279,11 @@ def export_decomposed(
     def to_aten_ir_decomposed(*args: Any, **kwargs: Any) -> Any:
         return to_aten_ir(*args, **{**kwargs, "decomp_table": python_decompositions})
 
-    trace._export_to_aten_ir = to_aten_ir_decomposed  # type: ignore[assignment]
+    trace._export_to_aten_ir = to_aten_ir_decomposed
     try:
         with cia_override(cia_to_decomp):
             exported: ExportedProgram = private["_export"](
-                module, args, kwargs, None, strict=False, pre_dispatch=False
+                module, args, kwargs, dynamic_shapes, strict=False, pre_dispatch=False
             )
     finally:
         trace._export_to_aten_ir = to_aten_ir

@@ -54,6 +54,11 @@ def _function(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x @ y).relu().transpose(0, 1).reshape(-1)
 
 
+def _scaled(x: torch.Tensor, factor: int, *, mode: str = "mul", flag: bool = True) -> torch.Tensor:
+    y = x * factor if mode == "mul" else x + factor
+    return y.clamp(min=factor / 2) if flag else y
+
+
 _PURE: dict[str, Callable[[], tuple[Any, tuple[Any, ...], dict[str, Any]]]] = {
     "tied_weights": lambda: (_Tied(), (torch.tensor([[1, 2, 3]]),), {}),
     "attention_kwargs_buffer": lambda: (
@@ -61,6 +66,7 @@ _PURE: dict[str, Callable[[], tuple[Any, tuple[Any, ...], dict[str, Any]]]] = {
     ),
     "views": lambda: (_Views(), (torch.randn(4, 4),), {}),
     "function": lambda: (_function, (torch.randn(3, 4), torch.randn(4, 5)), {}),
+    "static_values": lambda: (_scaled, (torch.randn(4), 3), {"mode": "add", "flag": True}),
     "mlp": lambda: (
         torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.GELU(), torch.nn.Linear(12, 3)), (torch.randn(5, 6),), {}
     ),
