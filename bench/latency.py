@@ -95,14 +95,15 @@ def _instrument(timer: StageTimer) -> None:
     from hloalias.frontend import shape_specialization
 
     shape_specialization.specialize = timer.wrap("specialize", shape_specialization.specialize)
-    base_importer = importer.FxImporter
+    importer._export_decomposed = timer.wrap("export", importer._export_decomposed)  # one trace, decomposed
+    base_importer = importer.fx_importer_class()
 
     class TimedImporter(base_importer):  # type: ignore[misc,valid-type]
         def import_stateless_graph(self, *args: Any, **kwargs: Any) -> Any:
             with timer.stage("fx_import"):
                 return super().import_stateless_graph(*args, **kwargs)
 
-    importer.FxImporter = TimedImporter
+    importer.fx_importer_class = lambda: TimedImporter
     importer._lower = timer.wrap(
         lambda module, pipeline, *rest: "lower_stablehlo" if pipeline == importer.STABLEHLO_PIPELINE
         else "lower_torch", importer._lower)
