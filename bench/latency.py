@@ -95,6 +95,8 @@ def _instrument(timer: StageTimer) -> None:
     from hloalias.frontend import shape_specialization
 
     shape_specialization.specialize = timer.wrap("specialize", shape_specialization.specialize)
+    if os.environ.get("HLOALIAS_LATENCY_TWO_TRACES"):  # A/B: export + decomposition retrace for every program
+        importer._export_decomposed = lambda *args, **kwargs: None
     importer._export_decomposed = timer.wrap("export", importer._export_decomposed)  # one trace, decomposed
     base_importer = importer.fx_importer_class()
 
