@@ -6,7 +6,9 @@ result is the new value of which mutated argument.
 Engine: ``torch.export`` -> ``run_decompositions`` (functionalized: in-place
 updates become extra outputs) -> torch-mlir's FX importer on the functional
 graph (so nothing is frozen into literals) -> torch-mlir's lowering to the
-torch backend contract and on to StableHLO.
+torch backend contract and on to StableHLO.  A program that writes no
+tensor in place is exported and decomposed in one trace instead
+(:mod:`hloalias.frontend.single_trace`): the same functional graph.
 
 Argument order of ``@main`` is the exported program's: parameters, buffers,
 lifted tensor constants, then user inputs (the flattened ``(args, kwargs)``
