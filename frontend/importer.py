@@ -230,17 +230,22 @@ def _import_torch(
     source line); on a lowering failure a repro ``.mlir`` is written and the
     message holds the ``torch-mlir-opt`` command that replays it."""
     kwargs = dict(kwargs or {})
-    mark = observe.start("torch.export")
     _check_strided_inputs(tuple(args), kwargs)
     if not isinstance(f, ExportedProgram) and dynamic_shapes is None:
         # One trace where the training IR would change nothing
         # (frontend/single_trace.py); errors come from the path below.
+        mark = observe.start(SINGLE_TRACE_STAGE)
         single = _export_decomposed(f, tuple(args), kwargs)
         if single is not None:
             _check_strided_outputs(single)
             observe.finish(mark)
             single, state_aliases = _merge_aliased_state(single, owned=True)
-            return _import_decomposed(f, args, kwargs, single, state_aliases, None, {}, stage)
+            return _import_decomposed(
+                f, args, kwargs, single, state_aliases, None, {}, stage,
+                user_ops=lambda: _training_ir_ops(f, tuple(args), kwargs),
+            )
+        observe.finish(mark)
+    mark = observe.start("torch.export")
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
     _check_strided_outputs(exported)
     observe.finish(mark)
@@ -288,10 +293,15 @@ def _import_decomposed(
     eager_storage: list[str | None] | None,
     strided_before: dict[str, tuple[tuple[int, ...], int | None]],
     stage: Stage,
+    *,
+    user_ops: Callable[[], list[str]] | None = None,
 ) -> Program:
     """The import from the decomposed program on (FX import, lowering);
     ``state_aliases``, ``eager_storage`` and ``strided_before`` are what
     :func:`_import_torch` read from the graph before decomposing it.
+    ``user_ops`` gives the program's ops before decomposition, for a crash
+    report, where the graph's nodes do not record them (the single trace);
+    by default they are read from the graph.
     :mod:`hloalias.frontend.shape_specialization` enters here with a
     program specialized from one exported with dynamic dimensions."""
     exported = remove_error_checks(exported)
@@ -348,7 +358,11 @@ def _import_decomposed(
     if crash_guard.should_isolate(risky):
         with observe.stage("torch-mlir lowering in a child process"):
             lowered = crash_guard.lower_isolated(
-                module, pipelines, crash_guard.program_ops(exported.graph_module.graph), risky, locate
+                module,
+                pipelines,
+                user_ops() if user_ops is not None else crash_guard.program_ops(exported.graph_module.graph),
+                risky,
+                locate,
             )
     if lowered is not None:
         module = lowered
@@ -640,6 +654,20 @@ def _register_transformers_caches(f: Any) -> None:
         cache_class = pending.pop()
         register_pytree_node(cache_class)
         pending.extend(cache_class.__subclasses__())
+
+
+#: The observe stage of an export and decomposition done in one trace.
+SINGLE_TRACE_STAGE = "torch.export and decompositions (one trace)"
+
+
+def _training_ir_ops(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    """The program's ops as ``torch.export``'s training IR has them (before
+    the decompositions); empty when that export fails.  A single trace's
+    nodes do not record them, and a crash report names them."""
+    try:
+        return crash_guard.program_ops(_export(f, args, kwargs, None).graph_module.graph)
+    except Exception:  # a best-effort report
+        return []
 
 
 def _export_decomposed(

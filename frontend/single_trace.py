@@ -61,20 +61,27 @@ def _is_write(name: str, kwargs: dict[str, Any] | None) -> bool:
         return True
     if name in _IN_PLACE_DUNDERS:
         return True
-    if name in _STORAGE_OPS:
+    if name in _STORAGE_OPS or name.startswith("as_strided"):
         return True
     return name.endswith("_") and not name.startswith("__") and name not in _NOT_WRITES
 
 
 class _WriteWatch(torch.overrides.TorchFunctionMode):
     """Stops the trace at the first torch call that writes a tensor in
-    place or addresses its storage (module docstring)."""
+    place or addresses its storage (module docstring), and notes it in
+    ``seen``: a forward that catches the exception does not make the
+    trace usable."""
+
+    def __init__(self, seen: list[str]) -> None:
+        super().__init__()
+        self.seen = seen
 
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         if _is_write(getattr(func, "__name__", ""), kwargs) or _mutable_op(func):
-            raise _WritesInPlace(getattr(func, "__name__", repr(func)))
+            self.seen.append(getattr(func, "__name__", repr(func)))
+            raise _WritesInPlace(self.seen[-1])
         return func(*args, **(kwargs or {}))
 
 
@@ -89,13 +96,15 @@ def _mutable_op(func: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _watching(module: torch.nn.Module) -> Iterator[None]:
+def _watching(module: torch.nn.Module) -> Iterator[list[str]]:
     """:class:`_WriteWatch` active while ``module``'s forward runs (and only
-    then: export's own machinery around it reads storages and sets flags)."""
+    then: export's own machinery around it reads storages and sets flags);
+    yields the list of the writes it stopped at."""
     watches: list[_WriteWatch] = []
+    seen: list[str] = []
 
     def enter(*_: Any) -> None:
-        watch = _WriteWatch()
+        watch = _WriteWatch(seen)
         watch.__enter__()  # type: ignore[no-untyped-call]
         watches.append(watch)
 
@@ -105,7 +114,7 @@ def _watching(module: torch.nn.Module) -> Iterator[None]:
 
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
     try:
-        yield
+        yield seen
     finally:
         for handle in handles:
             handle.remove()
@@ -165,11 +174,11 @@ def export_decomposed(
     if may_write_in_place(module):
         return None
     try:
-        with _watching(module):
+        with _watching(module) as writes:
             exported = torch_internals.export_decomposed(module, args, kwargs, table, dynamic_shapes)
     except Exception:  # _WritesInPlace, or any failure: the two-trace path names it
         return None
-    if exported is None or _holds_as_strided(exported):
+    if writes or exported is None or _holds_as_strided(exported):
         return None
     if any(spec.kind in _MUTATIONS for spec in exported.graph_signature.output_specs):
         return None
