@@ -95,14 +95,17 @@ def _instrument(timer: StageTimer) -> None:
     from hloalias.frontend import shape_specialization
 
     shape_specialization.specialize = timer.wrap("specialize", shape_specialization.specialize)
-    base_importer = importer.FxImporter
+    if "--two-traces" in sys.argv:  # A/B: export + decomposition retrace for every program
+        importer._export_decomposed = lambda *args, **kwargs: None
+    importer._export_decomposed = timer.wrap("export", importer._export_decomposed)  # one trace, decomposed
+    base_importer = importer.fx_importer_class()
 
     class TimedImporter(base_importer):  # type: ignore[misc,valid-type]
         def import_stateless_graph(self, *args: Any, **kwargs: Any) -> Any:
             with timer.stage("fx_import"):
                 return super().import_stateless_graph(*args, **kwargs)
 
-    importer.FxImporter = TimedImporter
+    importer.fx_importer_class = lambda: TimedImporter
     importer._lower = timer.wrap(
         lambda module, pipeline, *rest: "lower_stablehlo" if pipeline == importer.STABLEHLO_PIPELINE
         else "lower_torch", importer._lower)
@@ -621,6 +624,8 @@ def main() -> None:
     parser.add_argument("--gpt2-layers", type=int, default=12)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--two-traces", action="store_true",
+                        help="(children) import every program by export + decomposition retrace, for A/B")
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "RESULTS-latency.md"))
     options = parser.parse_args()
     if options.ratio_child:

@@ -6,7 +6,9 @@ result is the new value of which mutated argument.
 Engine: ``torch.export`` -> ``run_decompositions`` (functionalized: in-place
 updates become extra outputs) -> torch-mlir's FX importer on the functional
 graph (so nothing is frozen into literals) -> torch-mlir's lowering to the
-torch backend contract and on to StableHLO.
+torch backend contract and on to StableHLO.  A program that writes no
+tensor in place is exported and decomposed in one trace instead
+(:mod:`hloalias.frontend.single_trace`): the same functional graph.
 
 Argument order of ``@main`` is the exported program's: parameters, buffers,
 lifted tensor constants, then user inputs (the flattened ``(args, kwargs)``
@@ -23,18 +25,16 @@ import functools
 import inspect
 import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.fx.experimental.symbolic_shapes
 from torch.export import ExportedProgram
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
 from torch_mlir import ir, passmanager
-from torch_mlir.extras.fx_decomp_util import get_decomposition_table
-from torch_mlir.extras.fx_importer import FxImporter
 
 from hloalias import attributes as A, observe
 from hloalias.contract import ArgRecord, ResultRecord
@@ -51,8 +51,7 @@ from hloalias.mlir import (
     walk_ops,
 )
 from hloalias.repro import write_repro
-from hloalias.frontend import crash_guard, jax_lowerings, torch_internals
-from hloalias.frontend.decompositions import custom_op_decompositions, extra_decompositions, prepare_graph
+from hloalias.frontend import crash_guard, jax_lowerings, single_trace, torch_internals
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
@@ -231,8 +230,22 @@ def _import_torch(
     source line); on a lowering failure a repro ``.mlir`` is written and the
     message holds the ``torch-mlir-opt`` command that replays it."""
     kwargs = dict(kwargs or {})
-    mark = observe.start("torch.export")
     _check_strided_inputs(tuple(args), kwargs)
+    if not isinstance(f, ExportedProgram) and dynamic_shapes is None:
+        # One trace where the training IR would change nothing
+        # (frontend/single_trace.py); errors come from the path below.
+        mark = observe.start(SINGLE_TRACE_STAGE)
+        single = _export_decomposed(f, tuple(args), kwargs)
+        if single is not None:
+            _check_strided_outputs(single)
+            observe.finish(mark)
+            single, state_aliases = _merge_aliased_state(single, owned=True)
+            return _import_decomposed(
+                f, args, kwargs, single, state_aliases, None, {}, stage,
+                user_ops=lambda: _training_ir_ops(f, tuple(args), kwargs),
+            )
+        observe.finish(mark)
+    mark = observe.start("torch.export")
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
     _check_strided_outputs(exported)
     observe.finish(mark)
@@ -248,8 +261,7 @@ def _import_torch(
     mark = observe.start("decompositions")
     try:  # a training step is captured decomposed and functional (frontend/training.py)
         if not getattr(exported, "hloalias_decomposed", False):
-            custom = custom_op_decompositions()  # a library's ops, when it is loaded
-            exported = decompose(exported, {**_decomposition_table(), **custom} if custom else _decomposition_table())
+            exported = decompose(exported, _decomposition_table_with_custom_ops())
     except Exception as error:  # torch raises many types here
         # AOT autograd wraps the graph to replay an in-place write (or a
         # metadata change) through inputs that share memory; export has no
@@ -281,13 +293,20 @@ def _import_decomposed(
     eager_storage: list[str | None] | None,
     strided_before: dict[str, tuple[tuple[int, ...], int | None]],
     stage: Stage,
+    *,
+    user_ops: Callable[[], list[str]] | None = None,
 ) -> Program:
     """The import from the decomposed program on (FX import, lowering);
     ``state_aliases``, ``eager_storage`` and ``strided_before`` are what
     :func:`_import_torch` read from the graph before decomposing it.
+    ``user_ops`` gives the program's ops before decomposition, for a crash
+    report, where the graph's nodes do not record them (the single trace);
+    by default they are read from the graph.
     :mod:`hloalias.frontend.shape_specialization` enters here with a
     program specialized from one exported with dynamic dimensions."""
     exported = remove_error_checks(exported)
+    from hloalias.frontend.decompositions import prepare_graph
+
     prepare_graph(exported.graph_module.graph)
     if stage is Stage.STABLEHLO:
         _refuse_host_reads(exported.graph_module.graph)
@@ -317,7 +336,7 @@ def _import_decomposed(
 
     mark = observe.start("FX import")
     context = new_context()
-    importer = FxImporter(context=context)
+    importer = fx_importer_class()(context=context)
     try:
         importer.import_stateless_graph(exported.graph_module.graph, func_name="main")
     except Exception as error:
@@ -339,7 +358,11 @@ def _import_decomposed(
     if crash_guard.should_isolate(risky):
         with observe.stage("torch-mlir lowering in a child process"):
             lowered = crash_guard.lower_isolated(
-                module, pipelines, crash_guard.program_ops(exported.graph_module.graph), risky, locate
+                module,
+                pipelines,
+                user_ops() if user_ops is not None else crash_guard.program_ops(exported.graph_module.graph),
+                risky,
+                locate,
             )
     if lowered is not None:
         module = lowered
@@ -533,6 +556,31 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def fx_importer_class() -> Any:
+    """torch-mlir's ``FxImporter`` (imported on the first import of a
+    program: a compile served by a cache does not need it)."""
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    return FxImporter
+
+
+def _torch_mlir_table() -> dict[Any, Callable[..., Any]]:
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
+    table: dict[Any, Callable[..., Any]] = get_decomposition_table()
+    return table
+
+
+def _decomposition_table_with_custom_ops() -> dict[Any, Callable[..., Any]]:
+    """:func:`_decomposition_table` with the entries of the third-party
+    ops registered in this process now (a library loaded after the first
+    compile still gets them)."""
+    from hloalias.frontend.decompositions import custom_op_decompositions
+
+    custom = custom_op_decompositions()
+    return {**_decomposition_table(), **custom} if custom else _decomposition_table()
+
+
 @functools.cache
 def _decomposition_table() -> dict[Any, Callable[..., Any]]:
     """(Built once and shared: callers must not modify it.)
@@ -548,7 +596,7 @@ def _decomposition_table() -> dict[Any, Callable[..., Any]]:
     ("Cannot view a tensor with shape [2, 64, 768] ...").  The replacement
     keeps the math and gives the output the kernel's layout."""
     with torch_internals.materialize_cia_ops_once():
-        table = dict(get_decomposition_table())
+        table = dict(_torch_mlir_table())
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     upstream = table.get(flash)
     if upstream is not None:
@@ -561,6 +609,8 @@ def _decomposition_table() -> dict[Any, Callable[..., Any]]:
 
         table[flash] = flash_attention_for_cpu
     # Lowerings torch-mlir lacks (hloalias.frontend.decompositions).
+    from hloalias.frontend.decompositions import extra_decompositions
+
     table.update(extra_decompositions())
     return table
 
@@ -572,7 +622,7 @@ def decompose(
     the same program, without its fixed per-call cost: see
     :mod:`hloalias.frontend.torch_internals`, the one module that uses
     torch's private export internals."""
-    return torch_internals.decompose(exported, get_decomposition_table() if table is None else table)
+    return torch_internals.decompose(exported, _torch_mlir_table() if table is None else table)
 
 
 def _register_transformers_caches(f: Any) -> None:
@@ -604,6 +654,32 @@ def _register_transformers_caches(f: Any) -> None:
         cache_class = pending.pop()
         register_pytree_node(cache_class)
         pending.extend(cache_class.__subclasses__())
+
+
+#: The observe stage of an export and decomposition done in one trace.
+SINGLE_TRACE_STAGE = "torch.export and decompositions (one trace)"
+
+
+def _training_ir_ops(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    """The program's ops as ``torch.export``'s training IR has them (before
+    the decompositions); empty when that export fails.  A single trace's
+    nodes do not record them, and a crash report names them."""
+    try:
+        return crash_guard.program_ops(_export(f, args, kwargs, None).graph_module.graph)
+    except Exception:  # a best-effort report
+        return []
+
+
+def _export_decomposed(
+    f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any = None
+) -> ExportedProgram | None:
+    """:func:`_export` and :func:`decompose` with the importer's table in
+    one trace, or None where the program needs the training IR
+    (:mod:`hloalias.frontend.single_trace`)."""
+    module = f if isinstance(f, torch.nn.Module) else _FunctionModule.wrap(f)
+    _register_transformers_caches(f)
+    table = _decomposition_table_with_custom_ops()
+    return single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes)
 
 
 def _export(
@@ -748,7 +824,10 @@ def _refuse_host_reads(graph: torch.fx.Graph) -> None:
 def _data_dependent_hint(error: BaseException) -> str:
     """What to write instead, when ``error`` is torch's failure to trace a
     tensor's value used as a Python number (empty otherwise)."""
-    if not isinstance(error, torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode):
+    # torch loads its symbolic shapes (and sympy) on the first trace that
+    # needs them: an error of that type cannot come before.
+    symbolic_shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
+    if symbolic_shapes is None or not isinstance(error, symbolic_shapes.GuardOnDataDependentSymNode):
         return ""
     return (
         ". The program uses a tensor's value as a Python number: indexing with a 0-d tensor "

@@ -23,7 +23,14 @@ kernel tables directly, with the per-operator callables built once, and
 lets torch do (c) with an empty CIA table (torch's own override is then a
 no-op).  The first split in a process (and building torch-mlir's table)
 materializes torch's CIA operators once instead of once per ``torch.ops``
-namespace (:func:`materialize_cia_ops_once`).  ``test/py/test_torch_internals.py`` pins every private name used
+namespace (:func:`materialize_cia_ops_once`).
+
+:func:`export_decomposed` is ``torch.export.export`` followed by
+:func:`decompose` in one trace: torch's post-dispatch export (what
+``torch.export`` traced before its training IR) with the same Python
+table and the same CIA override, so the model runs through
+functionalization and the decompositions once instead of being traced to
+the training IR and retraced.  ``test/py/test_torch_internals.py`` pins every private name used
 here, compares the operator state under :func:`cia_override` with the
 state under torch's override, and checks the decomposed graph and
 signature against ``run_decompositions``; a torch that changes any of
@@ -53,6 +60,7 @@ PRIVATE_NAMES = {
     "torch._export.utils": ("_get_decomp_for_cia", "_materialize_cpp_cia_ops"),
     "torch._higher_order_ops.utils": ("autograd_not_implemented",),
     "torch._subclasses.fake_impls": ("op_implementations_dict", "_deregister_op_impl"),
+    "torch.export._trace": ("_export", "_export_to_aten_ir"),
 }
 
 _SplitTable = tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]
@@ -241,6 +249,45 @@ def decompose(
 
     decomposed_program: ExportedProgram = run()
     return decomposed_program
+
+
+def export_decomposed(
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    table: dict[Any, Callable[..., Any]],
+    dynamic_shapes: Any = None,
+) -> ExportedProgram | None:
+    """``decompose(torch.export.export(module, args, kwargs,
+    dynamic_shapes=dynamic_shapes, strict=False), table)`` traced once (module docstring), or None when torch lacks the
+    private names (the caller then exports and decomposes).  Exceptions are
+    torch's, raised from the trace.
+
+    torch's ``_export(pre_dispatch=False)`` traces through
+    ``_export_to_aten_ir``, which takes a decomposition table but is
+    called without one: for the call, the module's name is bound to the
+    same function with ``table``'s Python decompositions."""
+    private = _private()
+    if private is None:
+        return None
+    cia_to_decomp, python_table = split_decomposition_table(table)
+    import torch.export._trace as trace
+
+    to_aten_ir = private["_export_to_aten_ir"]
+    python_decompositions = dict(python_table)
+
+    def to_aten_ir_decomposed(*args: Any, **kwargs: Any) -> Any:
+        return to_aten_ir(*args, **{**kwargs, "decomp_table": python_decompositions})
+
+    trace._export_to_aten_ir = to_aten_ir_decomposed
+    try:
+        with cia_override(cia_to_decomp):
+            exported: ExportedProgram = private["_export"](
+                module, args, kwargs, dynamic_shapes, strict=False, pre_dispatch=False
+            )
+    finally:
+        trace._export_to_aten_ir = to_aten_ir
+    return exported
 
 
 def keep_stack_traces_of(fn: Callable[..., Any]) -> None:

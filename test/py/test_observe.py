@@ -15,9 +15,8 @@ import torch
 import hloalias
 from hloalias.pipeline import CPU_PIPELINE, parse_pipeline
 
-STAGES = (
-    "torch.export",
-    "decompositions",
+STAGES = (  # the program writes nothing in place: one trace (frontend/single_trace.py)
+    "torch.export and decompositions (one trace)",
     "FX import",
     "torch-mlir lowering to the backend contract",
     "torch-mlir lowering to StableHLO",

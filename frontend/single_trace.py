@@ -1,0 +1,220 @@
+"""When one trace is enough: ``torch.export`` and the decomposition
+retrace in one pass, for programs that write to no tensor in place.
+
+The importer reads three things from ``torch.export``'s training IR, the
+one graph that still has eager's in-place ops and strides: the rewrite of
+``copy_`` conversions, the ``contiguous``/``reshape``/``flatten`` that
+copy in eager (pinned as clones, because functionalization re-derives them
+from strides an in-place op changed), each user output's eager storage,
+and the inputs an ``as_strided`` addresses
+(:func:`hloalias.frontend.importer._import_torch`).  For a program without
+in-place writes and without ``as_strided`` they change nothing, and the
+functional graph says what the training IR says; such a program is traced
+once, decomposed, by
+:func:`hloalias.frontend.torch_internals.export_decomposed`.
+
+Which programs: the trace runs under :class:`_WriteWatch`, a
+``TorchFunctionMode`` that stops it at the first torch call that writes
+to a tensor (an in-place method ``x.add_``, ``x[i] = v``, ``x += y``, an
+``out=`` argument, an operator with a mutable schema) or addresses storage (``as_strided``, ``set_``); a
+graph that still mutates an argument (an op with a mutable schema, such as
+batch norm's running statistics in training mode) or holds an
+``as_strided`` is not used either.  Then, and when the single trace
+fails for any reason, the importer exports and decomposes as before: the
+same program and the same errors.  A cheap look at the module's code
+first (:func:`may_write_in_place`: the names and stores of every
+submodule's ``forward``) sends programs that visibly write in place
+straight to that path, so that they do not pay for a trace stopped half
+way."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
+from hloalias.frontend import torch_internals
+
+#: Tensor methods named like in-place ops that write no tensor.
+_NOT_WRITES = frozenset({"requires_grad_", "retain_grad_", "share_memory_", "_set_grad_enabled"})
+#: Operator methods that write their left operand in place.
+_IN_PLACE_DUNDERS = frozenset({
+    "__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+    "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
+})
+#: Calls that address or replace a tensor's storage.
+_STORAGE_OPS = frozenset({"as_strided", "as_strided_", "set_", "resize_", "resize_as_", "untyped_storage"})
+_MUTATIONS = (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION, OutputKind.USER_INPUT_MUTATION)
+
+
+class _WritesInPlace(Exception):
+    """Raised inside the trace: the program needs the training IR."""
+
+
+def _is_write(name: str, kwargs: dict[str, Any] | None) -> bool:
+    if kwargs and kwargs.get("out") is not None:
+        return True
+    if name in _IN_PLACE_DUNDERS:
+        return True
+    if name in _STORAGE_OPS or name.startswith("as_strided"):
+        return True
+    return name.endswith("_") and not name.startswith("__") and name not in _NOT_WRITES
+
+
+class _WriteWatch(torch.overrides.TorchFunctionMode):
+    """Stops the trace at the first torch call that writes a tensor in
+    place or addresses its storage (module docstring), and notes it in
+    ``seen``: a forward that catches the exception does not make the
+    trace usable."""
+
+    def __init__(self, seen: list[str]) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(
+        self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        if _is_write(getattr(func, "__name__", ""), kwargs) or _mutable_op(func):
+            self.seen.append(getattr(func, "__name__", repr(func)))
+            raise _WritesInPlace(self.seen[-1])
+        return func(*args, **(kwargs or {}))
+
+
+def _mutable_op(func: Any) -> bool:
+    """Whether ``func`` is an operator (``torch.ops.ns.op[.overload]``)
+    whose schema writes an argument."""
+    if isinstance(func, torch._ops.OpOverload):
+        return bool(func._schema.is_mutable)
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        return any(getattr(func, name)._schema.is_mutable for name in func.overloads())  # type: ignore[no-untyped-call]
+    return False
+
+
+@contextlib.contextmanager
+def _watching(module: torch.nn.Module) -> Iterator[list[str]]:
+    """:class:`_WriteWatch` active while ``module``'s forward runs (and only
+    then: export's own machinery around it reads storages and sets flags);
+    yields the list of the writes it stopped at."""
+    watches: list[_WriteWatch] = []
+    seen: list[str] = []
+
+    def enter(*_: Any) -> None:
+        watch = _WriteWatch(seen)
+        watch.__enter__()  # type: ignore[no-untyped-call]
+        watches.append(watch)
+
+    def leave(*_: Any) -> None:
+        if watches:
+            watches.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
+    handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+        while watches:
+            watches.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
+
+def _code_objects(code: types.CodeType) -> list[types.CodeType]:
+    found = [code]
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            found.extend(_code_objects(constant))
+    return found
+
+
+def _code_writes(code: types.CodeType) -> bool:
+    for each in _code_objects(code):
+        if any(_is_write(name, None) for name in each.co_names if not name.startswith("_")):
+            return True
+    return False
+
+
+def may_write_in_place(module: torch.nn.Module) -> bool:
+    """Whether the ``forward`` of ``module`` or of one of its submodules
+    names an in-place method (a cheap look: a name is not a call, and a
+    helper function's writes are not seen; the trace decides the rest)."""
+    seen: set[types.CodeType] = set()
+    for submodule in module.modules():
+        forward = getattr(type(submodule), "forward", None)
+        code = getattr(forward, "__code__", None)
+        if submodule is module and getattr(module, "fn", None) is not None:
+            code = getattr(module.fn, "__code__", code)  # a wrapped function (importer._FunctionModule)
+        if not isinstance(code, types.CodeType) or code in seen:
+            continue
+        seen.add(code)
+        if _code_writes(code):
+            return True
+    return False
+
+
+def _holds_as_strided(exported: ExportedProgram) -> bool:
+    return any(
+        node.op == "call_function" and "as_strided" in str(node.target) for node in exported.graph_module.graph.nodes
+    )
+
+
+def export_decomposed(
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    table: dict[Any, Callable[..., Any]],
+    dynamic_shapes: Any = None,
+) -> ExportedProgram | None:
+    """The decomposed program of ``module`` on ``args``/``kwargs`` (with
+    ``torch.export``'s ``dynamic_shapes``) from one trace, or None when the
+    program needs the training IR or the trace fails (module docstring)."""
+    if may_write_in_place(module):
+        return None
+    try:
+        with _watching(module) as writes:
+            exported = torch_internals.export_decomposed(module, args, kwargs, table, dynamic_shapes)
+    except Exception:  # _WritesInPlace, or any failure: the two-trace path names it
+        return None
+    if writes or exported is None or _holds_as_strided(exported):
+        return None
+    if any(spec.kind in _MUTATIONS for spec in exported.graph_signature.output_specs):
+        return None
+    if not _bake_static_inputs(exported):
+        return None
+    return exported
+
+
+_STATIC_TYPES = (bool, int, float, str)
+
+
+def _bake_static_inputs(exported: ExportedProgram) -> bool:
+    """Replace each read of a Python-value user input (``factor=2``) by its
+    value, in place, as the training IR has it (``torch.export`` specializes
+    on such values; its post-dispatch trace leaves the placeholder in the
+    ops' arguments).  False, changing nothing, where such an input holds
+    another kind of value."""
+    graph = exported.graph_module.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    static: dict[torch.fx.Node, Any] = {}
+    for spec, node in zip(exported.graph_signature.input_specs, placeholders):
+        value = node.meta.get("val")
+        if spec.kind is not InputKind.USER_INPUT or isinstance(value, torch.Tensor) or not node.users:
+            continue
+        if type(value) not in _STATIC_TYPES:
+            return False
+        static[node] = value
+    if not static:
+        return True
+
+    def bake(argument: Any) -> Any:
+        return static[argument] if isinstance(argument, torch.fx.Node) and argument in static else argument
+
+    for node in graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            node.args = torch.fx.node.map_aggregate(node.args, bake)
+            node.kwargs = torch.fx.node.map_aggregate(node.kwargs, bake)
+    exported.graph_module.recompile()
+    return True
