@@ -66,6 +66,57 @@ class BertForwardConfig:
     sequence: int = 128
 
 
+@dataclasses.dataclass(frozen=True)
+class DebertaForwardConfig:
+    """An HF DebertaV2Model forward with relative attention (c2p + p2c)."""
+
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    layers: int = 2
+    heads: int = 4
+    batch: int = 2
+    sequence: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class SwinForwardConfig:
+    """An HF SwinModel forward (two stages, window 4)."""
+
+    image_size: int = 64
+    patch_size: int = 4
+    embed_dim: int = 32
+    depths: tuple[int, ...] = (2, 2)
+    heads: tuple[int, ...] = (2, 4)
+    window_size: int = 4
+    batch: int = 2
+
+
+def deberta_forward(config: DebertaForwardConfig = DebertaForwardConfig()) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A random-weight DeBERTa-v2 (seed 0) and its token ids (seed 1)."""
+    torch.manual_seed(0)
+    model = transformers.DebertaV2Model(transformers.DebertaV2Config(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.layers,
+        num_attention_heads=config.heads, intermediate_size=config.intermediate_size, max_position_embeddings=128,
+        relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=-1, position_buckets=-1,
+    )).eval()  # type: ignore[no-untyped-call]
+    ids = torch.randint(0, config.vocab_size, (config.batch, config.sequence),
+                        generator=torch.Generator().manual_seed(1))
+    return model, ids
+
+
+def swin_forward(config: SwinForwardConfig = SwinForwardConfig()) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A random-weight Swin (seed 0) and its NCHW pixels (seed 1)."""
+    torch.manual_seed(0)
+    model = transformers.SwinModel(transformers.SwinConfig(
+        image_size=config.image_size, patch_size=config.patch_size, embed_dim=config.embed_dim,
+        depths=list(config.depths), num_heads=list(config.heads), window_size=config.window_size,
+    )).eval()  # type: ignore[no-untyped-call]
+    pixels = torch.randn(config.batch, 3, config.image_size, config.image_size,
+                         generator=torch.Generator().manual_seed(1))
+    return model, pixels
+
+
 class LlamaDecodeStep(torch.nn.Module):
     """HF's ``TorchExportableModuleWithStaticCache`` called as its docs show
     (``input_ids=``, ``cache_position=``), positional for the bench."""
