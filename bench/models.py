@@ -1,6 +1,7 @@
 """Hugging Face models in the benchmark: an HF Llama static-cache decode
-step (``TorchExportableModuleWithStaticCache``, HF's own export recipe)
-and a BERT forward, both from configs in code (random weights).
+step (``TorchExportableModuleWithStaticCache``, HF's own export recipe),
+a BERT, a DeBERTa-v2 and a Swin forward, all from configs in code (random
+weights).
 
 From the repository root::
 
@@ -64,6 +65,57 @@ class BertForwardConfig:
     heads: int = 8
     batch: int = 2
     sequence: int = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class DebertaForwardConfig:
+    """An HF DebertaV2Model forward with relative attention (c2p + p2c)."""
+
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    layers: int = 2
+    heads: int = 4
+    batch: int = 2
+    sequence: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class SwinForwardConfig:
+    """An HF SwinModel forward (two stages, window 4)."""
+
+    image_size: int = 64
+    patch_size: int = 4
+    embed_dim: int = 32
+    depths: tuple[int, ...] = (2, 2)
+    heads: tuple[int, ...] = (2, 4)
+    window_size: int = 4
+    batch: int = 2
+
+
+def deberta_forward(config: DebertaForwardConfig = DebertaForwardConfig()) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A random-weight DeBERTa-v2 (seed 0) and its token ids (seed 1)."""
+    torch.manual_seed(0)
+    model = transformers.DebertaV2Model(transformers.DebertaV2Config(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.layers,
+        num_attention_heads=config.heads, intermediate_size=config.intermediate_size, max_position_embeddings=128,
+        relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=-1, position_buckets=-1,
+    )).eval()  # type: ignore[no-untyped-call]
+    ids = torch.randint(0, config.vocab_size, (config.batch, config.sequence),
+                        generator=torch.Generator().manual_seed(1))
+    return model, ids
+
+
+def swin_forward(config: SwinForwardConfig = SwinForwardConfig()) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A random-weight Swin (seed 0) and its NCHW pixels (seed 1)."""
+    torch.manual_seed(0)
+    model = transformers.SwinModel(transformers.SwinConfig(
+        image_size=config.image_size, patch_size=config.patch_size, embed_dim=config.embed_dim,
+        depths=list(config.depths), num_heads=list(config.heads), window_size=config.window_size,
+    )).eval()  # type: ignore[no-untyped-call]
+    pixels = torch.randn(config.batch, 3, config.image_size, config.image_size,
+                         generator=torch.Generator().manual_seed(1))
+    return model, pixels
 
 
 class LlamaDecodeStep(torch.nn.Module):
@@ -174,6 +226,29 @@ def bert_forward_workload(config: BertForwardConfig = BertForwardConfig()) -> wo
     return workload
 
 
+def deberta_forward_workload(config: DebertaForwardConfig = DebertaForwardConfig()) -> workloads.Workload:
+    module, ids = deberta_forward(config)
+    return _workload(
+        "hf-deberta-forward", "HF DeBERTa-v2 forward",
+        f"HF DebertaV2Model ({config.layers} layers, hidden {config.hidden_size}, {config.heads} heads, relative "
+        f"attention c2p + p2c), forward on batch {config.batch} x {config.sequence} tokens",
+        config, module, (ids,),
+        "No bound derived for HF models (0 is used): the temp is the forward's activations; its composition "
+        "is measured below.")
+
+
+def swin_forward_workload(config: SwinForwardConfig = SwinForwardConfig()) -> workloads.Workload:
+    module, pixels = swin_forward(config)
+    return _workload(
+        "hf-swin-forward", "HF Swin forward",
+        f"HF SwinModel (image {config.image_size}, patch {config.patch_size}, embed {config.embed_dim}, depths "
+        f"{list(config.depths)}, heads {list(config.heads)}, window {config.window_size}), forward on batch "
+        f"{config.batch}",
+        config, module, (pixels,),
+        "No bound derived for HF models (0 is used): the temp is the forward's activations; its composition "
+        "is measured below.")
+
+
 @dataclasses.dataclass
 class ModelResult:
     workload: workloads.Workload
@@ -257,7 +332,7 @@ def report(results: list[ModelResult]) -> str:
         "distinct state tensors (tied weights once), the user inputs, and the outputs eager PyTorch allocates. "
         "Data ratio = (argument + output − alias) / data minimum; XLA's tuple of several results adds 8 bytes per "
         "result to its output figure. The BERT forward has a hand-written `jax.jit` equivalent beside it; the "
-        "HF Llama static-cache step has none here.\n",
+        "other models have none here.\n",
     ]
     for result in results:
         w = result.workload
@@ -305,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     options = parser.parse_args(argv)
-    results = [run(llama_decode_workload(), steps=4), run(bert_forward_workload(), steps=1)]
+    results = [run(llama_decode_workload(), steps=4), run(bert_forward_workload(), steps=1),
+               run(deberta_forward_workload(), steps=1), run(swin_forward_workload(), steps=1)]
     path = os.path.join(options.out, "RESULTS-models.md")
     with open(path, "w") as handle:
         handle.write(report(results))

@@ -468,9 +468,9 @@ def conv_layout_experiment() -> list[str]:
 GQA_PASSES = "widen-one-row-updates, fold-repeat-into-dot-general"
 GQA_BEFORE = CPU_PIPELINE.replace(f" {GQA_PASSES},", "")
 # head_dim 64: SDPA's scale sqrt(1/8) on K is no power of two, so the exact
-# default leaves K's chain (repeat, transpose, scale) as it is; these rows
-# measure the opt-in that moves the scale onto the scores.
-GQA_AFTER = CPU_PIPELINE.replace(
+# default leaves K's chain (repeat, transpose, scale) as it is; the opt-in
+# moves the scale onto the scores (each row's "with option" cell).
+GQA_SCALE_OPT_IN = CPU_PIPELINE.replace(
     "fold-repeat-into-dot-general", "fold-repeat-into-dot-general{exact-scales-only=false}"
 )
 
@@ -478,8 +478,9 @@ GQA_AFTER = CPU_PIPELINE.replace(
 def _gqa_row(title: str, cache_len: int, tokens: int) -> Row:
     """An HF Llama (bench/models.py's config: 4 layers, hidden 512, GQA 8/4
     heads, head_dim 64) run as transformers' static-cache export recipe runs
-    it: ``before`` is what ``hloalias.compile`` ran on CPU without the two
-    GQA passes, ``after`` with them, the scale move opted in (:data:`GQA_AFTER`)."""
+    it: ``before`` is what ``hloalias.compile`` runs on CPU without the two
+    GQA passes, ``after`` what it runs by default (:data:`CPU_PIPELINE`,
+    exact), the option the scale move opted in (:data:`GQA_SCALE_OPT_IN`)."""
     import copy
 
     from bench.models import LlamaDecodeConfig, LlamaDecodeStep
@@ -492,27 +493,34 @@ def _gqa_row(title: str, cache_len: int, tokens: int) -> Row:
                 torch.arange(tokens))
     expected = copy.deepcopy(model)(*args)
     before = hloalias.compile(copy.deepcopy(model), args, pipeline=GQA_BEFORE)
-    after = hloalias.compile(copy.deepcopy(model), args, pipeline=GQA_AFTER)
-    result_before, result_after = before(*args), after(*args)
+    after = hloalias.compile(copy.deepcopy(model), args)
+    opted = hloalias.compile(copy.deepcopy(model), args, pipeline=GQA_SCALE_OPT_IN)
+    result_before, result_after, result_opted = before(*args), after(*args), opted(*args)
     torch.testing.assert_close(result_after, expected)
+    torch.testing.assert_close(result_opted, expected)
     identical = torch.equal(result_after, result_before)
+    identical_opted = torch.equal(result_opted, result_before)
     stats = after.memory_stats
     minimum = stats["argument_bytes"] + stats["output_bytes"] - stats["alias_bytes"]
     kv_bytes = 4 * cache_len * 64 * 4
     note = (
-        f"`before` = `{GQA_BEFORE}` (today's CPU pipeline without `{GQA_PASSES}`), `after` = `{CPU_PIPELINE}`. "
-        f"One layer's K cache is {kv_bytes:,} bytes (4 KV heads x {cache_len} x 64 f32). Before: XLA:CPU "
-        "materializes `repeat_kv`'s K repeated to all 8 heads and transposed (SDPA's scaled `k^T`) and V "
-        "repeated, each twice a layer's cache. After: `fold-repeat-into-dot-general` makes each attention "
-        "dot read the cache itself, batching over the KV heads with the head group a free dimension of q "
-        "(or of the probabilities), and moves SDPA's splat scale on K onto the scores; "
-        "`widen-one-row-updates` writes the decode step's one-row cache update as two rows so that XLA:CPU "
-        "keeps it in place instead of duplicating it into the reshape the dot reads. "
-        f"Results equal eager (assert_close); bit-identical to `before`: {identical} (the moved scale "
-        "sqrt(1/8) is no power of two: one rounding per score moves)."
+        f"`before` = `{GQA_BEFORE}` (today's CPU pipeline without `{GQA_PASSES}`), `after` = `{CPU_PIPELINE}` "
+        "(what `hloalias.compile` runs by default on one CPU device), the option = the same with "
+        f"`fold-repeat-into-dot-general{{exact-scales-only=false}}`. One layer's K cache is {kv_bytes:,} bytes "
+        f"(4 KV heads x {cache_len} x 64 f32). Before: XLA:CPU materializes `repeat_kv`'s K repeated to all 8 "
+        "heads and transposed (SDPA's scaled `k^T`) and V repeated, each twice a layer's cache. After: "
+        "`fold-repeat-into-dot-general` makes the attention dots read the cache itself, batching over the KV "
+        "heads with the head group a free dimension of q (or of the probabilities); SDPA's splat scale on K "
+        "(64 ** -0.25 at head_dim 64, no power of two) is applied to the unrepeated cache by default (exact: "
+        "one scaled copy of a layer's K cache), and only the option moves it onto the scores; "
+        "`widen-one-row-updates` writes the decode step's one-row cache "
+        "update as two rows so that XLA:CPU keeps it in place instead of duplicating it into the reshape the "
+        f"dot reads. Results equal eager (assert_close); bit-identical to `before`: {identical} by default, "
+        f"{identical_opted} with the option (the moved scale is one rounding per score in another place)."
     )
     return Row(title, before.memory_stats, stats, minimum, "arguments + new outputs (XLA's data bytes)",
-               "not measured here", _entry_copies(after), note, largest=_largest_entry_values(after))
+               "not measured here", _entry_copies(after), note,
+               option=("+ `exact-scales-only=false`", opted.memory_stats), largest=_largest_entry_values(after))
 
 
 def gqa_decode_256_row() -> Row:
@@ -606,8 +614,67 @@ def qwen2_bf16_row() -> Row:
                _entry_copies(after), note, largest=_largest_entry_values(after))
 
 
+# The two rewrites issue 29 added for DeBERTa-v2 and Swin; ``before`` of
+# their rows is what ``hloalias.compile`` runs on CPU without them.
+ISSUE29_PASSES = ("window-gather-indices", "elementwise-in-producer-shape")
+ISSUE29_BEFORE = CPU_PIPELINE
+for _name in ISSUE29_PASSES:
+    ISSUE29_BEFORE = ISSUE29_BEFORE.replace(f" {_name},", "")
+
+
+def _issue29_row(title: str, model: Any, args: tuple[Any, ...], cause: str) -> Row:
+    """``model`` compiled by ``hloalias.compile`` with and without
+    :data:`ISSUE29_PASSES`; results checked bit for bit against each other
+    and against eager."""
+    import copy
+
+    import torch.utils._pytree as pytree
+
+    with torch.no_grad():
+        expected = copy.deepcopy(model)(*args)
+    before = hloalias.compile(copy.deepcopy(model), args, pipeline=ISSUE29_BEFORE)
+    after = hloalias.compile(copy.deepcopy(model), args)
+    leaves = [pytree.tree_leaves(exe(*args)) for exe in (before, after)]
+    identical = all(torch.equal(a, b) for a, b in zip(*leaves))
+    error = max(float((got.double() - want.double()).abs().max())
+                for got, want in zip(leaves[1], pytree.tree_leaves(expected)) if isinstance(want, torch.Tensor))
+    stats = after.memory_stats
+    minimum = stats["argument_bytes"] + stats["output_bytes"] - stats["alias_bytes"]
+    note = (f"`before` = `{ISSUE29_BEFORE}` (today's CPU pipeline without `{', '.join(ISSUE29_PASSES)}`), "
+            f"`after` = `{CPU_PIPELINE}`. {cause} Results bit-identical to `before`: {identical}; largest "
+            f"difference from eager: {error:.2e}.")
+    return Row(title, before.memory_stats, stats, minimum, "arguments + new outputs (XLA's data bytes)",
+               "not measured here", _entry_copies(after), note, largest=_largest_entry_values(after))
+
+
+def deberta_row() -> Row:
+    """HF DeBERTa-v2 (bench/models.py's config) forward."""
+    from bench.models import deberta_forward
+
+    model, ids = deberta_forward()
+    return _issue29_row(
+        "HF DeBERTa-v2 forward (hidden 128, 2 layers, 4 heads, c2p + p2c), batch 2 x 64", model, (ids,),
+        "Before: the c2p and p2c `torch.gather`s take per-element indices (`concatenate(iota, iota, index)`, "
+        "s64[8,64,64,3], 786,432 bytes each, shared by both layers). After: `window-gather-indices` makes "
+        "the batch-head dimension a slice window; the index is s64[64,64,2] (65,536 bytes).")
+
+
+def swin_row() -> Row:
+    """HF Swin (bench/models.py's config) forward."""
+    from bench.models import swin_forward
+
+    model, pixels = swin_forward()
+    return _issue29_row(
+        "HF Swin forward (image 64, patch 4, embed 32, depths [2, 2], window 4), batch 2", model, (pixels,),
+        "Before: XLA:CPU's GELU after each MLP's first Linear reads the f32[512,128] product through a bitcast "
+        "and writes a second buffer of its size (`multiply_bitcast_fusion`). After: "
+        "`elementwise-in-producer-shape` computes the bias and GELU in the product's two-dimensional shape "
+        "and XLA writes GELU in place.")
+
+
 ROWS: list[Callable[[], Row]] = [bf16_cache_row, kv_step_row, gpt2_row, resnet_row, resnet18_row, bert_row,
-                                 gqa_decode_256_row, gqa_decode_4096_row, gqa_prefill_row, mixtral_row, qwen2_bf16_row]
+                                 gqa_decode_256_row, gqa_decode_4096_row, gqa_prefill_row, mixtral_row, qwen2_bf16_row,
+                                 deberta_row, swin_row]
 
 
 def _ratio(total: int, minimum: int) -> str:

@@ -14,6 +14,7 @@ from hloalias.passes.accumulate_bf16_dots_in_f32 import AccumulateBf16DotsInF32,
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.base import ModulePass
 from hloalias.passes.bitcast_overwrite_scatter import BitcastOverwriteScatter, BitcastScatterReport
+from hloalias.passes.elementwise_in_producer_shape import ElementwiseInProducerShape, ElementwiseShapeReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.passes.fold_broadcast_into_dot_general import BroadcastFoldReport, FoldBroadcastIntoDotGeneral
 from hloalias.passes.fold_repeat_into_dot_general import FoldRepeatIntoDotGeneral, RepeatFoldReport
@@ -21,6 +22,7 @@ from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTran
 from hloalias.passes.returned_matvec_as_reduce import MatvecReport, ReturnedMatvecAsReduce
 from hloalias.passes.select_to_dynamic_update_slice import SelectToDynamicUpdateSlice, SelectToUpdateSliceReport
 from hloalias.passes.scatter_to_dynamic_update_slice import ScatterToDynamicUpdateSlice, ScatterToUpdateSliceReport
+from hloalias.passes.window_gather_indices import WindowGatherIndices, WindowGatherReport
 from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
 from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
 from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
@@ -35,11 +37,13 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         AccumulateBf16DotsInF32.name: AccumulateBf16DotsInF32.from_options,
         AliasDonatedBuffers.name: AliasDonatedBuffers.from_options,
         BitcastOverwriteScatter.name: BitcastOverwriteScatter.from_options,
+        ElementwiseInProducerShape.name: ElementwiseInProducerShape.from_options,
         EliminateViewResults.name: EliminateViewResults.from_options,
         FoldBroadcastIntoDotGeneral.name: FoldBroadcastIntoDotGeneral.from_options,
         FoldRepeatIntoDotGeneral.name: FoldRepeatIntoDotGeneral.from_options,
         FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
         ReturnedMatvecAsReduce.name: ReturnedMatvecAsReduce.from_options,
+        WindowGatherIndices.name: WindowGatherIndices.from_options,
         WindowScatterIndices.name: WindowScatterIndices.from_options,
         ScatterToDynamicUpdateSlice.name: ScatterToDynamicUpdateSlice.from_options,
         SelectToDynamicUpdateSlice.name: SelectToDynamicUpdateSlice.from_options,
@@ -60,6 +64,8 @@ __all__ = [
     "BitcastOverwriteScatter",
     "BitcastScatterReport",
     "BroadcastFoldReport",
+    "ElementwiseInProducerShape",
+    "ElementwiseShapeReport",
     "EliminateViewResults",
     "FoldBroadcastIntoDotGeneral",
     "FoldReport",
@@ -81,6 +87,8 @@ __all__ = [
     "SelectToUpdateSliceReport",
     "StoreStateAsBits",
     "ViewReport",
+    "WindowGatherIndices",
+    "WindowGatherReport",
     "WindowScatterIndices",
     "WindowScatterReport",
     "WidenOneRowUpdates",

@@ -32,9 +32,12 @@ moves onto the dot's result: the repeat and transposition removal is exact,
 the moved scale is exact when the splat is a power of two and otherwise
 rounds the sum of products once instead of each product (as torch's fused
 CPU attention kernel, which scales ``q @ k^T``).  ``exact-scales-only``
-(the default) keeps chains holding any other multiply as they are;
-``exact-scales-only=false`` moves those too.  Only floating-point
-multiplies of the dot's result element type move.
+(the default) moves only power-of-two scales; any other scale is applied
+to the unrepeated source instead (the dot reads ``S * c``, one copy of
+``S``, no repeat and no transpose: exact, since a splat multiply commutes
+with the chain's reshapes, transposes and repeats).
+``exact-scales-only=false`` moves those onto the result too.  Only
+floating-point multiplies of the dot's result element type move.
 
 Never fires on a dot without a repeated operand (``fold-broadcast-into-dot-
 general`` handles a weight broadcast over whole batching dimensions), when
@@ -67,12 +70,13 @@ class RepeatFoldReport:
 
     folded: int
     scales_moved: int
+    scales_on_source: int = 0
 
     def to_text(self) -> str:
         """The report as people read it."""
         return (
             f"fold-repeat-into-dot-general: {self.folded} repeated operands folded, "
-            f"{self.scales_moved} scales moved onto dot results"
+            f"{self.scales_moved} scales moved onto dot results, {self.scales_on_source} onto the unrepeated source"
         )
 
 
@@ -86,8 +90,9 @@ class FoldRepeatIntoDotGeneral(ModulePass[RepeatFoldReport]):
     # fused CPU attention, but not what the unrewritten program computes).
     exact_scales_only: bool = dataclasses.field(
         default=True,
-        metadata={"help": "move only power-of-two splat scales (bit-exact; default); false also moves "
-                          "other scales, rounding the scores once (as torch's fused CPU attention)"},
+        metadata={"help": "move only power-of-two splat scales onto the result and apply others to the "
+                          "unrepeated source (bit-exact; default); false moves every scale, rounding the "
+                          "scores once (as torch's fused CPU attention)"},
     )
 
     def apply(self, module: ModuleLike) -> RepeatFoldReport:
@@ -101,7 +106,7 @@ class FoldRepeatIntoDotGeneral(ModulePass[RepeatFoldReport]):
             patterns.add("stablehlo.dot_general", folder.fold_repeated_operand)
             rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
         verify_contract(module)
-        return RepeatFoldReport(folder.folded, folder.scales_moved)
+        return RepeatFoldReport(folder.folded, folder.scales_moved, folder.scales_on_source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +127,10 @@ class _Chain:
     source_axes: list[_Axis]
     groups: list[list[_Axis]]
     scales: list[ir.Operation]
+    # Scales applied to the source instead (farthest first): exact, as a
+    # splat multiply commutes with the chain's reshapes, transposes and
+    # repeats; the dot then reads the scaled source, one unrepeated copy.
+    source_scales: list[ir.Operation] = dataclasses.field(default_factory=list)
 
 
 def _operation(value: ir.Value) -> ir.Operation | None:
@@ -277,6 +286,7 @@ class _RepeatFolder:
     exact_scales_only: bool
     folded: int = 0
     scales_moved: int = 0
+    scales_on_source: int = 0
 
     def fold_repeated_operand(self, op: ir.OpView, rewriter: rewrite.PatternRewriter) -> bool:
         """One repeated operand of ``op`` -> its source, the repeat a free dim."""
@@ -299,8 +309,12 @@ class _RepeatFolder:
         for start in range(len(links), 0, -1):
             chosen = list(reversed(links[:start]))
             chain = _describe(_chain_input(chosen[0]), chosen)
-            if chain is None or not self._scales_movable(chain, result_element):
+            if chain is None:
                 continue
+            if not self._scales_movable(chain, result_element):
+                chain = self._scales_on_source(chain, result_element)
+                if chain is None:
+                    continue
             if self._rewrite(op, side, chain, batching, contracting, rewriter):
                 return True
         return False
@@ -312,6 +326,18 @@ class _RepeatFolder:
             if self.exact_scales_only and not _is_power_of_two_scale(multiply):
                 return False
         return True
+
+    def _scales_on_source(self, chain: _Chain, result_element: ir.Type) -> _Chain | None:
+        """``chain`` with the scales that may not move onto the result
+        applied to its source (exact), or None when the source's element
+        type is not theirs."""
+        source_element = ir.RankedTensorType(chain.source.type).element_type
+        stay = [m for m in chain.scales if ir.RankedTensorType(m.results[0].type).element_type != result_element
+                or (self.exact_scales_only and not _is_power_of_two_scale(m))]
+        if any(ir.RankedTensorType(m.results[0].type).element_type != source_element for m in stay):
+            return None
+        moving = [m for m in chain.scales if m not in stay]
+        return dataclasses.replace(chain, scales=moving, source_scales=stay)
 
     def _rewrite(
         self,
@@ -386,7 +412,10 @@ class _RepeatFolder:
         with rewriter.ip, op.location:
             operands: list[ir.Value] = [other_value, chain.source]
             operands[0] = _reshaped(other_value, [a.size for a in other_axes])
-            operands[1] = _reshaped(chain.source, [a.size for a in kept])
+            source = chain.source
+            for multiply in chain.source_scales:
+                source = _scaled(source, multiply)
+            operands[1] = _reshaped(source, [a.size for a in kept])
             if other == 1:
                 operands.reverse()
             pairs = (batch_pairs, contracting_pairs)
@@ -419,6 +448,7 @@ class _RepeatFolder:
         rewriter.replace_op(op, [result])
         self.folded += 1
         self.scales_moved += len(chain.scales)
+        self.scales_on_source += len(chain.source_scales)
         return True
 
 

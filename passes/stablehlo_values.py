@@ -1,5 +1,6 @@
 """Small readers of StableHLO values shared by the pattern passes: which op
-defines a value, its static shape, and the integers a constant holds."""
+defines a value, its static shape, the integers a constant holds, and
+whether an index value is an ``arange``."""
 
 from __future__ import annotations
 
@@ -46,3 +47,36 @@ def constant_integers(value: ir.Value) -> list[int] | None:
     if attribute.is_splat:
         return [int(ir.IntegerAttr(attribute.get_splat_value()).value)] * count
     return [int(attribute[i]) for i in range(count)]
+
+
+def is_arange(value: ir.Value) -> bool:
+    """True when the rank-1 ``value`` is ``0, 1, ..., n-1``: an ``iota`` or
+    ``dynamic_iota`` (static result), optionally ``* 1`` then ``+ 0``."""
+    add = producer(value, "stablehlo.add")
+    if add is not None:
+        if splat_integer(add.operands[1]) != 0:
+            return False
+        value = add.operands[0]
+    multiply = producer(value, "stablehlo.multiply")
+    if multiply is not None:
+        if splat_integer(multiply.operands[1]) != 1:
+            return False
+        value = multiply.operands[0]
+    for name in ("stablehlo.iota", "stablehlo.dynamic_iota"):
+        iota = producer(value, name)
+        if iota is not None:
+            dimension = ir.IntegerAttr(iota.attributes["iota_dimension"]).value
+            return dimension == 0 and len(shape_of(value)) == 1 and ir.RankedTensorType(value.type).has_static_shape
+    return False
+
+
+def strip_unit_reshapes(value: ir.Value) -> ir.Value:
+    """Look through reshapes that only add or drop size-1 dimensions."""
+    while True:
+        reshape = producer(value, "stablehlo.reshape")
+        if reshape is None:
+            return value
+        source = reshape.operands[0]
+        if [n for n in shape_of(source) if n != 1] != [n for n in shape_of(value) if n != 1]:
+            return value
+        value = source

@@ -35,7 +35,7 @@ from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
-from hloalias.passes.stablehlo_values import producer, shape_of, splat_integer
+from hloalias.passes.stablehlo_values import is_arange, producer, shape_of, strip_unit_reshapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,47 +68,8 @@ class WindowScatterIndices(ModulePass[WindowScatterReport]):
         return WindowScatterReport(counter.windowed)
 
 
-
-
-
-
-
-
-def _is_arange(value: ir.Value) -> bool:
-    """True when the rank-1 ``value`` is ``0, 1, ..., n-1``: an ``iota`` or
-    ``dynamic_iota`` (static result), optionally ``* 1`` then ``+ 0``."""
-    add = producer(value, "stablehlo.add")
-    if add is not None:
-        if splat_integer(add.operands[1]) != 0:
-            return False
-        value = add.operands[0]
-    multiply = producer(value, "stablehlo.multiply")
-    if multiply is not None:
-        if splat_integer(multiply.operands[1]) != 1:
-            return False
-        value = multiply.operands[0]
-    for name in ("stablehlo.iota", "stablehlo.dynamic_iota"):
-        iota = producer(value, name)
-        if iota is not None:
-            dimension = ir.IntegerAttr(iota.attributes["iota_dimension"]).value
-            return dimension == 0 and len(shape_of(value)) == 1 and ir.RankedTensorType(value.type).has_static_shape
-    return False
-
-
-def _strip_unit_reshapes(value: ir.Value) -> ir.Value:
-    """Look through reshapes that only add or drop size-1 dimensions."""
-    while True:
-        reshape = producer(value, "stablehlo.reshape")
-        if reshape is None:
-            return value
-        source = reshape.operands[0]
-        if [n for n in shape_of(source) if n != 1] != [n for n in shape_of(value) if n != 1]:
-            return value
-        value = source
-
-
 @dataclasses.dataclass(frozen=True)
-class _Component:
+class IndexComponent:
     """One index component, per element of the updates.  ``arange_dim`` is
     the update dimension it enumerates (None if it does not); ``constant_dims``
     are the update dimensions it does not vary along."""
@@ -118,19 +79,24 @@ class _Component:
     constant_dims: frozenset[int]
 
 
-def _classify(value: ir.Value, rank: int) -> _Component:
-    """What is known about the component ``value`` (shape = the updates')."""
+def classify_component(value: ir.Value, rank: int) -> IndexComponent:
+    """What is known about the component ``value`` (shape = the updates' or
+    a gather's batch shape): an ``iota`` of that shape, or a broadcast."""
+    iota = producer(value, "stablehlo.iota")
+    if iota is not None:
+        dimension = ir.IntegerAttr(iota.attributes["iota_dimension"]).value
+        return IndexComponent(value, dimension, frozenset(d for d in range(rank) if d != dimension))
     broadcast = producer(value, "stablehlo.broadcast_in_dim")
     if broadcast is None:
-        return _Component(value, None, frozenset())
+        return IndexComponent(value, None, frozenset())
     source = broadcast.operands[0]
     source_shape = shape_of(source)
     mapping = list(ir.DenseI64ArrayAttr(broadcast.attributes["broadcast_dimensions"]))
     varying = [mapping[p] for p, n in enumerate(source_shape) if n != 1]
     constant = frozenset(d for d in range(rank) if d not in varying)
-    if len(varying) == 1 and _is_arange(_strip_unit_reshapes(source)):
-        return _Component(value, varying[0], constant)
-    return _Component(value, None, constant)
+    if len(varying) == 1 and is_arange(strip_unit_reshapes(source)):
+        return IndexComponent(value, varying[0], constant)
+    return IndexComponent(value, None, constant)
 
 
 @dataclasses.dataclass
@@ -162,7 +128,7 @@ class _Counter:
             reshape = producer(part, "stablehlo.reshape")
             if reshape is None or shape_of(part)[-1] != 1 or shape_of(reshape.operands[0]) != updates_shape:
                 return True
-            components.append(_classify(reshape.operands[0], len(updates_shape)))
+            components.append(classify_component(reshape.operands[0], len(updates_shape)))
         operand_dims = list(numbers.scattered_dims_to_operand_dims)
         if len(components) != len(operand_dims):
             return True
@@ -183,7 +149,7 @@ class _Counter:
         batch_shape = [n for d, n in enumerate(updates_shape) if d not in window]
         index_type = ir.RankedTensorType(indices.type).element_type
         with rewriter.ip, operation.location:
-            pieces = [_first_of_each_window(c.value, window_dims, batch_shape, index_type) for c, _ in indexed]
+            pieces = [first_of_each_window(c.value, window_dims, batch_shape, index_type) for c, _ in indexed]
             new_indices = ir.Operation.create(
                 "stablehlo.concatenate",
                 results=[ir.RankedTensorType.get([*batch_shape, len(pieces)], index_type)],
@@ -219,7 +185,7 @@ class _Counter:
         return False
 
 
-def _first_of_each_window(
+def first_of_each_window(
     component: ir.Value, window_dims: list[int], batch_shape: list[int], index_type: ir.Type
 ) -> ir.Value:
     """``component`` at coordinate 0 of every window dimension, shaped

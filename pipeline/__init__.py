@@ -25,7 +25,7 @@ from hloalias.passes import get_all_passes
 from hloalias.passes.base import ModulePass
 
 DEFAULT_PIPELINE = (
-    "builtin.module(fold-transpose-into-dot-general, fold-broadcast-into-dot-general, window-scatter-indices, scatter-to-dynamic-update-slice, select-to-dynamic-update-slice, bitcast-overwrite-scatter, widen-one-row-updates, fold-repeat-into-dot-general, eliminate-view-results, alias-donated-buffers)"
+    "builtin.module(fold-transpose-into-dot-general, fold-broadcast-into-dot-general, window-scatter-indices, window-gather-indices, scatter-to-dynamic-update-slice, select-to-dynamic-update-slice, bitcast-overwrite-scatter, widen-one-row-updates, fold-repeat-into-dot-general, elementwise-in-producer-shape, eliminate-view-results, alias-donated-buffers)"
 )
 
 STATE_LAYOUT_PASS = "permute-conv-kernel-state"

@@ -162,3 +162,28 @@ def test_widened_write_equals_the_one_row_write_at_every_start() -> None:
             assert torch.equal(a, b), start
         written = min(max(start, 0), 7)
         assert torch.equal(expected[0][:, :, written], row[:, :, 0]), start  # the case does what it says
+
+
+def test_gqa_decode_head_dim_64_scales_the_cache_unrepeated() -> None:
+    """head_dim 64: SDPA's scale on K (64 ** -0.25) is no power of two, so
+    it may not move onto the scores exactly; the exact default applies it
+    to the unrepeated cache instead.  K's repeat and transpose leave temp
+    (one scaled copy of a layer's K cache, 131,072 bytes, stays), and the
+    step is bit-identical to the pipeline without the passes."""
+    from bench.models import LlamaDecodeConfig, LlamaDecodeStep
+
+    heads, kv_heads, head_dim, cache_len = 4, 2, 64, 256
+    model = LlamaDecodeStep(LlamaDecodeConfig(
+        vocab_size=256, hidden_size=heads * head_dim, intermediate_size=128, layers=1,
+        heads=heads, kv_heads=kv_heads, max_cache_len=cache_len,
+    ))
+    args = (torch.tensor([[7]]), torch.tensor([17]))
+    expected = copy.deepcopy(model)(*args)
+    without, result_without = _run(model, args, WITHOUT)
+    folded, result = _run(model, args, CPU_PIPELINE)
+    assert without.memory_stats["temp_bytes"] == 528_384
+    assert folded.memory_stats["temp_bytes"] == 135_168
+    repeated = f"-> tensor<1x{kv_heads}x{heads // kv_heads}x{cache_len}x{head_dim}xf32>"
+    assert without.mlir.count(repeated) == 2 and folded.mlir.count(repeated) == 0
+    assert torch.equal(result, result_without)
+    torch.testing.assert_close(result, expected)

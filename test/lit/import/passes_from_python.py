@@ -176,8 +176,8 @@ def pass_manager_error() -> None:
 # CHECK-LABEL: TEST: textual_pipeline
 # The default pipeline and one with options, from Python; options print back
 # in pipeline syntax.
-# CHECK:      default: builtin.module(fold-transpose-into-dot-general, fold-broadcast-into-dot-general, window-scatter-indices, scatter-to-dynamic-update-slice, select-to-dynamic-update-slice, bitcast-overwrite-scatter, widen-one-row-updates, fold-repeat-into-dot-general, eliminate-view-results, alias-donated-buffers)
-# CHECK-NEXT: reports: FoldReport, BroadcastFoldReport, WindowScatterReport, ScatterToUpdateSliceReport, SelectToUpdateSliceReport, BitcastScatterReport, WidenReport, RepeatFoldReport, ViewReport, AliasReport
+# CHECK:      default: builtin.module(fold-transpose-into-dot-general, fold-broadcast-into-dot-general, window-scatter-indices, window-gather-indices, scatter-to-dynamic-update-slice, select-to-dynamic-update-slice, bitcast-overwrite-scatter, widen-one-row-updates, fold-repeat-into-dot-general, elementwise-in-producer-shape, eliminate-view-results, alias-donated-buffers)
+# CHECK-NEXT: reports: FoldReport, BroadcastFoldReport, WindowScatterReport, WindowGatherReport, ScatterToUpdateSliceReport, SelectToUpdateSliceReport, BitcastScatterReport, WidenReport, RepeatFoldReport, ElementwiseShapeReport, ViewReport, AliasReport
 # CHECK-NEXT: k_cache aliases result 0
 # CHECK-NEXT: alias-donated-buffers{donate=x,0 exclude-kinds=parameter}
 # CHECK-NEXT: eliminate-view-results{dead-results=1,2}

@@ -2,11 +2,13 @@
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false})' | filecheck %s
 // Idempotent: a second run finds no repeated operand left.
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false}, fold-repeat-into-dot-general{exact-scales-only=false})' | filecheck %s
-// The default (exact-scales-only): chains scaled by anything but a constant power of two stay.
+// The default (exact-scales-only): a scale that is no constant power of two is applied to the
+// unrepeated source instead of moving onto the dot's result.
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' | filecheck %s --check-prefix=EXACT
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general, fold-repeat-into-dot-general)' | filecheck %s --check-prefix=EXACT
 // XLA accepts every module the pass produces.
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 
 // XLA-COUNT-5: xla: argument_bytes={{[0-9]+}}
 
@@ -64,7 +66,8 @@ func.func @main(%p: tensor<4x3x8xf32>, %v: tensor<1x2x8x16xf32>) -> tensor<4x3x1
 // -----
 
 // A scale that is no power of two (head_dim 64: sqrt(1/8)) moves with
-// exact-scales-only=false; the default leaves that chain as it is.
+// exact-scales-only=false; the default applies it to the unrepeated source
+// (exact) and folds the repeat and the transpose all the same.
 func.func @main(%q: tensor<4x1x64xf32>, %k: tensor<2x8x64xf32>, %c: tensor<f32>) -> tensor<4x1x8xf32> {
   %r = stablehlo.reshape %k : (tensor<2x8x64xf32>) -> tensor<2x1x8x64xf32>
   %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3] : (tensor<2x1x8x64xf32>) -> tensor<2x2x8x64xf32>
@@ -82,8 +85,12 @@ func.func @main(%q: tensor<4x1x64xf32>, %k: tensor<2x8x64xf32>, %c: tensor<f32>)
 // CHECK:         %[[S:.+]] = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<4x1x8xf32>
 // CHECK:         stablehlo.multiply %[[R]], %[[S]]
 // EXACT-LABEL: func.func @main(%arg0: tensor<4x1x64xf32>, %arg1: tensor<2x8x64xf32>, %arg2: tensor<f32>)
-// EXACT:         stablehlo.transpose
-// EXACT:         stablehlo.dot_general %arg0, %{{.+}}, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x1x64xf32>, tensor<4x64x8xf32>)
+// EXACT-NOT:     transpose
+// EXACT:         %[[ES:.+]] = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<2x8x64xf32>
+// EXACT:         %[[EK:.+]] = stablehlo.multiply %arg1, %[[ES]] : tensor<2x8x64xf32>
+// EXACT:         %[[ED:.+]] = stablehlo.dot_general %{{.+}}, %[[EK]], batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<2x2x1x64xf32>, tensor<2x8x64xf32>) -> tensor<2x2x1x8xf32>
+// EXACT:         %[[ER:.+]] = stablehlo.reshape %[[ED]] : (tensor<2x2x1x8xf32>) -> tensor<4x1x8xf32>
+// EXACT-NEXT:    return %[[ER]]
 
 // -----
 
