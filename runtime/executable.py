@@ -99,6 +99,7 @@ from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_sh
 from hloalias.runtime.distributed import check_same_program
 from hloalias.runtime.assembly import input_views
 from hloalias.runtime.execution import run_mesh, run_planned
+from hloalias.runtime.module_modes import ModuleModes
 from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed
 from hloalias.runtime.ownership import (
     DeviceTensor as DeviceTensor,
@@ -322,6 +323,7 @@ def compile(  # noqa: A001 - the name users expect
         placement=placement,
     )
     exe._pass_lines = pass_report
+    exe._modes = ModuleModes.of(owner)
     exe.program_cache = program_cache.status_line(cached, found)
     return exe
 
@@ -512,6 +514,9 @@ class Executable:
         #: How the program cache served this compile (runtime/program_cache.py).
         self.program_cache = "program cache: not consulted"
         self._calls = 0
+        #: The train/eval flags the program was compiled under (set by
+        #: ``compile``), checked at every call; None: no module to check.
+        self._modes: ModuleModes | None = None
         self._read_final_module(program)
         self._convention = convention or _CallConvention(
             None,
@@ -938,6 +943,8 @@ class Executable:
             leaves = [kwargs[name] for name in self._keyword_leaves]
         else:
             leaves = self._user_leaves(args, kwargs)
+        if self._modes is not None:
+            self._check_modes()
         if self._watched and self._state_watch.changed():
             self._sync_from_torch()
         if self._lane is not None:
@@ -969,6 +976,18 @@ class Executable:
             if plan is not None:
                 return run_planned(self, plan, inputs)
             return run_mesh(self, inputs)
+
+    def _check_modes(self) -> None:
+        """Refuse a call after a train/eval switch of a module the program
+        read the flag of (``runtime/module_modes.py``): the program holds
+        the compile-time mode's dropout and normalization."""
+        assert self._modes is not None
+        changed = self._modes.changed()
+        if changed is not None:
+            raise ExecutionError(
+                f"{changed}; the program was compiled for the old mode (dropout, normalization "
+                "statistics): switch it back, or compile again (hloalias.jit compiles once per mode)"
+            )
 
     def _sync_from_torch(self) -> None:
         """Bring the device state up to the module's tensors that torch
