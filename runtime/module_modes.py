@@ -8,8 +8,9 @@ the model in train mode and called after ``model.eval()`` (or the other way
 round) would run the other mode's program: a silently wrong value.
 
 :class:`ModuleModes` records, at compile time, the modules whose flag the
-program may have read (the compiled module itself and every submodule
-whose class's own code reads ``training``) and their flags, holding each
+program may have read (the compiled module and every submodule whose
+class's own code reads ``training``, a compiled function's module when the
+function's code reads it) and their flags, holding each
 module weakly (an executable never keeps a model alive).  ``changed()``
 names the first module whose flag differs now; ``key()`` is the tuple of
 flags (``hloalias.jit`` keys its signatures on it, so a mode switch
@@ -66,15 +67,17 @@ def _class_code_reads_training(cls: type) -> bool:
     return False
 
 
-def _roots(f: Any) -> list[torch.nn.Module]:
+def _roots(f: Any) -> list[tuple[torch.nn.Module, bool]]:
     """The modules ``f`` runs: itself, the module of a bound method, or the
-    modules a function closes over or names as globals."""
+    modules a function closes over or names as globals; each with whether
+    ``f``'s own code reads ``training`` (``model.training`` in a function)."""
     if isinstance(f, torch.nn.Module):
-        return [f]
+        return [(f, False)]
+    function = getattr(f, "__func__", f)
+    reads = isinstance(function, types.FunctionType) and _code_reads_training(function.__code__)
     owner = getattr(f, "__self__", None)
     if isinstance(owner, torch.nn.Module):
-        return [owner]
-    function = getattr(f, "__func__", f)
+        return [(owner, reads)]
     if not isinstance(function, types.FunctionType):
         return []
     try:
@@ -82,7 +85,7 @@ def _roots(f: Any) -> list[torch.nn.Module]:
     except (TypeError, ValueError):
         return []
     found = [*variables.nonlocals.values(), *variables.globals.values()]
-    return [value for value in found if isinstance(value, torch.nn.Module)]
+    return [(value, reads) for value in found if isinstance(value, torch.nn.Module)]
 
 
 class ModuleModes:
@@ -99,9 +102,10 @@ class ModuleModes:
         entries: list[tuple[str, weakref.ref[torch.nn.Module], bool]] = []
         seen: set[int] = set()
         for target in targets:
-            for root in _roots(target):
+            for root, read_by_caller in _roots(target):
                 for name, module in root.named_modules(remove_duplicate=False):
-                    if id(module) in seen or (module is not root and not _class_reads_training(type(module))):
+                    read = _class_reads_training(type(module)) or (module is root and read_by_caller)
+                    if id(module) in seen or not read:
                         continue
                     seen.add(id(module))
                     label = f"{type(module).__name__} '{name}'" if name else type(module).__name__

@@ -38,10 +38,31 @@ def test_eval_after_compiling_in_train_mode_is_refused_and_train_again_runs() ->
     exe = hloalias.compile(model, (_x(),))
     exe(_x())
     model.eval()
-    with pytest.raises(ExecutionError, match=r"_Net was in train mode when compiled and is in eval mode now"):
+    with pytest.raises(ExecutionError, match=r"BatchNorm1d 'bn' was in train mode when compiled and is in eval mode now"):
         exe(_x())
     model.train()
     assert exe(_x()).shape == (4, 8)
+
+
+def test_a_module_that_reads_no_mode_runs_in_either_mode() -> None:
+    """No false refusal: nothing in a Linear + ReLU reads ``training``."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())  # train mode, as constructed
+    exe = hloalias.compile(model, (_x(),))
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(exe(_x()), model(_x()), rtol=1e-5, atol=1e-5)
+
+
+def test_a_function_reading_the_flag_checks_its_model() -> None:
+    model = torch.nn.Linear(8, 8)
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return model(x) * (2.0 if model.training else 1.0)
+
+    exe = hloalias.compile(scaled, (_x(),))
+    model.eval()
+    with pytest.raises(ExecutionError, match="Linear was in train mode"):
+        exe(_x())
 
 
 def test_train_after_compiling_in_eval_mode_is_refused() -> None:
