@@ -302,9 +302,13 @@ class TrainingStep:
                     k for k, v in hyperparameters_of(group).items()
                     if self._hyperparameters[index].get(k) != v
                 ) or ["(keys)"]
+                cycled = (
+                    " (OneCycleLR and CyclicLR cycle momentum/betas every step unless given "
+                    "cycle_momentum=False)" if {"momentum", "betas"} & set(changed) else ""
+                )
                 raise ExecutionError(
                     f"param group {index}: {', '.join(changed)} changed since compile; only lr is "
-                    "passed as data, other hyperparameters are part of the program: compile again"
+                    f"passed as data, other hyperparameters are part of the program: compile again{cycled}"
                 )
             lr = lr_of(group)
             if index < len(self._lr_cache) and self._lr_cache[index][0] == lr:
