@@ -100,6 +100,7 @@ from hloalias.runtime.distributed import check_same_program
 from hloalias.runtime.assembly import input_views
 from hloalias.runtime.execution import run_mesh, run_planned
 from hloalias.runtime.module_modes import ModuleModes
+from hloalias.runtime.carried_objects import carry_objects
 from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed
 from hloalias.runtime.ownership import (
     DeviceTensor as DeviceTensor,
@@ -517,6 +518,8 @@ class Executable:
         #: The train/eval flags the program was compiled under (set by
         #: ``compile``), checked at every call; None: no module to check.
         self._modes: ModuleModes | None = None
+        #: Input objects returned as themselves (frontend/carried_objects.py).
+        self._carried = getattr(program.signature, "carried_objects", ())
         self._read_final_module(program)
         self._convention = convention or _CallConvention(
             None,
@@ -932,6 +935,14 @@ class Executable:
     # -- calling -----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program; see the module docstring for the semantics."""
+        if self._carried:
+            # Objects the program returns as themselves (a transformers
+            # Cache): the caller's object gets the new state, as in eager.
+            outputs = self._call(args, kwargs)
+            return carry_objects(self._carried, self._convention.arrange(args, kwargs), outputs)
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         leaves: Sequence[Any]
         if not kwargs and len(args) == self._positional_arity:
             leaves = args
