@@ -1063,9 +1063,17 @@ class Executable:
         for name, spec, value in pairs:
             got = pytree.tree_structure(value)
             if got != spec:
+                # A transformers cache changes its structure as it fills
+                # (a StaticCache allocates its tensors on its first update,
+                # a DynamicCache gains layers): say so.
+                grown = (
+                    "; the cache changed its structure since compiling (its layers were allocated or "
+                    "grew): hloalias.jit compiles once per structure"
+                    if got.type is spec.type and type(value).__name__.endswith("Cache") else ""
+                )
                 return (
                     f"inputs do not have the structure the program was compiled for: input '{name}' "
-                    f"should be {_describe_spec(spec)}, got {_describe_spec(got)}"
+                    f"should be {_describe_spec(spec)}, got {_describe_spec(got)}{grown}"
                 )
         return (
             f"inputs do not have the structure the program was compiled for: expected "

@@ -122,3 +122,16 @@ def test_an_interrupt_while_updating_the_cache_completes_the_update(monkeypatch:
         eager(input_ids=_ids(), past_key_values=eager_cache, use_cache=True)
     for layer, eager_layer in zip(cache.layers, eager_cache.layers):
         torch.testing.assert_close(layer.keys, eager_layer.keys, rtol=TOL, atol=TOL)
+
+
+def test_compile_on_an_unallocated_static_cache_refuses_the_allocated_one() -> None:
+    """``hloalias.compile`` is one program: after the first call allocated
+    the cache, the next call's cache has another structure, refused in
+    words (before the fix it ran on a fresh zero cache every call)."""
+    model = _llama()
+    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+    exe = hloalias.compile(model, (), {"input_ids": _ids(), "past_key_values": cache, "use_cache": True})
+    assert exe(input_ids=_ids(), past_key_values=cache, use_cache=True).past_key_values is cache
+    assert cache.layers[0].is_initialized
+    with pytest.raises(hloalias.ExecutionError, match="past_key_values.*cache changed its structure"):
+        exe(input_ids=_ids(), past_key_values=cache, use_cache=True)
