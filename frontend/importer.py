@@ -56,6 +56,7 @@ from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
 from hloalias.frontend.tracing_lock import TRACING_LOCK
+from hloalias.frontend.carried_objects import CarriedObjects, record_carried_objects
 
 TORCH_BACKEND_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -141,6 +142,10 @@ class ProgramSignature:
     # strides and storage offset (None: the program's as_strided calls keep
     # the input's offset, any will do).  A call must pass that layout.
     strided_inputs: dict[int, tuple[tuple[int, ...], int | None]] = dataclasses.field(default_factory=dict)
+    # Input objects the program returns as themselves (a transformers
+    # Cache it updates in Python): (output path, input path) pairs, see
+    # frontend/carried_objects.py.  The runtime updates the caller's object.
+    carried_objects: CarriedObjects = ()
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""
@@ -247,6 +252,7 @@ def _import_torch(
         observe.finish(mark)
     mark = observe.start("torch.export")
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
+    carried = carried_objects_of(exported)
     _check_strided_outputs(exported)
     observe.finish(mark)
     exported, state_aliases = _merge_aliased_state(exported, owned=exported is not f)
@@ -281,7 +287,8 @@ def _import_torch(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
     observe.finish(mark)
-    return _import_decomposed(f, args, kwargs, exported, state_aliases, eager_storage, strided_before, stage)
+    program = _import_decomposed(f, args, kwargs, exported, state_aliases, eager_storage, strided_before, stage)
+    return with_carried_objects(program, carried)
 
 
 def _import_decomposed(
@@ -688,7 +695,11 @@ def _export(
     module = f if isinstance(f, torch.nn.Module) else _FunctionModule.wrap(f)
     _register_transformers_caches(f)
     try:
-        return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        with record_carried_objects(module) as carried:
+            exported = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        # Read back by _import_torch and export_dynamic (frontend/carried_objects.py).
+        exported.hloalias_carried_objects = carried[-1] if carried else ()  # type: ignore[attr-defined]
+        return exported
     except Exception as error:
         unknown = _UNKNOWN_OUTPUT_RE.search(str(error))
         if unknown is not None:
@@ -836,6 +847,20 @@ def _data_dependent_hint(error: BaseException) -> str:
         "(`x.index_copy_(dim, pos.view(1), v.unsqueeze(dim))`, `x.index_select(dim, pos.view(1))`, "
         "`torch.where`), or pass a Python int (baked into the program: one compile per value)"
     )
+
+
+def carried_objects_of(exported: ExportedProgram) -> CarriedObjects:
+    """The carried objects :func:`_export` found (none for a caller's
+    ExportedProgram: nothing watched its export)."""
+    found: CarriedObjects = getattr(exported, "hloalias_carried_objects", ())
+    return found
+
+
+def with_carried_objects(program: "Program", carried: CarriedObjects) -> "Program":
+    """``program`` with ``carried`` recorded in its signature."""
+    if carried:
+        program.signature = dataclasses.replace(program.signature, carried_objects=carried)
+    return program
 
 
 _UNKNOWN_OUTPUT_RE = re.compile(r"Found <class '([^']+)'> in output, which is not a known type")

@@ -36,6 +36,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hloalias.errors import TorchImportError
+from hloalias.frontend.carried_objects import CarriedObjects
 from hloalias.frontend import importer
 from hloalias.frontend.tracing_lock import TRACING_LOCK
 
@@ -56,6 +57,8 @@ class DynamicExport:
     eager_storage: list[str | None] | None
     #: per user input leaf, the dimensions exported as dynamic
     dynamic_dims: tuple[frozenset[int], ...]
+    #: input objects the program returns as themselves (frontend/carried_objects.py)
+    carried_objects: CarriedObjects = ()
 
 
 _SHAPE_VALUES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
@@ -92,6 +95,7 @@ def _export_dynamic(
         shapes[leaf] = {d: torch.export.Dim.DYNAMIC for d in dims}
     importer._check_strided_inputs(args, kwargs)
     exported = importer._export(f, args, kwargs, shapes.dynamic_shapes(f, args, kwargs))  # type: ignore[no-untyped-call]
+    carried = importer.carried_objects_of(exported)
     importer._check_strided_outputs(exported)
     exported, state_aliases = importer._merge_aliased_state(exported, owned=True)
     importer._pin_eager_copies(exported)
@@ -108,7 +112,7 @@ def _export_dynamic(
         raise NotSpecializable(f"decomposing the dynamic program failed: {error}") from error
     if importer._strided_inputs(exported):
         raise NotSpecializable("the program addresses an input through as_strided")
-    return DynamicExport(exported, state_aliases, eager_storage, dynamic_dims)
+    return DynamicExport(exported, state_aliases, eager_storage, dynamic_dims, carried)
 
 
 def import_specialized(
@@ -119,9 +123,10 @@ def import_specialized(
     :class:`NotSpecializable` when they do not fit it."""
     with TRACING_LOCK:
         exported = specialize(dynamic, tuple(args), dict(kwargs))
-        return importer._import_decomposed(
+        program = importer._import_decomposed(
             f, tuple(args), dict(kwargs), exported, dynamic.state_aliases, dynamic.eager_storage, {}, stage
         )
+        return importer.with_carried_objects(program, dynamic.carried_objects)
 
 
 def _check_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

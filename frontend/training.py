@@ -217,7 +217,11 @@ def _capture(
 
     def functional(flat_state: list[torch.Tensor], lrs: list[torch.Tensor], batch: list[torch.Tensor]) -> Any:
         values = dict(zip((s.name for s in slots), flat_state))
-        leaves = {fqn: values[f"param.{fqn}"].clone().requires_grad_(True) for fqn in named_params}
+        # A frozen parameter (requires_grad=False) gets no gradient, as in
+        # eager: the optimizer skips it (no update, no weight decay).
+        leaves = {
+            fqn: values[f"param.{fqn}"].clone().requires_grad_(p.requires_grad) for fqn, p in named_params.items()
+        }
         for fqn in kept_grads:
             leaves[fqn].grad = values[f"grad.{fqn}"].clone()
         buffers = {fqn: values[f"buffer.{fqn}"].clone() for fqn in named_buffers}

@@ -99,6 +99,8 @@ from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_sh
 from hloalias.runtime.distributed import check_same_program
 from hloalias.runtime.assembly import input_views
 from hloalias.runtime.execution import run_mesh, run_planned
+from hloalias.runtime.module_modes import ModuleModes
+from hloalias.runtime.carried_objects import carry_objects
 from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed
 from hloalias.runtime.ownership import (
     DeviceTensor as DeviceTensor,
@@ -322,6 +324,7 @@ def compile(  # noqa: A001 - the name users expect
         placement=placement,
     )
     exe._pass_lines = pass_report
+    exe._modes = ModuleModes.of(owner)
     exe.program_cache = program_cache.status_line(cached, found)
     return exe
 
@@ -512,6 +515,11 @@ class Executable:
         #: How the program cache served this compile (runtime/program_cache.py).
         self.program_cache = "program cache: not consulted"
         self._calls = 0
+        #: The train/eval flags the program was compiled under (set by
+        #: ``compile``), checked at every call; None: no module to check.
+        self._modes: ModuleModes | None = None
+        #: Input objects returned as themselves (frontend/carried_objects.py).
+        self._carried = getattr(program.signature, "carried_objects", ())
         self._read_final_module(program)
         self._convention = convention or _CallConvention(
             None,
@@ -931,6 +939,14 @@ class Executable:
     # -- calling -----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program; see the module docstring for the semantics."""
+        if self._carried:
+            # Objects the program returns as themselves (a transformers
+            # Cache): the caller's object gets the new state, as in eager.
+            outputs = self._call(args, kwargs)
+            return carry_objects(self._carried, self._convention.arrange(args, kwargs), outputs)
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         leaves: Sequence[Any]
         if not kwargs and len(args) == self._positional_arity:
             leaves = args
@@ -942,6 +958,8 @@ class Executable:
             leaves = [kwargs[name] for name in self._keyword_leaves]
         else:
             leaves = self._user_leaves(args, kwargs)
+        if self._modes is not None:
+            self._check_modes()
         if self._watched and self._state_watch.changed():
             self._sync_from_torch()
         if self._lane is not None:
@@ -973,6 +991,18 @@ class Executable:
             if plan is not None:
                 return run_planned(self, plan, inputs)
             return run_mesh(self, inputs)
+
+    def _check_modes(self) -> None:
+        """Refuse a call after a train/eval switch of a module the program
+        read the flag of (``runtime/module_modes.py``): the program holds
+        the compile-time mode's dropout and normalization."""
+        assert self._modes is not None
+        changed = self._modes.changed()
+        if changed is not None:
+            raise ExecutionError(
+                f"{changed}; the program was compiled for the old mode (dropout, normalization "
+                "statistics): switch it back, or compile again (hloalias.jit compiles once per mode)"
+            )
 
     def _sync_from_torch(self) -> None:
         """Bring the device state up to the module's tensors that torch
@@ -1037,9 +1067,17 @@ class Executable:
         for name, spec, value in pairs:
             got = pytree.tree_structure(value)
             if got != spec:
+                # A transformers cache changes its structure as it fills
+                # (a StaticCache allocates its tensors on its first update,
+                # a DynamicCache gains layers): say so.
+                grown = (
+                    "; the cache changed its structure since compiling (its layers were allocated or "
+                    "grew): hloalias.jit compiles once per structure"
+                    if got.type is spec.type and type(value).__name__.endswith("Cache") else ""
+                )
                 return (
                     f"inputs do not have the structure the program was compiled for: input '{name}' "
-                    f"should be {_describe_spec(spec)}, got {_describe_spec(got)}"
+                    f"should be {_describe_spec(spec)}, got {_describe_spec(got)}{grown}"
                 )
         return (
             f"inputs do not have the structure the program was compiled for: expected "

@@ -7,7 +7,8 @@ later calls with that signature reuse the executable, as ``jax.jit`` and
   leaf (torch tensor or :class:`DeviceTensor`) its shape, dtype and
   ``requires_grad``; per other leaf its type and value (every non-tensor
   input is static: ``torch.export`` specializes on it and the program bakes
-  it in); the grad mode and, for a module, its ``training`` flag.  A call
+  it in); the grad mode and the ``training`` flags of the modules it runs
+  (``runtime/module_modes.py``: a submodule switched alone counts).  A call
   with a signature not seen before compiles; one seen before is a cache hit.
   A new shape never raises "compile again".
 - **Bounded cache**: at most ``cache_size`` executables, least recently
@@ -47,6 +48,7 @@ from hloalias.errors import ExecutionError
 from hloalias.frontend.importer import Program, _register_transformers_caches, import_torch
 from hloalias.runtime.executable import DeviceTensor, Executable, compile as compile_executable
 from hloalias.runtime.export_cache import import_cached
+from hloalias.runtime.module_modes import ModuleModes
 
 #: Executables kept per :class:`Jit` unless ``cache_size`` says otherwise
 #: (torch.compile's default recompile limit is 8 as well).
@@ -150,6 +152,8 @@ class Jit:
         self._cache: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._caches_registered = False
+        #: The train/eval flags the programs may read: part of the key.
+        self._modes = ModuleModes.of(f)
         #: The parameters ``f`` takes by position, in order (for
         #: ``static_argnames`` passed positionally); checked once here.
         self._positional_names: list[str] = []
@@ -179,7 +183,7 @@ class Jit:
             self._caches_registered = True
         self._check_statics(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        training = self.fn.training if isinstance(self.fn, torch.nn.Module) else None
+        training = self._modes.key() if self._modes is not None else None
         return (spec, tuple(_leaf_key(leaf) for leaf in leaves), torch.is_grad_enabled(), training)
 
     def _check_statics(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -300,6 +300,12 @@ class TrainingStep:
         self._store: _TrainingStore | None = None
         self._generation = 0
         self._recompile: Callable[[], tuple[CapturedTrainingStep, Executable]] | None = None
+        #: Which parameters were trainable at capture: a frozen one gets no
+        #: gradient and no update, as in eager (frontend/training.py).
+        self._trainable = self._trainable_now()
+
+    def _trainable_now(self) -> tuple[bool, ...]:
+        return tuple(bool(p.requires_grad) for p in self._model.parameters())
 
     def _adopt(self, captured: CapturedTrainingStep, executable: Executable) -> None:
         """Take a recompiled program of the same step (more state: kept gradients)."""
@@ -309,6 +315,7 @@ class TrainingStep:
         self._hyperparameters = captured.hyperparameters
         self._parameters = captured.parameters
         self._slots = captured.slots
+        self._trainable = self._trainable_now()
 
     # -- calling -----------------------------------------------------------
     def __call__(self, *batch: Any) -> torch.Tensor:
@@ -319,6 +326,16 @@ class TrainingStep:
             generation = store.generation
             self._adopt(*self._recompile())
             self._generation = generation
+        if self._trainable_now() != self._trainable:
+            # A parameter frozen or unfrozen since capture (gradual
+            # unfreezing): capture again; the state stays on the device.
+            if self._recompile is None:
+                changed = [
+                    name for (name, p), was in zip(self._model.named_parameters(), self._trainable)
+                    if p.requires_grad != was
+                ]
+                raise ExecutionError(f"requires_grad of {changed} changed since the step was compiled: compile again")
+            self._adopt(*self._recompile())
         leaves, spec = pytree.tree_flatten(batch)
         if spec != self._batch_spec:
             raise ExecutionError(
@@ -341,9 +358,13 @@ class TrainingStep:
                     k for k, v in hyperparameters_of(group).items()
                     if self._hyperparameters[index].get(k) != v
                 ) or ["(keys)"]
+                cycled = (
+                    " (OneCycleLR and CyclicLR cycle momentum/betas every step unless given "
+                    "cycle_momentum=False)" if {"momentum", "betas"} & set(changed) else ""
+                )
                 raise ExecutionError(
                     f"param group {index}: {', '.join(changed)} changed since compile; only lr is "
-                    "passed as data, other hyperparameters are part of the program: compile again"
+                    f"passed as data, other hyperparameters are part of the program: compile again{cycled}"
                 )
             lr = lr_of(group)
             if index < len(self._lr_cache) and self._lr_cache[index][0] == lr:

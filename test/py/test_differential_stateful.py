@@ -54,6 +54,19 @@ def stateful_problems(program: StatefulProgram) -> list[str]:
             held_ours.clear()
         e0, e1, _ = program.inputs(call)
         x0, x1, base = program.inputs(call)
+        if program.reads_training and not compiled_from.training:  # compiled in train mode
+            state_before = exe.state_dict()
+            try:
+                exe(x0, x1)
+            except hloalias.ExecutionError as error:
+                if "eval mode now" not in str(error):
+                    problems.append(f"call {call}: wrong refusal: {error}")
+            else:
+                problems.append(f"call {call}: a call in eval mode of a train-mode program was not refused")
+            after = exe.state_dict()
+            if any(not same_bits(after[k], state_before[k]) for k in state_before):
+                problems.append(f"call {call}: a refused call changed the state")
+            continue
         overlapping = program.overlap is not None and program.overlap < 4
         if overlapping and program.writes_input:
             state_before = exe.state_dict()
@@ -137,6 +150,16 @@ FIXED = {
     ),
     "an_edit_after_write_back_starts_from_the_calls_state": StatefulProgram(
         ("self.buf.add_(self.w2)",), ("self.buf",), 3, False, None, False, (5, 2)
+    ),
+    # The mode edits (EDITS 6, 7): refused in eval mode, then agreeing again
+    # once switched back; each call before the module_modes check ran the
+    # train-mode branch in eval mode.
+    "a_mode_switch_refuses_and_switching_back_agrees": StatefulProgram(
+        ("self.buf.add_(1.0 if self.training else -1.0)", "c0 = x0 + self.w"), ("self.buf", "c0"), 4, True,
+        None, False, (6, None, 7)
+    ),
+    "a_program_without_a_mode_branch_runs_in_either_mode": StatefulProgram(
+        ("self.buf.add_(x0)",), ("self.buf",), 3, False, None, False, (6, 7)
     ),
     "overlapping_inputs_read_only_agree": StatefulProgram(
         ("self.buf.add_(x0)", "self.buf[1].copy_(x1[2])"), ("self.buf", "x1[:, 1]"), 2, False, 2, False

@@ -189,3 +189,22 @@ def test_bert_linear_warmup_from_zero_is_finite_and_equals_eager() -> None:
     for name, value in compiled_model.state_dict().items():
         assert torch.isfinite(value).all(), name
         torch.testing.assert_close(value, eager_model.state_dict()[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("make_scheduler", [
+    lambda o: S.OneCycleLR(o, max_lr=1e-2, total_steps=10),
+    lambda o: S.CyclicLR(o, base_lr=1e-3, max_lr=1e-2, step_size_up=2),
+], ids=["OneCycleLR", "CyclicLR"])
+def test_a_scheduler_cycling_momentum_is_refused_naming_cycle_momentum(make_scheduler: Any) -> None:
+    """Their default cycle_momentum=True changes betas (Adam) or momentum
+    (SGD), compiled-in hyperparameters, at every step: the refusal names
+    the switch that keeps them fixed."""
+    model = _EmbeddingModel()
+    for optimizer in (O.AdamW(model.parameters(), lr=1e-2), O.SGD(model.parameters(), lr=1e-2, momentum=0.9)):
+        scheduler = make_scheduler(optimizer)
+        batch = _batches(1)[0]
+        train = hloalias.compile_training_step(_step_fn(model, optimizer), model, optimizer, batch)
+        train(*batch)
+        scheduler.step()
+        with pytest.raises(hloalias.ExecutionError, match=r"(betas|momentum) changed since compile.*cycle_momentum=False"):
+            train(*batch)

@@ -25,6 +25,11 @@ agree after each edit; held results are compared only since the last edit
 (an earlier result that views state is a view of the device buffer in
 hloalias, of the module's tensor in eager: docs/runtime.md).
 
+A statement may branch on ``self.training`` and an edit may switch the
+module to eval mode and back: a call of such a program in a mode other
+than the one it was compiled in must raise ExecutionError naming the mode
+and change nothing; in the compiled mode it agrees with eager.
+
 Arithmetic is exact (multiples of 1/4, constants 0.5/2/1/-1), so the
 comparison is bit for bit."""
 
@@ -52,6 +57,9 @@ STATEMENTS: tuple[tuple[str, bool], ...] = (
     ("x0.add_(self.buf)", True),
     ("x1[0].fill_(-1.0)", True),
     ("x1[:, 1:3].mul_(2.0)", True),  # a stepped slice here: torch-mlir lowering exhausts memory (main too)
+    # A branch on the module's train/eval mode (dropout, BatchNorm and Hugging
+    # Face attention read it): export bakes the mode in.
+    ("self.buf.add_(1.0 if self.training else -1.0)", False),
 )
 COMPUTED: tuple[str, ...] = (
     "self.buf * x1", "x0 + self.w", "self.w2 - x1",
@@ -71,6 +79,10 @@ EDITS: tuple[tuple[str, bool], ...] = (
     ("m.load_state_dict(fresh.state_dict())", False),
     ("m.load_state_dict(fresh.state_dict(), assign=True)", False),
     ("m.buf.mul_(2.0)", True),
+    # Mode switches (the module is compiled in train mode): a program that
+    # reads ``self.training`` is refused in the other mode, naming it.
+    ("m.eval()", False),
+    ("m.train()", False),
 )
 RETURNS: tuple[str, ...] = (
     "self.buf", "self.buf[1:3]", "self.buf.t()", "self.buf[:, ::2]", "x0", "x0[0]", "x1[:, 1]", "self.w2[1:2]",
@@ -89,6 +101,11 @@ class StatefulProgram:
     writes_input: bool
     #: EDITS index applied before call ``i + 2`` (None: no edit).
     edits: tuple[int | None, ...] = ()
+
+    @property
+    def reads_training(self) -> bool:
+        """Whether the program branches on the module's mode."""
+        return any("self.training" in line for line in self.body)
 
     def edit_before(self, call: int) -> int | None:
         position = call - 2

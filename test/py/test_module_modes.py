@@ -1,0 +1,148 @@
+"""Train/eval switches after compiling (``runtime/module_modes.py``).
+
+``torch.export`` bakes ``self.training`` into the program, so an executable
+compiled in one mode and called after ``model.eval()``/``model.train()``
+ran the other mode's dropout and BatchNorm: silently wrong values (dropout
+at inference, running statistics never updated).  Each test here fails on
+the code before the check: the call ran and returned the old mode's result."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hloalias
+from hloalias.errors import ExecutionError
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 8)
+        self.bn = torch.nn.BatchNorm1d(8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.bn(self.fc(x)))
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+
+
+def test_eval_after_compiling_in_train_mode_is_refused_and_train_again_runs() -> None:
+    model = _Net().train()
+    exe = hloalias.compile(model, (_x(),))
+    exe(_x())
+    model.eval()
+    with pytest.raises(ExecutionError, match=r"BatchNorm1d 'bn' was in train mode when compiled and is in eval mode now"):
+        exe(_x())
+    model.train()
+    assert exe(_x()).shape == (4, 8)
+
+
+def test_a_module_that_reads_no_mode_runs_in_either_mode() -> None:
+    """No false refusal: nothing in a Linear + ReLU reads ``training``."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())  # train mode, as constructed
+    exe = hloalias.compile(model, (_x(),))
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(exe(_x()), model(_x()), rtol=1e-5, atol=1e-5)
+
+
+def test_a_function_reading_the_flag_checks_its_model() -> None:
+    model = torch.nn.Linear(8, 8)
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return model(x) * (2.0 if model.training else 1.0)
+
+    exe = hloalias.compile(scaled, (_x(),))
+    model.eval()
+    with pytest.raises(ExecutionError, match="Linear was in train mode"):
+        exe(_x())
+
+
+def test_train_after_compiling_in_eval_mode_is_refused() -> None:
+    """BatchNorm's running statistics would silently stay as they were."""
+    model = _Net().eval()
+    exe = hloalias.compile(model, (_x(),))
+    before = exe.state_dict()["bn.running_mean"].clone()
+    model.train()
+    with pytest.raises(ExecutionError, match="eval mode when compiled and is in train mode now"):
+        exe(_x())
+    torch.testing.assert_close(exe.state_dict()["bn.running_mean"], before, rtol=0, atol=0)
+
+
+def test_a_submodule_switched_alone_is_named() -> None:
+    """Freezing BatchNorm statistics while fine-tuning: ``model.bn.eval()``."""
+    model = _Net().train()
+    model.drop.p = 0.0
+    exe = hloalias.compile(model, (_x(),))
+    model.bn.eval()
+    with pytest.raises(ExecutionError, match="BatchNorm1d 'bn' was in train mode"):
+        exe(_x())
+
+
+def test_a_function_over_a_global_model_is_checked() -> None:
+    model = _Net().eval()
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        return model(x).softmax(-1)
+
+    exe = hloalias.compile(predict, (_x(),))
+    model.train()
+    with pytest.raises(ExecutionError, match="eval mode when compiled"):
+        exe(_x())
+
+
+def test_jit_compiles_the_other_mode_for_a_submodule_switch() -> None:
+    model = _Net().train()
+    model.drop.p = 0.0
+    eager = copy.deepcopy(model)
+    jitted = hloalias.jit(model)
+    jitted(_x())
+    eager(_x())
+    model.bn.eval()
+    eager.bn.eval()
+    torch.testing.assert_close(jitted(_x()), eager(_x()).detach(), rtol=1e-5, atol=1e-5)
+    assert jitted.stats.compiles == 2
+
+
+def test_hf_classifier_compiled_in_eval_refuses_train_mode() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=16, num_labels=2,
+    )  # default dropout 0.1
+    model = transformers.BertForSequenceClassification(config).eval()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(2))
+    exe = hloalias.compile(model, (ids,))
+    with torch.no_grad():
+        torch.testing.assert_close(exe(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+    model.train()
+    with pytest.raises(ExecutionError, match="in eval mode when compiled and is in train mode now"):
+        exe(ids)
+
+
+def test_training_step_after_model_eval_is_refused() -> None:
+    model = _Net().train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    train = hloalias.compile_training_step(step, model, optimizer, (_x(), _x()))
+    train(_x(), _x())
+    model.eval()  # an evaluation pass, and the loop forgot model.train()
+    with pytest.raises(ExecutionError, match="train mode when compiled and is in eval mode now"):
+        train(_x(), _x())
+    model.train()
+    train(_x(), _x())
