@@ -244,11 +244,13 @@ def _import_torch(
         if single is not None:
             _check_strided_outputs(single)
             observe.finish(mark)
+            carried_once = carried_objects_of(single)
             single, state_aliases = _merge_aliased_state(single, owned=True)
-            return _import_decomposed(
+            program = _import_decomposed(
                 f, args, kwargs, single, state_aliases, None, {}, stage,
                 user_ops=lambda: _training_ir_ops(f, tuple(args), kwargs),
             )
+            return with_carried_objects(program, carried_once)
         observe.finish(mark)
     mark = observe.start("torch.export")
     exported = f if isinstance(f, ExportedProgram) else _export(f, tuple(args), kwargs, dynamic_shapes)
@@ -686,7 +688,13 @@ def _export_decomposed(
     module = f if isinstance(f, torch.nn.Module) else _FunctionModule.wrap(f)
     _register_transformers_caches(f)
     table = _decomposition_table_with_custom_ops()
-    return single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes)
+    with record_carried_objects(module) as carried:
+        exported = single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes)
+    if exported is not None:
+        # As _export records them: a cache object the caller passes in and
+        # gets back is updated by the runtime (frontend/carried_objects.py).
+        exported.hloalias_carried_objects = carried[-1] if carried else ()  # type: ignore[attr-defined]
+    return exported
 
 
 def _export(
