@@ -63,7 +63,7 @@ import dataclasses
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import jax
@@ -847,11 +847,15 @@ class Executable:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Current parameters, buffers and constants (host copies, in
         torch's layout whatever layout the device buffer has)."""
+        return self._state_values(self._slots)
+
+    def _state_values(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        """:meth:`state_dict`'s host copies of the entries ``names`` only."""
         with self._group.lock:
             self._sync_from_torch()
             return {
                 name: self._slots[name].torch_value(self._slot_array(name)).clone(memory_format=torch.contiguous_format)
-                for name in self._slots
+                for name in names
             }
 
     def write_back(self) -> None:

@@ -156,6 +156,8 @@ class _StateSlot:
         """Copy the buffer into the module's tensor (in place) when it
         lags it and torch did not change the tensor since the two last
         agreed; then they agree."""
+        if not self.lags:
+            return
         group = self._group() if self._group is not None else None
         with group.lock if group is not None else contextlib.nullcontext(), torch.no_grad():
             source, array = self.source(), self._array
@@ -387,11 +389,11 @@ class _StateGroup:
     def note_written(self, slots: list[_StateSlot]) -> None:
         """``slots`` are written by a program of this group: the owner
         module's ``state_dict()`` (``torch.save``, ``save_pretrained``,
-        checkpoint code) first copies what calls left in them into the
-        module's tensors (:meth:`write_back_written`, a state-dict pre-hook
-        registered once), so a saved checkpoint never loses the calls'
-        updates.  Direct reads of the module's tensors still see them only
-        after ``write_back()``."""
+        checkpoint code) and its eager forward first copy what calls left
+        in them into the module's tensors (:meth:`write_back_written`, a
+        state-dict and a forward pre-hook registered once), so neither a
+        checkpoint nor eager code reads a stale value.  A bare attribute
+        read (``module.buf``) still sees them only after ``write_back()``."""
         owner = self.owner() if self.owner is not None else None
         if owner is None or not slots:
             return
@@ -402,7 +404,7 @@ class _StateGroup:
 
             def write_back_first(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
                 found = group()
-                if found is not None and not _tracing():
+                if found is not None and _LAGGING[0] and not _tracing():
                     found.write_back_written()
 
             def write_back_before_forward(module: torch.nn.Module, args: Any, kwargs: Any) -> None:

@@ -504,9 +504,10 @@ class TrainingStep:
 
     def _write_back_optimizer(self, device_state: dict[str, torch.Tensor] | None = None) -> None:
         """Set the optimizer's state (``optimizer.state[param][key]``) to
-        copies of the device state."""
+        copies of the device state (read here, optimizer entries only, unless
+        ``device_state`` has them)."""
         if device_state is None:
-            device_state = self.executable.state_dict()
+            device_state = self.executable._state_values(slot.name for slot in self._slots if slot.kind == "optimizer")
         params = self._parameters
         for slot in self._slots:
             if slot.kind == "optimizer":
