@@ -72,7 +72,6 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
-from torch_mlir import ir
 
 from hloalias import attributes as A, config, observe
 from hloalias.observe import traced_compile
@@ -114,14 +113,7 @@ from hloalias.runtime.ownership import (
     torch_to_device,
 )
 from hloalias.runtime.pjrt import compile_module, device_for, memory_stats, precision_options
-from hloalias.runtime.plan import (
-    _TORCH_DTYPES,
-    _CallConvention,
-    _CallPlan,
-    _describe_spec,
-    _Rebuild,
-    _torch_dtype,
-)
+from hloalias.runtime.plan import _CallConvention, _CallPlan, _describe_spec, _ProgramFacts
 from hloalias.runtime.state import StateWatch, _form_text, _state_group, _StateGroup, _StateSlot
 
 try:  # the native call path (tests read whether it is built here)
@@ -487,6 +479,15 @@ class Executable:
     #: ``explain()``'s line for each pass that ran (:mod:`hloalias.runtime.stages`).
     _pass_lines: tuple[str, ...] = ()
 
+    def __new__(cls, program: Program, *args: Any, **kwargs: Any) -> "Executable":
+        # A program that returns input objects as themselves (a transformers
+        # Cache) is a _CarryingExecutable, whose __call__ updates the
+        # caller's objects; every other call runs __call__ below with no
+        # extra frame (the Python path's per-call cost).
+        if cls is Executable and program.signature.carried_objects:
+            cls = _CarryingExecutable
+        return super().__new__(cls)
+
     def __init__(
         self,
         program: Program,
@@ -518,8 +519,11 @@ class Executable:
         #: The train/eval flags the program was compiled under (set by
         #: ``compile``), checked at every call; None: no module to check.
         self._modes: ModuleModes | None = None
-        #: Input objects returned as themselves (frontend/carried_objects.py).
-        self._carried = getattr(program.signature, "carried_objects", ())
+        #: Input objects returned as themselves (frontend/carried_objects.py):
+        #: then this is a :class:`_CarryingExecutable` (see ``__new__``).
+        self._carried = program.signature.carried_objects
+        #: Inputs read through ``as_strided``, whose layout every call checks.
+        self._strided_inputs = self._signature.strided_inputs
         self._read_final_module(program)
         self._convention = convention or _CallConvention(
             None,
@@ -631,106 +635,32 @@ class Executable:
 
     # -- final module facts ------------------------------------------------
     def _read_final_module(self, program: Program) -> None:
-        module = program.torch_mlir_module
-        with module.context:
-            main = find_main(module)
-            contract = Signature.read(main)  # verified once, by compile()
-            self._donated_args = {i for i, arg in enumerate(contract.args) if arg.overwritten}
-            self._aliases = {
-                i: arg.aliasing_output for i, arg in enumerate(contract.args)
-                if arg.aliasing_output is not None
-            }
-            self._result_keys = list(contract.keys)
-            # State this program reads permuted (permute-conv-kernel-state).
-            self._stored_layouts = {
-                arg.name: arg.stored_layout for arg in contract.args
-                if arg.name is not None and arg.stored_layout is not None
-            }
-            # State whose device buffer must be in torch's layout: written,
-            # donated, or the base of a rebuilt view.
-            mutated = {result.mutates for result in contract.results if result.mutates is not None}
-            bases = {record.base for record in contract.removed}
-            self._torch_layout_state = {
-                arg.name for index, arg in enumerate(contract.args)
-                if arg.name is not None and (arg.overwritten or index in mutated or A.arg_key(index) in bases)
-            }
-            # State this program stores as integer bits (store-state-as-bits),
-            # and state whose buffer must hold torch's dtype: viewed, or
-            # written or donated by this program in torch's dtype.
-            self._stored_bits = {
-                arg.name: _torch_dtype(ir.RankedTensorType(contract.arg_types[index]).element_type)
-                for index, arg in enumerate(contract.args)
-                if arg.name is not None and arg.stored_bits_of is not None
-            }
-            self._torch_dtype_state = {
-                arg.name for index, arg in enumerate(contract.args)
-                if arg.name is not None and (
-                    A.arg_key(index) in bases or A.mutation_key(index) in bases
-                    or (arg.stored_bits_of is None and (arg.overwritten or index in mutated))
-                )
-            }
-            self._rebuilds: dict[str, _Rebuild] = {}
-            for record in contract.removed:
-                if record.base is None or record.layout is None:
-                    self._rebuilds[record.key] = _Rebuild(None)
-                    continue
-                layout = record.layout
-                self._rebuilds[record.key] = _Rebuild(
-                    record.base, _torch_dtype(layout.element_type),
-                    layout.sizes, layout.strides, layout.offset, identity=record.is_identity,
-                )
-        # Each rebuilt result's base key, parsed once (the call path is hot).
-        self._rebuild_bases = {
-            r.base: A.parse_key(r.base) for r in self._rebuilds.values() if r.base is not None
-        }
-        function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
-        self._result_shapes = [tuple(ir.RankedTensorType(t).shape) for t in function_type.results]
-        self._result_dtypes = [
-            _TORCH_DTYPES.get(str(ir.RankedTensorType(t).element_type)) for t in function_type.results
-        ]
-        arguments = self._signature.arguments
-        self._arg_types = [
-            (tuple(ir.RankedTensorType(t).shape), _torch_dtype(ir.RankedTensorType(t).element_type))
-            for t in ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).inputs
-        ]
-        for index, arg in enumerate(contract.args):
-            if arg.stored_layout is not None:  # checked against torch's shape (load_state_dict)
-                shape, dtype = self._arg_types[index]
-                self._arg_types[index] = (tuple(shape[d] for d in arg.stored_layout.inverse), dtype)
-            if arg.stored_bits_of is not None:  # checked against torch's dtype (load_state_dict)
-                shape, _ = self._arg_types[index]
-                self._arg_types[index] = (shape, _TORCH_DTYPES[arg.stored_bits_of])
-        self._names = [a.name for a in arguments]
-        # Per-call plans, computed once: the call path is hot.
-        self._user_indices = self._signature.user_input_indices()
-        self._arg_plan = [
-            (a.index, None if a.kind == "user_input" else a.name) for a in arguments
-        ]
-        self._mutation_keys = [
-            A.mutation_key(a.index) if A.mutation_key(a.index) in self._result_keys else None
-            for a in arguments
-        ]
-        in_spec = self._signature.in_spec
-        out_spec = self._signature.out_spec
-        flat_in = pytree.tree_structure((tuple(range(len(self._user_indices))), {}))
-        self._flat_inputs = in_spec == flat_in
-        # A program compiled from keyword tensors only (HF's recipes:
-        # ``module(input_ids=..., cache_position=...)``): their names in the
-        # compiled order, for calls passing exactly those keywords.
-        self._keyword_leaves: tuple[str, ...] | None = None
-        parts = in_spec.children()
-        if len(parts) == 2 and parts[1].type is dict and not getattr(self._signature, "static_inputs", None):
-            names = tuple(parts[1].context)
-            if in_spec == pytree.tree_structure(((), {name: 0 for name in names})):
-                self._keyword_leaves = names
-        self._output_keys = [A.output_key(i) for i in range(out_spec.num_leaves)]
-        self._constant_outputs = {
-            A.output_key(i): v for i, v in self._signature.constant_outputs.items()
-        }
-        self._single_output = out_spec == pytree.tree_structure(0)
-        self._flat_outputs = self._single_output or out_spec == pytree.tree_structure(
-            tuple(range(out_spec.num_leaves))
-        )
+        """The program's facts (:class:`~hloalias.runtime.plan._ProgramFacts`,
+        read by the plan from the final module's contract), as the
+        attributes every call reads."""
+        facts = _ProgramFacts.read(program)
+        self._donated_args = facts.donated_args
+        self._aliases = facts.aliases
+        self._result_keys = facts.result_keys
+        self._stored_layouts = facts.stored_layouts
+        self._torch_layout_state = facts.torch_layout_state
+        self._stored_bits = facts.stored_bits
+        self._torch_dtype_state = facts.torch_dtype_state
+        self._rebuilds = facts.rebuilds
+        self._rebuild_bases = facts.rebuild_bases
+        self._result_shapes = facts.result_shapes
+        self._result_dtypes = facts.result_dtypes
+        self._arg_types = facts.arg_types
+        self._names = facts.names
+        self._user_indices = facts.user_indices
+        self._arg_plan = facts.arg_plan
+        self._mutation_keys = facts.mutation_keys
+        self._flat_inputs = facts.flat_inputs
+        self._keyword_leaves = facts.keyword_leaves
+        self._output_keys = facts.output_keys
+        self._constant_outputs = facts.constant_outputs
+        self._single_output = facts.single_output
+        self._flat_outputs = facts.flat_outputs
 
     # -- introspection -----------------------------------------------------
     @property
@@ -943,14 +873,6 @@ class Executable:
     # -- calling -----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program; see the module docstring for the semantics."""
-        if self._carried:
-            # Objects the program returns as themselves (a transformers
-            # Cache): the caller's object gets the new state, as in eager.
-            outputs = self._call(args, kwargs)
-            return carry_objects(self._carried, self._convention.arrange(args, kwargs), outputs)
-        return self._call(args, kwargs)
-
-    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         leaves: Sequence[Any]
         if not kwargs and len(args) == self._positional_arity:
             leaves = args
@@ -981,7 +903,7 @@ class Executable:
                 self._check_input(index, value)
         if self._write_pairs or self._written_in_place:
             self._check_writes(inputs)
-        if self._signature.strided_inputs:
+        if self._strided_inputs:
             self._check_strided_layouts(inputs)
         plan = self._plan
         if plan is not None and plan.input_views is not None:
@@ -1212,6 +1134,17 @@ class Executable:
                 f"input '{name}' is {dtype} {list(shape)}, but the program was compiled for "
                 f"{expected_dtype} {list(expected_shape)}; compile again for the new signature"
             )
+
+
+class _CarryingExecutable(Executable):
+    """An :class:`Executable` whose program returns some input objects as
+    themselves (a transformers Cache): after the call the caller's object
+    gets the new state and is returned in its place, as in eager
+    (:func:`~hloalias.runtime.carried_objects.carry_objects`)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        outputs = super().__call__(*args, **kwargs)
+        return carry_objects(self._carried, self._convention.arrange(args, kwargs), outputs)
 
 
 _NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing

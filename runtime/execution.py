@@ -40,6 +40,7 @@ from hloalias.runtime.ownership import (
     DeviceTensor,
     HostBacking,
     _backing_of,
+    _host_result,
     _can_reseat,
     _forget_import,
     _register_backing,
@@ -143,7 +144,16 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
         # (they hold a reference to the caller's storage, which would
         # block re-seating); ``kept`` holds what commit reads.
         arrays = []
-        return finish_planned(exe, plan, inputs, bases, backings, reseatable, kept, outputs)
+        # finish_planned, inline (every Python-path call comes here).
+        try:
+            arg_tensors = commit_planned(exe, plan, inputs, backings, reseatable, kept, outputs)
+        except BaseException:
+            settle(exe, plan, inputs, bases, backings, reseatable, kept, outputs)
+            raise
+        single = plan.single_output
+        if single is not None:
+            return _host_result(outputs[single.position], single)
+        return planned_outputs(exe, plan, inputs, bases, arg_tensors, outputs)
     except (ExecutionError, DonatedBufferError):
         raise
     except BaseException as error:
@@ -229,6 +239,15 @@ def finish_planned(
     except BaseException:
         settle(exe, plan, inputs, bases, backings, reseatable, kept, outputs)
         raise
+    return planned_outputs(exe, plan, inputs, bases, arg_tensors, outputs)
+
+
+def planned_outputs(
+    exe: "Executable", plan: _CallPlan, inputs: dict[int, Any], bases: dict[int, torch.Tensor],
+    arg_tensors: dict[int, Any], outputs: Sequence[jax.Array],
+) -> Any:
+    """The outputs of a committed planned call (:mod:`hloalias.runtime.assembly`):
+    ``arg_tensors`` from :func:`commit_planned`, ``bases`` as for :func:`finish_planned`."""
     if plan.direct_outputs:
         return direct_outputs(exe, plan, outputs)
     for step in plan.user_steps:

@@ -287,8 +287,20 @@ def _host_result(array: jax.Array, result: _ResultStep) -> torch.Tensor:
     type from the call plan."""
     if result.nbytes == 0:
         return array_to_torch(array)
-    tensor, backing = host_backed_tensor(array, result.dtype, result.shape, result.nbytes, ready=True)
-    _register_backing(backing)
+    typestr = _TYPESTRS.get(result.dtype)
+    if typestr is None:  # no numpy type string (bf16, ...): through bytes
+        tensor, backing = host_backed_tensor(array, result.dtype, result.shape, result.nbytes, ready=True)
+        _register_backing(backing)
+        return tensor
+    # host_backed_tensor and _register_backing inline: every CPU result of
+    # a Python-path call comes here.
+    backing = HostBacking(array, result.nbytes, ready=True)
+    address = backing.address
+    backing.__array_interface__ = {"data": (address, False), "shape": result.shape, "typestr": typestr, "version": 3}
+    tensor = torch.from_numpy(np.asarray(backing))
+    _BACKINGS[address] = weakref.ref(backing)
+    if len(_BACKINGS) >= _BACKINGS_SWEEP_AT[0]:
+        _register_backing(backing)  # sweeps
     return tensor
 
 

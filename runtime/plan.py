@@ -1,7 +1,8 @@
 """The call plan: what a call of a compiled program does with each input,
 state tensor and result, read once from the final module's contract
-(:class:`hloalias.contract.Signature`) and frozen: how a call's arguments
-bind (:class:`_CallConvention`), each ``@main`` argument's step
+(:class:`hloalias.contract.Signature`) and frozen: the program's facts
+(:class:`_ProgramFacts`: the runtime's one reading of the final module),
+how a call's arguments bind (:class:`_CallConvention`), each ``@main`` argument's step
 (:class:`_ArgStep`), each user output's (:class:`_ResultStep`), how a
 removed result is rebuilt (:class:`_Rebuild`), and the single-device plan
 the Python call path and the native lane both read (:class:`_CallPlan`)."""
@@ -16,16 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import torch
+import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch_mlir import ir
 
 from hloalias import attributes as A
+from hloalias.contract import Signature, StoredLayout
 from hloalias.errors import ExecutionError
+from hloalias.mlir import find_main
 from hloalias.runtime.ownership import _itemsize, _numel
 from hloalias.runtime.pjrt import SingleDeviceDispatch
 from hloalias.runtime.state import _StateSlot
 
 if TYPE_CHECKING:
+    from hloalias.frontend.importer import Program
     from hloalias.runtime.executable import Executable
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +43,146 @@ class _Rebuild:
     strides: tuple[int, ...] = ()
     offset: int = 0
     identity: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _ProgramFacts:
+    """What every call of a compiled program reads of it, read once from
+    the final module's contract (:meth:`hloalias.contract.Signature.read`
+    of ``@main``, verified by ``compile``) and the import's signature
+    (argument names and kinds, the input and output pytree specs): the
+    runtime's one reader of the final module.  Indices are ``@main``
+    argument positions; keys are the contract's result keys."""
+
+    #: Arguments whose buffers the program may overwrite (donated).
+    donated_args: set[int]
+    #: Argument -> the result XLA writes into its donated buffer.
+    aliases: dict[int, int]
+    #: Each result's key (``output:N``, ``mutation:N``), in result order.
+    result_keys: list[str]
+    #: State this program reads permuted (permute-conv-kernel-state).
+    stored_layouts: dict[str, StoredLayout]
+    #: State whose device buffer must be in torch's layout: written,
+    #: donated, or the base of a rebuilt view.
+    torch_layout_state: set[str]
+    #: State this program stores as integer bits (store-state-as-bits): the bits' dtype.
+    stored_bits: dict[str, torch.dtype]
+    #: State whose buffer must hold torch's dtype: viewed, or written or
+    #: donated by this program in torch's dtype.
+    torch_dtype_state: set[str]
+    #: How each removed result is rebuilt, by key.
+    rebuilds: dict[str, _Rebuild]
+    #: Each rebuilt result's base key, parsed.
+    rebuild_bases: dict[str, tuple[str, int]]
+    result_shapes: list[tuple[int, ...]]
+    result_dtypes: list[torch.dtype | None]
+    #: Each argument's shape and dtype as torch holds it (a permuted or
+    #: bit-stored state argument in torch's layout and dtype).
+    arg_types: list[tuple[tuple[int, ...], torch.dtype]]
+    names: list[str]
+    user_indices: list[int]
+    #: (argument index, state name or None for a user input).
+    arg_plan: list[tuple[int, str | None]]
+    #: Each argument's mutation key where the program returns its new value, else None.
+    mutation_keys: list[str | None]
+    #: The inputs are a flat tuple of tensors (no keywords).
+    flat_inputs: bool
+    #: A program compiled from keyword tensors only (HF's recipes:
+    #: ``module(input_ids=..., cache_position=...)``): their names in the
+    #: compiled order, for calls passing exactly those keywords.
+    keyword_leaves: tuple[str, ...] | None
+    output_keys: list[str]
+    constant_outputs: dict[str, Any]
+    single_output: bool
+    flat_outputs: bool
+
+    @staticmethod
+    def read(program: "Program") -> "_ProgramFacts":
+        signature = program.signature
+        module = program.torch_mlir_module
+        with module.context:
+            main = find_main(module)
+            contract = Signature.read(main)  # verified once, by compile()
+            mutated = {result.mutates for result in contract.results if result.mutates is not None}
+            bases = {record.base for record in contract.removed}
+            rebuilds: dict[str, _Rebuild] = {}
+            for record in contract.removed:
+                if record.base is None or record.layout is None:
+                    rebuilds[record.key] = _Rebuild(None)
+                    continue
+                layout = record.layout
+                rebuilds[record.key] = _Rebuild(
+                    record.base, _torch_dtype(layout.element_type),
+                    layout.sizes, layout.strides, layout.offset, identity=record.is_identity,
+                )
+            function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+            arg_types = [
+                (tuple(ir.RankedTensorType(t).shape), _torch_dtype(ir.RankedTensorType(t).element_type))
+                for t in function_type.inputs
+            ]
+            for index, arg in enumerate(contract.args):
+                if arg.stored_layout is not None:  # checked against torch's shape (load_state_dict)
+                    shape, dtype = arg_types[index]
+                    arg_types[index] = (tuple(shape[d] for d in arg.stored_layout.inverse), dtype)
+                if arg.stored_bits_of is not None:  # checked against torch's dtype (load_state_dict)
+                    shape, _ = arg_types[index]
+                    arg_types[index] = (shape, _TORCH_DTYPES[arg.stored_bits_of])
+            result_keys = list(contract.keys)
+            arguments = signature.arguments
+            user_indices = signature.user_input_indices()
+            in_spec = signature.in_spec
+            out_spec = signature.out_spec
+            keyword_leaves: tuple[str, ...] | None = None
+            parts = in_spec.children()
+            if len(parts) == 2 and parts[1].type is dict and not getattr(signature, "static_inputs", None):
+                names = tuple(parts[1].context)
+                if in_spec == pytree.tree_structure(((), {name: 0 for name in names})):
+                    keyword_leaves = names
+            single_output = out_spec == pytree.tree_structure(0)
+            return _ProgramFacts(
+                donated_args={i for i, arg in enumerate(contract.args) if arg.overwritten},
+                aliases={
+                    i: arg.aliasing_output for i, arg in enumerate(contract.args) if arg.aliasing_output is not None
+                },
+                result_keys=result_keys,
+                stored_layouts={
+                    arg.name: arg.stored_layout for arg in contract.args
+                    if arg.name is not None and arg.stored_layout is not None
+                },
+                torch_layout_state={
+                    arg.name for index, arg in enumerate(contract.args)
+                    if arg.name is not None and (arg.overwritten or index in mutated or A.arg_key(index) in bases)
+                },
+                stored_bits={
+                    arg.name: _torch_dtype(ir.RankedTensorType(contract.arg_types[index]).element_type)
+                    for index, arg in enumerate(contract.args)
+                    if arg.name is not None and arg.stored_bits_of is not None
+                },
+                torch_dtype_state={
+                    arg.name for index, arg in enumerate(contract.args)
+                    if arg.name is not None and (
+                        A.arg_key(index) in bases or A.mutation_key(index) in bases
+                        or (arg.stored_bits_of is None and (arg.overwritten or index in mutated))
+                    )
+                },
+                rebuilds=rebuilds,
+                rebuild_bases={r.base: A.parse_key(r.base) for r in rebuilds.values() if r.base is not None},
+                result_shapes=[tuple(ir.RankedTensorType(t).shape) for t in function_type.results],
+                result_dtypes=[_TORCH_DTYPES.get(str(ir.RankedTensorType(t).element_type)) for t in function_type.results],
+                arg_types=arg_types,
+                names=[a.name for a in arguments],
+                user_indices=user_indices,
+                arg_plan=[(a.index, None if a.kind == "user_input" else a.name) for a in arguments],
+                mutation_keys=[
+                    A.mutation_key(a.index) if A.mutation_key(a.index) in result_keys else None for a in arguments
+                ],
+                flat_inputs=in_spec == pytree.tree_structure((tuple(range(len(user_indices))), {})),
+                keyword_leaves=keyword_leaves,
+                output_keys=[A.output_key(i) for i in range(out_spec.num_leaves)],
+                constant_outputs={A.output_key(i): v for i, v in signature.constant_outputs.items()},
+                single_output=single_output,
+                flat_outputs=single_output or out_spec == pytree.tree_structure(tuple(range(out_spec.num_leaves))),
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +455,12 @@ class _CallPlan:
             for dtype in [exe._result_dtypes[results[key]]] if dtype is not None
         )
         self.direct_outputs = self.direct_outputs and len(self.outputs) == len(exe._output_keys)
+        #: The one output, when the program returns a single tensor that is
+        #: one of its results on the host (the common call): it becomes a
+        #: tensor over that result's buffer with no structuring.  Else None.
+        self.single_output = (
+            self.outputs[0] if self.direct_outputs and self.host_results and exe._single_output else None
+        )
         #: For a program that is not run: when every user output is a user
         #: input or a same-dtype view of one, (input index, rebuild) per
         #: output; :func:`assembly.input_views` then makes the outputs
