@@ -98,12 +98,12 @@ struct Output {
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
 // See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
-constexpr long kAbiVersion = 4;
+constexpr long kAbiVersion = 5;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
   EXE, PLAN, UNFLATTEN_FN, LOCK, IMPORTS, BACKINGS, SWEEP_AT, HOST_BACKING,
-  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, SETTLE, FALLBACK, EMPTY_TUPLE, NREFS
+  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, SETTLE, FALLBACK, WATCH, EMPTY_TUPLE, NREFS
 };
 
 struct Lane {
@@ -553,6 +553,31 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     }
     PyErr_Clear();
   }
+  if (launched && self->refs[WATCH] != Py_None) {
+    // A program with no effect (nothing donated or written; the plan's
+    // effect_free): the check that torch did not change the module's state
+    // (Executable._watch_late) runs while it executes.  Changed, or the
+    // check failed: the run read the old state and is dropped once it ended
+    // (it reads the caller's imported memory until then), and the call goes
+    // to the Python path, which brings the state up to date before it runs;
+    // nothing changed.
+    PyObject* changed = PyObject_CallNoArgs(self->refs[WATCH]);
+    int truth = changed == nullptr ? -1 : PyObject_IsTrue(changed);
+    Py_XDECREF(changed);
+    if (truth != 0) {
+      PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+      if (truth < 0) PyErr_Fetch(&type, &value, &traceback);
+      PyObject* wait_args[] = {dispatch, results};
+      Py_XDECREF(PyObject_VectorcallMethod(s_wait, wait_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
+      PyErr_Clear();  // the run is dropped, whatever its outcome
+      if (truth < 0) {
+        PyErr_Restore(type, value, traceback);
+        return nullptr;
+      }
+      ++self->fallbacks;
+      return Py_NewRef(fallback);
+    }
+  }
   if (!launched) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
@@ -714,28 +739,32 @@ PyObject* lane_call(Lane* self, PyObject* args, PyObject* kwargs) {
 
 // Lane(exe, plan, inputs, pairs, checks, commits, donated_state, outputs, kept, mode, refill, state_count,
 //      unflatten, lock, imports, backings, sweep_at, host_backing, register_backing,
-//      import_input, finish, failed, settle, fallback): the step tables are runtime/plan.py's
-//      _NativeSteps; see hloalias.runtime.lane._native_lane.
+//      import_input, finish, failed, settle, fallback, watch): the step tables are runtime/plan.py's
+//      _NativeSteps; `watch` is the check of the module's tensors run while an
+//      effect-free program executes, or None; see hloalias.runtime.lane._native_lane.
 int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject *exe, *plan, *users, *pairs, *checks, *commits, *donated, *outputs, *kept, *unflatten, *lock, *imports,
-      *backings, *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle, *fallback;
+      *backings, *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle, *fallback,
+      *watch;
   int mode, refill;
   Py_ssize_t state_count;
-  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOO", &exe, &plan, &PyTuple_Type, &users,
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOOO", &exe, &plan, &PyTuple_Type, &users,
                         &PyTuple_Type, &pairs, &PyTuple_Type, &checks, &PyTuple_Type, &commits, &PyTuple_Type,
                         &donated, &PyTuple_Type, &outputs, &PyTuple_Type, &kept,
                         &mode, &refill, &state_count, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
-                        &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &settle, &fallback)) {
+                        &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &settle, &fallback,
+                        &watch)) {
     return -1;
   }
-  if (!PyType_Check(host_backing) || PyList_GET_SIZE(sweep_at) != 1 || mode < SINGLE || mode > UNFLATTEN) {
+  if (!PyType_Check(host_backing) || PyList_GET_SIZE(sweep_at) != 1 || mode < SINGLE || mode > UNFLATTEN ||
+      (watch != Py_None && !PyCallable_Check(watch))) {
     PyErr_SetString(PyExc_TypeError, "Lane: malformed arguments");
     return -1;
   }
   PyObject* empty = PyTuple_New(0);
   if (empty == nullptr) return -1;
   PyObject* given[NREFS] = {exe, plan, unflatten, lock, imports, backings, sweep_at, host_backing,
-                            register_backing, import_input, finish, failed, settle, fallback, empty};
+                            register_backing, import_input, finish, failed, settle, fallback, watch, empty};
   for (int i = 0; i < NREFS; ++i) {
     if (i != EMPTY_TUPLE) Py_INCREF(given[i]);
     Py_XSETREF(self->refs[i], given[i]);

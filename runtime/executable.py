@@ -625,6 +625,13 @@ class Executable:
             if first in self._writes or second in self._writes
         )
         self._plan = _CallPlan(self) if not self._placement.spmd else None
+        #: The check that torch did not change the module's tensors
+        #: (``_state_watch``) runs while the program executes, not before:
+        #: for a program with no effect (nothing donated or written), whose
+        #: run on stale state is dropped and run again (``execution.run_planned``,
+        #: the native lane).  The check's time then overlaps XLA's, and
+        #: PJRT's worker is not left idle for it between two calls.
+        self._watch_late = bool(self._watched) and self._plan is not None and self._plan.effect_free
         #: Zero-copy imports of read-only torch inputs, reused while the same
         #: tensor object covers the same memory (see :func:`execution.import_input`).
         self._imports: dict[int, tuple[weakref.ref[torch.Tensor], int, jax.Array]] = {}
@@ -886,7 +893,7 @@ class Executable:
             leaves = self._user_leaves(args, kwargs)
         if self._modes is not None:
             self._check_modes()
-        if self._watched and self._state_watch.changed():
+        if self._watched and not self._watch_late and self._state_watch.changed():
             self._sync_from_torch()
         if self._lane is not None:
             outputs = self._lane(leaves)

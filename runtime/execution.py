@@ -133,6 +133,18 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
         outputs = ran[0]
         if dispatch.unreturned:
             dispatch.unreturned.pop(threading.get_ident(), None)
+        if exe._watch_late and exe._state_watch.changed():
+            # Torch changed the module's state since the two last agreed
+            # (Executable._watch_late: checked while the program runs).
+            # The run read the old state and had no effect: wait for it
+            # (it reads the caller's imported memory until it ends), drop
+            # it, bring the state up to date and run again.
+            try:
+                dispatch.wait(outputs)
+            except Exception:  # noqa: BLE001 - the run is dropped
+                pass
+            exe._sync_from_torch()
+            return run_planned(exe, plan, inputs)
         try:
             # Zero-copy imports of caller tensors are read until the
             # program ends: return only then (the caller may write them next).

@@ -443,6 +443,9 @@ class _CallPlan:
         #: device (every output is a view of an input or a constant): it is
         #: not run at all.
         self.executes = bool(exe._result_keys) or any(step.donated for step in steps)
+        #: The program runs and running it changes nothing (no argument
+        #: donated or written): a run may be dropped and made again.
+        self.effect_free = self.executes and not self.after and not any(step.donated for step in steps)
         #: Every user output is a result of the program (no rebuilt views or
         #: constants): outputs are made straight from the results.
         self.direct_outputs = all(key in results for key in exe._output_keys)
