@@ -458,3 +458,27 @@ def test_an_eager_evaluation_after_training_steps_sees_the_trained_weights() -> 
     eager_step(x, target)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference(x))
+
+
+def test_a_program_with_no_effect_checks_the_state_while_it_runs() -> None:
+    """A program that donates and writes nothing (Affine) checks torch's
+    edits after its launch: the run on the old state is dropped (natively:
+    the call goes to the Python path once) and the call returns what eager
+    does.  A program that writes state (Accumulator) checks before it runs."""
+    model = Affine()
+    x = torch.tensor([1.0, 1.0, 2.0])
+    exe = hloalias.compile(model, (x,))
+    assert exe._watch_late
+    assert not hloalias.compile(Accumulator(), (x,))._watch_late
+    if exe._lane is None:
+        pytest.skip("the native call path is not built here")
+    torch.testing.assert_close(exe(x), model(x), rtol=0, atol=0)
+    before = exe._lane.counts
+    with torch.no_grad():
+        model.w.mul_(2)
+    torch.testing.assert_close(exe(x), model(x), rtol=0, atol=0)
+    after = exe._lane.counts
+    assert after["fallbacks"] == before["fallbacks"] + 1  # the run on the old state, dropped
+    assert after["calls"] == before["calls"]
+    torch.testing.assert_close(exe(x), model(x), rtol=0, atol=0)
+    assert exe._lane.counts["calls"] == after["calls"] + 1  # in agreement again: natively
