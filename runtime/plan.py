@@ -444,8 +444,11 @@ class _CallPlan:
         #: not run at all.
         self.executes = bool(exe._result_keys) or any(step.donated for step in steps)
         #: The program runs and running it changes nothing (no argument
-        #: donated or written): a run may be dropped and made again.
-        self.effect_free = self.executes and not self.after and not any(step.donated for step in steps)
+        #: donated or written, no state copied into this program's form,
+        #: which ``host_copies`` counts): a run may be dropped and made again.
+        self.effect_free = (
+            self.executes and not self.after and not any(step.donated for step in steps) and not self.stored_layouts
+        )
         #: Every user output is a result of the program (no rebuilt views or
         #: constants): outputs are made straight from the results.
         self.direct_outputs = all(key in results for key in exe._output_keys)
