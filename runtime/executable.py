@@ -627,7 +627,8 @@ class Executable:
         self._plan = _CallPlan(self) if not self._placement.spmd else None
         #: The check that torch did not change the module's tensors
         #: (``_state_watch``) runs while the program executes, not before:
-        #: for a program with no effect (nothing donated or written), whose
+        #: for a program with no effect (nothing donated or written, no state
+        #: copied into its form: ``_CallPlan.effect_free``), whose
         #: run on stale state is dropped and run again (``execution.run_planned``,
         #: the native lane).  The check's time then overlaps XLA's, and
         #: PJRT's worker is not left idle for it between two calls.
