@@ -179,7 +179,17 @@ def hloalias_backend(
             return _register(graph, kind, settings, boxed=True)
         return compile_graph
 
-    training: Callable[..., Any] = aot_autograd(
-        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
-    )(gm, example_inputs)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from hloalias.frontend.backward_decompositions import capture_decompositions
+
+    # AOTAutograd traces the joint graph here, as the training capture
+    # traces a step: with the backward operators torch-mlir lacks
+    # decomposed, and SDPA in its math form (its fused CPU kernel's
+    # backward has no lowering).
+    with sdpa_kernel(SDPBackend.MATH):
+        training: Callable[..., Any] = aot_autograd(
+            fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"), decompositions=capture_decompositions(),
+        )(gm, example_inputs)
     return training
