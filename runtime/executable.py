@@ -70,6 +70,7 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch_mlir import ir
@@ -412,7 +413,35 @@ def _checked_compile_arguments(
         )
     if pipeline is not None and not isinstance(pipeline, str):
         raise PipelineError(f"compile: pipeline is {type(pipeline).__name__}; pass the textual pipeline as a str")
-    return tuple(example_args), dict(kwargs)
+    return _apart(tuple(example_args), dict(kwargs))
+
+
+def _apart(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The example inputs with every tensor that shares a storage with an
+    earlier one replaced by a copy of the same sizes and strides.
+    ``torch.export`` cannot trace inputs that overlap (a raw error from
+    deep inside torch), and the program does not depend on it: whether a
+    call's inputs overlap is checked at each call (read-only overlap runs,
+    a written one is refused, naming both)."""
+    tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+    if len({StorageWeakRef(tensor.untyped_storage()) for tensor in tensors}) == len(tensors):
+        return args, kwargs  # the usual case: the caller's objects, unrebuilt
+    seen: set[StorageWeakRef] = set()
+
+    def apart(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        storage = StorageWeakRef(value.untyped_storage())
+        if storage not in seen:
+            seen.add(storage)
+            return value
+        copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
+        with torch.no_grad():
+            copy.copy_(value)
+        return copy.requires_grad_(value.requires_grad) if value.is_leaf else copy
+
+    separated: tuple[tuple[Any, ...], dict[str, Any]] = pytree.tree_map(apart, (args, kwargs))
+    return separated
 
 
 def _donation_requests(
