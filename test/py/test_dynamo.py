@@ -192,6 +192,22 @@ def test_unknown_option_is_refused() -> None:
         dynamo_backend.hloalias_backend(torch.fx.symbolic_trace(torch.nn.ReLU()), [torch.ones(2)], {"pipelin": "x"})
 
 
+def test_torch_compile_modes_are_accepted_and_unknown_ones_refused() -> None:
+    # Hugging Face's recipe passes mode="reduce-overhead": it reached the
+    # backend as an unknown option and failed.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU()).eval()
+    x = torch.randn(2, 4)
+    for mode in ("reduce-overhead", "max-autotune", "default"):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(model, backend="hloalias", mode=mode)(x), model(x))
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="mode='fastest' is not one of") as failed:
+        torch.compile(model, backend="hloalias", mode="fastest")(x)
+    assert isinstance(failed.value.inner_exception, CompileError)
+
+
 def test_gpt2_dynamic_cache_decode_loop_equals_eager() -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
