@@ -77,7 +77,7 @@ from torch_mlir import ir
 
 from hloalias import attributes as A, config, observe
 from hloalias.observe import traced_compile
-from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
+from hloalias.errors import CompileError, DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage
 from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verify
 from hloalias.mlir import find_main, print_module
@@ -252,6 +252,8 @@ def compile(  # noqa: A001 - the name users expect
     model's parameter, so it shares its device buffer with every
     executable of the model, :mod:`hloalias.runtime.training`.)"""
     _check_mesh_arguments(mesh, shardings)
+    if torch.is_autocast_enabled("cpu"):
+        raise CompileError(_AUTOCAST.format(dtype=torch.get_autocast_dtype("cpu")) + "compile outside it")
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
     target = device_for(mesh.platform if mesh is not None else device)
@@ -388,6 +390,16 @@ def _pipeline_for(pipeline: str | None, program: Program, group: _StateGroup, ta
 
 def _passes_in(pipeline: str) -> set[str]:
     return {element.name for element in parse_pipeline(pipeline)}
+
+
+#: Why an ambient ``torch.autocast`` is refused (compile and call): eager
+#: runs every op under it in the lower dtype, a compiled program computes
+#: as it was compiled, whatever the caller's autocast.
+_AUTOCAST = (
+    "torch.autocast('cpu') is on: a compiled program does not follow an autocast around its call (eager "
+    "would compute in {dtype}); put `with torch.autocast(...)` inside forward, which is compiled as written, and "
+)
+_any_autocast = torch._C._is_any_autocast_enabled
 
 
 def _checked_compile_arguments(
@@ -993,6 +1005,8 @@ class Executable:
             leaves = self._user_leaves(args, kwargs)
         if self._modes is not None:
             self._check_modes()
+        if _any_autocast():
+            self._refuse_autocast()
         if self._watched and self._state_watch.changed():
             self._sync_from_torch()
         if self._lane is not None:
@@ -1024,6 +1038,10 @@ class Executable:
             if plan is not None:
                 return run_planned(self, plan, inputs)
             return run_mesh(self, inputs)
+
+    def _refuse_autocast(self) -> None:
+        if torch.is_autocast_enabled("cpu"):
+            raise ExecutionError(_AUTOCAST.format(dtype=torch.get_autocast_dtype("cpu")) + "call it outside torch.autocast")
 
     def _check_modes(self) -> None:
         """Refuse a call after a train/eval switch of a module the program
