@@ -26,6 +26,7 @@ from hloalias.passes.window_gather_indices import WindowGatherIndices, WindowGat
 from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
 from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
 from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
+from hloalias.passes.recompute_shared_activations import RecomputeReport, RecomputeSharedActivations
 from hloalias.passes.reduce_window_in_conv_layout import PoolLayoutReport, ReduceWindowInConvLayout
 from hloalias.passes.store_state_as_bits import BitsReport, StoreStateAsBits
 from hloalias.passes.widen_one_row_updates import WidenOneRowUpdates, WidenReport
@@ -49,6 +50,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         SelectToDynamicUpdateSlice.name: SelectToDynamicUpdateSlice.from_options,
         OrderInPlaceUpdates.name: OrderInPlaceUpdates.from_options,
         PermuteConvKernelState.name: PermuteConvKernelState.from_options,
+        RecomputeSharedActivations.name: RecomputeSharedActivations.from_options,
         ReduceWindowInConvLayout.name: ReduceWindowInConvLayout.from_options,
         StoreStateAsBits.name: StoreStateAsBits.from_options,
         WidenOneRowUpdates.name: WidenOneRowUpdates.from_options,
@@ -78,6 +80,8 @@ __all__ = [
     "PermuteConvKernelState",
     "PermuteReport",
     "PoolLayoutReport",
+    "RecomputeReport",
+    "RecomputeSharedActivations",
     "ReduceWindowInConvLayout",
     "RepeatFoldReport",
     "ReturnedMatvecAsReduce",
