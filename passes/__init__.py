@@ -24,6 +24,7 @@ from hloalias.passes.select_to_dynamic_update_slice import SelectToDynamicUpdate
 from hloalias.passes.scatter_to_dynamic_update_slice import ScatterToDynamicUpdateSlice, ScatterToUpdateSliceReport
 from hloalias.passes.window_gather_indices import WindowGatherIndices, WindowGatherReport
 from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
+from hloalias.passes.one_hot_scatter_as_select import OneHotReport, OneHotScatterAsSelect
 from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
 from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
 from hloalias.passes.recompute_shared_activations import RecomputeReport, RecomputeSharedActivations
@@ -48,6 +49,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         WindowScatterIndices.name: WindowScatterIndices.from_options,
         ScatterToDynamicUpdateSlice.name: ScatterToDynamicUpdateSlice.from_options,
         SelectToDynamicUpdateSlice.name: SelectToDynamicUpdateSlice.from_options,
+        OneHotScatterAsSelect.name: OneHotScatterAsSelect.from_options,
         OrderInPlaceUpdates.name: OrderInPlaceUpdates.from_options,
         PermuteConvKernelState.name: PermuteConvKernelState.from_options,
         RecomputeSharedActivations.name: RecomputeSharedActivations.from_options,
@@ -75,6 +77,8 @@ __all__ = [
     "FoldTransposeIntoDotGeneral",
     "MatvecReport",
     "ModulePass",
+    "OneHotReport",
+    "OneHotScatterAsSelect",
     "OrderInPlaceUpdates",
     "OrderReport",
     "PermuteConvKernelState",
