@@ -16,12 +16,16 @@ fuses it into that reader's loop (the backward's recomputes ``tanh`` from
 ``y``, which is an elementwise function of a value the backward keeps
 anyway); the barrier stops XLA's CSE from merging the copies back.
 
-Applies to every ``stablehlo.tanh`` and ``stablehlo.logistic`` whose result
-has more than one reader (a reader is counted once however many of its
-operands it is); the first reader in block order keeps the original, each
-other gets ``op(optimization_barrier(operand))`` inserted just before it.
-Never applies to an op with one reader, nor to a copy it made (its operand
-is a barrier's result).  Exact: each copy computes the same op on the same
+Applies to every ``stablehlo.tanh`` and ``stablehlo.logistic``, and every
+elementwise value computed from one through at most two more elementwise
+ops (``1 + tanh(y)``), whose result has more than one reader in its block
+(a reader is counted once however many of its operands it is); the first
+reader in block order keeps the original, each other gets a copy of the
+chain over ``optimization_barrier(operand)`` of the activation's operand,
+inserted just before it (the chain's other operands are shared).
+Never applies to an op with one reader, to a returned value (its output
+buffer holds it anyway), nor to a copy it made (its operand is a barrier's
+result).  Exact: each copy computes the same op on the same
 value, so every reader reads the same bits."""
 
 from __future__ import annotations
@@ -118,8 +122,8 @@ def _recompute(op: ir.Operation, block: ir.Block) -> int:
     readers = _readers(op, block)
     if len(readers) != len({use.owner for use in op.results[0].uses}):
         return 0  # a reader in a nested region: left as it is
-    if len(readers) < 2:
-        return 0
+    if len(readers) < 2 or any(reader.name == "func.return" for reader in readers):
+        return 0  # a returned value stays in its output buffer: a copy saves nothing
     for reader in readers[1:]:
         with ir.InsertionPoint(reader), op.location:
             activation = path[-1]
@@ -128,10 +132,10 @@ def _recompute(op: ir.Operation, block: ir.Block) -> int:
             child: ir.Operation | None = None
             for original in reversed(path):
                 operands = [below] if child is None else [
-                    below if _owner(value) == child else value for value in original.operands
+                    below if value == child.results[0] else value for value in original.operands
                 ]
                 below = ir.Operation.create(original.name, results=[original.results[0].type], operands=operands,
-                                            attributes={a.name: a.attr for a in original.attributes}).results[0]
+                                            attributes={key: original.attributes[key] for key in original.attributes}).results[0]
                 child = original
         for index, value in enumerate(reader.operands):
             if value == op.results[0]:

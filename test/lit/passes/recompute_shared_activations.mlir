@@ -6,7 +6,7 @@
 // The pass has no options: any is an error.
 // RUN: not hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-shared-activations{bogus=1})' 2>&1 | filecheck %s --check-prefix=ERR
 
-// XLA-COUNT-4: xla: argument_bytes={{[0-9]+}}
+// XLA-COUNT-5: xla: argument_bytes={{[0-9]+}}
 // ERR: recompute_shared_activations.mlir: error: recompute-shared-activations: unknown option 'bogus' (options: none)
 
 // gelu_new as a training step reads it: the forward's 0.5 x (1 + t), the
@@ -105,3 +105,23 @@ func.func @main(%p: tensor<i1>, %x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor
 // CHECK-COUNT-1: stablehlo.tanh
 // CHECK-NOT:     optimization_barrier
 // CHECK:         return
+
+// -----
+
+// An op with attributes on the path (compare): its copy keeps them.
+func.func @main(%x: tensor<4x8xf32>, %z: tensor<4x8xf32>) -> (tensor<4x8xi1>, tensor<4x8xi1>) {
+  %s = stablehlo.logistic %x : tensor<4x8xf32>
+  %c = stablehlo.compare GT, %s, %z, FLOAT : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xi1>
+  %n = stablehlo.not %c : tensor<4x8xi1>
+  %a = stablehlo.and %c, %n : tensor<4x8xi1>
+  return %n, %a : tensor<4x8xi1>, tensor<4x8xi1>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x8xf32>, %arg1: tensor<4x8xf32>)
+// CHECK:         %[[S:.+]] = stablehlo.logistic %arg0
+// CHECK:         %[[C:.+]] = stablehlo.compare  GT, %[[S]], %arg1,  FLOAT
+// CHECK:         %[[N:.+]] = stablehlo.not %[[C]]
+// CHECK:         %[[B:.+]] = stablehlo.optimization_barrier %arg0
+// CHECK:         %[[S1:.+]] = stablehlo.logistic %[[B]]
+// CHECK:         %[[C1:.+]] = stablehlo.compare  GT, %[[S1]], %arg1,  FLOAT
+// CHECK:         %[[A:.+]] = stablehlo.and %[[C1]], %[[N]]
+// CHECK:         return %[[N]], %[[A]]
