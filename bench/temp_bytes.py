@@ -475,9 +475,9 @@ GQA_SCALE_OPT_IN = CPU_PIPELINE.replace(
 )
 
 
-def _gqa_row(title: str, cache_len: int, tokens: int) -> Row:
-    """An HF Llama (bench/models.py's config: 4 layers, hidden 512, GQA 8/4
-    heads, head_dim 64) run as transformers' static-cache export recipe runs
+def _gqa_row(title: str, cache_len: int, tokens: int, family: str = "llama") -> Row:
+    """An HF Llama, or the Qwen2 or Mistral of ``family`` (bench/models.py's
+    config: 4 layers, hidden 512, GQA 8/4 heads, head_dim 64) run as transformers' static-cache export recipe runs
     it: ``before`` is what ``hloalias.compile`` runs on CPU without the two
     GQA passes, ``after`` what it runs by default (:data:`CPU_PIPELINE`,
     exact), the option the scale move opted in (:data:`GQA_SCALE_OPT_IN`)."""
@@ -485,7 +485,7 @@ def _gqa_row(title: str, cache_len: int, tokens: int) -> Row:
 
     from bench.models import LlamaDecodeConfig, LlamaDecodeStep
 
-    model = LlamaDecodeStep(LlamaDecodeConfig(max_cache_len=cache_len))
+    model = LlamaDecodeStep(LlamaDecodeConfig(max_cache_len=cache_len, family=family))
     if tokens == 1:
         args = (torch.tensor([[7]]), torch.tensor([17]))
     else:
@@ -533,6 +533,24 @@ def gqa_decode_4096_row() -> Row:
 
 def gqa_prefill_row() -> Row:
     return _gqa_row("HF Llama GQA prefill of 512 tokens, cache 1024", 1024, 512)
+
+
+def qwen2_decode_4096_row() -> Row:
+    """Qwen2 with the Llama row's sizes (q/k/v projections biased)."""
+    return _gqa_row("HF Qwen2 GQA static-cache decode step, cache 4096", 4096, 1, "qwen2")
+
+
+def mistral_decode_4096_row() -> Row:
+    """Mistral with the Llama row's sizes (its config's 4096-token sliding window)."""
+    return _gqa_row("HF Mistral GQA static-cache decode step, cache 4096", 4096, 1, "mistral")
+
+
+def qwen2_decode_256_row() -> Row:
+    return _gqa_row("HF Qwen2 GQA static-cache decode step, cache 256", 256, 1, "qwen2")
+
+
+def mistral_decode_256_row() -> Row:
+    return _gqa_row("HF Mistral GQA static-cache decode step, cache 256", 256, 1, "mistral")
 
 
 def mixtral_row() -> Row:
@@ -673,7 +691,9 @@ def swin_row() -> Row:
 
 
 ROWS: list[Callable[[], Row]] = [bf16_cache_row, kv_step_row, gpt2_row, resnet_row, resnet18_row, bert_row,
-                                 gqa_decode_256_row, gqa_decode_4096_row, gqa_prefill_row, mixtral_row, qwen2_bf16_row,
+                                 gqa_decode_256_row, gqa_decode_4096_row, gqa_prefill_row, qwen2_decode_256_row,
+                                 qwen2_decode_4096_row, mistral_decode_256_row, mistral_decode_4096_row, mixtral_row,
+                                 qwen2_bf16_row,
                                  deberta_row, swin_row]
 
 
