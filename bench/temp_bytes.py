@@ -468,8 +468,8 @@ def conv_layout_experiment() -> list[str]:
 GQA_PASSES = "widen-one-row-updates, fold-repeat-into-dot-general"
 GQA_BEFORE = CPU_PIPELINE.replace(f" {GQA_PASSES},", "")
 # head_dim 64: SDPA's scale sqrt(1/8) on K is no power of two, so the exact
-# default leaves K's chain (repeat, transpose, scale) as it is; the opt-in
-# moves the scale onto the scores (each row's "with option" cell).
+# default applies it to the unrepeated cache (in chunks at long context);
+# the opt-in moves it onto the scores (each row's "with option" cell).
 GQA_SCALE_OPT_IN = CPU_PIPELINE.replace(
     "fold-repeat-into-dot-general", "fold-repeat-into-dot-general{exact-scales-only=false}"
 )
@@ -511,8 +511,10 @@ def _gqa_row(title: str, cache_len: int, tokens: int, family: str = "llama") -> 
         "heads and transposed (SDPA's scaled `k^T`) and V repeated, each twice a layer's cache. After: "
         "`fold-repeat-into-dot-general` makes the attention dots read the cache itself, batching over the KV "
         "heads with the head group a free dimension of q (or of the probabilities); SDPA's splat scale on K "
-        "(64 ** -0.25 at head_dim 64, no power of two) is applied to the unrepeated cache by default (exact: "
-        "one scaled copy of a layer's K cache), and only the option moves it onto the scores; "
+        "(64 ** -0.25 at head_dim 64, no power of two) is applied to the unrepeated cache by default (exact), "
+        "in chunks of 256 positions in a while loop where that scaled copy is larger than 256 KiB and than the "
+        "scores (decode at cache 4096: one chunk's copy alive; at 256 and in prefill the whole scaled copy), and "
+        "only the option moves it onto the scores; "
         "`widen-one-row-updates` writes the decode step's one-row cache "
         "update as two rows so that XLA:CPU keeps it in place instead of duplicating it into the reshape the "
         f"dot reads. Results equal eager (assert_close); bit-identical to `before`: {identical} by default, "

@@ -35,7 +35,13 @@ CPU attention kernel, which scales ``q @ k^T``).  ``exact-scales-only``
 (the default) moves only power-of-two scales; any other scale is applied
 to the unrepeated source instead (the dot reads ``S * c``, one copy of
 ``S``, no repeat and no transpose: exact, since a splat multiply commutes
-with the chain's reshapes, transposes and repeats).
+with the chain's reshapes, transposes and repeats).  Where that scaled copy
+has one free dimension and is larger than ``chunk-bytes`` and than the
+dot's result (a decode step's K cache, not a prefill's, whose scores are
+larger), it is scaled and read in equal chunks of a multiple of 256
+positions along that dimension: the first chunk's dot before a
+``stablehlo.while`` over the others, each writing its part of the result
+(the same products of the same scaled elements; one chunk's copy alive).
 ``exact-scales-only=false`` moves those onto the result too.  Only
 floating-point multiplies of the dot's result element type move.
 
