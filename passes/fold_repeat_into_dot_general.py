@@ -12,7 +12,8 @@ repeated, transposed, scaled K and the repeated V in temp on every call:
 two copies of the whole cache per layer, growing with the context.
 
 Each value ``X`` of such a chain (``reshape``, ``transpose``,
-``broadcast_in_dim``, ``multiply`` by a splat) is described from its source
+``broadcast_in_dim``, ``multiply`` by a splat, ``convert`` between float
+types) is described from its source
 ``S``: every dimension of ``X`` is a row-major group of ``S``'s dimensions
 (size-1 dimensions dropped) and of *repeat* axes the broadcasts added.  A
 dot whose operand ``X`` has repeat axes only inside batching dimensions
@@ -43,7 +44,11 @@ positions along that dimension: the first chunk's dot before a
 ``stablehlo.while`` over the others, each writing its part of the result
 (the same products of the same scaled elements; one chunk's copy alive).
 ``exact-scales-only=false`` moves those onto the result too.  Only
-floating-point multiplies of the dot's result element type move.
+floating-point multiplies of the dot's result element type move.  A chain
+with a ``convert`` (torch's SDPA math upcasting bf16 K and V to f32) has
+the convert and every scale applied to the source in the chain's order
+(exact, with either option), never in chunks: XLA:CPU hoists the convert
+of the loop's carried source out of the loop.
 
 Never fires on a dot without a repeated operand (``fold-broadcast-into-dot-
 general`` handles a weight broadcast over whole batching dimensions), when
@@ -68,7 +73,9 @@ from hloalias.errors import PassError
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
 from hloalias.passes.stablehlo_values import shape_of
 
-_CHAIN_OPS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim", "stablehlo.multiply")
+_CHAIN_OPS = (
+    "stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim", "stablehlo.multiply", "stablehlo.convert",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,9 +155,12 @@ class _Chain:
     source_axes: list[_Axis]
     groups: list[list[_Axis]]
     scales: list[ir.Operation]
-    # Scales applied to the source instead (farthest first): exact, as a
-    # splat multiply commutes with the chain's reshapes, transposes and
-    # repeats; the dot then reads the scaled source, one unrepeated copy.
+    # Float converts of the chain (bf16 K/V upcast for f32 attention).
+    converts: list[ir.Operation] = dataclasses.field(default_factory=list)
+    # Splat multiplies and converts applied to the source instead, in the
+    # chain's order (farthest first): exact, as an elementwise op commutes
+    # with the chain's reshapes, transposes and repeats; the dot then reads
+    # the scaled (converted) source, one unrepeated copy.
     source_scales: list[ir.Operation] = dataclasses.field(default_factory=list)
 
 
@@ -191,6 +201,11 @@ def _chain_links(value: ir.Value) -> list[ir.Operation]:
             links.append(operation)
             value = operation.operands[1 - splat]
             continue
+        if operation.name == "stablehlo.convert" and not all(
+            isinstance(ir.RankedTensorType(v.type).element_type, ir.FloatType)
+            for v in (operation.operands[0], operation.results[0])
+        ):
+            return links
         links.append(operation)
         value = operation.operands[0]
 
@@ -229,6 +244,7 @@ def _describe(source: ir.Value, links: list[ir.Operation]) -> _Chain | None:
     source_axes = [_Axis(next(counter), size, False) for size in shape_of(source)]
     groups = _regroup(source_axes, shape_of(source))
     scales: list[ir.Operation] = []
+    elementwise: list[ir.Operation] = []
     for link in links:
         if groups is None:
             return None
@@ -249,9 +265,16 @@ def _describe(source: ir.Value, links: list[ir.Operation]) -> _Chain | None:
                     new_groups[result_dim] = groups[operand_dim]
             groups = new_groups
         else:
-            scales.append(link)
+            elementwise.append(link)
+            if link.name == "stablehlo.multiply":
+                scales.append(link)
     if groups is None:
         return None
+    converts = [link for link in elementwise if link.name == "stablehlo.convert"]
+    if converts:
+        # A convert changes the dot's operand type: it cannot move onto the
+        # result, so it and every scale stay on the source, in order.
+        return _Chain(source, source_axes, groups, [], converts, elementwise)
     return _Chain(source, source_axes, groups, scales)
 
 
@@ -391,13 +414,19 @@ class _RepeatFolder:
         not a prefill's, whose scores dwarf it)."""
         if not chain.source_scales or self.chunk_bytes == 0:
             return None
+        if chain.converts:
+            # XLA:CPU hoists the loop's convert of the carried source out of
+            # the loop: a whole converted copy again, plus the loop (measured
+            # on a bf16-cache decode step: more temp than without chunks).
+            return None
         free = [axis for axis in source_free if axis.size != 1]
         if len(free) != 1:
             return None
-        source_element = ir.RankedTensorType(chain.source.type).element_type
-        if not isinstance(source_element, ir.FloatType) or not isinstance(element, ir.FloatType):
+        # The copy the dot reads, in the last source op's element type.
+        copy_element = ir.RankedTensorType(chain.source_scales[-1].results[0].type).element_type
+        if not isinstance(copy_element, ir.FloatType) or not isinstance(element, ir.FloatType):
             return None
-        row_bytes = math.prod(a.size for a in kept) // free[0].size * (source_element.width // 8)
+        row_bytes = math.prod(a.size for a in kept) // free[0].size * (copy_element.width // 8)
         scaled_bytes = row_bytes * free[0].size
         result_bytes = math.prod(a.size for a in result_axes) * (element.width // 8)
         if scaled_bytes <= self.chunk_bytes or scaled_bytes <= result_bytes:
@@ -512,8 +541,8 @@ class _RepeatFolder:
             other_operand = _reshaped(other_value, [a.size for a in other_axes])
             if plan is None:
                 source = chain.source
-                for multiply in chain.source_scales:
-                    source = _scaled(source, multiply)
+                for source_op in chain.source_scales:
+                    source = _applied(source, source_op)
                 new = dot(other_operand, _reshaped(source, [a.size for a in kept]), new_shape)
             else:
                 new = _chunked_dot(
@@ -527,7 +556,7 @@ class _RepeatFolder:
         rewriter.replace_op(op, [result])
         self.folded += 1
         self.scales_moved += len(chain.scales)
-        self.scales_on_source += len(chain.source_scales)
+        self.scales_on_source += len([m for m in chain.source_scales if m.name == "stablehlo.multiply"])
         return True
 
 
@@ -581,8 +610,8 @@ def _chunked_dot(
                 attributes={"slice_sizes": ir.DenseI64ArrayAttr.get(sizes)},
             ).results[0]
         remaining = iter(factor_values)
-        for multiply in scales:
-            chunk = _scaled(chunk, multiply, next(remaining) if _scale_factor(multiply) is not None else None)
+        for source_op in scales:
+            chunk = _applied(chunk, source_op, next(remaining) if _scale_factor(source_op) is not None else None)
         chunk_shape = [plan.size if d == plan.result_dim else n for d, n in enumerate(shape)]
         return dot(other_value, chunk, chunk_shape)
 
@@ -636,7 +665,10 @@ def _chunked_dot(
 
 
 def _scale_factor(multiply: ir.Operation) -> ir.Value | None:
-    """The rank-0 value a splat ``multiply`` broadcasts, or None for a splat constant."""
+    """The rank-0 value a splat ``multiply`` broadcasts, or None for a splat
+    constant or a convert."""
+    if multiply.name == "stablehlo.convert":
+        return None
     splat = _splat_operand(multiply)
     assert splat is not None
     defining = _operation(multiply.operands[splat])
@@ -653,6 +685,16 @@ def _reshaped(value: ir.Value, shape: list[int]) -> ir.Value:
         "stablehlo.reshape", results=[ir.RankedTensorType.get(shape, element)], operands=[value]
     )
     return reshape.results[0]
+
+
+def _applied(value: ir.Value, source_op: ir.Operation, factor: ir.Value | None = None) -> ir.Value:
+    """``source_op`` (a splat multiply or a convert) applied to ``value``."""
+    if source_op.name == "stablehlo.convert":
+        element = ir.RankedTensorType(source_op.results[0].type).element_type
+        return ir.Operation.create(
+            "stablehlo.convert", results=[ir.RankedTensorType.get(shape_of(value), element)], operands=[value]
+        ).results[0]
+    return _scaled(value, source_op, factor)
 
 
 def _scaled(value: ir.Value, multiply: ir.Operation, factor: ir.Value | None = None) -> ir.Value:

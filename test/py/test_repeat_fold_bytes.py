@@ -271,3 +271,37 @@ def test_chunked_scores_equal_the_unrewritten_dot(cache_len: int) -> None:
         assert torch.equal(whole, unrewritten), scale
         torch.testing.assert_close(chunked, torch.einsum("hd,hld->hl", q[:, 0],
                                                           (k[0] * scale).repeat_interleave(2, 0))[:, None])
+
+
+def test_gqa_decode_bf16_cache_reads_the_cache_unrepeated() -> None:
+    """A bf16 model (cache bf16 too) at head_dim 64, cache 4096: torch's
+    SDPA math upcasts the repeated K and V to f32; the pass applies the
+    convert (and K's scale) to the unrepeated cache, so the dots read one
+    f32 copy of each KV-head cache instead of the repeated f32 K and V.
+    Not in chunks (XLA:CPU would hoist the convert out of the loop).
+    Bit-identical to the pipeline without the passes."""
+    from bench.models import LlamaDecodeConfig, LlamaDecodeStep
+
+    heads, kv_heads, head_dim, cache_len = 4, 2, 64, 4096
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = LlamaDecodeStep(LlamaDecodeConfig(
+            vocab_size=256, hidden_size=heads * head_dim, intermediate_size=128, layers=1,
+            heads=heads, kv_heads=kv_heads, max_cache_len=cache_len,
+        ))
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert {value.dtype for value in model.state_dict().values()} == {torch.bfloat16}
+    args = (torch.tensor([[7]]), torch.tensor([17]))
+    expected = copy.deepcopy(model)(*args)
+    without, result_without = _run(model, args, WITHOUT)
+    folded, result = _run(model, args, CPU_PIPELINE)
+    assert without.memory_stats["temp_bytes"] == 10_363_904
+    assert folded.memory_stats["temp_bytes"] == 6_169_600
+    repeated = f"-> tensor<1x{kv_heads}x{heads // kv_heads}x{cache_len}x{head_dim}xbf16>"
+    assert without.mlir.count(repeated) == 2 and folded.mlir.count(repeated) == 0
+    assert "stablehlo.while" not in folded.mlir
+    assert torch.equal(result, result_without)
+    # Eager runs torch's fused bf16 attention kernel, hloalias (with or
+    # without the passes, the same bits) SDPA's math in f32 with bf16 casts.
+    torch.testing.assert_close(result, expected, atol=1e-2, rtol=0)

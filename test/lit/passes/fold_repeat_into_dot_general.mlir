@@ -12,7 +12,7 @@
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 
-// XLA-COUNT-7: xla: argument_bytes={{[0-9]+}}
+// XLA-COUNT-8: xla: argument_bytes={{[0-9]+}}
 
 // GQA decode, q @ k^T under SDPA as torch-mlir lowers it: K repeated from 2
 // KV heads to 4 heads (repeat_kv), transposed, scaled by sqrt(1/sqrt(16)).
@@ -231,3 +231,43 @@ func.func @main(%q: tensor<8x1x64xf32>, %k: tensor<1x4x1000x64xf32>, %qp: tensor
 // EXACT:         %[[M2:.+]] = stablehlo.multiply %arg3, %[[S2]] : tensor<1x4x1024x64xf32>
 // EXACT:         %[[K2:.+]] = stablehlo.reshape %[[M2]] : (tensor<1x4x1024x64xf32>) -> tensor<4x1024x64xf32>
 // EXACT:         stablehlo.dot_general %{{.+}}, %[[K2]], batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<4x2x64x64xf32>, tensor<4x1024x64xf32>)
+
+// -----
+
+// A bf16 cache upcast to f32 after the repeat (torch's SDPA math on bf16):
+// the convert commutes with the repeat, so it and the scale (even a power
+// of two, with either option) are applied to the unrepeated cache, in the
+// chain's order, and both dots read the converted cache; no chunks (the CPU backend
+// would hoist the convert out of the loop).
+func.func @main(%q: tensor<4x1x16xf32>, %k: tensor<1x2x8x16xbf16>, %p: tensor<4x1x8xf32>) -> (tensor<4x1x8xf32>, tensor<4x1x16xf32>) {
+  %r = stablehlo.reshape %k : (tensor<1x2x8x16xbf16>) -> tensor<1x2x1x8x16xbf16>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3, 4] : (tensor<1x2x1x8x16xbf16>) -> tensor<1x2x2x8x16xbf16>
+  %h = stablehlo.reshape %b : (tensor<1x2x2x8x16xbf16>) -> tensor<1x4x8x16xbf16>
+  %f = stablehlo.convert %h : (tensor<1x4x8x16xbf16>) -> tensor<1x4x8x16xf32>
+  %t = stablehlo.transpose %f, dims = [0, 1, 3, 2] : (tensor<1x4x8x16xf32>) -> tensor<1x4x16x8xf32>
+  %c = stablehlo.constant dense<5.000000e-01> : tensor<f32>
+  %s = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<1x4x16x8xf32>
+  %m = stablehlo.multiply %t, %s : tensor<1x4x16x8xf32>
+  %k3 = stablehlo.reshape %m : (tensor<1x4x16x8xf32>) -> tensor<4x16x8xf32>
+  %d = stablehlo.dot_general %q, %k3, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x1x16xf32>, tensor<4x16x8xf32>) -> tensor<4x1x8xf32>
+  %v3 = stablehlo.reshape %f : (tensor<1x4x8x16xf32>) -> tensor<4x8x16xf32>
+  %o = stablehlo.dot_general %p, %v3, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x1x8xf32>, tensor<4x8x16xf32>) -> tensor<4x1x16xf32>
+  return %d, %o : tensor<4x1x8xf32>, tensor<4x1x16xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x1x16xf32>, %arg1: tensor<1x2x8x16xbf16>, %arg2: tensor<4x1x8xf32>)
+// CHECK-NOT:     broadcast_in_dim %{{.*}} -> tensor<1x2x2x8x16xbf16>
+// CHECK-NOT:     transpose
+// CHECK-NOT:     stablehlo.while
+// CHECK:         %[[F:.+]] = stablehlo.convert %arg1 : (tensor<1x2x8x16xbf16>) -> tensor<1x2x8x16xf32>
+// CHECK:         %[[M:.+]] = stablehlo.multiply %[[F]], %{{.+}} : tensor<1x2x8x16xf32>
+// CHECK:         %[[K:.+]] = stablehlo.reshape %[[M]] : (tensor<1x2x8x16xf32>) -> tensor<2x8x16xf32>
+// CHECK:         stablehlo.dot_general %{{.+}}, %[[K]], batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<2x2x1x16xf32>, tensor<2x8x16xf32>) -> tensor<2x2x1x8xf32>
+// CHECK:         %[[FV:.+]] = stablehlo.convert %arg1 : (tensor<1x2x8x16xbf16>) -> tensor<1x2x8x16xf32>
+// CHECK:         %[[V:.+]] = stablehlo.reshape %[[FV]] : (tensor<1x2x8x16xf32>) -> tensor<2x8x16xf32>
+// CHECK:         stablehlo.dot_general %{{.+}}, %[[V]], batching_dims = [0] x [0], contracting_dims = [3] x [1] : (tensor<2x2x1x8xf32>, tensor<2x8x16xf32>) -> tensor<2x2x1x16xf32>
+// EXACT-LABEL: func.func @main(%arg0: tensor<4x1x16xf32>, %arg1: tensor<1x2x8x16xbf16>, %arg2: tensor<4x1x8xf32>)
+// EXACT-NOT:     transpose
+// EXACT:         %[[EF:.+]] = stablehlo.convert %arg1 : (tensor<1x2x8x16xbf16>) -> tensor<1x2x8x16xf32>
+// EXACT:         %[[EM:.+]] = stablehlo.multiply %[[EF]], %{{.+}} : tensor<1x2x8x16xf32>
+// EXACT:         stablehlo.dot_general
+// EXACT:         stablehlo.convert %arg1 : (tensor<1x2x8x16xbf16>) -> tensor<1x2x8x16xf32>
