@@ -465,13 +465,13 @@ def conv_layout_experiment() -> list[str]:
     return lines
 
 
-GQA_PASSES = "widen-one-row-updates, fold-repeat-into-dot-general"
+GQA_PASSES = "widen-one-row-updates, fold-repeat-into-dot-general{chunk-bytes=262144}"
 GQA_BEFORE = CPU_PIPELINE.replace(f" {GQA_PASSES},", "")
 # head_dim 64: SDPA's scale sqrt(1/8) on K is no power of two, so the exact
 # default applies it to the unrepeated cache (in chunks at long context);
 # the opt-in moves it onto the scores (each row's "with option" cell).
 GQA_SCALE_OPT_IN = CPU_PIPELINE.replace(
-    "fold-repeat-into-dot-general", "fold-repeat-into-dot-general{exact-scales-only=false}"
+    "fold-repeat-into-dot-general{chunk-bytes=262144}", "fold-repeat-into-dot-general{exact-scales-only=false}"
 )
 
 

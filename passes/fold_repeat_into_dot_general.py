@@ -37,8 +37,8 @@ CPU attention kernel, which scales ``q @ k^T``).  ``exact-scales-only``
 to the unrepeated source instead (the dot reads ``S * c``, one copy of
 ``S``, no repeat and no transpose: exact, since a splat multiply commutes
 with the chain's reshapes, transposes and repeats).  Where that scaled copy
-has one free dimension and is larger than ``chunk-bytes`` and than the
-dot's result (a decode step's K cache, not a prefill's, whose scores are
+has one free dimension and is larger than ``chunk-bytes`` (when not 0,
+the default; the CPU pipeline sets 256 KiB) and than the dot's result (a decode step's K cache, not a prefill's, whose scores are
 larger), it is scaled and read in equal chunks of a multiple of 256
 positions along that dimension: the first chunk's dot before a
 ``stablehlo.while`` over the others, each writing its part of the result
@@ -112,11 +112,13 @@ class FoldRepeatIntoDotGeneral(ModulePass[RepeatFoldReport]):
     )
     # The scaled source is a copy of a layer's K cache, growing with the
     # context; in chunks only one chunk of it is alive at a time.
+    # 0 by default: the chunks' exactness is measured on XLA:CPU's dot
+    # kernel only; the CPU pipeline sets 262144 (256 KiB).
     chunk_bytes: int = dataclasses.field(
-        default=262144,
+        default=0,
         metadata={"help": "a scaled source larger than this and than the dot's result is scaled and read in "
                           "chunks of at most this many bytes along its free dimension, in a while loop (same "
-                          "values); 0 never chunks"},
+                          "values on XLA:CPU); 0 never chunks (the default)"},
     )
 
     def __post_init__(self) -> None:

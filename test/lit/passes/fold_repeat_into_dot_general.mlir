@@ -2,15 +2,15 @@
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false})' | filecheck %s
 // Idempotent: a second run finds no repeated operand left.
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false}, fold-repeat-into-dot-general{exact-scales-only=false})' | filecheck %s
-// The default (exact-scales-only): a scale that is no constant power of two is applied to the
-// unrepeated source instead of moving onto the dot's result.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' | filecheck %s --check-prefix=EXACT
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general, fold-repeat-into-dot-general)' | filecheck %s --check-prefix=EXACT
-// chunk-bytes=0: a scaled source is never read in chunks.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{chunk-bytes=0})' | filecheck %s --check-prefix=NOCHUNK
+// exact-scales-only (the default): a scale that is no constant power of two is applied to the
+// unrepeated source instead of moving onto the dot's result; chunk-bytes as the CPU pipeline sets it.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{chunk-bytes=262144})' | filecheck %s --check-prefix=EXACT
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{chunk-bytes=262144}, fold-repeat-into-dot-general{chunk-bytes=262144})' | filecheck %s --check-prefix=EXACT
+// The pass's default (chunk-bytes=0): a scaled source is never read in chunks.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' | filecheck %s --check-prefix=NOCHUNK
 // XLA accepts every module the pass produces.
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{chunk-bytes=262144})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 
 // XLA-COUNT-8: xla: argument_bytes={{[0-9]+}}
 
@@ -144,13 +144,14 @@ func.func @main(%p: tensor<4x3x8xf32>, %v: tensor<1x2x8x16xf32>, %row: tensor<1x
 
 // A decode step's q @ k^T at head_dim 64 over a 1024-long cache of 4 KV heads:
 // the scaled cache (1 MiB) is larger than chunk-bytes (256 KiB) and than the
-// scores, so the exact default reads it in 4 chunks of 256 positions: the
+// scores, so with chunk-bytes=262144 (the CPU pipeline's) the exact default
+// reads it in 4 chunks of 256 positions: the
 // first before a while loop (its dot padded to the scores' shape), the other
 // three in it, each sliced, scaled and written into the scores (the same
 // products: one chunk's scaled copy alive instead of the whole cache's).  A
 // second run finds the loop's dots reading no repeat.  exact-scales-only=false
 // moves the scale onto the scores and needs no copy, so no loop; with
-// chunk-bytes=0 the whole cache is scaled.
+// chunk-bytes=0 (the pass's default) the whole cache is scaled.
 func.func @main(%q: tensor<8x1x64xf32>, %k: tensor<1x4x1024x64xf32>, %c: tensor<f32>) -> tensor<8x1x1024xf32> {
   %r = stablehlo.reshape %k : (tensor<1x4x1024x64xf32>) -> tensor<1x4x1x1024x64xf32>
   %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3, 4] : (tensor<1x4x1x1024x64xf32>) -> tensor<1x4x2x1024x64xf32>
