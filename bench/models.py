@@ -42,7 +42,10 @@ from bench.systems import Measurement
 
 @dataclasses.dataclass(frozen=True)
 class LlamaDecodeConfig:
-    """An HF Llama with a static KV cache, one decode step (batch 1)."""
+    """An HF Llama with a static KV cache, one decode step (batch 1);
+    ``family`` "qwen2" or "mistral" builds that model with the same sizes
+    (their configs' other defaults: Qwen2's biased q/k/v projections,
+    Mistral's 4096-token sliding window)."""
 
     vocab_size: int = 4096
     hidden_size: int = 512
@@ -52,6 +55,7 @@ class LlamaDecodeConfig:
     kv_heads: int = 4
     max_cache_len: int = 256
     position: int = 17  # the step measured: tokens 0..16 already in the cache
+    family: str = "llama"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +122,13 @@ def swin_forward(config: SwinForwardConfig = SwinForwardConfig()) -> tuple[torch
     return model, pixels
 
 
+_DECODE_FAMILIES: dict[str, tuple[Any, Any]] = {
+    "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+    "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config),
+    "mistral": (transformers.MistralForCausalLM, transformers.MistralConfig),
+}
+
+
 class LlamaDecodeStep(torch.nn.Module):
     """HF's ``TorchExportableModuleWithStaticCache`` called as its docs show
     (``input_ids=``, ``cache_position=``), positional for the bench."""
@@ -127,7 +138,8 @@ class LlamaDecodeStep(torch.nn.Module):
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
         torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        model_class, config_class = _DECODE_FAMILIES[config.family]
+        model = model_class(config_class(
             vocab_size=config.vocab_size, hidden_size=config.hidden_size,
             intermediate_size=config.intermediate_size, num_hidden_layers=config.layers,
             num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,

@@ -465,19 +465,19 @@ def conv_layout_experiment() -> list[str]:
     return lines
 
 
-GQA_PASSES = "widen-one-row-updates, fold-repeat-into-dot-general"
+GQA_PASSES = "widen-one-row-updates, fold-repeat-into-dot-general{chunk-bytes=262144}"
 GQA_BEFORE = CPU_PIPELINE.replace(f" {GQA_PASSES},", "")
 # head_dim 64: SDPA's scale sqrt(1/8) on K is no power of two, so the exact
-# default leaves K's chain (repeat, transpose, scale) as it is; the opt-in
-# moves the scale onto the scores (each row's "with option" cell).
+# default applies it to the unrepeated cache (in chunks at long context);
+# the opt-in moves it onto the scores (each row's "with option" cell).
 GQA_SCALE_OPT_IN = CPU_PIPELINE.replace(
-    "fold-repeat-into-dot-general", "fold-repeat-into-dot-general{exact-scales-only=false}"
+    "fold-repeat-into-dot-general{chunk-bytes=262144}", "fold-repeat-into-dot-general{exact-scales-only=false}"
 )
 
 
-def _gqa_row(title: str, cache_len: int, tokens: int) -> Row:
-    """An HF Llama (bench/models.py's config: 4 layers, hidden 512, GQA 8/4
-    heads, head_dim 64) run as transformers' static-cache export recipe runs
+def _gqa_row(title: str, cache_len: int, tokens: int, family: str = "llama") -> Row:
+    """An HF Llama, or the Qwen2 or Mistral of ``family`` (bench/models.py's
+    config: 4 layers, hidden 512, GQA 8/4 heads, head_dim 64) run as transformers' static-cache export recipe runs
     it: ``before`` is what ``hloalias.compile`` runs on CPU without the two
     GQA passes, ``after`` what it runs by default (:data:`CPU_PIPELINE`,
     exact), the option the scale move opted in (:data:`GQA_SCALE_OPT_IN`)."""
@@ -485,7 +485,7 @@ def _gqa_row(title: str, cache_len: int, tokens: int) -> Row:
 
     from bench.models import LlamaDecodeConfig, LlamaDecodeStep
 
-    model = LlamaDecodeStep(LlamaDecodeConfig(max_cache_len=cache_len))
+    model = LlamaDecodeStep(LlamaDecodeConfig(max_cache_len=cache_len, family=family))
     if tokens == 1:
         args = (torch.tensor([[7]]), torch.tensor([17]))
     else:
@@ -511,8 +511,10 @@ def _gqa_row(title: str, cache_len: int, tokens: int) -> Row:
         "heads and transposed (SDPA's scaled `k^T`) and V repeated, each twice a layer's cache. After: "
         "`fold-repeat-into-dot-general` makes the attention dots read the cache itself, batching over the KV "
         "heads with the head group a free dimension of q (or of the probabilities); SDPA's splat scale on K "
-        "(64 ** -0.25 at head_dim 64, no power of two) is applied to the unrepeated cache by default (exact: "
-        "one scaled copy of a layer's K cache), and only the option moves it onto the scores; "
+        "(64 ** -0.25 at head_dim 64, no power of two) is applied to the unrepeated cache by default (exact), "
+        "in chunks of 256 positions in a while loop where that scaled copy is larger than 256 KiB and than the "
+        "scores (decode at cache 4096: one chunk's copy alive; at 256 and in prefill the whole scaled copy), and "
+        "only the option moves it onto the scores; "
         "`widen-one-row-updates` writes the decode step's one-row cache "
         "update as two rows so that XLA:CPU keeps it in place instead of duplicating it into the reshape the "
         f"dot reads. Results equal eager (assert_close); bit-identical to `before`: {identical} by default, "
@@ -533,6 +535,24 @@ def gqa_decode_4096_row() -> Row:
 
 def gqa_prefill_row() -> Row:
     return _gqa_row("HF Llama GQA prefill of 512 tokens, cache 1024", 1024, 512)
+
+
+def qwen2_decode_4096_row() -> Row:
+    """Qwen2 with the Llama row's sizes (q/k/v projections biased)."""
+    return _gqa_row("HF Qwen2 GQA static-cache decode step, cache 4096", 4096, 1, "qwen2")
+
+
+def mistral_decode_4096_row() -> Row:
+    """Mistral with the Llama row's sizes (its config's 4096-token sliding window)."""
+    return _gqa_row("HF Mistral GQA static-cache decode step, cache 4096", 4096, 1, "mistral")
+
+
+def qwen2_decode_256_row() -> Row:
+    return _gqa_row("HF Qwen2 GQA static-cache decode step, cache 256", 256, 1, "qwen2")
+
+
+def mistral_decode_256_row() -> Row:
+    return _gqa_row("HF Mistral GQA static-cache decode step, cache 256", 256, 1, "mistral")
 
 
 def mixtral_row() -> Row:
@@ -673,7 +693,9 @@ def swin_row() -> Row:
 
 
 ROWS: list[Callable[[], Row]] = [bf16_cache_row, kv_step_row, gpt2_row, resnet_row, resnet18_row, bert_row,
-                                 gqa_decode_256_row, gqa_decode_4096_row, gqa_prefill_row, mixtral_row, qwen2_bf16_row,
+                                 gqa_decode_256_row, gqa_decode_4096_row, gqa_prefill_row, qwen2_decode_256_row,
+                                 qwen2_decode_4096_row, mistral_decode_256_row, mistral_decode_4096_row, mixtral_row,
+                                 qwen2_bf16_row,
                                  deberta_row, swin_row]
 
 

@@ -73,6 +73,10 @@ def _gpt2_loss(model: Any, ids: torch.Tensor) -> torch.Tensor:
 def measure(name: str, model: torch.nn.Module, make_optimizer: Callable[..., torch.optim.Optimizer],
             loss_of: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],
             state_per_param: int, jax_run: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    # Both read the initial weights: once the compiled step has run, the
+    # model's parameters are its device state, updated by every step.
+    eager_first_loss = float(loss_of(copy.deepcopy(model), *batch).detach())
+    jax_result = jax_run() if jax_run else None
     eager_model = copy.deepcopy(model)
     eager_opt = make_optimizer(eager_model.parameters())
     opt = make_optimizer(model.parameters())
@@ -94,6 +98,10 @@ def measure(name: str, model: torch.nn.Module, make_optimizer: Callable[..., tor
     batch_bytes = sum(t.numel() * t.element_size() for t in batch)
     minimum = params * (1 + state_per_param) + steps_bytes + batch_bytes + F32
     eager_step = _torch_step(eager_model, eager_opt, loss_of)
+    # The first two steps of each from the same weights, before the timed
+    # steps: the second loss reads the weights the first step's update wrote.
+    first_losses = ([float(eager_step(*batch).detach()) for _ in range(2)],
+                    [float(train(*batch)) for _ in range(2)])
     eager_s = _median_seconds(lambda: eager_step(*batch))
     hlo_s = _median_seconds(lambda: train(*batch))
     return {
@@ -103,8 +111,8 @@ def measure(name: str, model: torch.nn.Module, make_optimizer: Callable[..., tor
         "eager_s": eager_s, "hloalias_s": hlo_s, "compile_s": compile_seconds,
         "temp_slots": temp_slots,
         "unordered": unordered.memory_stats, "unordered_copy_bytes": unordered_copies,
-        "eager_first_loss": float(loss_of(copy.deepcopy(model), *batch).detach()),
-        "jax": jax_run() if jax_run else None,
+        "eager_first_loss": eager_first_loss, "first_step_losses": first_losses,
+        "jax": jax_result,
     }
 
 
@@ -309,6 +317,9 @@ def write(results: list[dict[str, Any]]) -> str:
                          f"| {total / r['minimum']:.3f}x | {_mb(j['copy_bytes'])} |")
             lines += ["", f"jax first loss {j['first_loss']:.6f}, eager PyTorch first loss {r['eager_first_loss']:.6f} "
                       "(same weights and batch: the hand-written step computes the same function)."]
+        eager_loss, hloalias_loss = r["first_step_losses"]
+        lines += ["", "Losses of the first two steps: eager PyTorch "
+                  f"{', '.join(f'{v:.6f}' for v in eager_loss)}; hloalias {', '.join(f'{v:.6f}' for v in hloalias_loss)}."]
         lines += ["", f"Minimum {_mb(r['minimum'])} (parameters {_mb(r['params'])}, batch {_mb(r['batch'])}); "
                   f"{r['aliases']} aliases ({_mb(r['alias_bytes'])}). Copies by shape: {r['copy_shapes'] or 'none'}.", "",
                   "| | eager PyTorch CPU | hloalias | " + ("jax.jit |" if r["jax"] else ""),

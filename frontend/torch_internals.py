@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -220,6 +221,16 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
             deregister_fake_rule(op)
 
 
+@contextlib.contextmanager
+def quiet_torch_deprecations() -> Iterator[None]:
+    """Hide torch's warning that its own ``LeafSpec`` is deprecated, which
+    torch 2.13 raises from inside ``run_decompositions`` (it deep-copies the
+    module call graph's leaf specs): nothing the user wrote or can change."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*deprecated", category=FutureWarning)
+        yield
+
+
 def decompose(
     exported: ExportedProgram, table: dict[Any, Callable[..., Any]]
 ) -> ExportedProgram:
@@ -230,14 +241,15 @@ def decompose(
     names falls back to ``run_decompositions``."""
     private = _private()
     if private is None:
-        decomposed: ExportedProgram = exported.run_decompositions(table)
+        with quiet_torch_deprecations():
+            decomposed: ExportedProgram = exported.run_decompositions(table)
         return decomposed
     cia_to_decomp, python_table = split_decomposition_table(table)
     retrace = private["_decompose_exported_program"]
 
     @private["_disable_prexisiting_fake_mode"]  # type: ignore[untyped-decorator]
     def run() -> ExportedProgram:
-        with cia_override(cia_to_decomp):
+        with cia_override(cia_to_decomp), quiet_torch_deprecations():
             result: ExportedProgram = retrace(
                 exported,
                 cia_to_decomp={},  # installed above: torch's own override does nothing
@@ -281,7 +293,7 @@ def export_decomposed(
 
     trace._export_to_aten_ir = to_aten_ir_decomposed
     try:
-        with cia_override(cia_to_decomp):
+        with cia_override(cia_to_decomp), quiet_torch_deprecations():
             exported: ExportedProgram = private["_export"](
                 module, args, kwargs, dynamic_shapes, strict=False, pre_dispatch=False
             )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 #: The release (PEP 440); pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
+from hloalias.interrupts import deferred
 from hloalias.errors import (
     CompileError,
     DonatedBufferError,
@@ -69,7 +70,10 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        # Loads torch, jax and the runtime the first time: a Ctrl-C in the
+        # middle would leave jaxlib half registered (hloalias/interrupts.py).
+        with deferred():
+            value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'hloalias' has no attribute {name!r}")

@@ -24,8 +24,10 @@ from hloalias.passes.select_to_dynamic_update_slice import SelectToDynamicUpdate
 from hloalias.passes.scatter_to_dynamic_update_slice import ScatterToDynamicUpdateSlice, ScatterToUpdateSliceReport
 from hloalias.passes.window_gather_indices import WindowGatherIndices, WindowGatherReport
 from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowScatterReport
+from hloalias.passes.one_hot_scatter_as_select import OneHotReport, OneHotScatterAsSelect
 from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
 from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
+from hloalias.passes.recompute_shared_activations import RecomputeReport, RecomputeSharedActivations
 from hloalias.passes.reduce_window_in_conv_layout import PoolLayoutReport, ReduceWindowInConvLayout
 from hloalias.passes.store_state_as_bits import BitsReport, StoreStateAsBits
 from hloalias.passes.widen_one_row_updates import WidenOneRowUpdates, WidenReport
@@ -47,8 +49,10 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         WindowScatterIndices.name: WindowScatterIndices.from_options,
         ScatterToDynamicUpdateSlice.name: ScatterToDynamicUpdateSlice.from_options,
         SelectToDynamicUpdateSlice.name: SelectToDynamicUpdateSlice.from_options,
+        OneHotScatterAsSelect.name: OneHotScatterAsSelect.from_options,
         OrderInPlaceUpdates.name: OrderInPlaceUpdates.from_options,
         PermuteConvKernelState.name: PermuteConvKernelState.from_options,
+        RecomputeSharedActivations.name: RecomputeSharedActivations.from_options,
         ReduceWindowInConvLayout.name: ReduceWindowInConvLayout.from_options,
         StoreStateAsBits.name: StoreStateAsBits.from_options,
         WidenOneRowUpdates.name: WidenOneRowUpdates.from_options,
@@ -73,11 +77,15 @@ __all__ = [
     "FoldTransposeIntoDotGeneral",
     "MatvecReport",
     "ModulePass",
+    "OneHotReport",
+    "OneHotScatterAsSelect",
     "OrderInPlaceUpdates",
     "OrderReport",
     "PermuteConvKernelState",
     "PermuteReport",
     "PoolLayoutReport",
+    "RecomputeReport",
+    "RecomputeSharedActivations",
     "ReduceWindowInConvLayout",
     "RepeatFoldReport",
     "ReturnedMatvecAsReduce",

@@ -12,7 +12,8 @@ repeated, transposed, scaled K and the repeated V in temp on every call:
 two copies of the whole cache per layer, growing with the context.
 
 Each value ``X`` of such a chain (``reshape``, ``transpose``,
-``broadcast_in_dim``, ``multiply`` by a splat) is described from its source
+``broadcast_in_dim``, ``multiply`` by a splat, ``convert`` between float
+types) is described from its source
 ``S``: every dimension of ``X`` is a row-major group of ``S``'s dimensions
 (size-1 dimensions dropped) and of *repeat* axes the broadcasts added.  A
 dot whose operand ``X`` has repeat axes only inside batching dimensions
@@ -35,9 +36,19 @@ CPU attention kernel, which scales ``q @ k^T``).  ``exact-scales-only``
 (the default) moves only power-of-two scales; any other scale is applied
 to the unrepeated source instead (the dot reads ``S * c``, one copy of
 ``S``, no repeat and no transpose: exact, since a splat multiply commutes
-with the chain's reshapes, transposes and repeats).
+with the chain's reshapes, transposes and repeats).  Where that scaled copy
+has one free dimension and is larger than ``chunk-bytes`` (when not 0,
+the default; the CPU pipeline sets 256 KiB) and than the dot's result (a decode step's K cache, not a prefill's, whose scores are
+larger), it is scaled and read in equal chunks of a multiple of 256
+positions along that dimension: the first chunk's dot before a
+``stablehlo.while`` over the others, each writing its part of the result
+(the same products of the same scaled elements; one chunk's copy alive).
 ``exact-scales-only=false`` moves those onto the result too.  Only
-floating-point multiplies of the dot's result element type move.
+floating-point multiplies of the dot's result element type move.  A chain
+with a ``convert`` (torch's SDPA math upcasting bf16 K and V to f32) has
+the convert and every scale applied to the source in the chain's order
+(exact, with either option), never in chunks: XLA:CPU hoists the convert
+of the loop's carried source out of the loop.
 
 Never fires on a dot without a repeated operand (``fold-broadcast-into-dot-
 general`` handles a weight broadcast over whole batching dimensions), when
@@ -53,15 +64,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
+from hloalias.errors import PassError
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
 from hloalias.passes.stablehlo_values import shape_of
 
-_CHAIN_OPS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim", "stablehlo.multiply")
+_CHAIN_OPS = (
+    "stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim", "stablehlo.multiply", "stablehlo.convert",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,12 +85,14 @@ class RepeatFoldReport:
     folded: int
     scales_moved: int
     scales_on_source: int = 0
+    chunked: int = 0
 
     def to_text(self) -> str:
         """The report as people read it."""
         return (
             f"fold-repeat-into-dot-general: {self.folded} repeated operands folded, "
-            f"{self.scales_moved} scales moved onto dot results, {self.scales_on_source} onto the unrepeated source"
+            f"{self.scales_moved} scales moved onto dot results, {self.scales_on_source} onto the unrepeated source, "
+            f"{self.chunked} dots over a scaled source in chunks"
         )
 
 
@@ -94,19 +110,33 @@ class FoldRepeatIntoDotGeneral(ModulePass[RepeatFoldReport]):
                           "unrepeated source (bit-exact; default); false moves every scale, rounding the "
                           "scores once (as torch's fused CPU attention)"},
     )
+    # The scaled source is a copy of a layer's K cache, growing with the
+    # context; in chunks only one chunk of it is alive at a time.
+    # 0 by default: the chunks' exactness is measured on XLA:CPU's dot
+    # kernel only; the CPU pipeline sets 262144 (256 KiB).
+    chunk_bytes: int = dataclasses.field(
+        default=0,
+        metadata={"help": "a scaled source larger than this and than the dot's result is scaled and read in "
+                          "chunks of at most this many bytes along its free dimension, in a while loop (same "
+                          "values on XLA:CPU); 0 never chunks (the default)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.chunk_bytes < 0:
+            raise PassError(f"{self.name}: option 'chunk-bytes' must be >= 0, got {self.chunk_bytes}")
 
     def apply(self, module: ModuleLike) -> RepeatFoldReport:
         """Rewrite every foldable ``dot_general`` in ``module`` in place;
         chain links left without users are erased."""
         module = as_module_like(module)
         verify_contract(module)
-        folder = _RepeatFolder(self.exact_scales_only)
+        folder = _RepeatFolder(self.exact_scales_only, self.chunk_bytes)
         with module.context, ir.Location.unknown():
             patterns = rewrite.RewritePatternSet()
             patterns.add("stablehlo.dot_general", folder.fold_repeated_operand)
             rewrite.apply_patterns_and_fold_greedily(module.operation, patterns.freeze())
         verify_contract(module)
-        return RepeatFoldReport(folder.folded, folder.scales_moved, folder.scales_on_source)
+        return RepeatFoldReport(folder.folded, folder.scales_moved, folder.scales_on_source, folder.chunked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,9 +157,12 @@ class _Chain:
     source_axes: list[_Axis]
     groups: list[list[_Axis]]
     scales: list[ir.Operation]
-    # Scales applied to the source instead (farthest first): exact, as a
-    # splat multiply commutes with the chain's reshapes, transposes and
-    # repeats; the dot then reads the scaled source, one unrepeated copy.
+    # Float converts of the chain (bf16 K/V upcast for f32 attention).
+    converts: list[ir.Operation] = dataclasses.field(default_factory=list)
+    # Splat multiplies and converts applied to the source instead, in the
+    # chain's order (farthest first): exact, as an elementwise op commutes
+    # with the chain's reshapes, transposes and repeats; the dot then reads
+    # the scaled (converted) source, one unrepeated copy.
     source_scales: list[ir.Operation] = dataclasses.field(default_factory=list)
 
 
@@ -170,6 +203,11 @@ def _chain_links(value: ir.Value) -> list[ir.Operation]:
             links.append(operation)
             value = operation.operands[1 - splat]
             continue
+        if operation.name == "stablehlo.convert" and not all(
+            isinstance(ir.RankedTensorType(v.type).element_type, ir.FloatType)
+            for v in (operation.operands[0], operation.results[0])
+        ):
+            return links
         links.append(operation)
         value = operation.operands[0]
 
@@ -208,6 +246,7 @@ def _describe(source: ir.Value, links: list[ir.Operation]) -> _Chain | None:
     source_axes = [_Axis(next(counter), size, False) for size in shape_of(source)]
     groups = _regroup(source_axes, shape_of(source))
     scales: list[ir.Operation] = []
+    elementwise: list[ir.Operation] = []
     for link in links:
         if groups is None:
             return None
@@ -228,9 +267,16 @@ def _describe(source: ir.Value, links: list[ir.Operation]) -> _Chain | None:
                     new_groups[result_dim] = groups[operand_dim]
             groups = new_groups
         else:
-            scales.append(link)
+            elementwise.append(link)
+            if link.name == "stablehlo.multiply":
+                scales.append(link)
     if groups is None:
         return None
+    converts = [link for link in elementwise if link.name == "stablehlo.convert"]
+    if converts:
+        # A convert changes the dot's operand type: it cannot move onto the
+        # result, so it and every scale stay on the source, in order.
+        return _Chain(source, source_axes, groups, [], converts, elementwise)
     return _Chain(source, source_axes, groups, scales)
 
 
@@ -281,12 +327,33 @@ def _is_power_of_two_scale(multiply: ir.Operation) -> bool:
         return mantissa == 0.5
 
 
+# A chunk is a multiple of this many columns, as is the whole free
+# dimension: XLA:CPU's dot kernel picks its tiling from the free size
+# (measured: the per-element sum changes only when that size modulo 64 is
+# 1..48), so equal-shaped chunks of 256 columns compute each score exactly
+# as the whole dot does (asserted bit for bit in test_repeat_fold_bytes).
+_CHUNK_ALIGN = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkPlan:
+    """Read the scaled source ``count`` chunks of ``size`` along its
+    ``source_dim``, the dot's ``result_dim``."""
+
+    source_dim: int
+    result_dim: int
+    size: int
+    count: int
+
+
 @dataclasses.dataclass
 class _RepeatFolder:
     exact_scales_only: bool
+    chunk_bytes: int = 0
     folded: int = 0
     scales_moved: int = 0
     scales_on_source: int = 0
+    chunked: int = 0
 
     def fold_repeated_operand(self, op: ir.OpView, rewriter: rewrite.PatternRewriter) -> bool:
         """One repeated operand of ``op`` -> its source, the repeat a free dim."""
@@ -338,6 +405,42 @@ class _RepeatFolder:
             return None
         moving = [m for m in chain.scales if m not in stay]
         return dataclasses.replace(chain, scales=moving, source_scales=stay)
+
+    def _chunk_plan(
+        self, chain: _Chain, kept: list[_Axis], source_free: list[_Axis], result_axes: list[_Axis],
+        element: ir.Type,
+    ) -> _ChunkPlan | None:
+        """How to read a scaled source in chunks, or None to scale it whole:
+        only a source with scales that stay on it, one free axis, larger than
+        ``chunk_bytes`` and than the dot's result (a decode step's K cache,
+        not a prefill's, whose scores dwarf it)."""
+        if not chain.source_scales or self.chunk_bytes == 0:
+            return None
+        if chain.converts:
+            # XLA:CPU hoists the loop's convert of the carried source out of
+            # the loop: a whole converted copy again, plus the loop (measured
+            # on a bf16-cache decode step: more temp than without chunks).
+            return None
+        free = [axis for axis in source_free if axis.size != 1]
+        if len(free) != 1:
+            return None
+        # The copy the dot reads, in the last source op's element type.
+        copy_element = ir.RankedTensorType(chain.source_scales[-1].results[0].type).element_type
+        if not isinstance(copy_element, ir.FloatType) or not isinstance(element, ir.FloatType):
+            return None
+        row_bytes = math.prod(a.size for a in kept) // free[0].size * (copy_element.width // 8)
+        scaled_bytes = row_bytes * free[0].size
+        result_bytes = math.prod(a.size for a in result_axes) * (element.width // 8)
+        if scaled_bytes <= self.chunk_bytes or scaled_bytes <= result_bytes:
+            return None
+        length = free[0].size
+        sizes = [n for n in range(_CHUNK_ALIGN, length, _CHUNK_ALIGN)
+                 if length % n == 0 and n * row_bytes <= self.chunk_bytes]
+        if not sizes:
+            return None
+        source_dim = kept.index(free[0])
+        result_dim = [a.ident for a in result_axes].index(free[0].ident)
+        return _ChunkPlan(source_dim, result_dim, max(sizes), length // max(sizes))
 
     def _rewrite(
         self,
@@ -409,47 +512,170 @@ class _RepeatFolder:
 
         result_type = ir.RankedTensorType(op.results[0].type)
         element = result_type.element_type
-        with rewriter.ip, op.location:
-            operands: list[ir.Value] = [other_value, chain.source]
-            operands[0] = _reshaped(other_value, [a.size for a in other_axes])
-            source = chain.source
-            for multiply in chain.source_scales:
-                source = _scaled(source, multiply)
-            operands[1] = _reshaped(source, [a.size for a in kept])
-            if other == 1:
-                operands.reverse()
-            pairs = (batch_pairs, contracting_pairs)
-            if other == 1:
-                dims = _stablehlo.DotDimensionNumbers.get(
-                    lhs_batching_dimensions=[s for _, s in pairs[0]],
-                    rhs_batching_dimensions=[o for o, _ in pairs[0]],
-                    lhs_contracting_dimensions=[s for _, s in pairs[1]],
-                    rhs_contracting_dimensions=[o for o, _ in pairs[1]],
-                )
-            else:
-                dims = _stablehlo.DotDimensionNumbers.get(
-                    lhs_batching_dimensions=[o for o, _ in pairs[0]],
-                    rhs_batching_dimensions=[s for _, s in pairs[0]],
-                    lhs_contracting_dimensions=[o for o, _ in pairs[1]],
-                    rhs_contracting_dimensions=[s for _, s in pairs[1]],
-                )
-            attributes = {name: op.attributes[name] for name in op.attributes}
-            attributes["dot_dimension_numbers"] = dims
-            new_shape = [a.size for a in batch_axes + lhs_free + rhs_free]
-            dot = ir.Operation.create(
-                "stablehlo.dot_general",
-                results=[ir.RankedTensorType.get(new_shape, element)],
-                operands=operands,
-                attributes=attributes,
+        new_shape = [a.size for a in batch_axes + lhs_free + rhs_free]
+        pairs = (batch_pairs, contracting_pairs)
+        if other == 1:
+            dims = _stablehlo.DotDimensionNumbers.get(
+                lhs_batching_dimensions=[s for _, s in pairs[0]],
+                rhs_batching_dimensions=[o for o, _ in pairs[0]],
+                lhs_contracting_dimensions=[s for _, s in pairs[1]],
+                rhs_contracting_dimensions=[o for o, _ in pairs[1]],
             )
-            result = _reshaped(dot.results[0], list(result_type.shape))
+        else:
+            dims = _stablehlo.DotDimensionNumbers.get(
+                lhs_batching_dimensions=[o for o, _ in pairs[0]],
+                rhs_batching_dimensions=[s for _, s in pairs[0]],
+                lhs_contracting_dimensions=[o for o, _ in pairs[1]],
+                rhs_contracting_dimensions=[s for _, s in pairs[1]],
+            )
+        attributes = {name: op.attributes[name] for name in op.attributes}
+        attributes["dot_dimension_numbers"] = dims
+
+        def dot(other_operand: ir.Value, source_operand: ir.Value, shape: list[int]) -> ir.Value:
+            operands = [other_operand, source_operand] if other == 0 else [source_operand, other_operand]
+            return ir.Operation.create(
+                "stablehlo.dot_general", results=[ir.RankedTensorType.get(shape, element)],
+                operands=operands, attributes=attributes,
+            ).results[0]
+
+        plan = self._chunk_plan(chain, kept, source_free, batch_axes + lhs_free + rhs_free, element)
+        with rewriter.ip, op.location:
+            other_operand = _reshaped(other_value, [a.size for a in other_axes])
+            if plan is None:
+                source = chain.source
+                for source_op in chain.source_scales:
+                    source = _applied(source, source_op)
+                new = dot(other_operand, _reshaped(source, [a.size for a in kept]), new_shape)
+            else:
+                new = _chunked_dot(
+                    other_operand, _reshaped(chain.source, [a.size for a in kept]), chain.source_scales,
+                    new_shape, element, plan, dot,
+                )
+                self.chunked += 1
+            result = _reshaped(new, list(result_type.shape))
             for multiply in chain.scales:
                 result = _scaled(result, multiply)
         rewriter.replace_op(op, [result])
         self.folded += 1
         self.scales_moved += len(chain.scales)
-        self.scales_on_source += len(chain.source_scales)
+        self.scales_on_source += len([m for m in chain.source_scales if m.name == "stablehlo.multiply"])
         return True
+
+
+def _scalar_i64(value: int) -> ir.Value:
+    i64 = ir.RankedTensorType.get([], ir.IntegerType.get_signless(64))
+    return ir.Operation.create(
+        "stablehlo.constant", results=[i64], attributes={"value": ir.DenseElementsAttr.get_splat(
+            i64, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value))},
+    ).results[0]
+
+
+def _chunked_dot(
+    other: ir.Value, source: ir.Value, scales: list[ir.Operation], shape: list[int], element: ir.Type,
+    plan: _ChunkPlan, dot: Callable[[ir.Value, ir.Value, list[int]], ir.Value],
+) -> ir.Value:
+    """``dot(other, source * scales)`` of ``shape`` in ``plan.count``
+    chunks: each slices ``plan.size`` of ``source`` along
+    ``plan.source_dim``, scales the slice and writes its dot into the result
+    along ``plan.result_dim``.  Every score is the same product of the same
+    scaled elements; only one chunk's scaled copy is alive.  The first chunk
+    is computed before a ``stablehlo.while`` over the others, its dot padded
+    with zeros to the result: the loop's initial value is then this layer's
+    own (a zero splat shared by every layer's loop, which XLA would merge,
+    is copied once per loop, all copies alive at the start).  The loop
+    carries every value it reads but constants."""
+    i64 = ir.RankedTensorType.get([], ir.IntegerType.get_signless(64))
+    result_type = ir.RankedTensorType.get(shape, element)
+    source_shape = shape_of(source)
+    source_element = ir.RankedTensorType(source.type).element_type
+    # Rank-0 scale factors computed outside ride along; constants are rebuilt inside.
+    factors = [f for f in (_scale_factor(m) for m in scales) if f is not None]
+
+    def chunk_dot(start: ir.Value | None, other_value: ir.Value, source_value: ir.Value,
+                  factor_values: list[ir.Value]) -> ir.Value:
+        """The dot of the chunk at ``start`` (None: the first, a static slice)."""
+        sizes = [plan.size if d == plan.source_dim else n for d, n in enumerate(source_shape)]
+        chunk_type = ir.RankedTensorType.get(sizes, source_element)
+        if start is None:
+            chunk = ir.Operation.create(
+                "stablehlo.slice", results=[chunk_type], operands=[source_value],
+                attributes={
+                    "start_indices": ir.DenseI64ArrayAttr.get([0] * len(sizes)),
+                    "limit_indices": ir.DenseI64ArrayAttr.get(sizes),
+                    "strides": ir.DenseI64ArrayAttr.get([1] * len(sizes)),
+                },
+            ).results[0]
+        else:
+            starts = [start if d == plan.source_dim else _scalar_i64(0) for d in range(len(source_shape))]
+            chunk = ir.Operation.create(
+                "stablehlo.dynamic_slice", results=[chunk_type], operands=[source_value, *starts],
+                attributes={"slice_sizes": ir.DenseI64ArrayAttr.get(sizes)},
+            ).results[0]
+        remaining = iter(factor_values)
+        for source_op in scales:
+            chunk = _applied(chunk, source_op, next(remaining) if _scale_factor(source_op) is not None else None)
+        chunk_shape = [plan.size if d == plan.result_dim else n for d, n in enumerate(shape)]
+        return dot(other_value, chunk, chunk_shape)
+
+    first = chunk_dot(None, other, source, factors)
+    zero = ir.Operation.create(
+        "stablehlo.constant", results=[ir.RankedTensorType.get([], element)],
+        attributes={"value": ir.DenseElementsAttr.get_splat(
+            ir.RankedTensorType.get([], element), ir.FloatAttr.get(element, 0.0))},
+    ).results[0]
+    high = [shape[d] - plan.size if d == plan.result_dim else 0 for d in range(len(shape))]
+    initial = ir.Operation.create(
+        "stablehlo.pad", results=[result_type], operands=[first, zero],
+        attributes={
+            "edge_padding_low": ir.DenseI64ArrayAttr.get([0] * len(shape)),
+            "edge_padding_high": ir.DenseI64ArrayAttr.get(high),
+            "interior_padding": ir.DenseI64ArrayAttr.get([0] * len(shape)),
+        },
+    ).results[0]
+    carried = [_scalar_i64(1), initial, other, source, *factors]
+    loop = ir.Operation.create(
+        "stablehlo.while", results=[v.type for v in carried], operands=carried, regions=2,
+    )
+    cond = loop.regions[0].blocks.append(*[v.type for v in carried])
+    with ir.InsertionPoint(cond):
+        below = ir.Operation.create(
+            "stablehlo.compare", results=[ir.RankedTensorType.get([], ir.IntegerType.get_signless(1))],
+            operands=[cond.arguments[0], _scalar_i64(plan.count)],
+            attributes={
+                "comparison_direction": ir.Attribute.parse("#stablehlo<comparison_direction LT>"),
+                "compare_type": ir.Attribute.parse("#stablehlo<comparison_type SIGNED>"),
+            },
+        ).results[0]
+        ir.Operation.create("stablehlo.return", operands=[below])
+    body = loop.regions[1].blocks.append(*[v.type for v in carried])
+    with ir.InsertionPoint(body):
+        arguments = list(body.arguments)
+        index, accumulated, other_arg, source_arg = arguments[:4]
+        start = ir.Operation.create(
+            "stablehlo.multiply", results=[i64], operands=[index, _scalar_i64(plan.size)]
+        ).results[0]
+        part = chunk_dot(start, other_arg, source_arg, arguments[4:])
+        at = [start if d == plan.result_dim else _scalar_i64(0) for d in range(len(shape))]
+        updated = ir.Operation.create(
+            "stablehlo.dynamic_update_slice", results=[result_type], operands=[accumulated, part, *at],
+        ).results[0]
+        following = ir.Operation.create(
+            "stablehlo.add", results=[i64], operands=[index, _scalar_i64(1)]
+        ).results[0]
+        ir.Operation.create("stablehlo.return", operands=[following, updated, other_arg, source_arg, *arguments[4:]])
+    return loop.results[1]
+
+
+def _scale_factor(multiply: ir.Operation) -> ir.Value | None:
+    """The rank-0 value a splat ``multiply`` broadcasts, or None for a splat
+    constant or a convert."""
+    if multiply.name == "stablehlo.convert":
+        return None
+    splat = _splat_operand(multiply)
+    assert splat is not None
+    defining = _operation(multiply.operands[splat])
+    assert defining is not None
+    return None if defining.name == "stablehlo.constant" else defining.operands[0]
 
 
 def _reshaped(value: ir.Value, shape: list[int]) -> ir.Value:
@@ -463,8 +689,19 @@ def _reshaped(value: ir.Value, shape: list[int]) -> ir.Value:
     return reshape.results[0]
 
 
-def _scaled(value: ir.Value, multiply: ir.Operation) -> ir.Value:
-    """``value`` times the splat ``multiply`` scales by."""
+def _applied(value: ir.Value, source_op: ir.Operation, factor: ir.Value | None = None) -> ir.Value:
+    """``source_op`` (a splat multiply or a convert) applied to ``value``."""
+    if source_op.name == "stablehlo.convert":
+        element = ir.RankedTensorType(source_op.results[0].type).element_type
+        return ir.Operation.create(
+            "stablehlo.convert", results=[ir.RankedTensorType.get(shape_of(value), element)], operands=[value]
+        ).results[0]
+    return _scaled(value, source_op, factor)
+
+
+def _scaled(value: ir.Value, multiply: ir.Operation, factor: ir.Value | None = None) -> ir.Value:
+    """``value`` times the splat ``multiply`` scales by (broadcasting
+    ``factor`` in its rank-0 value's place where given)."""
     splat = _splat_operand(multiply)
     assert splat is not None
     defining = _operation(multiply.operands[splat])
@@ -472,14 +709,15 @@ def _scaled(value: ir.Value, multiply: ir.Operation) -> ir.Value:
     result_type = ir.RankedTensorType(value.type)
     if defining.name == "stablehlo.constant":
         attribute = ir.DenseElementsAttr(defining.attributes["value"])
-        factor = ir.Operation.create(
+        splat_value = ir.Operation.create(
             "stablehlo.constant", results=[result_type],
             attributes={"value": ir.DenseElementsAttr.get_splat(result_type, attribute.get_splat_value())},
         ).results[0]
     else:
-        factor = ir.Operation.create(
-            "stablehlo.broadcast_in_dim", results=[result_type], operands=[defining.operands[0]],
+        splat_value = ir.Operation.create(
+            "stablehlo.broadcast_in_dim", results=[result_type],
+            operands=[defining.operands[0] if factor is None else factor],
             attributes={"broadcast_dimensions": ir.DenseI64ArrayAttr.get([])},
         ).results[0]
-    operands = [value, factor] if splat == 1 else [factor, value]
+    operands = [value, splat_value] if splat == 1 else [splat_value, value]
     return ir.Operation.create("stablehlo.multiply", results=[result_type], operands=operands).results[0]

@@ -23,7 +23,7 @@ indices) with row ``c - s`` replaced by the old update.  Every element
 Applies when the update's non-1 dimensions are fewer than the result's
 (a two-row update has as many), its start indices are signed integers, and
 the result reaches a ``dot_general`` operand through ``reshape``,
-``transpose``, ``broadcast_in_dim`` and ``multiply`` links (the read the
+``transpose``, ``broadcast_in_dim``, ``multiply`` and ``convert`` links (the read the
 duplication would copy).  Never fires on other updates: a write nothing
 dots over keeps its one row."""
 
@@ -37,7 +37,7 @@ from torch_mlir import ir, rewrite
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
 from hloalias.passes.stablehlo_values import shape_of
 
-_LINKS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim", "stablehlo.multiply")
+_LINKS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim", "stablehlo.multiply", "stablehlo.convert")
 
 
 @dataclasses.dataclass(frozen=True)

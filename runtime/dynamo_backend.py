@@ -53,6 +53,7 @@ from hloalias.runtime.jit_cache import DEFAULT_CACHE_SIZE, Jit, JitStats
 from hloalias.runtime.state import bring_up_to_date
 
 _OPTIONS = ("pipeline", "device", "cache_size")
+_TORCH_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class _AotJit(Jit):
@@ -156,6 +157,16 @@ def _checked_options(options: dict[str, Any] | None) -> dict[str, Any]:
     from hloalias.errors import CompileError
 
     options = dict(options or {})
+    # torch.compile's ``mode`` chooses among Inductor's strategies (CUDA
+    # graphs, autotuning); Hugging Face's recipe passes "reduce-overhead".
+    # XLA compiles each graph one way and the call path is already the
+    # lean one, so a mode torch knows is accepted and changes nothing.
+    mode = options.pop("mode", None)
+    if mode not in _TORCH_MODES:
+        raise CompileError(
+            f"hloalias backend: mode={mode!r} is not one of torch.compile's modes {list(_TORCH_MODES[1:])} "
+            "(all accepted, none changes what hloalias compiles)"
+        )
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise CompileError(f"hloalias backend: unknown option(s) {unknown}; known: {list(_OPTIONS)}")
@@ -179,7 +190,17 @@ def hloalias_backend(
             return _register(graph, kind, settings, boxed=True)
         return compile_graph
 
-    training: Callable[..., Any] = aot_autograd(
-        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
-    )(gm, example_inputs)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from hloalias.frontend.backward_decompositions import capture_decompositions
+
+    # AOTAutograd traces the joint graph here, as the training capture
+    # traces a step: with the backward operators torch-mlir lacks
+    # decomposed, and SDPA in its math form (its fused CPU kernel's
+    # backward has no lowering).
+    with sdpa_kernel(SDPBackend.MATH):
+        training: Callable[..., Any] = aot_autograd(
+            fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"), decompositions=capture_decompositions(),
+        )(gm, example_inputs)
     return training

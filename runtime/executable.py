@@ -70,12 +70,13 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 
 from hloalias import attributes as A, config, observe
 from hloalias.observe import traced_compile
-from hloalias.errors import DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
+from hloalias.errors import CompileError, DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage
 from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verify
 from hloalias.mlir import find_main, print_module
@@ -243,6 +244,8 @@ def compile(  # noqa: A001 - the name users expect
     model's parameter, so it shares its device buffer with every
     executable of the model, :mod:`hloalias.runtime.training`.)"""
     _check_mesh_arguments(mesh, shardings)
+    if torch.is_autocast_enabled("cpu"):
+        raise CompileError(_AUTOCAST.format(dtype=torch.get_autocast_dtype("cpu")) + "compile outside it")
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
     target = device_for(mesh.platform if mesh is not None else device)
@@ -381,6 +384,16 @@ def _passes_in(pipeline: str) -> set[str]:
     return {element.name for element in parse_pipeline(pipeline)}
 
 
+#: Why an ambient ``torch.autocast`` is refused (compile and call): eager
+#: runs every op under it in the lower dtype, a compiled program computes
+#: as it was compiled, whatever the caller's autocast.
+_AUTOCAST = (
+    "torch.autocast('cpu') is on: a compiled program does not follow an autocast around its call (eager "
+    "would compute in {dtype}); put `with torch.autocast(...)` inside forward, which is compiled as written, and "
+)
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
 def _checked_compile_arguments(
     example_args: Any, kwargs: Any, pipeline: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -404,7 +417,35 @@ def _checked_compile_arguments(
         )
     if pipeline is not None and not isinstance(pipeline, str):
         raise PipelineError(f"compile: pipeline is {type(pipeline).__name__}; pass the textual pipeline as a str")
-    return tuple(example_args), dict(kwargs)
+    return _apart(tuple(example_args), dict(kwargs))
+
+
+def _apart(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The example inputs with every tensor that shares a storage with an
+    earlier one replaced by a copy of the same sizes and strides.
+    ``torch.export`` cannot trace inputs that overlap (a raw error from
+    deep inside torch), and the program does not depend on it: whether a
+    call's inputs overlap is checked at each call (read-only overlap runs,
+    a written one is refused, naming both)."""
+    tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+    if len({StorageWeakRef(tensor.untyped_storage()) for tensor in tensors}) == len(tensors):
+        return args, kwargs  # the usual case: the caller's objects, unrebuilt
+    seen: set[StorageWeakRef] = set()
+
+    def apart(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        storage = StorageWeakRef(value.untyped_storage())
+        if storage not in seen:
+            seen.add(storage)
+            return value
+        copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
+        with torch.no_grad():
+            copy.copy_(value)
+        return copy.requires_grad_(value.requires_grad) if value.is_leaf else copy
+
+    separated: tuple[tuple[Any, ...], dict[str, Any]] = pytree.tree_map(apart, (args, kwargs))
+    return separated
 
 
 def _donation_requests(
@@ -894,6 +935,8 @@ class Executable:
             leaves = self._user_leaves(args, kwargs)
         if self._modes is not None:
             self._check_modes()
+        if _any_autocast():
+            self._refuse_autocast()
         if self._watched and not self._watch_late and self._state_watch.changed():
             self._sync_from_torch()
         if self._lane is not None:
@@ -929,6 +972,10 @@ class Executable:
             if plan is not None:
                 return run_planned(self, plan, inputs)
             return run_mesh(self, inputs)
+
+    def _refuse_autocast(self) -> None:
+        if torch.is_autocast_enabled("cpu"):
+            raise ExecutionError(_AUTOCAST.format(dtype=torch.get_autocast_dtype("cpu")) + "call it outside torch.autocast")
 
     def _check_modes(self) -> None:
         """Refuse a call after a train/eval switch of a module the program

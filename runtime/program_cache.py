@@ -34,6 +34,7 @@ import warnings
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from hloalias import config
 from hloalias.frontend.importer import Program, Stage, _register_transformers_caches
@@ -151,16 +152,29 @@ def store(key: str, f: Any, program: Program, pipeline_text: str, final_text: st
             torch.save(tensor.detach().clone(), buffer)
             recipe.append((name, "tensor", buffer.getvalue()))
     try:
-        payload = pickle.dumps({
+        buffer = io.BytesIO()
+        _EntryPickler(buffer).dump({
             "format": _FORMAT, "signature": program.signature, "state": recipe,
             "pipeline": pipeline_text, "final": final_text,
         })
+        payload = buffer.getvalue()
     except Exception as error:  # a static value pickle cannot write
         warnings.warn(f"hloalias program cache: not stored ({error})", disk_cache.CacheWarning, stacklevel=2)
         return
     if disk_cache.write_entry(key, SUFFIX, payload):
         with _LOCK:
             _STATS.stores += 1
+
+
+class _EntryPickler(pickle.Pickler):
+    """Writes pytree leaf specs as a call of ``treespec_leaf``: pickle's
+    default (``LeafSpec.__new__``) makes every load warn that ``LeafSpec``
+    is deprecated, on every hit, in the user's program."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is pytree.LeafSpec:
+            return pytree.treespec_leaf, ()
+        return NotImplemented
 
 
 def _resolve(f: Any, name: str) -> Any:
@@ -177,7 +191,10 @@ def _decode(payload: bytes, f: Any) -> CachedProgram | None:
     """The program of an authenticated entry with this process's state
     tensors, or None when the recorded state is not there as recorded."""
     try:
-        entry = pickle.loads(payload)  # authenticated by the user's MAC (disk_cache)
+        with warnings.catch_warnings():
+            # Entries written before _EntryPickler hold LeafSpec.__new__.
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*deprecated", category=FutureWarning)
+            entry = pickle.loads(payload)  # authenticated by the user's MAC (disk_cache)
         if entry.get("format") != _FORMAT:
             return None
         state: dict[str, torch.Tensor] = {}

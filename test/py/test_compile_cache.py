@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -650,6 +651,19 @@ def test_a_changed_program_misses_and_an_unchanged_one_hits(cache_dir: str) -> N
     exe = hloalias.compile(wide, (x.double(),))
     assert (stats.hits, stats.misses) == (hits + 1, misses + 4)
     assert torch.allclose(exe(x.double()), wide(x.double()))
+
+
+def test_a_program_cache_hit_warns_nothing(cache_dir: str) -> None:
+    # Every hit used to warn "`isinstance(treespec, LeafSpec)` is
+    # deprecated": the entry's signature was pickled with LeafSpec.__new__.
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    hloalias.compile(_block_class()(), (x,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exe = hloalias.compile(_block_class()(), (x,))
+    assert "program cache: hit" in exe.explain()
+    assert [str(warning.message) for warning in caught] == []
 
 
 _PROGRAM_CHILD = textwrap.dedent(

@@ -18,7 +18,9 @@ from hloalias.pipeline import CPU_PIPELINE, DEFAULT_PIPELINE
 
 PASS = "fold-repeat-into-dot-general"
 WIDEN = "widen-one-row-updates"
-WITHOUT = CPU_PIPELINE.replace(f" {WIDEN}, {PASS},", "")
+# The CPU pipeline's element (with its chunk-bytes option).
+FOLD = next(element for element in CPU_PIPELINE[len("builtin.module("):-1].split(", ") if element.startswith(PASS))
+WITHOUT = CPU_PIPELINE.replace(f" {WIDEN}, {FOLD},", "")
 FOLD_ONLY = CPU_PIPELINE.replace(f" {WIDEN},", "")
 HEAD_DIM, HEADS, KV_HEADS = 16, 4, 2
 
@@ -126,6 +128,8 @@ def test_gqa_prefill_reads_kv_unrepeated() -> None:
 
 def test_default_pipeline_widens_then_folds() -> None:
     assert f"bitcast-overwrite-scatter, {WIDEN}, {PASS}," in DEFAULT_PIPELINE
+    # Chunks of a scaled cache only where their bits were measured: XLA:CPU.
+    assert f"{WIDEN}, {PASS}{{chunk-bytes=262144}}," in CPU_PIPELINE
 
 
 _ONE_ROW_WRITE = """
@@ -187,3 +191,121 @@ def test_gqa_decode_head_dim_64_scales_the_cache_unrepeated() -> None:
     assert without.mlir.count(repeated) == 2 and folded.mlir.count(repeated) == 0
     assert torch.equal(result, result_without)
     torch.testing.assert_close(result, expected)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_gqa_decode_long_cache_reads_the_scaled_cache_in_chunks(family: str) -> None:
+    """head_dim 64, cache 4096: the exact default's scaled copy of a layer's
+    K cache (2 KV heads x 4096 x 64 f32, 2 MiB) is larger than chunk-bytes
+    (256 KiB) and than the scores, so the pass scales and reads it in 8
+    chunks of 512 positions in a while loop: temp holds one chunk's scaled
+    copy instead of the whole (with chunk-bytes=0, as before the loop:
+    2,162,688 bytes).  Bit-identical to the pipeline without the passes.
+    Qwen2 (biased q/k/v) and Mistral (sliding window 4096) built with the
+    same sizes and recipe fold the same way."""
+    from bench.models import LlamaDecodeConfig, LlamaDecodeStep
+
+    heads, kv_heads, head_dim, cache_len = 4, 2, 64, 4096
+    model = LlamaDecodeStep(LlamaDecodeConfig(
+        vocab_size=256, hidden_size=heads * head_dim, intermediate_size=128, layers=1,
+        heads=heads, kv_heads=kv_heads, max_cache_len=cache_len, family=family,
+    ))
+    args = (torch.tensor([[7]]), torch.tensor([17]))
+    expected = copy.deepcopy(model)(*args)
+    without, result_without = _run(model, args, WITHOUT)
+    chunked, result = _run(model, args, CPU_PIPELINE)
+    assert without.memory_stats["temp_bytes"] == 8_454_144
+    assert chunked.memory_stats["temp_bytes"] == 336_032
+    assert chunked.memory_stats["temp_bytes"] < kv_heads * cache_len * head_dim * 4 // 4
+    assert "stablehlo.while" in chunked.mlir
+    assert torch.equal(result, result_without)
+    torch.testing.assert_close(result, expected)
+    if family == "llama":
+        whole, result_whole = _run(model, args, CPU_PIPELINE.replace(FOLD, PASS))
+        assert whole.memory_stats["temp_bytes"] == 2_162_688
+        assert "stablehlo.while" not in whole.mlir
+        assert torch.equal(result_whole, result_without)
+
+
+_SCALED_SCORES = """
+func.func @main(%q: tensor<8x1x64xf32>, %k: tensor<1x4xLx64xf32>, %c: tensor<f32>) -> tensor<8x1xLxf32> {
+  %r = stablehlo.reshape %k : (tensor<1x4xLx64xf32>) -> tensor<1x4x1xLx64xf32>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3, 4] : (tensor<1x4x1xLx64xf32>) -> tensor<1x4x2xLx64xf32>
+  %h = stablehlo.reshape %b : (tensor<1x4x2xLx64xf32>) -> tensor<1x8xLx64xf32>
+  %t = stablehlo.transpose %h, dims = [0, 1, 3, 2] : (tensor<1x8xLx64xf32>) -> tensor<1x8x64xLxf32>
+  %s = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<1x8x64xLxf32>
+  %m = stablehlo.multiply %t, %s : tensor<1x8x64xLxf32>
+  %k3 = stablehlo.reshape %m : (tensor<1x8x64xLxf32>) -> tensor<8x64xLxf32>
+  %d = stablehlo.dot_general %q, %k3, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<8x1x64xf32>, tensor<8x64xLxf32>) -> tensor<8x1xLxf32>
+  return %d : tensor<8x1xLxf32>
+}
+"""
+
+
+@pytest.mark.parametrize("cache_len", [1024, 4096])
+def test_chunked_scores_equal_the_unrewritten_dot(cache_len: int) -> None:
+    """The scores read in chunks are bit-identical to the unrewritten
+    repeat + transpose + scale + dot and to the whole scaled cache, over
+    random caches and queries of several magnitudes and scales (64 ** -0.25
+    and others that are no power of two)."""
+    from hloalias.mlir import new_context, parse_module, print_module
+    from hloalias.passes import FoldRepeatIntoDotGeneral
+    from hloalias.runtime.ownership import array_to_torch, torch_to_device
+    from hloalias.runtime.pjrt import compile_module, device_for
+
+    text = _SCALED_SCORES.replace("xLx", f"x{cache_len}x")
+
+    def rewritten(chunk_bytes: int) -> str:
+        module = parse_module(text, new_context())
+        report = FoldRepeatIntoDotGeneral(chunk_bytes=chunk_bytes).apply(module)
+        assert (report.folded, report.chunked) == (1, 1 if chunk_bytes else 0)
+        return print_module(module)
+
+    device = device_for("cpu")
+    chunked_text = rewritten(262144)
+    assert "stablehlo.while" in chunked_text
+    programs = [compile_module(t, device) for t in (text, rewritten(0), chunked_text)]
+    generator = torch.Generator().manual_seed(3)
+    for trial, scale in enumerate((64 ** -0.25, 0.1, 1 / 3, 0.7)):
+        q = torch.randn(8, 1, 64, generator=generator) * 10.0 ** (trial - 1)
+        k = torch.randn(1, 4, cache_len, 64, generator=generator) * 10.0 ** (1 - trial)
+        inputs = [torch_to_device(a, device, owned=False) for a in (q, k, torch.tensor(scale))]
+        unrewritten, whole, chunked = (array_to_torch(p.execute(inputs)[0]) for p in programs)
+        assert torch.equal(chunked, unrewritten), scale
+        assert torch.equal(whole, unrewritten), scale
+        torch.testing.assert_close(chunked, torch.einsum("hd,hld->hl", q[:, 0],
+                                                          (k[0] * scale).repeat_interleave(2, 0))[:, None])
+
+
+def test_gqa_decode_bf16_cache_reads_the_cache_unrepeated() -> None:
+    """A bf16 model (cache bf16 too) at head_dim 64, cache 4096: torch's
+    SDPA math upcasts the repeated K and V to f32; the pass applies the
+    convert (and K's scale) to the unrepeated cache, so the dots read one
+    f32 copy of each KV-head cache instead of the repeated f32 K and V.
+    Not in chunks (XLA:CPU would hoist the convert out of the loop).
+    Bit-identical to the pipeline without the passes."""
+    from bench.models import LlamaDecodeConfig, LlamaDecodeStep
+
+    heads, kv_heads, head_dim, cache_len = 4, 2, 64, 4096
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = LlamaDecodeStep(LlamaDecodeConfig(
+            vocab_size=256, hidden_size=heads * head_dim, intermediate_size=128, layers=1,
+            heads=heads, kv_heads=kv_heads, max_cache_len=cache_len,
+        ))
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert {value.dtype for value in model.state_dict().values()} == {torch.bfloat16}
+    args = (torch.tensor([[7]]), torch.tensor([17]))
+    expected = copy.deepcopy(model)(*args)
+    without, result_without = _run(model, args, WITHOUT)
+    folded, result = _run(model, args, CPU_PIPELINE)
+    assert without.memory_stats["temp_bytes"] == 10_363_904
+    assert folded.memory_stats["temp_bytes"] == 6_169_600
+    repeated = f"-> tensor<1x{kv_heads}x{heads // kv_heads}x{cache_len}x{head_dim}xbf16>"
+    assert without.mlir.count(repeated) == 2 and folded.mlir.count(repeated) == 0
+    assert "stablehlo.while" not in folded.mlir
+    assert torch.equal(result, result_without)
+    # Eager runs torch's fused bf16 attention kernel, hloalias (with or
+    # without the passes, the same bits) SDPA's math in f32 with bf16 casts.
+    torch.testing.assert_close(result, expected, atol=1e-2, rtol=0)

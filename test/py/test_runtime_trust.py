@@ -784,3 +784,32 @@ def test_view_of_a_non_row_major_input_is_a_view_of_the_callers_tensor(name: str
     ours.fill_(-1.0)
     eager.fill_(-1.0)
     torch.testing.assert_close(ours_input, eager_input, rtol=0, atol=0)
+
+
+def test_an_ambient_autocast_is_refused_at_compile_and_call() -> None:
+    # Under torch.autocast eager computes the Linear in bf16; the compiled
+    # program silently returned float32 values (off by 5e-3) when called
+    # under it, and compiling under it gave a float32 program.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 16).eval()
+    x = torch.randn(2, 16)
+    exe = hloalias.compile(model, (x,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(hloalias.ExecutionError, match=r"autocast\('cpu'\) is on.*torch.bfloat16"):
+            exe(x)
+        with pytest.raises(hloalias.CompileError, match="inside forward"):
+            hloalias.compile(model, (x,))
+    torch.testing.assert_close(exe(x), model(x))  # outside it, as before
+
+    class Mixed(torch.nn.Module):  # autocast inside forward is compiled as written
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.linear(x)
+
+    mixed = Mixed().eval()
+    out = hloalias.compile(mixed, (x,))(x)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, mixed(x))

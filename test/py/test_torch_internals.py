@@ -293,3 +293,27 @@ def test_without_torchs_private_names_decompose_falls_back(monkeypatch: pytest.M
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     torch.testing.assert_close(acc_ours, acc_eager)
+
+
+class _Counter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(x)  # an in-place write: exported, then decomposed
+        return self.count * 2
+
+
+def test_compiling_shows_no_warning_of_torch_about_its_own_leaf_specs() -> None:
+    # torch 2.13's run_decompositions deep-copies the module call graph's
+    # LeafSpecs and warns that LeafSpec is deprecated: every compile of a
+    # program with an in-place write printed it to the user.
+    import warnings
+
+    x = torch.ones(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exe = hloalias.compile(_Counter(), (x,))
+    assert torch.equal(exe(x), torch.full((4,), 2.0))
+    assert [str(w.message) for w in caught if "LeafSpec" in str(w.message)] == []

@@ -2,15 +2,17 @@
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false})' | filecheck %s
 // Idempotent: a second run finds no repeated operand left.
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false}, fold-repeat-into-dot-general{exact-scales-only=false})' | filecheck %s
-// The default (exact-scales-only): a scale that is no constant power of two is applied to the
-// unrepeated source instead of moving onto the dot's result.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' | filecheck %s --check-prefix=EXACT
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general, fold-repeat-into-dot-general)' | filecheck %s --check-prefix=EXACT
+// exact-scales-only (the default): a scale that is no constant power of two is applied to the
+// unrepeated source instead of moving onto the dot's result; chunk-bytes as the CPU pipeline sets it.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{chunk-bytes=262144})' | filecheck %s --check-prefix=EXACT
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{chunk-bytes=262144}, fold-repeat-into-dot-general{chunk-bytes=262144})' | filecheck %s --check-prefix=EXACT
+// The pass's default (chunk-bytes=0): a scaled source is never read in chunks.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' | filecheck %s --check-prefix=NOCHUNK
 // XLA accepts every module the pass produces.
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{exact-scales-only=false})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general)' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(fold-repeat-into-dot-general{chunk-bytes=262144})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 
-// XLA-COUNT-5: xla: argument_bytes={{[0-9]+}}
+// XLA-COUNT-8: xla: argument_bytes={{[0-9]+}}
 
 // GQA decode, q @ k^T under SDPA as torch-mlir lowers it: K repeated from 2
 // KV heads to 4 heads (repeat_kv), transposed, scaled by sqrt(1/sqrt(16)).
@@ -137,3 +139,136 @@ func.func @main(%p: tensor<4x3x8xf32>, %v: tensor<1x2x8x16xf32>, %row: tensor<1x
 // CHECK:         stablehlo.dot_general %arg0, %{{.+}}, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x3x8xf32>, tensor<4x8x16xf32>)
 // EXACT-LABEL: func.func @main(%arg0: tensor<4x3x8xf32>, %arg1: tensor<1x2x8x16xf32>
 // EXACT:         stablehlo.broadcast_in_dim %{{.+}} -> tensor<1x2x2x8x16xf32>
+
+// -----
+
+// A decode step's q @ k^T at head_dim 64 over a 1024-long cache of 4 KV heads:
+// the scaled cache (1 MiB) is larger than chunk-bytes (256 KiB) and than the
+// scores, so with chunk-bytes=262144 (the CPU pipeline's) the exact default
+// reads it in 4 chunks of 256 positions: the
+// first before a while loop (its dot padded to the scores' shape), the other
+// three in it, each sliced, scaled and written into the scores (the same
+// products: one chunk's scaled copy alive instead of the whole cache's).  A
+// second run finds the loop's dots reading no repeat.  exact-scales-only=false
+// moves the scale onto the scores and needs no copy, so no loop; with
+// chunk-bytes=0 (the pass's default) the whole cache is scaled.
+func.func @main(%q: tensor<8x1x64xf32>, %k: tensor<1x4x1024x64xf32>, %c: tensor<f32>) -> tensor<8x1x1024xf32> {
+  %r = stablehlo.reshape %k : (tensor<1x4x1024x64xf32>) -> tensor<1x4x1x1024x64xf32>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3, 4] : (tensor<1x4x1x1024x64xf32>) -> tensor<1x4x2x1024x64xf32>
+  %h = stablehlo.reshape %b : (tensor<1x4x2x1024x64xf32>) -> tensor<1x8x1024x64xf32>
+  %t = stablehlo.transpose %h, dims = [0, 1, 3, 2] : (tensor<1x8x1024x64xf32>) -> tensor<1x8x64x1024xf32>
+  %s = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<1x8x64x1024xf32>
+  %m = stablehlo.multiply %t, %s : tensor<1x8x64x1024xf32>
+  %k3 = stablehlo.reshape %m : (tensor<1x8x64x1024xf32>) -> tensor<8x64x1024xf32>
+  %d = stablehlo.dot_general %q, %k3, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<8x1x64xf32>, tensor<8x64x1024xf32>) -> tensor<8x1x1024xf32>
+  return %d : tensor<8x1x1024xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<8x1x64xf32>, %arg1: tensor<1x4x1024x64xf32>, %arg2: tensor<f32>)
+// CHECK-NOT:     stablehlo.while
+// CHECK:         stablehlo.dot_general %{{.+}}, %{{.+}}, batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<4x2x1x64xf32>, tensor<4x1024x64xf32>)
+// EXACT-LABEL: func.func @main(%arg0: tensor<8x1x64xf32>, %arg1: tensor<1x4x1024x64xf32>, %arg2: tensor<f32>)
+// EXACT-DAG:     %[[ONE:.+]] = stablehlo.constant dense<1> : tensor<i64>
+// EXACT-DAG:     %[[SIZE:.+]] = stablehlo.constant dense<256> : tensor<i64>
+// EXACT-DAG:     %[[COUNT:.+]] = stablehlo.constant dense<4> : tensor<i64>
+// EXACT-DAG:     %[[ZERO:.+]] = stablehlo.constant dense<0> : tensor<i64>
+// EXACT-NOT:     transpose
+// EXACT:         %[[Q:.+]] = stablehlo.reshape %arg0 : (tensor<8x1x64xf32>) -> tensor<4x2x1x64xf32>
+// EXACT:         %[[K:.+]] = stablehlo.reshape %arg1 : (tensor<1x4x1024x64xf32>) -> tensor<4x1024x64xf32>
+// EXACT:         %[[K0:.+]] = stablehlo.slice %[[K]] [0:4, 0:256, 0:64]
+// EXACT:         %[[C0:.+]] = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<4x256x64xf32>
+// EXACT:         %[[M0:.+]] = stablehlo.multiply %[[K0]], %[[C0]] : tensor<4x256x64xf32>
+// EXACT:         %[[D0:.+]] = stablehlo.dot_general %[[Q]], %[[M0]], batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<4x2x1x64xf32>, tensor<4x256x64xf32>) -> tensor<4x2x1x256xf32>
+// EXACT:         %[[P:.+]] = stablehlo.pad %[[D0]], %{{.+}}, low = [0, 0, 0, 0], high = [0, 0, 0, 768], interior = [0, 0, 0, 0]
+// EXACT:         %[[W:.+]]:5 = stablehlo.while(%[[I:.+]] = %[[ONE]], %[[A:.+]] = %[[P]], %[[QA:.+]] = %[[Q]], %[[KA:.+]] = %[[K]], %[[CA:.+]] = %arg2)
+// EXACT:         stablehlo.compare LT, %[[I]], %[[COUNT]], SIGNED
+// EXACT:         } do {
+// EXACT:         %[[S:.+]] = stablehlo.multiply %[[I]], %[[SIZE]] : tensor<i64>
+// EXACT:         %[[KC:.+]] = stablehlo.dynamic_slice %[[KA]], %[[ZERO]], %[[S]], %[[ZERO]], sizes = [4, 256, 64]
+// EXACT:         %[[F:.+]] = stablehlo.broadcast_in_dim %[[CA]], dims = [] : (tensor<f32>) -> tensor<4x256x64xf32>
+// EXACT:         %[[M:.+]] = stablehlo.multiply %[[KC]], %[[F]] : tensor<4x256x64xf32>
+// EXACT:         %[[D:.+]] = stablehlo.dot_general %[[QA]], %[[M]], batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<4x2x1x64xf32>, tensor<4x256x64xf32>) -> tensor<4x2x1x256xf32>
+// EXACT:         %[[U:.+]] = stablehlo.dynamic_update_slice %[[A]], %[[D]], %[[ZERO]], %[[ZERO]], %[[ZERO]], %[[S]]
+// EXACT:         %[[NEXT:.+]] = stablehlo.add %[[I]], %[[ONE]] : tensor<i64>
+// EXACT:         stablehlo.return %[[NEXT]], %[[U]], %[[QA]], %[[KA]], %[[CA]]
+// EXACT:         %[[R:.+]] = stablehlo.reshape %[[W]]#1 : (tensor<4x2x1x1024xf32>) -> tensor<8x1x1024xf32>
+// EXACT-NEXT:    return %[[R]]
+// NOCHUNK-LABEL: func.func @main(%arg0: tensor<8x1x64xf32>, %arg1: tensor<1x4x1024x64xf32>, %arg2: tensor<f32>)
+// NOCHUNK-NOT:   stablehlo.while
+// NOCHUNK:       %[[NS:.+]] = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1x4x1024x64xf32>
+// NOCHUNK:       stablehlo.multiply %arg1, %[[NS]] : tensor<1x4x1024x64xf32>
+
+// -----
+
+// Not in chunks: a cache length that is no multiple of 256 (1000), and a
+// prefill's scores (64 queries x 1024 keys x 8 heads, 2 MiB) larger than its
+// scaled cache (1 MiB): the whole source is scaled, as before.
+func.func @main(%q: tensor<8x1x64xf32>, %k: tensor<1x4x1000x64xf32>, %qp: tensor<8x64x64xf32>, %kp: tensor<1x4x1024x64xf32>, %c: tensor<f32>) -> (tensor<8x1x1000xf32>, tensor<8x64x1024xf32>) {
+  %r = stablehlo.reshape %k : (tensor<1x4x1000x64xf32>) -> tensor<1x4x1x1000x64xf32>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3, 4] : (tensor<1x4x1x1000x64xf32>) -> tensor<1x4x2x1000x64xf32>
+  %h = stablehlo.reshape %b : (tensor<1x4x2x1000x64xf32>) -> tensor<8x1000x64xf32>
+  %t = stablehlo.transpose %h, dims = [0, 2, 1] : (tensor<8x1000x64xf32>) -> tensor<8x64x1000xf32>
+  %s = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<8x64x1000xf32>
+  %m = stablehlo.multiply %t, %s : tensor<8x64x1000xf32>
+  %d = stablehlo.dot_general %q, %m, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<8x1x64xf32>, tensor<8x64x1000xf32>) -> tensor<8x1x1000xf32>
+  %rp = stablehlo.reshape %kp : (tensor<1x4x1024x64xf32>) -> tensor<1x4x1x1024x64xf32>
+  %bp = stablehlo.broadcast_in_dim %rp, dims = [0, 1, 2, 3, 4] : (tensor<1x4x1x1024x64xf32>) -> tensor<1x4x2x1024x64xf32>
+  %hp = stablehlo.reshape %bp : (tensor<1x4x2x1024x64xf32>) -> tensor<8x1024x64xf32>
+  %tp = stablehlo.transpose %hp, dims = [0, 2, 1] : (tensor<8x1024x64xf32>) -> tensor<8x64x1024xf32>
+  %sp = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<8x64x1024xf32>
+  %mp = stablehlo.multiply %tp, %sp : tensor<8x64x1024xf32>
+  %dp = stablehlo.dot_general %qp, %mp, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<8x64x64xf32>, tensor<8x64x1024xf32>) -> tensor<8x64x1024xf32>
+  return %d, %dp : tensor<8x1x1000xf32>, tensor<8x64x1024xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<8x1x64xf32>, %arg1: tensor<1x4x1000x64xf32>
+// CHECK-NOT:     stablehlo.while
+// EXACT-LABEL: func.func @main(%arg0: tensor<8x1x64xf32>, %arg1: tensor<1x4x1000x64xf32>
+// EXACT-NOT:     stablehlo.while
+// EXACT:         %[[S1:.+]] = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<f32>) -> tensor<1x4x1000x64xf32>
+// EXACT:         %[[M1:.+]] = stablehlo.multiply %arg1, %[[S1]] : tensor<1x4x1000x64xf32>
+// EXACT:         %[[K1:.+]] = stablehlo.reshape %[[M1]] : (tensor<1x4x1000x64xf32>) -> tensor<4x1000x64xf32>
+// EXACT:         stablehlo.dot_general %{{.+}}, %[[K1]], batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<4x2x1x64xf32>, tensor<4x1000x64xf32>)
+// EXACT-NOT:     stablehlo.while
+// EXACT:         %[[S2:.+]] = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<f32>) -> tensor<1x4x1024x64xf32>
+// EXACT:         %[[M2:.+]] = stablehlo.multiply %arg3, %[[S2]] : tensor<1x4x1024x64xf32>
+// EXACT:         %[[K2:.+]] = stablehlo.reshape %[[M2]] : (tensor<1x4x1024x64xf32>) -> tensor<4x1024x64xf32>
+// EXACT:         stablehlo.dot_general %{{.+}}, %[[K2]], batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<4x2x64x64xf32>, tensor<4x1024x64xf32>)
+
+// -----
+
+// A bf16 cache upcast to f32 after the repeat (torch's SDPA math on bf16):
+// the convert commutes with the repeat, so it and the scale (even a power
+// of two, with either option) are applied to the unrepeated cache, in the
+// chain's order, and both dots read the converted cache; no chunks (the CPU backend
+// would hoist the convert out of the loop).
+func.func @main(%q: tensor<4x1x16xf32>, %k: tensor<1x2x8x16xbf16>, %p: tensor<4x1x8xf32>) -> (tensor<4x1x8xf32>, tensor<4x1x16xf32>) {
+  %r = stablehlo.reshape %k : (tensor<1x2x8x16xbf16>) -> tensor<1x2x1x8x16xbf16>
+  %b = stablehlo.broadcast_in_dim %r, dims = [0, 1, 2, 3, 4] : (tensor<1x2x1x8x16xbf16>) -> tensor<1x2x2x8x16xbf16>
+  %h = stablehlo.reshape %b : (tensor<1x2x2x8x16xbf16>) -> tensor<1x4x8x16xbf16>
+  %f = stablehlo.convert %h : (tensor<1x4x8x16xbf16>) -> tensor<1x4x8x16xf32>
+  %t = stablehlo.transpose %f, dims = [0, 1, 3, 2] : (tensor<1x4x8x16xf32>) -> tensor<1x4x16x8xf32>
+  %c = stablehlo.constant dense<5.000000e-01> : tensor<f32>
+  %s = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<1x4x16x8xf32>
+  %m = stablehlo.multiply %t, %s : tensor<1x4x16x8xf32>
+  %k3 = stablehlo.reshape %m : (tensor<1x4x16x8xf32>) -> tensor<4x16x8xf32>
+  %d = stablehlo.dot_general %q, %k3, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x1x16xf32>, tensor<4x16x8xf32>) -> tensor<4x1x8xf32>
+  %v3 = stablehlo.reshape %f : (tensor<1x4x8x16xf32>) -> tensor<4x8x16xf32>
+  %o = stablehlo.dot_general %p, %v3, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x1x8xf32>, tensor<4x8x16xf32>) -> tensor<4x1x16xf32>
+  return %d, %o : tensor<4x1x8xf32>, tensor<4x1x16xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x1x16xf32>, %arg1: tensor<1x2x8x16xbf16>, %arg2: tensor<4x1x8xf32>)
+// CHECK-NOT:     broadcast_in_dim %{{.*}} -> tensor<1x2x2x8x16xbf16>
+// CHECK-NOT:     transpose
+// CHECK-NOT:     stablehlo.while
+// CHECK:         %[[F:.+]] = stablehlo.convert %arg1 : (tensor<1x2x8x16xbf16>) -> tensor<1x2x8x16xf32>
+// CHECK:         %[[M:.+]] = stablehlo.multiply %[[F]], %{{.+}} : tensor<1x2x8x16xf32>
+// CHECK:         %[[K:.+]] = stablehlo.reshape %[[M]] : (tensor<1x2x8x16xf32>) -> tensor<2x8x16xf32>
+// CHECK:         stablehlo.dot_general %{{.+}}, %[[K]], batching_dims = [0] x [0], contracting_dims = [3] x [2] : (tensor<2x2x1x16xf32>, tensor<2x8x16xf32>) -> tensor<2x2x1x8xf32>
+// CHECK:         %[[FV:.+]] = stablehlo.convert %arg1 : (tensor<1x2x8x16xbf16>) -> tensor<1x2x8x16xf32>
+// CHECK:         %[[V:.+]] = stablehlo.reshape %[[FV]] : (tensor<1x2x8x16xf32>) -> tensor<2x8x16xf32>
+// CHECK:         stablehlo.dot_general %{{.+}}, %[[V]], batching_dims = [0] x [0], contracting_dims = [3] x [1] : (tensor<2x2x1x8xf32>, tensor<2x8x16xf32>) -> tensor<2x2x1x16xf32>
+// EXACT-LABEL: func.func @main(%arg0: tensor<4x1x16xf32>, %arg1: tensor<1x2x8x16xbf16>, %arg2: tensor<4x1x8xf32>)
+// EXACT-NOT:     transpose
+// EXACT:         %[[EF:.+]] = stablehlo.convert %arg1 : (tensor<1x2x8x16xbf16>) -> tensor<1x2x8x16xf32>
+// EXACT:         %[[EM:.+]] = stablehlo.multiply %[[EF]], %{{.+}} : tensor<1x2x8x16xf32>
+// EXACT:         stablehlo.dot_general
+// EXACT:         stablehlo.convert %arg1 : (tensor<1x2x8x16xbf16>) -> tensor<1x2x8x16xf32>

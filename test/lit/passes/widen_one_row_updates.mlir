@@ -6,7 +6,7 @@
 // The values equal the one-row write's at every start (clamped ones too):
 // test/py/test_repeat_fold_bytes.py runs both on XLA.
 
-// XLA-COUNT-2: xla: argument_bytes={{[0-9]+}}
+// XLA-COUNT-3: xla: argument_bytes={{[0-9]+}}
 
 // A decode step's cache write, read by a dot: two rows from s = clamp(0, c,
 // N-2) are written, the new row at c - s, the other row its old value.
@@ -50,3 +50,19 @@ func.func @main(%cache: tensor<2x8x4xf32>, %row: tensor<2x1x4xf32>, %rows: tenso
 // CHECK:         stablehlo.dynamic_update_slice %arg0, %arg1, {{.+}} : (tensor<2x8x4xf32>, tensor<2x1x4xf32>
 // CHECK:         stablehlo.dynamic_update_slice %arg0, %arg2, {{.+}} : (tensor<2x8x4xf32>, tensor<2x3x4xf32>
 // CHECK-NOT:     dynamic_slice
+
+// -----
+
+// A bf16 cache a dot reads through a convert to f32 (SDPA's upcast): the
+// write is widened all the same.
+func.func @main(%cache: tensor<1x2x8x4xbf16>, %row: tensor<1x2x1x4xbf16>, %i: tensor<i64>, %q: tensor<2x3x4xf32>) -> (tensor<1x2x8x4xbf16>, tensor<2x3x8xf32>) {
+  %z = stablehlo.constant dense<0> : tensor<i64>
+  %u = stablehlo.dynamic_update_slice %cache, %row, %z, %z, %i, %z : (tensor<1x2x8x4xbf16>, tensor<1x2x1x4xbf16>, tensor<i64>, tensor<i64>, tensor<i64>, tensor<i64>) -> tensor<1x2x8x4xbf16>
+  %c = stablehlo.convert %u : (tensor<1x2x8x4xbf16>) -> tensor<1x2x8x4xf32>
+  %k = stablehlo.reshape %c : (tensor<1x2x8x4xf32>) -> tensor<2x8x4xf32>
+  %d = stablehlo.dot_general %q, %k, batching_dims = [0] x [0], contracting_dims = [2] x [2] : (tensor<2x3x4xf32>, tensor<2x8x4xf32>) -> tensor<2x3x8xf32>
+  return %u, %d : tensor<1x2x8x4xbf16>, tensor<2x3x8xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<1x2x8x4xbf16>
+// CHECK:         %[[U:.+]] = stablehlo.dynamic_update_slice %arg0, %{{.+}} : (tensor<1x2x8x4xbf16>, tensor<1x2x2x4xbf16>
+// CHECK:         stablehlo.convert %[[U]]
