@@ -63,6 +63,7 @@ from hloalias.errors import TorchImportError
 from hloalias.frontend.tracing_lock import TRACING_LOCK
 from hloalias.frontend.backward_decompositions import capture_decompositions
 from hloalias.frontend.importer import _decomposition_table
+from hloalias.frontend.torch_internals import lazy_graph_modules
 
 
 class TrainingCaptureError(TorchImportError):
@@ -264,7 +265,9 @@ def _capture(
     flat_state = [initial[s.name] for s in slots]
     # The math attention backend is composite (matmul, softmax): its
     # backward is ops XLA lowers; the fused CPU kernels' backward is not.
-    with _tracing_flag(), sdpa_kernel(SDPBackend.MATH):
+    # Lazy graph modules: make_fx's module and the graph edits below need
+    # no generated code; only the ExportedProgram's module generates it.
+    with _tracing_flag(), sdpa_kernel(SDPBackend.MATH), lazy_graph_modules():
         try:
             graph_module = make_fx(
                 dispatch_functionalize(functional, FunctionalTensorMode()),
@@ -278,7 +281,8 @@ def _capture(
             raise
         except Exception as error:  # torch raises many types while tracing
             raise TrainingCaptureError(_describe_trace_failure(error)) from None
-    # Graph edits only: _exported_from_graph lints and recompiles once.
+    # Graph edits only: _exported_from_graph lints, and the ExportedProgram
+    # generates the code once.
     _drop_profiler_nodes(graph_module)
     _scalar_alphas_to_tensors(graph_module, stack_traces)
     _views_to_reshapes(graph_module)
@@ -286,7 +290,8 @@ def _capture(
     example_inputs = (*lr_examples, *batch_leaves)
     input_names = _input_names(step_fn, batch_leaves, batch_spec, lr_count)
     try:  # the captured graph as it is: no second trace by torch.export
-        exported = _exported_from_graph(graph_module, slots, initial, example_inputs, input_names)
+        with lazy_graph_modules():
+            exported = _exported_from_graph(graph_module, slots, initial, example_inputs, input_names)
     except Exception as error:
         raise TrainingCaptureError(f"the captured step is not a valid exported program: {error}") from None
     hyperparameters = tuple(_hyperparameters(g) for g in optimizer.param_groups)

@@ -293,3 +293,27 @@ def test_without_torchs_private_names_decompose_falls_back(monkeypatch: pytest.M
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     torch.testing.assert_close(acc_ours, acc_eager)
+
+
+@pytest.mark.parametrize("name", ["views", "kwargs", "attention"])
+def test_export_decomposed_generates_python_code_once(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.export's stages build several GraphModules and call none:
+    under :func:`torch_internals.lazy_graph_modules` only the returned
+    program's module generates code, and the program still runs like the
+    module (its code generated on demand)."""
+    from torch.fx.graph import Graph
+
+    generated: list[int] = []
+    python_code = Graph.python_code
+
+    def counted(self: Graph, *args: Any, **kwargs: Any) -> Any:
+        generated.append(len(self.nodes))
+        return python_code(self, *args, **kwargs)
+
+    module, args, kwargs = _PROGRAMS[name]()
+    monkeypatch.setattr(Graph, "python_code", counted)
+    exported = torch_internals.export_decomposed(module, args, kwargs, importer._decomposition_table())
+    assert exported is not None
+    assert len(generated) == 1
+    monkeypatch.setattr(Graph, "python_code", python_code)
+    torch.testing.assert_close(exported.module()(*args, **kwargs), module(*args, **kwargs))
