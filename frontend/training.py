@@ -60,7 +60,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.utils.stateless import _reparametrize_module
 
 from hloalias.errors import TorchImportError
-from hloalias.frontend.tracing_lock import TRACING_LOCK
+from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend.backward_decompositions import capture_decompositions
 from hloalias.frontend.importer import _decomposition_table
 from hloalias.frontend.torch_internals import lazy_graph_modules
@@ -152,7 +152,7 @@ def capture_training_step(
     kept, traces = kept_grads, stack_traces
     while True:
         try:
-            with TRACING_LOCK:
+            with tracing():
                 return _capture(
                     step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept, traces
                 )
