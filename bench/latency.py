@@ -331,6 +331,7 @@ def write_report(path: str, ours: dict[str, dict[str, Any]], peer_results: list[
             else:
                 row += f" {_fmt(result.data['first_call_s'])} / {_fmt(result.data['steady_s'])} |"
         lines.append(row)
+    lines += cold_geomean_lines(ours, peer_results)
     lines += ["", "## Device bytes (XLA's figures; total = argument + output − alias + temp)", "",
               "| workload | hloalias | " + " | ".join(s.label for s in peers.SYSTEMS) + " |",
               "|---|---:|" + "---:|" * len(peers.SYSTEMS)]
@@ -384,12 +385,55 @@ def write_report(path: str, ours: dict[str, dict[str, Any]], peer_results: list[
     for failure in failures:
         lines.append(f"- {failure}")
     lines.append("")
+    lines += previous_report(path)
     notes_path = os.path.join(REPO, "bench", "latency_notes.md")
     if os.path.exists(notes_path):
         with open(notes_path) as handle:
             lines += [handle.read()]
     with open(path, "w") as handle:
         handle.write("\n".join(lines))
+
+
+def cold_geomean_lines(ours: dict[str, dict[str, Any]], peer_results: list[Any]) -> list[str]:
+    """Issue 26's "cold compile geomean <= torch_xla's in the same run": the
+    geometric mean of hloalias's cold compile and of each peer's first call
+    over the workloads every one of them measured."""
+    from bench import peers
+
+    by_key = {(r.system, r.workload): r for r in peer_results if r.measured}
+    common = [key for key in ours if all((system, key) in by_key for system in peers.SYSTEMS)]
+    if not common:
+        return ["", "Cold compile geomean: no workload measured by every peer in this run.", ""]
+
+    def geomean(values: list[float]) -> float:
+        return statistics.geometric_mean(values)
+
+    ours_mean = geomean([ours[key]["first"]["total"] for key in common])
+    cells = [f"hloalias cold {_fmt(ours_mean)}"]
+    for system in peers.SYSTEMS:
+        theirs = geomean([by_key[(system, key)].data["first_call_s"] for key in common])
+        cells.append(f"{system.label} first call {_fmt(theirs)} (hloalias ÷ it: {ours_mean / theirs:.2f}×)")
+    return ["", f"Cold compile geomean over {', '.join(common)} (hloalias: compile, imports excluded; "
+            "peers: first call = trace + compile + run, imports excluded): " + "; ".join(cells) + ".", ""]
+
+
+#: The first line of the hand-written notes appended to every report.
+_NOTES_HEADING = "## Reading the tables (hand-written"
+
+
+def previous_report(path: str) -> list[str]:
+    """The report at ``path`` before this run, without its appended notes
+    and with its headings one level down, under "Earlier runs": a new run
+    goes on top and keeps the old tables."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        text = handle.read()
+    if _NOTES_HEADING in text:
+        text = text[:text.index(_NOTES_HEADING)]
+    body = [line for line in text.splitlines() if not line.startswith("# ")]
+    body = ["#" + line if line.startswith("## ") or line.startswith("### ") else line for line in body]
+    return ["## Earlier runs (as written then)", "", *body, ""]
 
 
 # -- the "done when" ratios of issue 26 (each in its own fresh process) ---------

@@ -38,7 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from hloalias.errors import TorchImportError
 from hloalias.frontend.carried_objects import CarriedObjects
 from hloalias.frontend import importer
-from hloalias.frontend.tracing_lock import TRACING_LOCK
+from hloalias.frontend.tracing_lock import tracing
 
 
 class NotSpecializable(TorchImportError):
@@ -77,7 +77,7 @@ def export_dynamic(
     :class:`NotSpecializable` where the result could not be specialized
     soundly later (module docstring), :class:`TorchImportError` where
     export fails."""
-    with TRACING_LOCK:
+    with tracing():
         return _export_dynamic(f, tuple(args), dict(kwargs), tuple(dynamic_dims))
 
 
@@ -121,7 +121,7 @@ def import_specialized(
     """The program ``import_torch(f, args, kwargs)`` gives, from ``dynamic``
     specialized to the inputs' sizes (module docstring); raises
     :class:`NotSpecializable` when they do not fit it."""
-    with TRACING_LOCK:
+    with tracing():
         exported = specialize(dynamic, tuple(args), dict(kwargs))
         program = importer._import_decomposed(
             f, tuple(args), dict(kwargs), exported, dynamic.state_aliases, dynamic.eager_storage, {}, stage

@@ -62,6 +62,7 @@ PRIVATE_NAMES = {
     "torch._higher_order_ops.utils": ("autograd_not_implemented",),
     "torch._subclasses.fake_impls": ("op_implementations_dict", "_deregister_op_impl"),
     "torch.export._trace": ("_export", "_export_to_aten_ir"),
+    "torch.fx._lazy_graph_module": ("_use_lazy_graph_module",),
 }
 
 _SplitTable = tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]
@@ -293,13 +294,31 @@ def export_decomposed(
 
     trace._export_to_aten_ir = to_aten_ir_decomposed
     try:
-        with cia_override(cia_to_decomp), quiet_torch_deprecations():
+        with cia_override(cia_to_decomp), quiet_torch_deprecations(), lazy_graph_modules():
             exported: ExportedProgram = private["_export"](
                 module, args, kwargs, dynamic_shapes, strict=False, pre_dispatch=False
             )
     finally:
         trace._export_to_aten_ir = to_aten_ir
     return exported
+
+
+@contextlib.contextmanager
+def lazy_graph_modules() -> Iterator[None]:
+    """Within the block, the ``GraphModule``s torch's tracers make
+    (``make_fx``, ``torch.export``'s stages) generate their Python code only
+    when it is first needed: their ``code`` read or the module called,
+    as under ``torch.compile`` (``torch.fx._lazy_graph_module``).  A trace
+    builds several modules of one graph and calls none of them; code
+    generation is ~0.1-0.3 s per module of a 1,500-node graph
+    (``bench/latency_notes.md``).  Without the private name the block
+    changes nothing."""
+    private = _private()
+    if private is None:
+        yield
+        return
+    with private["_use_lazy_graph_module"](True):
+        yield
 
 
 def keep_stack_traces_of(fn: Callable[..., Any]) -> None:

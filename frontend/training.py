@@ -60,10 +60,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.utils.stateless import _reparametrize_module
 
 from hloalias.errors import TorchImportError
-from hloalias.frontend.tracing_lock import TRACING_LOCK
+from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend.tracing_modules import load_tracing_modules
 from hloalias.frontend.backward_decompositions import capture_decompositions
 from hloalias.frontend.importer import _decomposition_table
+from hloalias.frontend.torch_internals import lazy_graph_modules
 
 
 class TrainingCaptureError(TorchImportError):
@@ -153,7 +154,7 @@ def capture_training_step(
     kept, traces = kept_grads, stack_traces
     while True:
         try:
-            with TRACING_LOCK:
+            with tracing():
                 return _capture(
                     step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept, traces
                 )
@@ -266,7 +267,9 @@ def _capture(
     flat_state = [initial[s.name] for s in slots]
     # The math attention backend is composite (matmul, softmax): its
     # backward is ops XLA lowers; the fused CPU kernels' backward is not.
-    with _tracing_flag(), sdpa_kernel(SDPBackend.MATH):
+    # Lazy graph modules: make_fx's module and the graph edits below need
+    # no generated code; only the ExportedProgram's module generates it.
+    with _tracing_flag(), sdpa_kernel(SDPBackend.MATH), lazy_graph_modules():
         try:
             graph_module = make_fx(
                 dispatch_functionalize(functional, FunctionalTensorMode()),
@@ -280,7 +283,8 @@ def _capture(
             raise
         except Exception as error:  # torch raises many types while tracing
             raise TrainingCaptureError(_describe_trace_failure(error)) from None
-    # Graph edits only: _exported_from_graph lints and recompiles once.
+    # Graph edits only: _exported_from_graph lints, and the ExportedProgram
+    # generates the code once.
     _drop_profiler_nodes(graph_module)
     _scalar_alphas_to_tensors(graph_module, stack_traces)
     _views_to_reshapes(graph_module)
@@ -288,7 +292,8 @@ def _capture(
     example_inputs = (*lr_examples, *batch_leaves)
     input_names = _input_names(step_fn, batch_leaves, batch_spec, lr_count)
     try:  # the captured graph as it is: no second trace by torch.export
-        exported = _exported_from_graph(graph_module, slots, initial, example_inputs, input_names)
+        with lazy_graph_modules():
+            exported = _exported_from_graph(graph_module, slots, initial, example_inputs, input_names)
     except Exception as error:
         raise TrainingCaptureError(f"the captured step is not a valid exported program: {error}") from None
     hyperparameters = tuple(_hyperparameters(g) for g in optimizer.param_groups)

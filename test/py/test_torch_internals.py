@@ -16,6 +16,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import sys
+
 import pytest
 import torch
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
@@ -317,3 +319,36 @@ def test_compiling_shows_no_warning_of_torch_about_its_own_leaf_specs() -> None:
         exe = hloalias.compile(_Counter(), (x,))
     assert torch.equal(exe(x), torch.full((4,), 2.0))
     assert [str(w.message) for w in caught if "LeafSpec" in str(w.message)] == []
+
+
+@pytest.mark.parametrize("name", ["views", "kwargs", "attention"])
+def test_export_decomposed_generates_python_code_once(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.export's stages build several GraphModules and call none:
+    under :func:`torch_internals.lazy_graph_modules` only the returned
+    program's module generates code, and the program still runs like the
+    module (its code generated on demand)."""
+    from torch.fx.graph import Graph
+
+    generated: list[int] = []
+    python_code = Graph.python_code
+
+    def counted(self: Graph, *args: Any, **kwargs: Any) -> Any:
+        # A module's code (GraphModule.recompile), not torch's debug
+        # printing (print_readable, which pytest's log capture turns on).
+        if sys._getframe(1).f_code.co_name == "recompile":
+            generated.append(len(self.nodes))
+        return python_code(self, *args, **kwargs)
+
+    module, args, kwargs = _PROGRAMS[name]()
+    monkeypatch.setattr(Graph, "python_code", counted)
+    exported = torch_internals.export_decomposed(module, args, kwargs, importer._decomposition_table())
+    assert exported is not None
+    assert len(generated) == 1
+    monkeypatch.setattr(Graph, "python_code", python_code)
+    def fresh() -> tuple[tuple[Any, ...], dict[str, Any]]:  # "views" writes to its input
+        return tuple(a.clone() for a in args), {k: v.clone() for k, v in kwargs.items()}
+
+    ours_args, ours_kwargs = fresh()
+    eager_args, eager_kwargs = fresh()
+    torch.testing.assert_close(exported.module()(*ours_args, **ours_kwargs), module(*eager_args, **eager_kwargs))
+    torch.testing.assert_close(ours_args, eager_args)

@@ -12,6 +12,7 @@ parameters and state match to ``rtol=1e-5, atol=1e-6`` and losses to
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -469,3 +470,40 @@ def test_order_in_place_updates_removes_weight_copies() -> None:
     for a, b in zip(plain_losses, ordered_losses):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     torch.testing.assert_close(ordered.state_dict()["model"], plain.state_dict()["model"], rtol=0, atol=0)
+
+
+def test_capture_generates_python_code_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_fx's module and the graph edits need no generated code: only
+    the captured ExportedProgram's module generates it (bench/latency_notes.md),
+    and the step still trains like eager."""
+    from torch.fx.graph import Graph
+
+    from hloalias.frontend.training import capture_training_step
+
+    generated: list[int] = []
+    python_code = Graph.python_code
+
+    def counted(self: Graph, *args: Any, **kwargs: Any) -> Any:
+        # A module's code (GraphModule.recompile), not torch's debug
+        # printing (print_readable, which pytest's log capture turns on).
+        if sys._getframe(1).f_code.co_name == "recompile":
+            generated.append(len(self.nodes))
+        return python_code(self, *args, **kwargs)
+
+    monkeypatch.setattr(Graph, "python_code", counted)
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = _batches(1)[0]
+    captured = capture_training_step(_step_fn(model, optimizer), model, optimizer, (x, y))
+    assert len(generated) == 1
+    generated.clear()
+    eager_model = copy.deepcopy(model)
+    eager_optimizer = torch.optim.AdamW(eager_model.parameters(), lr=1e-2)
+    step = hloalias.compile_training_step(_step_fn(model, optimizer), model, optimizer, (x, y))
+    loss = step(x, y)
+    eager_loss = _step_fn(eager_model, eager_optimizer)(x, y)
+    torch.testing.assert_close(loss, eager_loss, rtol=RTOL, atol=ATOL)
+    step.write_back()
+    for (name, p), q in zip(model.named_parameters(), eager_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL, msg=name)
+    assert captured.exported.module()(torch.tensor(1e-2), x, y) is not None  # lazy code generated on demand
