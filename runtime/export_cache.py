@@ -64,6 +64,7 @@ from torch.export import ExportedProgram
 from hloalias import config
 from hloalias.frontend.importer import Program
 from hloalias.mlir import new_context, parse_module, print_module
+from hloalias.runtime.state import user_forward_pre_hooks
 
 MAX_ENTRIES = 32
 _SCALARS = (bool, int, float, str, type(None))
@@ -172,7 +173,7 @@ def _module_print(module: torch.nn.Module) -> Any:
             _globals_print(forward), _globals_print(own_forward),
             sub.training,
             tuple(id(h) for h in sub._forward_hooks.values()),
-            tuple(id(h) for h in sub._forward_pre_hooks.values()),
+            tuple(id(h) for h in user_forward_pre_hooks(sub)),
         ))
         for attr, value in sorted(sub.__dict__.items()):
             if attr in ("_parameters", "_buffers"):

@@ -64,6 +64,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from hloalias.runtime.state import user_forward_pre_hooks
 
 _MAX_DEPTH = 24  # nesting of values
 _MAX_CALL_DEPTH = 3  # user functions followed through globals
@@ -400,7 +401,7 @@ class _Printer:
         parts: list[Any] = []
         for name, sub in root.named_modules(remove_duplicate=False):
             where = f"module '{name or type(root).__name__}'"
-            if sub._forward_hooks or sub._forward_pre_hooks:
+            if sub._forward_hooks or user_forward_pre_hooks(sub):
                 raise Uncacheable(f"{where} has forward hooks")
             own_forward = sub.__dict__.get("forward")
             parts.append((

@@ -40,6 +40,19 @@ from hloalias.runtime.ownership import _resolved, _torch_dtype_of_jax, _writable
 if TYPE_CHECKING:
     from hloalias.runtime.plan import _CallPlan
 
+#: Marks the forward pre-hook a state group adds to its module
+#: (:meth:`_StateGroup.note_written`).
+_SYNC_HOOK = "_hloalias_state_sync"
+
+
+def user_forward_pre_hooks(module: torch.nn.Module) -> list[Any]:
+    """``module``'s forward pre-hooks except the one a state group adds to
+    bring lagging state in: that hook is skipped while torch traces, so it
+    is no part of a traced program, and the import and program caches'
+    keys must not see it (else a module's second compile missed both)."""
+    return [hook for hook in module._forward_pre_hooks.values() if not getattr(hook, _SYNC_HOOK, False)]
+
+
 class _StateSlot:
     """One state tensor of a module on one device: the single device buffer
     every executable compiled from that module reads and updates.
@@ -412,6 +425,8 @@ class _StateGroup:
                 if found is not None and _LAGGING[0] and not _tracing(args, kwargs):
                     found.write_back_written()
 
+            # Not part of the program: the caches' keys skip it (user_forward_pre_hooks).
+            setattr(write_back_before_forward, _SYNC_HOOK, True)
             self._state_dict_hook = owner.register_state_dict_pre_hook(write_back_first)  # type: ignore[no-untyped-call]
             self._forward_hook = owner.register_forward_pre_hook(write_back_before_forward, with_kwargs=True)
 

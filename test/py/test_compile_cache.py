@@ -304,6 +304,35 @@ def test_same_module_same_inputs_reuses_the_import(cache_dir: str, monkeypatch: 
     assert torch.allclose(again(x), module(x))
 
 
+class _Accumulates(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.add_(x)  # written state: compiling adds the state group's sync hook
+        return self.total * 2
+
+
+def test_a_module_with_written_state_reuses_its_import(cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The forward pre-hook that brings lagging state into the module made
+    # the module's second compile miss the import cache (the key held the
+    # hook's identity) and count as uncacheable for the program cache.
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
+    module = _Accumulates()
+    x = torch.ones(8)
+    first = hloalias.compile(module, (x,))
+    assert module._forward_pre_hooks  # the sync hook
+    before = export_cache.export_cache_stats()["hits"]
+    again = hloalias.compile(module, (x,))
+    assert export_cache.export_cache_stats()["hits"] == before + 1
+    assert torch.equal(first(x), torch.full((8,), 2.0)) and torch.equal(again(x), torch.full((8,), 4.0))
+    assert source_key.source_key(module, (x,), {}, ()) is not None
+    module.register_forward_pre_hook(lambda m, args: None)  # the user's own hook still counts
+    with pytest.raises(Uncacheable, match="forward hooks"):
+        source_key.source_key(module, (x,), {}, ())
+
+
 def test_changed_module_or_inputs_are_imported_again(cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The in-process import cache alone: with the program cache on, a
     # replaced tensor of the same shape is (rightly) a program-cache hit,
