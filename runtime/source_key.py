@@ -414,7 +414,7 @@ class _Printer:
                     parts.append((table, tensor_name, persistent,
                                   None if tensor is None else self.tensor(tensor, f"{where}.{tensor_name}", False)))
             for attr, value in sorted(sub.__dict__.items()):
-                if attr in bookkeeping or attr == "forward":
+                if attr in bookkeeping or attr in ("forward", "__reduce_ex__"):  # the state group's (runtime/state.py)
                     continue
                 what = f"attribute '{attr}' of {where}"
                 if isinstance(value, torch.Tensor):  # an argument of the program (a lifted constant)

@@ -45,6 +45,45 @@ if TYPE_CHECKING:
 _SYNC_HOOK = "_hloalias_state_sync"
 
 
+_REDUCE = "__reduce_ex__"
+
+
+class _CurrentWhenCopied:
+    """A state group's owner module's ``__reduce_ex__`` (an instance
+    attribute: ``copy.deepcopy`` and ``pickle`` look it up on the object):
+    copies lagging state into the module first, then reduces it as its
+    class does, leaving out this attribute and the group's hooks, so the
+    copy or the pickle holds the current values and is a plain module."""
+
+    def __init__(self, group: "weakref.ref[_StateGroup]", module: "weakref.ref[torch.nn.Module]") -> None:
+        self.group, self.module = group, module
+
+    def __call__(self, protocol: int) -> Any:
+        module, group = self.module(), self.group()
+        if module is None:
+            raise TypeError("cannot reduce a module that no longer exists")
+        if group is not None and _LAGGING[0]:
+            group.write_back_written()
+        reduced = type(module).__reduce_ex__(module, protocol)
+        if not (isinstance(reduced, tuple) and len(reduced) > 2 and isinstance(reduced[2], dict)):
+            return reduced
+        state = dict(reduced[2])
+        state.pop(_REDUCE, None)
+        for table in ("_forward_pre_hooks", "_state_dict_pre_hooks"):
+            hooks = state.get(table)
+            if hooks:
+                state[table] = type(hooks)(
+                    (key, hook) for key, hook in hooks.items() if not getattr(hook, _SYNC_HOOK, False)
+                )
+        with_kwargs = state.get("_forward_pre_hooks_with_kwargs")
+        if with_kwargs:
+            kept = state["_forward_pre_hooks"]
+            state["_forward_pre_hooks_with_kwargs"] = type(with_kwargs)(
+                (key, value) for key, value in with_kwargs.items() if key in kept
+            )
+        return (*reduced[:2], state, *reduced[3:])
+
+
 def user_forward_pre_hooks(module: torch.nn.Module) -> list[Any]:
     """``module``'s forward pre-hooks except the one a state group adds to
     bring lagging state in: that hook is skipped while torch traces, so it
@@ -427,8 +466,14 @@ class _StateGroup:
 
             # Not part of the program: the caches' keys skip it (user_forward_pre_hooks).
             setattr(write_back_before_forward, _SYNC_HOOK, True)
+            setattr(write_back_first, _SYNC_HOOK, True)
             self._state_dict_hook = owner.register_state_dict_pre_hook(write_back_first)  # type: ignore[no-untyped-call]
             self._forward_hook = owner.register_forward_pre_hook(write_back_before_forward, with_kwargs=True)
+            # copy.deepcopy and pickle (torch.save(model)) look __reduce_ex__
+            # up on the instance: a copy gets what calls left, not the
+            # stale tensors, and neither sees the hooks (closures pickle
+            # cannot write).
+            owner.__dict__[_REDUCE] = _CurrentWhenCopied(group, weakref.ref(owner))
 
     def write_back_written(self) -> None:
         """Copy each written slot's buffer into its module tensor (in place)

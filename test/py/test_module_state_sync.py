@@ -340,6 +340,38 @@ def test_a_checkpoint_of_the_module_holds_what_calls_left(path: str, monkeypatch
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_a_deepcopy_or_pickle_of_the_module_holds_what_calls_left(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``copy.deepcopy(model)`` (an EMA or best-model snapshot) copied the
+    compile-time state, and ``torch.save(model)`` failed ("Can't pickle
+    local object ... write_back_before_forward"): both now hold what calls
+    left, as plain modules, and the compiled module goes on."""
+    import copy
+    import io
+
+    model, reference = Accumulator(), Accumulator()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exe = compile_on(path, monkeypatch, model, (x,))
+    for _ in range(2):
+        exe(x)
+        reference(x)
+    snapshot = copy.deepcopy(model)
+    torch.testing.assert_close(snapshot.total, reference.total, rtol=0, atol=0)
+    assert not snapshot._forward_pre_hooks and not snapshot._state_dict_pre_hooks
+    assert "__reduce_ex__" not in snapshot.__dict__
+    exe(x)
+    reference(x)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    torch.testing.assert_close(loaded.total, reference.total, rtol=0, atol=0)
+    assert not loaded._forward_pre_hooks and "__reduce_ex__" not in loaded.__dict__
+    torch.testing.assert_close(snapshot.total, 2 * x, rtol=0, atol=0)  # the snapshot is its own
+    torch.testing.assert_close(exe(x), reference(x), rtol=0, atol=0)
+    torch.testing.assert_close(model.state_dict()["total"], reference.total, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_a_checkpoint_after_an_edit_holds_the_edit(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model = Accumulator()
     x = torch.tensor([1.0, 2.0, 3.0])
