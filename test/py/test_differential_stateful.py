@@ -32,6 +32,30 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+def call_problems(
+    call: int, eager_inputs: tuple[torch.Tensor, ...], our_inputs: tuple[torch.Tensor, ...],
+    eager_state: dict[str, torch.Tensor], our_state: dict[str, torch.Tensor],
+) -> list[str]:
+    """Where the inputs (updated in place) or the state differ from eager's after call ``call``."""
+    problems = [
+        f"call {call}: input x{i} {b.tolist()} != eager {a.tolist()}"
+        for i, (a, b) in enumerate(zip(eager_inputs, our_inputs)) if not same_bits(a, b)
+    ]
+    problems += [
+        f"call {call}: state {name} {our_state[name].tolist()} != eager {value.tolist()}"
+        for name, value in eager_state.items() if not same_bits(our_state[name], value)
+    ]
+    return problems
+
+
+def held_problems(held_eager: list[torch.Tensor], held_ours: list[torch.Tensor]) -> list[str]:
+    """Where results held since the last edit differ from eager's held results."""
+    return [
+        f"held result {position} after the last call: {b.tolist()} != eager {a.tolist()}"
+        for position, (a, b) in enumerate(zip(held_eager, held_ours)) if not same_bits(a, b)
+    ]
+
+
 def stateful_problems(program: StatefulProgram) -> list[str]:
     """What differs between eager and hloalias over ``program.calls`` calls."""
     eager = program.build()
@@ -95,16 +119,8 @@ def stateful_problems(program: StatefulProgram) -> list[str]:
             continue
         held_eager.extend(expected)
         held_ours.extend(got)
-        for name, a, b in (("x0", e0, x0), ("x1", e1, x1)):
-            if not same_bits(a, b):
-                problems.append(f"call {call}: input {name} {b.tolist()} != eager {a.tolist()}")
-        state = exe.state_dict()
-        for name, value in eager.state_dict().items():
-            if not same_bits(state[name], value):
-                problems.append(f"call {call}: state {name} {state[name].tolist()} != eager {value.tolist()}")
-    for position, (a, b) in enumerate(zip(held_eager, held_ours)):
-        if not same_bits(a, b):
-            problems.append(f"held result {position} after the last call: {b.tolist()} != eager {a.tolist()}")
+        problems += call_problems(call, (e0, e1), (x0, x1), eager.state_dict(), exe.state_dict())
+    problems += held_problems(held_eager, held_ours)
     for exe in executables:
         if exe.memory_stats["argument_bytes"] > 2 * 4 * 24 * 4:  # buf + w once + x0 + x1
             problems.append(f"state counted more than once: {exe.memory_stats}")
@@ -237,17 +253,8 @@ def dynamo_problems(program: StatefulProgram) -> list[str]:
         for position, (a, b) in enumerate(zip(expected, got)):
             if not same_bits(a, b):
                 problems.append(f"call {call}: result {position} {b.tolist()} != eager {a.tolist()}")
-        for name, a, b in (("x0", e0, x0), ("x1", e1, x1)):
-            if not same_bits(a, b):
-                problems.append(f"call {call}: input {name} {b.tolist()} != eager {a.tolist()}")
-        state = ours.state_dict()
-        for name, value in eager.state_dict().items():
-            if not same_bits(state[name], value):
-                problems.append(f"call {call}: state {name} {state[name].tolist()} != eager {value.tolist()}")
-    for position, (a, b) in enumerate(zip(held_eager, held_ours)):
-        if not same_bits(a, b):
-            problems.append(f"held result {position} after the last call: {b.tolist()} != eager {a.tolist()}")
-    return problems
+        problems += call_problems(call, (e0, e1), (x0, x1), eager.state_dict(), ours.state_dict())
+    return problems + held_problems(held_eager, held_ours)
 
 
 @_search_seed

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -118,15 +119,15 @@ def test_graph_break_compiles_each_subgraph() -> None:
     assert len(_new_graphs(before)) == 2
 
 
-def test_training_through_aot_autograd_equals_eager() -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    eager = copy.deepcopy(model)
+def _train_beside_eager(
+    model: torch.nn.Module, eager: torch.nn.Module, batch: Any, steps: int,
+) -> None:
+    """``steps`` SGD-momentum steps of ``torch.compile(model)`` beside the
+    same steps of ``eager``: losses and parameters must agree."""
     compiled = torch.compile(model, backend="hloalias")
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, eager)]
-    before = dynamo_backend.compiled_graphs()
-    for _ in range(3):
-        x, target = torch.randn(4, 6), torch.randn(4, 2)
+    for _ in range(steps):
+        x, target = batch()
         losses = []
         for module, optimizer in zip((compiled, eager), optimizers):
             loss = torch.nn.functional.mse_loss(module(x), target)
@@ -137,6 +138,14 @@ def test_training_through_aot_autograd_equals_eager() -> None:
         torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
     for ours, theirs in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_training_through_aot_autograd_equals_eager() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    eager = copy.deepcopy(model)
+    before = dynamo_backend.compiled_graphs()
+    _train_beside_eager(model, eager, lambda: (torch.randn(4, 6), torch.randn(4, 2)), steps=3)
     graphs = _new_graphs(before)
     assert [(g.kind, g.stats.compiles, g.stats.hits) for g in graphs] == [("forward", 1, 2), ("backward", 1, 2)]
 
@@ -160,22 +169,10 @@ def test_training_sdpa_and_silu_through_aot_autograd_equals_eager() -> None:
     torch.manual_seed(0)
     model = _Attention()
     eager = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="hloalias")
-    # SGD: Adam would amplify the rounding noise of the key bias's gradient
-    # (exactly zero in exact arithmetic: softmax ignores a shift of k).
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, eager)]
-    for _ in range(2):
-        x, target = torch.randn(2, 5, 16), torch.randn(2, 5, 4)
-        losses = []
-        for module, optimizer in zip((compiled, eager), optimizers):
-            loss = torch.nn.functional.mse_loss(module(x), target)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss)
-        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
-    for ours, theirs in zip(model.parameters(), eager.parameters()):
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    # SGD (in the helper): Adam would amplify the rounding noise of the key
+    # bias's gradient (exactly zero in exact arithmetic: softmax ignores a
+    # shift of k).
+    _train_beside_eager(model, eager, lambda: (torch.randn(2, 5, 16), torch.randn(2, 5, 4)), steps=2)
 
 
 def test_unknown_option_is_refused() -> None:
