@@ -115,6 +115,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Generated programs in `test_differential.py` (`scripts/fuzz.sh` raises it)."),
     Setting("HLOALIAS_STATEFUL_EXAMPLES", "integer", 25, "development",
             "Generated stateful programs in `test_differential_stateful.py`."),
+    Setting("HLOALIAS_DYNAMO_EXAMPLES", "integer", None, "development",
+            "Generated stateful programs run through `torch.compile(backend=\"hloalias\")` in "
+            "`test_differential_stateful.py`; unset: half the stateful programs, at least 8."),
     Setting("HLOALIAS_TRAINING_EXAMPLES", "integer", None, "development",
             "Generated training steps (optimizers under learning-rate schedules, lr 0 included) in "
             "`test_differential_stateful.py`; unset: a quarter of the stateful programs, at least 6."),

@@ -427,13 +427,18 @@ def _apart(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ..
     deep inside torch), and the program does not depend on it: whether a
     call's inputs overlap is checked at each call (read-only overlap runs,
     a written one is refused, naming both)."""
-    tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+    # Strided tensors only: a sparse one has no storage to compare (and is
+    # refused by name later, at the import).
+    tensors = [
+        leaf for leaf in pytree.tree_leaves((args, kwargs))
+        if isinstance(leaf, torch.Tensor) and leaf.layout is torch.strided
+    ]
     if len({StorageWeakRef(tensor.untyped_storage()) for tensor in tensors}) == len(tensors):
         return args, kwargs  # the usual case: the caller's objects, unrebuilt
     seen: set[StorageWeakRef] = set()
 
     def apart(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
+        if not isinstance(value, torch.Tensor) or value.layout is not torch.strided:
             return value
         storage = StorageWeakRef(value.untyped_storage())
         if storage not in seen:

@@ -37,6 +37,8 @@ EXPECTED_PASS_NAMES = {
     "permute-conv-kernel-state",
     "reduce-window-in-conv-layout",
     "store-state-as-bits",
+    "recompute-shared-activations",
+    "one-hot-scatter-as-select",
 }
 
 
