@@ -45,7 +45,7 @@ from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
-from hloalias.passes.stablehlo_values import producer, shape_of
+from hloalias.passes.stablehlo_values import create, producer, shape_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +83,6 @@ class OneHotScatterAsSelect(ModulePass[OneHotReport]):
 
 
 FLOATS = (ir.F32Type, ir.F64Type, ir.BF16Type, ir.F16Type)
-
-
-def _create(name: str, result: ir.Type, operands: list[ir.Value],
-            attributes: dict[str, ir.Attribute] | None = None) -> ir.Value:
-    return ir.Operation.create(name, results=[result], operands=operands, attributes=attributes or {}).results[0]
 
 
 def _is_zero_splat(value: ir.Value) -> bool:
@@ -137,7 +132,7 @@ def _rows(value: ir.Value, rows: int) -> ir.Value | None:
     if len(shape) == 1:
         return value
     element = ir.RankedTensorType(value.type).element_type
-    return _create("stablehlo.reshape", ir.RankedTensorType.get([rows], element), [value])
+    return create("stablehlo.reshape", ir.RankedTensorType.get([rows], element), [value])
 
 
 def _broadcast_rows(value: ir.Value, rows: int) -> ir.Value | None:
@@ -225,20 +220,20 @@ class _Counter:
             values = _rows(updates, rows)
             assert columns is not None and values is not None
             wide_index = ir.RankedTensorType.get(shape, index_type)
-            iota = _create("stablehlo.iota", wide_index, [], {"iota_dimension": ir.IntegerAttr.get(
+            iota = create("stablehlo.iota", wide_index, [], {"iota_dimension": ir.IntegerAttr.get(
                 ir.IntegerType.get_signless(64), 1)})
             along = {"broadcast_dimensions": ir.DenseI64ArrayAttr.get([0])}
-            spread = _create("stablehlo.broadcast_in_dim", wide_index, [columns], along)
-            match = _create("stablehlo.compare", ir.RankedTensorType.get(shape, ir.IntegerType.get_signless(1)),
+            spread = create("stablehlo.broadcast_in_dim", wide_index, [columns], along)
+            match = create("stablehlo.compare", ir.RankedTensorType.get(shape, ir.IntegerType.get_signless(1)),
                             [iota, spread], {
                                 "comparison_direction": _stablehlo.ComparisonDirectionAttr.get("EQ"),
                                 "compare_type": _stablehlo.ComparisonTypeAttr.get("SIGNED"),
                             })
             result_type = operation.results[0].type
-            wide_values = _create("stablehlo.broadcast_in_dim", result_type, [values], along)
-            zero = _create("stablehlo.constant", result_type, [], {
+            wide_values = create("stablehlo.broadcast_in_dim", result_type, [values], along)
+            zero = create("stablehlo.constant", result_type, [], {
                 "value": ir.DenseElementsAttr.get_splat(result_type, ir.FloatAttr.get(element, 0.0))})
-            select = _create("stablehlo.select", result_type, [match, wide_values, zero])
+            select = create("stablehlo.select", result_type, [match, wide_values, zero])
         rewriter.replace_op(op, [select])
         self.scatters += 1
         return False
@@ -275,25 +270,25 @@ class _Counter:
             factor = _rows(scale, rows)
             assert columns is not None and values is not None and factor is not None
             index_type = ir.RankedTensorType(columns.type)
-            low = _create("stablehlo.constant", index_type, [], {
+            low = create("stablehlo.constant", index_type, [], {
                 "value": ir.DenseElementsAttr.get_splat(index_type, ir.IntegerAttr.get(index_type.element_type, 0))})
-            high = _create("stablehlo.constant", index_type, [], {
+            high = create("stablehlo.constant", index_type, [], {
                 "value": ir.DenseElementsAttr.get_splat(
                     index_type, ir.IntegerAttr.get(index_type.element_type, classes))})
             flag_type = ir.RankedTensorType.get([rows], ir.IntegerType.get_signless(1))
             signed = _stablehlo.ComparisonTypeAttr.get("SIGNED")
-            above = _create("stablehlo.compare", flag_type, [columns, low], {
+            above = create("stablehlo.compare", flag_type, [columns, low], {
                 "comparison_direction": _stablehlo.ComparisonDirectionAttr.get("GE"), "compare_type": signed})
-            below = _create("stablehlo.compare", flag_type, [columns, high], {
+            below = create("stablehlo.compare", flag_type, [columns, high], {
                 "comparison_direction": _stablehlo.ComparisonDirectionAttr.get("LT"), "compare_type": signed})
-            inside = _create("stablehlo.and", flag_type, [above, below])
+            inside = create("stablehlo.and", flag_type, [above, below])
             # The product in the multiply's own operand order (the one-hot's
             # value first where it was first).
             pair = [values, factor] if side == 0 else [factor, values]
-            each = _create("stablehlo.multiply", row_type, pair)
-            zero = _create("stablehlo.constant", row_type, [], {
+            each = create("stablehlo.multiply", row_type, pair)
+            zero = create("stablehlo.constant", row_type, [], {
                 "value": ir.DenseElementsAttr.get_splat(row_type, ir.FloatAttr.get(element, 0.0))})
-            summed = _create("stablehlo.select", row_type, [inside, each, zero])
+            summed = create("stablehlo.select", row_type, [inside, each, zero])
         rewriter.replace_op(op, [summed])
         self.sums += 1
         return False

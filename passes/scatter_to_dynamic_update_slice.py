@@ -42,7 +42,7 @@ from torch_mlir import ir, rewrite
 from torch_mlir._mlir_libs import _stablehlo
 
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
-from hloalias.passes.stablehlo_values import constant_integers, shape_of
+from hloalias.passes.stablehlo_values import constant_integers, create, shape_of
 from hloalias.passes.bitcast_overwrite_scatter import is_overwrite_region
 
 
@@ -162,11 +162,11 @@ class _Counter:
         scalar = ir.RankedTensorType.get([], index_type)
         with rewriter.ip, operation.location:
             window_type = ir.RankedTensorType.get(window.sizes, ir.RankedTensorType(operand.type).element_type)
-            update = updates if updates.type == window_type else _create("stablehlo.reshape", window_type, [updates])
+            update = updates if updates.type == window_type else create("stablehlo.reshape", window_type, [updates])
             if constant is not None:
                 components = {d: _scalar_constant(scalar, v) for d, v in zip(window.operand_dims, constant)}
             else:
-                flat = _create("stablehlo.reshape", ir.RankedTensorType.get([len(window.operand_dims)], index_type), [indices])
+                flat = create("stablehlo.reshape", ir.RankedTensorType.get([len(window.operand_dims)], index_type), [indices])
                 components = {d: _component(flat, k, index_type) for k, d in enumerate(window.operand_dims)}
             zero = None
             starts = []
@@ -182,16 +182,12 @@ class _Counter:
                     operands=[operand, *starts],
                     attributes={"slice_sizes": ir.DenseI64ArrayAttr.get(window.sizes)},
                 ).results[0]
-                update = _create("stablehlo.select", window_type, [fits, update, old])
-            result = _create("stablehlo.dynamic_update_slice", operation.results[0].type, [operand, update, *starts])
+                update = create("stablehlo.select", window_type, [fits, update, old])
+            result = create("stablehlo.dynamic_update_slice", operation.results[0].type, [operand, update, *starts])
         rewriter.replace_op(op, [result])
         self.rewritten += 1
         self.guarded += constant is None
         return False
-
-
-def _create(name: str, result: ir.Type, operands: list[ir.Value]) -> ir.Value:
-    return ir.Operation.create(name, results=[result], operands=operands).results[0]
 
 
 def _scalar_constant(scalar: ir.RankedTensorType, value: int) -> ir.Value:
@@ -211,7 +207,7 @@ def _component(flat: ir.Value, k: int, index_type: ir.Type) -> ir.Value:
             "strides": ir.DenseI64ArrayAttr.get([1]),
         },
     ).results[0]
-    return _create("stablehlo.reshape", ir.RankedTensorType.get([], index_type), [piece])
+    return create("stablehlo.reshape", ir.RankedTensorType.get([], index_type), [piece])
 
 
 def _compare(direction: str, lhs: ir.Value, rhs: ir.Value) -> ir.Value:
@@ -235,11 +231,11 @@ def _window_fits(
     fits: ir.Value | None = None
     for d, start in sorted(components.items()):
         limit = _scalar_constant(scalar, operand_shape[d] - sizes[d])
-        both = _create(
+        both = create(
             "stablehlo.and",
             ir.RankedTensorType.get([], ir.IntegerType.get_signless(1)),
             [_compare("GE", start, zero), _compare("LE", start, limit)],
         )
-        fits = both if fits is None else _create("stablehlo.and", both.type, [fits, both])
+        fits = both if fits is None else create("stablehlo.and", both.type, [fits, both])
     assert fits is not None  # a scatter names at least one operand dimension here
     return fits

@@ -1,12 +1,19 @@
 """Small readers of StableHLO values shared by the pattern passes: which op
 defines a value, its static shape, the integers a constant holds, and
-whether an index value is an ``arange``."""
+whether an index value is an ``arange``; and :func:`create`, the
+one-result op builder they share."""
 
 from __future__ import annotations
 
 import math
 
 from torch_mlir import ir
+
+
+def create(name: str, result: ir.Type, operands: list[ir.Value],
+           attributes: dict[str, ir.Attribute] | None = None) -> ir.Value:
+    """The result of a new ``name`` op (one result) at the insertion point."""
+    return ir.Operation.create(name, results=[result], operands=operands, attributes=attributes or {}).results[0]
 
 
 def producer(value: ir.Value, name: str) -> ir.Operation | None:

@@ -35,7 +35,7 @@ from typing import ClassVar
 from torch_mlir import ir, rewrite
 
 from hloalias.passes.base import ModuleLike, ModulePass, as_module_like, verify_contract
-from hloalias.passes.stablehlo_values import shape_of
+from hloalias.passes.stablehlo_values import create, shape_of
 
 _LINKS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim", "stablehlo.multiply", "stablehlo.convert")
 
@@ -89,10 +89,6 @@ def _non_1(shape: list[int]) -> int:
     return len([size for size in shape if size != 1])
 
 
-def _create(name: str, result: ir.Type, operands: list[ir.Value], attributes: dict[str, ir.Attribute] | None = None) -> ir.Value:
-    return ir.Operation.create(name, results=[result], operands=operands, attributes=attributes or {}).results[0]
-
-
 @dataclasses.dataclass
 class _Widener:
     widened: int = 0
@@ -123,28 +119,28 @@ class _Widener:
         with rewriter.ip, op.location:
             def constant(number: int) -> ir.Value:
                 attribute = ir.DenseElementsAttr.get_splat(index_type, ir.IntegerAttr.get(element, number))
-                return _create("stablehlo.constant", index_type, [], {"value": attribute})
+                return create("stablehlo.constant", index_type, [], {"value": attribute})
 
             zero = constant(0)
-            clamped = _create("stablehlo.clamp", index_type, [zero, starts[row], constant(size - 1)])
-            start = _create("stablehlo.clamp", index_type, [zero, clamped, constant(size - 2)])
-            offset = _create("stablehlo.subtract", index_type, [clamped, start])
+            clamped = create("stablehlo.clamp", index_type, [zero, starts[row], constant(size - 1)])
+            start = create("stablehlo.clamp", index_type, [zero, clamped, constant(size - 2)])
+            offset = create("stablehlo.subtract", index_type, [clamped, start])
             new_starts = list(starts)
             new_starts[row] = start
-            old_rows = _create("stablehlo.dynamic_slice", wide_type, [operand, *new_starts],
+            old_rows = create("stablehlo.dynamic_slice", wide_type, [operand, *new_starts],
                                {"slice_sizes": ir.DenseI64ArrayAttr.get(wide_shape)})
             dims = ir.DenseI64ArrayAttr.get(list(range(len(wide_shape))))
-            new_rows = _create("stablehlo.broadcast_in_dim", wide_type, [update], {"broadcast_dimensions": dims})
-            iota = _create("stablehlo.iota", mask_type, [], {"iota_dimension": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), row)})
-            offsets = _create("stablehlo.broadcast_in_dim", mask_type, [offset],
+            new_rows = create("stablehlo.broadcast_in_dim", wide_type, [update], {"broadcast_dimensions": dims})
+            iota = create("stablehlo.iota", mask_type, [], {"iota_dimension": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), row)})
+            offsets = create("stablehlo.broadcast_in_dim", mask_type, [offset],
                               {"broadcast_dimensions": ir.DenseI64ArrayAttr.get([])})
             bool_type = ir.RankedTensorType.get(wide_shape, ir.IntegerType.get_signless(1))
             compare = ir.Operation.create(
                 "stablehlo.compare", results=[bool_type], operands=[iota, offsets],
                 attributes={"comparison_direction": ir.Attribute.parse("#stablehlo<comparison_direction EQ>")},
             ).results[0]
-            merged = _create("stablehlo.select", wide_type, [compare, new_rows, old_rows])
-            replacement = _create("stablehlo.dynamic_update_slice", op.results[0].type, [operand, merged, *new_starts])
+            merged = create("stablehlo.select", wide_type, [compare, new_rows, old_rows])
+            replacement = create("stablehlo.dynamic_update_slice", op.results[0].type, [operand, merged, *new_starts])
         rewriter.replace_op(op, [replacement])
         self.widened += 1
         return False
