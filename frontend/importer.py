@@ -55,7 +55,6 @@ from hloalias.frontend import crash_guard, jax_lowerings, single_trace, torch_in
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
-from hloalias.frontend.tracing_modules import load_tracing_modules
 from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend.carried_objects import CarriedObjects, record_carried_objects
 
@@ -211,7 +210,6 @@ def import_torch(
     """Import ``f`` called on ``args``/``kwargs`` into a :class:`Program`
     (see :func:`_import_torch`), one thread at a time
     (:mod:`hloalias.frontend.tracing_lock`)."""
-    load_tracing_modules()
     with tracing():
         return _import_torch(f, args, kwargs, dynamic_shapes=dynamic_shapes, stage=stage)
 

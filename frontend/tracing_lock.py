@@ -33,6 +33,8 @@ import gc
 import threading
 from collections.abc import Iterator
 
+from hloalias.frontend.tracing_modules import load_tracing_modules
+
 TRACING_LOCK = threading.RLock()
 
 #: Traces entered and not yet left (changed only by the lock's holder), and
@@ -44,8 +46,9 @@ _frozen = False
 @contextlib.contextmanager
 def tracing() -> Iterator[None]:
     """Hold :data:`TRACING_LOCK` with the pre-existing objects frozen
-    (module docstring); re-entrant."""
+    (module docstring), the tracing libraries loaded first; re-entrant."""
     global _depth, _frozen
+    load_tracing_modules()  # once per process, Ctrl-C held back (tracing_modules.py)
     with TRACING_LOCK:
         # A process that froze objects itself (pre-fork servers do) or
         # turned the collector off keeps its own arrangement.

@@ -6,8 +6,9 @@ thousand modules on their first use (dynamo, functorch, sympy, torch-mlir's
 native bindings).  An interrupt in the middle of those loads leaves them
 half initialized and breaks every later trace in the process; loading them
 here first, in one deferred block, means a Ctrl-C during the first compile
-interrupts the trace itself, which is safe to redo.  Loaded once, on the
-first import of a program, not on ``import hloalias`` or a cache hit."""
+interrupts the trace itself, which is safe to redo.  Loaded once, when a
+stage first enters :func:`hloalias.frontend.tracing_lock.tracing` (every
+trace does), not on ``import hloalias`` or a cache hit."""
 
 from __future__ import annotations
 

@@ -61,7 +61,6 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from hloalias.errors import TorchImportError
 from hloalias.frontend.tracing_lock import tracing
-from hloalias.frontend.tracing_modules import load_tracing_modules
 from hloalias.frontend.backward_decompositions import capture_decompositions
 from hloalias.frontend.importer import _decomposition_table
 from hloalias.frontend.torch_internals import lazy_graph_modules
@@ -134,7 +133,6 @@ def capture_training_step(
         raise TrainingCaptureError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if not callable(step_fn):
         raise TrainingCaptureError(f"step_fn must be callable, got {type(step_fn).__name__}")
-    load_tracing_modules()
     batch_leaves, batch_spec = pytree.tree_flatten(tuple(example_batch))
     for position, leaf in enumerate(batch_leaves):
         if not isinstance(leaf, torch.Tensor):

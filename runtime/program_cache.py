@@ -38,6 +38,7 @@ import torch.utils._pytree as pytree
 
 from hloalias import config
 from hloalias.frontend.importer import Program, Stage, _register_transformers_caches
+from hloalias.frontend.torch_internals import quiet_torch_deprecations
 from hloalias.mlir import new_context, parse_module
 from hloalias.runtime import disk_cache
 from hloalias.runtime.source_key import Uncacheable, source_key
@@ -191,9 +192,7 @@ def _decode(payload: bytes, f: Any) -> CachedProgram | None:
     """The program of an authenticated entry with this process's state
     tensors, or None when the recorded state is not there as recorded."""
     try:
-        with warnings.catch_warnings():
-            # Entries written before _EntryPickler hold LeafSpec.__new__.
-            warnings.filterwarnings("ignore", message=r".*LeafSpec.*deprecated", category=FutureWarning)
+        with quiet_torch_deprecations():  # entries written before _EntryPickler hold LeafSpec.__new__
             entry = pickle.loads(payload)  # authenticated by the user's MAC (disk_cache)
         if entry.get("format") != _FORMAT:
             return None

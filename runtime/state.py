@@ -40,11 +40,9 @@ from hloalias.runtime.ownership import _resolved, _torch_dtype_of_jax, _writable
 if TYPE_CHECKING:
     from hloalias.runtime.plan import _CallPlan
 
-#: Marks the forward pre-hook a state group adds to its module
-#: (:meth:`_StateGroup.note_written`).
+#: Marks the forward and state-dict pre-hooks a state group adds to its
+#: module (:meth:`_StateGroup.note_written`).
 _SYNC_HOOK = "_hloalias_state_sync"
-
-
 _REDUCE = "__reduce_ex__"
 
 
