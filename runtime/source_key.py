@@ -39,7 +39,9 @@ Uncacheable (the caller takes the full import path and says why): an
 ``ExportedProgram``; a module with forward hooks or pre-hooks, or global
 module hooks; a value of a type with no printable state (an open file, a
 C object, a lambda from a library passed as a value); cycles or nesting
-deeper than ``_MAX_DEPTH``; user code reached more than three calls deep.
+deeper than ``_MAX_DEPTH``; user code reached more than three calls deep;
+user code that reads the process environment (``os.environ``,
+``os.getenv``): forward may bake a variable's value in.
 
 Not seen (documented limits): globals read by *library* code (a registry
 inside ``transformers`` changed at run time), functions reached other than
@@ -74,6 +76,11 @@ _LIBRARIES = frozenset({
     "contextlib", "warnings", "copy", "types", "re", "einops", "safetensors", "tokenizers", "huggingface_hub",
 })
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
+# What user code may read of the process rather than of the program: a
+# program that reads ``os.environ`` bakes the value it saw, and the library's
+# version says nothing of it.  Keying the whole environment would miss in every
+# new shell, so such a compile takes the full path.
+_PROCESS_ENVIRONMENT = frozenset({"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"})
 # Object fields that differ between processes and that no forward reads:
 # transformers' PretrainedConfig records ``hash(self)`` at construction.
 _PROCESS_LOCAL_FIELDS = frozenset({"_original_object_hash"})
@@ -350,6 +357,7 @@ class _Printer:
                 continue  # a builtin, an attribute name, or not defined yet
             value = namespace[global_name]
             where = f"global '{global_name}' read by {name}"
+            _refuse_environment_reads(value, code, where)
             if isinstance(value, types.FunctionType):
                 parts.append((global_name, self.function(value, where, calls + 1)))
             elif isinstance(value, (type, types.ModuleType, types.BuiltinFunctionType, functools.partial)):
@@ -422,6 +430,16 @@ class _Printer:
                 else:
                     parts.append((attr, self.value(value, what)))
         return tuple(parts)
+
+
+def _refuse_environment_reads(value: Any, code: types.CodeType, where: str) -> None:
+    """Raise :class:`Uncacheable` when ``value``, a global of ``code``, is the
+    process environment or the ``os`` module that ``code`` reads it through."""
+    if value is os and _PROCESS_ENVIRONMENT & _names(code):
+        reads = ", ".join(sorted(_PROCESS_ENVIRONMENT & _names(code)))
+        raise Uncacheable(f"{where} reads the process environment (os.{reads}), whose values the key does not hold")
+    if any(value is getattr(os, attribute, None) for attribute in _PROCESS_ENVIRONMENT):
+        raise Uncacheable(f"{where} is the process environment, whose values the key does not hold")
 
 
 def _plain_object(value: Any) -> bool:

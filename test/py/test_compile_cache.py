@@ -853,3 +853,33 @@ def test_a_dataclass_config_is_keyed_by_its_values() -> None:
     key = _key(Configured(Config()), x)
     assert _key(Configured(Config()), x) == key
     assert _key(Configured(Config(scale=3.0)), x) != key
+
+
+class _ReadsEnvironment(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        approximate = "tanh" if os.environ.get("HLOALIAS_TEST_GELU_TANH") else "none"
+        return torch.nn.functional.gelu(x, approximate=approximate)
+
+
+from os import getenv  # noqa: E402  (read as a global, as a user's module would)
+
+
+def _reads_getenv(x: torch.Tensor) -> torch.Tensor:
+    return x * (2.0 if getenv("HLOALIAS_TEST_GELU_TANH") else 1.0)
+
+
+def test_a_program_that_reads_the_environment_is_not_served_from_the_cache(
+        cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # forward bakes the variable's value in; the library version of `os` says
+    # nothing of it, so a hit would run the program of another environment.
+    x = torch.linspace(-2.0, 2.0, 8)
+    monkeypatch.delenv("HLOALIAS_TEST_GELU_TANH", raising=False)
+    for program in (_ReadsEnvironment(), _reads_getenv):
+        with pytest.raises(Uncacheable, match="process environment"):
+            _key(program, x)
+    exact = hloalias.compile(_ReadsEnvironment(), (x,))
+    torch.testing.assert_close(exact(x), torch.nn.functional.gelu(x), rtol=0, atol=1e-6)
+    monkeypatch.setenv("HLOALIAS_TEST_GELU_TANH", "1")
+    tanh = hloalias.compile(_ReadsEnvironment(), (x,))
+    torch.testing.assert_close(tanh(x), torch.nn.functional.gelu(x, approximate="tanh"), rtol=0, atol=1e-6)
+    assert "process environment" in tanh.explain()
