@@ -1,5 +1,5 @@
 """The libraries the first trace of a program loads, loaded up front with
-Ctrl-C held back (:func:`hloalias.interrupts.deferred`).
+Ctrl-C held back and outside inference mode (:func:`hloalias.loading.library_load`).
 
 ``torch.export``, ``make_fx`` and torch-mlir's FX importer load about a
 thousand modules on their first use (dynamo, functorch, sympy, torch-mlir's
@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from hloalias.interrupts import deferred
+from hloalias.loading import library_load
 
 #: Loaded before the first trace.  Each pulls in the rest of its package's
 #: tracing machinery.
@@ -34,6 +34,6 @@ TRACING_MODULES = (
 def load_tracing_modules() -> None:
     """Import :data:`TRACING_MODULES` (once per process), Ctrl-C held back
     until they are all loaded."""
-    with deferred():
+    with library_load():
         for name in TRACING_MODULES:
             importlib.import_module(name)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 #: The release (PEP 440); pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
-from hloalias.interrupts import deferred
+from hloalias.loading import library_load
 from hloalias.errors import (
     CompileError,
     DonatedBufferError,
@@ -72,7 +72,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         # Loads torch, jax and the runtime the first time: a Ctrl-C in the
         # middle would leave jaxlib half registered (hloalias/interrupts.py).
-        with deferred():
+        with library_load():
             value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

@@ -115,7 +115,9 @@ from hloalias.runtime.ownership import (
 )
 from hloalias.runtime.pjrt import compile_module, device_for, memory_stats, precision_options
 from hloalias.runtime.plan import _CallConvention, _CallPlan, _describe_spec, _ProgramFacts
-from hloalias.runtime.state import StateWatch, _form_text, _state_group, _StateGroup, _StateSlot
+from hloalias.runtime.state import (
+    StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refuse_inference_state,
+)
 
 try:  # the native call path (tests read whether it is built here)
     from hloalias.runtime import _lane
@@ -246,6 +248,9 @@ def compile(  # noqa: A001 - the name users expect
     _check_mesh_arguments(mesh, shardings)
     if torch.is_autocast_enabled("cpu"):
         raise CompileError(_AUTOCAST.format(dtype=torch.get_autocast_dtype("cpu")) + "compile outside it")
+    for holder in (f, _state_owner):
+        if isinstance(holder, torch.nn.Module):
+            refuse_inference_state(holder, CompileError)
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
     target = device_for(mesh.platform if mesh is not None else device)

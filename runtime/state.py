@@ -33,7 +33,7 @@ import torch
 from torch.export import ExportedProgram
 
 from hloalias.contract import StoredLayout
-from hloalias.errors import ExecutionError
+from hloalias.errors import ExecutionError, HloaliasError
 from torch.utils.weak import WeakIdKeyDictionary
 from hloalias.runtime.ownership import _resolved, _torch_dtype_of_jax, _writable_on_host, array_to_torch, torch_to_device
 
@@ -186,6 +186,11 @@ class _StateSlot:
         old = self.source()
         if new is None:
             self.unfollowable = "was removed from the module (set to None)"
+            new = _REMOVED
+        elif new.is_inference():
+            # No version counter to read: the slot cannot see torch's edits
+            # of it, so it watches nothing and refuses the next call.
+            self.unfollowable = f"was given {_INFERENCE_TENSOR},"
             new = _REMOVED
         elif group is not None and group.existing(new, self.device) not in (None, self):
             self.unfollowable = "now holds a tensor that another state entry of the program also holds"
@@ -515,6 +520,7 @@ class _StateGroup:
                 # program gets a slot of its own; the old ones refuse to run.
                 slot = None
             if slot is None:
+                refuse_inference_tensor(source, name, ExecutionError)
                 slot = _StateSlot(source, device, put, layout, bits)
                 slot._group = weakref.ref(self)
                 self._slots[(id(source), device.platform, device.id)] = weakref.ref(slot)
@@ -559,7 +565,37 @@ class _StateGroup:
 #: The live slots that stand for a tensor, in every group.
 _SLOTS_OF_TENSOR: WeakIdKeyDictionary = WeakIdKeyDictionary()
 #: What a removed attribute's slot stands for: no version matches -1.
-_REMOVED = torch.empty(0)
+# The runtime may be loaded lazily inside ``torch.inference_mode()``: the
+# sentinel must still be a tensor with a version counter (the state check reads it).
+with torch.inference_mode(False):
+    _REMOVED = torch.empty(0)
+
+_INFERENCE_TENSOR = (
+    "an inference tensor (made under torch.inference_mode()), which has no version counter: hloalias could not "
+    "see torch's edits of it and would run on a stale copy"
+)
+
+
+def refuse_inference_tensor(tensor: torch.Tensor, name: str, error: type[HloaliasError]) -> None:
+    """Raise ``error`` naming ``name`` when ``tensor`` is an inference
+    tensor: module state is re-read when torch changed it, which is seen
+    through its version counter (:class:`StateWatch`)."""
+    if tensor.is_inference():
+        raise error(
+            f"module state '{name}' is {_INFERENCE_TENSOR}; build or load the module outside "
+            "torch.inference_mode() (calling it inside is fine), or replace the tensor by a clone made outside it"
+        )
+
+
+def refuse_inference_state(module: torch.nn.Module, error: type[HloaliasError]) -> None:
+    """:func:`refuse_inference_tensor` for every parameter, buffer and tensor
+    attribute of ``module`` and its submodules."""
+    for prefix, submodule in module.named_modules(remove_duplicate=False):
+        tensors = {**submodule._parameters, **submodule._buffers}
+        tensors.update((key, value) for key, value in vars(submodule).items() if isinstance(value, torch.Tensor))
+        for key, tensor in tensors.items():
+            if tensor is not None:
+                refuse_inference_tensor(tensor, f"{prefix}.{key}" if prefix else key, error)
 
 
 def _slots_of(tensor: torch.Tensor) -> list[weakref.ref[_StateSlot]]:
