@@ -33,6 +33,11 @@ def carry_objects(carried: CarriedObjects, call: tuple[tuple[Any, ...], dict[str
         raise
 
 
+def callers_objects(carried: CarriedObjects, call: tuple[tuple[Any, ...], dict[str, Any]]) -> list[Any]:
+    """The caller's objects in ``call`` that the program returns as themselves."""
+    return [_at(call, input_path) for _, input_path in carried]
+
+
 def _carry(carried: CarriedObjects, call: tuple[tuple[Any, ...], dict[str, Any]], outputs: Any) -> Any:
     for output_path, input_path in carried:
         callers = _at(call, input_path)

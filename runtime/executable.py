@@ -100,7 +100,8 @@ from hloalias.runtime.distributed import check_same_program
 from hloalias.runtime.assembly import input_views
 from hloalias.runtime.execution import run_mesh, run_planned
 from hloalias.runtime.module_modes import ModuleModes
-from hloalias.runtime.carried_objects import carry_objects
+from hloalias.runtime.carried_objects import callers_objects, carry_objects
+from hloalias.runtime.gradient_boundary import mark_without_gradient
 from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed
 from hloalias.runtime.ownership import (
     DeviceTensor as DeviceTensor,
@@ -325,8 +326,22 @@ def compile(  # noqa: A001 - the name users expect
     )
     exe._pass_lines = pass_report
     exe._modes = ModuleModes.of(owner)
+    # A training step's program runs inside TrainingStep (its state is the
+    # model's, and its loss is what the step returns): not checked.
+    exe._trainable_state = _state_owner is None and any(
+        isinstance(value, torch.Tensor) and value.requires_grad for value in program.state.values()
+    )
+    exe._program_name = _program_name(f)
     exe.program_cache = program_cache.status_line(cached, found)
     return exe
+
+
+def _program_name(f: Any) -> str:
+    if isinstance(f, torch.nn.Module):
+        return type(f).__name__
+    if isinstance(f, ExportedProgram):
+        return "(an ExportedProgram)"
+    return getattr(f, "__qualname__", None) or type(f).__name__
 
 
 class _TrainingInForward(TorchFunctionMode):
@@ -529,14 +544,25 @@ class Executable:
 
     #: ``explain()``'s line for each pass that ran (:mod:`hloalias.runtime.stages`).
     _pass_lines: tuple[str, ...] = ()
+    #: Whether the module had a parameter that requires grad when compiled,
+    #: and what the program is called in errors (set by ``compile``;
+    #: :mod:`hloalias.runtime.gradient_boundary`).
+    _trainable_state = False
+    _program_name = "(a StableHLO program)"
 
     def __new__(cls, program: Program, *args: Any, **kwargs: Any) -> "Executable":
         # A program that returns input objects as themselves (a transformers
         # Cache) is a _CarryingExecutable, whose __call__ updates the
         # caller's objects; every other call runs __call__ below with no
         # extra frame (the Python path's per-call cost).
-        if cls is Executable and program.signature.carried_objects:
-            cls = _CarryingExecutable
+        # One of a module with a parameter that requires grad is a
+        # _GradientCheckedExecutable: in grad mode its results say that they
+        # carry no gradient (runtime/gradient_boundary.py).
+        if cls is Executable:
+            if program.signature.carried_objects:
+                cls = _CarryingExecutable
+            elif any(isinstance(value, torch.Tensor) and value.requires_grad for value in program.state.values()):
+                cls = _GradientCheckedExecutable
         return super().__new__(cls)
 
     def __init__(
@@ -1205,15 +1231,34 @@ class Executable:
             )
 
 
+class _GradientCheckedExecutable(Executable):
+    """An :class:`Executable` of a module with a parameter that requires
+    grad, whose results, in grad mode, refuse to be part of a
+    ``backward()``: the program records no graph, and the module's
+    parameters would silently get no gradient
+    (:mod:`hloalias.runtime.gradient_boundary`)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        outputs = Executable.__call__(self, *args, **kwargs)
+        if self._trainable_state and torch.is_grad_enabled():
+            return mark_without_gradient(outputs, self._program_name, (args, kwargs))
+        return outputs
+
+
 class _CarryingExecutable(Executable):
     """An :class:`Executable` whose program returns some input objects as
     themselves (a transformers Cache): after the call the caller's object
     gets the new state and is returned in its place, as in eager
-    (:func:`~hloalias.runtime.carried_objects.carry_objects`)."""
+    (:func:`~hloalias.runtime.carried_objects.carry_objects`); its other
+    results are gradient-checked as :class:`_GradientCheckedExecutable`'s."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        outputs = super().__call__(*args, **kwargs)
-        return carry_objects(self._carried, self._convention.arrange(args, kwargs), outputs)
+        outputs = Executable.__call__(self, *args, **kwargs)
+        call = self._convention.arrange(args, kwargs)
+        outputs = carry_objects(self._carried, call, outputs)
+        if self._trainable_state and torch.is_grad_enabled():
+            return mark_without_gradient(outputs, self._program_name, (args, kwargs), callers_objects(self._carried, call))
+        return outputs
 
 
 _NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing

@@ -1,0 +1,118 @@
+"""Results of an inference program where eager would record autograd.
+
+``hloalias.compile``/``hloalias.jit`` compile a forward program: XLA computes
+the results, and no autograd graph connects them to the module's parameters
+or to inputs that require grad.  Eager PyTorch returns the same results with
+``requires_grad=True`` and a graph; a caller who mixes them into eager
+training (a compiled backbone under an eager head, a regulariser added to
+the loss) and calls ``backward()`` would silently get no gradient for the
+compiled part.
+
+:func:`mark_without_gradient` closes that gap for the module's parameters.
+In grad mode, when the module had a parameter that requires grad at
+compile, every floating or complex result the program computed (not an
+input returned as itself, not a view of an input or of state) comes back as a tensor that shares the result's memory and version
+counter (``detach()``), requires grad (as eager's does), and whose backward
+raises :class:`~hloalias.errors.ExecutionError` naming the program and the
+ways to train it (``compile_training_step``, ``torch.compile(backend=
+"hloalias")``).  Autograd runs that node only when the caller asks for
+gradients the results depend on through it (``loss.backward()`` of a loss
+that uses them); ``torch.autograd.grad`` of other tensors never runs it.
+Under ``torch.no_grad()`` / ``torch.inference_mode()`` nothing is added
+(the common inference call); int and bool results never carry gradients.
+A view of such a result beside it (``y, y[:, :8]``) is a view of the
+marked result.
+
+Not seen: a result the program computes without the parameters (a
+buffer plus one, ``y.detach()``) is marked all the same, so a backward
+through it is refused where eager gives it no gradient; and a program
+without parameters whose *input* requires grad returns results that do
+not (eager's would): a backward through them raises torch's own error,
+or, mixed with other terms, gives the input no gradient from them; nor
+does a function that closes over a module (its tensors are the program's
+constants), nor a returned view of a parameter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hloalias.errors import ExecutionError
+
+
+class _NoGradient(torch.autograd.Function):
+    """Identity on the results (as ``detach()``: their memory, not autograd
+    views, so in-place edits stay allowed) whose backward refuses."""
+
+    @staticmethod
+    def forward(ctx: Any, program: str, anchor: torch.Tensor, *results: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.program = program
+        return tuple(result.detach() for result in results)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise ExecutionError(
+            f"a result of the compiled program {ctx.program} is part of this backward(), but a compiled "
+            "program records no autograd graph: the module's parameters would get no gradient from it. "
+            "Train through hloalias.compile_training_step or torch.compile(model, backend=\"hloalias\"), "
+            "or detach the result (or call the program under torch.no_grad()) if it needs none"
+        )
+
+
+_ANCHOR: list[torch.Tensor] = []
+
+
+def _anchor() -> torch.Tensor:
+    """A leaf that requires grad, so that the results do too."""
+    if not _ANCHOR:
+        with torch.inference_mode(False):
+            _ANCHOR.append(torch.zeros((), requires_grad=True))
+    return _ANCHOR[0]
+
+
+
+
+def mark_without_gradient(outputs: Any, program: str, call: tuple[Any, ...], keep: Sequence[Any] = ()) -> Any:
+    """``outputs`` with each floating or complex result the program computed
+    (not a view: ``_base`` is None) replaced as the module docstring says,
+    and each view of such a result (``y[:, :8]`` beside ``y``) made a view of
+    its replacement.  Left as they are: results that already require grad,
+    the call's own tensors (``call``: its arguments, returned as
+    themselves) and views of them (they follow the input, as in eager), and
+    the objects in ``keep`` (returned as themselves: the caller's
+    transformers caches)."""
+    if isinstance(outputs, torch.Tensor):  # the common shapes without pytree's cost
+        leaves, spec = [outputs], None
+    elif type(outputs) is tuple and all(isinstance(output, torch.Tensor) for output in outputs):
+        leaves, spec = list(outputs), None
+    else:
+        leaves, spec = pytree.tree_flatten(outputs, is_leaf=(lambda node: any(node is kept for kept in keep)) if keep else None)
+    arguments = _argument_ids(call)
+    computed = [
+        index for index, leaf in enumerate(leaves)
+        if isinstance(leaf, torch.Tensor) and leaf._base is None and id(leaf) not in arguments
+        and not leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
+    ]
+    if not computed:
+        return outputs
+    marked = _NoGradient.apply(program, _anchor(), *(leaves[index] for index in computed))  # type: ignore[no-untyped-call]
+    replacement = {id(leaves[index]): result for index, result in zip(computed, marked)}
+    for index, result in zip(computed, marked):
+        leaves[index] = result
+    for index, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor) and leaf._base is not None and id(leaf._base) in replacement:
+            leaves[index] = replacement[id(leaf._base)].as_strided(leaf.size(), leaf.stride(), leaf.storage_offset())
+    if spec is None:
+        return leaves[0] if isinstance(outputs, torch.Tensor) else tuple(leaves)
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def _argument_ids(call: tuple[Any, ...]) -> set[int]:
+    """The ids of the tensors in the call's ``(args, kwargs)``."""
+    args, kwargs = call
+    if all(isinstance(arg, torch.Tensor) for arg in args) and not kwargs:
+        return {id(arg) for arg in args}
+    return {id(leaf) for leaf in pytree.tree_leaves(call) if isinstance(leaf, torch.Tensor)}

@@ -1,0 +1,117 @@
+"""Results of ``hloalias.compile``/``jit`` in grad mode (runtime/gradient_boundary.py):
+a compiled program records no autograd graph, so a ``backward()`` through
+its results would silently leave the module's parameters without gradient
+(a compiled backbone under an eager head).  Such a backward is refused by
+name; results require grad as eager's do; under ``no_grad`` nothing
+changes; a result that is an input's memory follows the input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hloalias
+from hloalias.errors import ExecutionError
+
+
+def _backbone_and_head() -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), torch.nn.Linear(8, 2)
+
+
+def test_backward_through_a_compiled_backbone_is_refused_by_name() -> None:
+    backbone, head = _backbone_and_head()
+    x = torch.randn(4, 8)
+    exe = hloalias.compile(backbone, (x,))
+    features = exe(x)
+    assert features.requires_grad == backbone(x).requires_grad  # True, as in eager
+    loss = head(features).sum()
+    with pytest.raises(ExecutionError, match="compiled program Sequential .*compile_training_step"):
+        loss.backward()
+    assert backbone[0].weight.grad is None
+
+
+def test_jit_results_are_checked_too() -> None:
+    backbone, _ = _backbone_and_head()
+    fast = hloalias.jit(backbone)
+    x = torch.randn(3, 8)
+    with pytest.raises(ExecutionError, match="records no autograd graph"):
+        fast(x).sum().backward()
+
+
+def test_no_grad_calls_are_unchanged_and_detached_results_train_the_head() -> None:
+    backbone, head = _backbone_and_head()
+    x = torch.randn(4, 8)
+    exe = hloalias.compile(backbone, (x,))
+    with torch.no_grad():
+        frozen = exe(x)
+    assert not frozen.requires_grad and frozen.grad_fn is None
+    head(exe(x).detach()).sum().backward()  # the compiled part asked for no gradient
+    assert head.weight.grad is not None and backbone[0].weight.grad is None
+    # autograd.grad of the head alone never reaches the compiled part
+    (grad,) = torch.autograd.grad(head(exe(x)).sum(), [head.bias])
+    assert torch.equal(grad, torch.full((2,), 4.0))
+
+
+def test_marked_results_share_memory_and_stay_writable() -> None:
+    backbone, _ = _backbone_and_head()
+    x = torch.randn(4, 8)
+    exe = hloalias.compile(backbone, (x,))
+    with torch.no_grad():
+        want = backbone(x)
+    y = exe(x)
+    torch.testing.assert_close(y.detach(), want)
+    y.add_(1)  # an in-place edit of a result, as eager allows
+    torch.testing.assert_close(y.detach(), want + 1)
+
+
+class _ReturnsItsInput(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.linear(x), x, x[1:]
+
+
+def test_a_returned_input_and_its_views_follow_the_input() -> None:
+    torch.manual_seed(0)
+    module = _ReturnsItsInput()
+    x = torch.randn(3, 4)
+    exe = hloalias.compile(module, (x,))
+    y, same, view = exe(x)
+    assert y.requires_grad
+    assert same is x and not same.requires_grad
+    assert not view.requires_grad and view.data_ptr() == x[1:].data_ptr()
+
+
+def test_a_module_without_trainable_parameters_is_not_checked() -> None:
+    backbone, _ = _backbone_and_head()
+    backbone.requires_grad_(False)
+    x = torch.randn(4, 8)
+    exe = hloalias.compile(backbone, (x,))
+    y = exe(x)
+    assert not y.requires_grad and y.grad_fn is None
+
+
+class _ReturnsAViewOfItsResult(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.linear(x).relu()
+        return y, y[:, :8]
+
+
+def test_a_view_of_a_marked_result_is_a_view_of_it() -> None:
+    torch.manual_seed(0)
+    module = _ReturnsAViewOfItsResult()
+    x = torch.randn(4, 16)
+    exe = hloalias.compile(module, (x,))
+    y, head = exe(x)
+    assert head._base is y and head.data_ptr() == y.data_ptr() and head.requires_grad
+    with torch.no_grad():
+        torch.testing.assert_close(head, module(x)[1])
+    with pytest.raises(ExecutionError, match="records no autograd graph"):
+        head.sum().backward()
