@@ -312,8 +312,8 @@ class _Block:
         that buffer until about ``where`` anyway, and a reshape back is a
         bitcast of it."""
         for reader in self.readers(op.results[0]) or []:
-            if reader.name != "stablehlo.reshape":
-                continue
+            if reader.name != "stablehlo.reshape" or self.position[reader] >= where:
+                continue  # not a reshape, or defined after the reader
             later = self.readers(reader.results[0]) or []
             if any(self.position[r] > where - self.min_distance and r.name not in ELEMENTWISE and r.name not in SHAPE_OPS
                    and r.name != BARRIER for r in later):

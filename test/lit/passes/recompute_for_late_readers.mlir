@@ -11,7 +11,7 @@
 // RUN: not hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{bogus=1})' 2>&1 | filecheck %s --check-prefix=ERR
 // RUN: not hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=0})' 2>&1 | filecheck %s --check-prefix=ZERO
 
-// XLA-COUNT-4: xla: argument_bytes={{[0-9]+}}
+// XLA-COUNT-5: xla: argument_bytes={{[0-9]+}}
 // NEAR-NOT: stablehlo.case
 // NEAR-NOT: optimization_barrier
 // ERR: recompute_for_late_readers.mlir: error: recompute-for-late-readers: unknown option 'bogus' (options: kept-reshapes, max-ops, min-distance)
@@ -148,5 +148,26 @@ func.func @main(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>, %g: tensor<4x8xf32>) -
 }
 // CHECK-LABEL: func.func @main(%arg0: tensor<4x8xf32>, %arg1: tensor<8x8xf32>, %arg2: tensor<4x8xf32>)
 // CHECK-NOT:     stablehlo.case
+// CHECK-NOT:     optimization_barrier
+// CHECK:         return
+
+// -----
+
+// A reshape of the value that is defined after the elementwise reader is
+// not read by it (it would be used before it is defined).
+func.func @main(%q: tensor<4x4x4xf32>, %d: tensor<2x2x4x4xf32>) -> (tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<4x4x4xf32>) {
+  %s3 = stablehlo.dot_general %q, %q, batching_dims = [0] x [0], contracting_dims = [2] x [2] : (tensor<4x4x4xf32>, tensor<4x4x4xf32>) -> tensor<4x4x4xf32>
+  %s = stablehlo.reshape %s3 : (tensor<4x4x4xf32>) -> tensor<2x2x4x4xf32>
+  %p = stablehlo.exponential %s : tensor<2x2x4x4xf32>
+  %a = stablehlo.multiply %p, %p : tensor<2x2x4x4xf32>
+  %d1 = stablehlo.negate %d : tensor<2x2x4x4xf32>
+  %d2 = stablehlo.negate %d1 : tensor<2x2x4x4xf32>
+  %d3 = stablehlo.negate %d2 : tensor<2x2x4x4xf32>
+  %b = stablehlo.multiply %d3, %p : tensor<2x2x4x4xf32>
+  %p3 = stablehlo.reshape %p : (tensor<2x2x4x4xf32>) -> tensor<4x4x4xf32>
+  %o = stablehlo.dot_general %p3, %q, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x4x4xf32>, tensor<4x4x4xf32>) -> tensor<4x4x4xf32>
+  return %a, %b, %o : tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<4x4x4xf32>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<4x4x4xf32>, %arg1: tensor<2x2x4x4xf32>)
 // CHECK-NOT:     optimization_barrier
 // CHECK:         return
