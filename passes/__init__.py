@@ -27,6 +27,7 @@ from hloalias.passes.window_scatter_indices import WindowScatterIndices, WindowS
 from hloalias.passes.one_hot_scatter_as_select import OneHotReport, OneHotScatterAsSelect
 from hloalias.passes.order_in_place_updates import OrderInPlaceUpdates, OrderReport
 from hloalias.passes.permute_conv_kernel_state import PermuteConvKernelState, PermuteReport
+from hloalias.passes.recompute_for_late_readers import LateReadersReport, RecomputeForLateReaders
 from hloalias.passes.recompute_shared_activations import RecomputeReport, RecomputeSharedActivations
 from hloalias.passes.reduce_window_in_conv_layout import PoolLayoutReport, ReduceWindowInConvLayout
 from hloalias.passes.store_state_as_bits import BitsReport, StoreStateAsBits
@@ -52,6 +53,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         OneHotScatterAsSelect.name: OneHotScatterAsSelect.from_options,
         OrderInPlaceUpdates.name: OrderInPlaceUpdates.from_options,
         PermuteConvKernelState.name: PermuteConvKernelState.from_options,
+        RecomputeForLateReaders.name: RecomputeForLateReaders.from_options,
         RecomputeSharedActivations.name: RecomputeSharedActivations.from_options,
         ReduceWindowInConvLayout.name: ReduceWindowInConvLayout.from_options,
         StoreStateAsBits.name: StoreStateAsBits.from_options,
@@ -76,6 +78,7 @@ __all__ = [
     "FoldRepeatIntoDotGeneral",
     "FoldTransposeIntoDotGeneral",
     "MatvecReport",
+    "LateReadersReport",
     "ModulePass",
     "OneHotReport",
     "OneHotScatterAsSelect",
@@ -85,6 +88,7 @@ __all__ = [
     "PermuteReport",
     "PoolLayoutReport",
     "RecomputeReport",
+    "RecomputeForLateReaders",
     "RecomputeSharedActivations",
     "ReduceWindowInConvLayout",
     "RepeatFoldReport",

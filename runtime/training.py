@@ -62,8 +62,8 @@ from hloalias.runtime.sharding import Mesh
 #: The default pipeline, then ``order-in-place-updates``: weights the
 #: backward reads for input gradients are updated in place without a copy.
 TRAINING_PIPELINE = (
-    "builtin.module(fold-transpose-into-dot-general, recompute-shared-activations, one-hot-scatter-as-select, eliminate-view-results, "
-    "alias-donated-buffers, order-in-place-updates)"
+    "builtin.module(fold-transpose-into-dot-general, recompute-shared-activations, one-hot-scatter-as-select, "
+    "recompute-for-late-readers, eliminate-view-results, alias-donated-buffers, order-in-place-updates)"
 )
 
 

@@ -39,6 +39,7 @@ EXPECTED_PASS_NAMES = {
     "store-state-as-bits",
     "recompute-shared-activations",
     "one-hot-scatter-as-select",
+    "recompute-for-late-readers",
 }
 
 
