@@ -30,6 +30,10 @@ caller's, so the runtime hands XLA the caller's tensor's integer view
 (``tensor.view(torch.int16)``, no copy) and writes the new bits back into
 that view or re-seats the tensor, keeping its dtype (``docs/runtime.md``).
 
+A user input may be a rebuilt view's base (the cache object a decoder
+returns as itself): the runtime rebuilds its views from the caller's
+tensor, which keeps its dtype.
+
 Never applies to: user inputs not written in place (read only, or mutated
 but not aliased to their new value); state read as
 float anywhere (an ``add``, a ``slice``, a convolution ...) or whose new value
@@ -46,7 +50,7 @@ reads the buffer as an earlier one stored it): ``NAME:torch`` keeps torch's
 dtype, ``NAME:bits`` stores the bits for any use (a ``bitcast_convert`` back
 to the float type feeds float uses, and one to the integer type makes a new
 value computed in float).  A named argument that must keep torch's dtype
-(not state, a view's base, aliased to another result, sharded, permuted, not
+(not state or an input written in place, state that is a view's base, aliased to another result, sharded, permuted, not
 a float of those widths) is left so and reported; names the module does not
 have are ignored."""
 
@@ -195,7 +199,7 @@ def _blocker(contract: Signature, index: int, value: ir.Value) -> str | None:
     if _integer_type(ir.RankedTensorType(value.type).element_type) is None:
         return f"its element type is not one of {', '.join(BITS_OF_FLOAT)}"
     bases = {record.base for record in contract.removed}
-    if A.arg_key(index) in bases or A.mutation_key(index) in bases:
+    if arg.kind != "user_input" and (A.arg_key(index) in bases or A.mutation_key(index) in bases):
         return "it is the base of a rebuilt view"
     if arg.aliasing_output is not None and contract.results[arg.aliasing_output].mutates != index:
         return "it is aliased to a result other than its new value"

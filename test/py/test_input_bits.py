@@ -110,6 +110,32 @@ def test_inferred_donor_is_stored_as_bits(path: str, monkeypatch: pytest.MonkeyP
         _call_both(exe, cache, eager_cache, seed)
 
 
+class WritesAndViews(torch.nn.Module):
+    """:class:`Writes`, returning the cache itself and a view of it (as a
+    decoder returns its cache object): rebuilt views of the caller's tensor."""
+
+    def forward(self, cache: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        total = Writes()(cache, index, rows)
+        return total, cache, cache[1:3]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_input_returned_as_itself_and_viewed_is_stored_as_bits(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    exe = compile_on(path, monkeypatch, WritesAndViews(), (_cache(),) + _inputs(0), donate=(0,), lane=False)
+    before = hloalias.compile(WritesAndViews(), (_cache(),) + _inputs(0), donate=(0,), pipeline=DEFAULT_PIPELINE)
+    assert exe._input_bits == {0: torch.int16}
+    assert before.memory_stats["temp_bytes"] == 4768 and exe.memory_stats["temp_bytes"] == 928
+    cache, eager_cache = _cache(), _cache()
+    for seed in range(1, 4):
+        index, rows = _inputs(seed)
+        total, itself, view = exe(cache, index, rows)
+        want_total, _, want_view = WritesAndViews()(eager_cache, index, rows)
+        assert torch.equal(total, want_total) and torch.equal(cache, eager_cache)
+        # As in eager: the caller's tensor itself and a bf16 view of its memory.
+        assert itself is cache and view.dtype == torch.bfloat16 and torch.equal(view, want_view)
+        assert view.data_ptr() == cache[1:3].data_ptr()
+
+
 def test_f16_input_and_a_device_tensor() -> None:
     exe = hloalias.compile(Writes(), (_cache(torch.float16),) + _inputs(0, torch.float16), donate=(0,))
     assert exe._input_bits == {0: torch.int16}

@@ -4,7 +4,7 @@
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(store-state-as-bits)' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 // RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(store-state-as-bits)' --print-reports 2>&1 >/dev/null | filecheck %s --check-prefix=REPORT
 
-// XLA-COUNT-8: xla: argument_bytes={{[0-9]+}}
+// XLA-COUNT-9: xla: argument_bytes={{[0-9]+}}
 // REPORT: store-state-as-bits: 1 state arguments stored as bits
 // REPORT-NEXT: 'cache' (argument 0): bf16 as i16, read and written
 // REPORT: store-state-as-bits: 1 state arguments stored as bits
@@ -16,6 +16,8 @@
 // REPORT: store-state-as-bits: 1 state arguments stored as bits
 // REPORT-NEXT: 'cache' (argument 0, user input): bf16 as i16, read and written
 // REPORT: store-state-as-bits: 0 state arguments stored as bits
+// REPORT: store-state-as-bits: 1 state arguments stored as bits
+// REPORT-NEXT: 'kv' (argument 0, user input): bf16 as i16, read and written
 
 // What bitcast-overwrite-scatter leaves for an index_copy_ into a bf16
 // buffer: the cache, its new value and their alias become i16, both casts go;
@@ -130,3 +132,18 @@ func.func @main(%cache: tensor<8xbf16> {hloalias.kind = "user_input", hloalias.n
 }
 // CHECK-LABEL: func.func @main(%arg0: tensor<8xbf16> {hloalias.kind = "user_input", hloalias.name = "cache"})
 // CHECK-NEXT:    stablehlo.bitcast_convert %arg0 : (tensor<8xbf16>) -> tensor<8xi16>
+
+// -----
+
+// A user input written in place that is also a rebuilt view's base (a
+// decoder returns its cache object): stored as bits, since the runtime
+// rebuilds its views from the caller's tensor, which keeps bf16.
+func.func @main(%kv: tensor<8xbf16> {hloalias.kind = "user_input", hloalias.name = "kv", tf.aliasing_output = 0 : i32}) -> (tensor<8xbf16> {hloalias.mutates = 0 : i64, hloalias.role = "mutation", hloalias.storage = "arg:0"}) attributes {hloalias.removed_results = [{base = "mutation:0", chain = [], dtype = bf16, offset = 0 : i64, reason = "view", result = "output:0", sizes = array<i64: 8>, strides = array<i64: 1>}]} {
+  %0 = stablehlo.bitcast_convert %kv : (tensor<8xbf16>) -> tensor<8xi16>
+  %1 = stablehlo.add %0, %0 : tensor<8xi16>
+  %2 = stablehlo.bitcast_convert %1 : (tensor<8xi16>) -> tensor<8xbf16>
+  return %2 : tensor<8xbf16>
+}
+// CHECK-LABEL: func.func @main(%arg0: tensor<8xi16> {hloalias.kind = "user_input", hloalias.name = "kv", hloalias.stored_bits_of = bf16, tf.aliasing_output = 0 : i32}) -> (tensor<8xi16>
+// CHECK-NEXT:    %[[A:.+]] = stablehlo.add %arg0, %arg0 : tensor<8xi16>
+// CHECK-NEXT:    return %[[A]] : tensor<8xi16>
