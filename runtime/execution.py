@@ -108,7 +108,7 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
         bases[step.index] = tensor
         # A bits input: XLA reads the tensor's integer view (no copy).
         user_arrays.append(torch_to_device(
-            tensor if step.bits is None else tensor.view(step.bits), exe.device, owned=False,
+            tensor if step.bits is None else tensor.detach().view(step.bits), exe.device, owned=False,
         ))
     arrays = plan.arguments(exe, user_arrays)
     del user_arrays
@@ -430,7 +430,7 @@ def _copy_back(value: torch.Tensor, new_value: jax.Array) -> None:
     dtype), so the bits are copied, not converted as values."""
     new = array_to_torch(new_value)
     with torch.no_grad():
-        (value if new.dtype == value.dtype else value.view(new.dtype)).copy_(new)
+        (value if new.dtype == value.dtype else value.detach().view(new.dtype)).copy_(new)
 
 
 def _caller_typed(new_value: jax.Array, value: torch.Tensor) -> torch.Tensor:
@@ -507,7 +507,7 @@ def run_mesh(exe: "Executable", inputs: dict[int, Any]) -> Any:
         tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
         bases[index] = tensor
         bits = exe._input_bits.get(index)
-        arrays.append(placement.put(tensor if bits is None else tensor.view(bits), index))
+        arrays.append(placement.put(tensor if bits is None else tensor.detach().view(bits), index))
     try:
         results = exe._loaded.execute_sharded(arrays)
     except Exception as error:

@@ -136,6 +136,20 @@ def test_an_input_returned_as_itself_and_viewed_is_stored_as_bits(path: str, mon
         assert view.data_ptr() == cache[1:3].data_ptr()
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_a_strided_input_gets_the_bits_copied_back(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-contiguous caller tensor (a permuted view of a larger buffer) is
+    read through a contiguous copy and its new bits are copied back into it."""
+    exe = compile_on(path, monkeypatch, Writes(), (_cache(),) + _inputs(0), donate=(0,), lane=False)
+    base, eager_base = (_cache().permute(2, 1, 0).contiguous() for _ in range(2))
+    cache, eager_cache = base.permute(2, 1, 0), eager_base.permute(2, 1, 0)
+    assert not cache.is_contiguous() and torch.equal(cache, _cache())
+    for seed in range(1, 4):
+        _call_both(exe, cache, eager_cache, seed)
+        assert torch.equal(base, eager_base) and cache.data_ptr() == base.data_ptr()
+    assert exe.host_copies == {"cache": 3}
+
+
 def test_f16_input_and_a_device_tensor() -> None:
     exe = hloalias.compile(Writes(), (_cache(torch.float16),) + _inputs(0, torch.float16), donate=(0,))
     assert exe._input_bits == {0: torch.int16}
@@ -225,3 +239,47 @@ def test_an_interrupted_call_leaves_the_tensor_old_or_new(
     # Later calls go on from it as eager does.
     for seed in range(2, 4):
         _call_both(exe, cache, eager_cache, seed)
+
+
+def test_a_callers_bf16_static_cache_is_stored_as_bits_in_a_prefill() -> None:
+    """transformers' StaticCache passed in by the caller (bf16 Llama, random
+    weights): a prefill writes it with index_copy_, so its keys and values
+    are stored as bits; the program without the pass computes the same bits
+    and the caller's cache object, layers and tensors stay the ones it holds."""
+    transformers = pytest.importorskip("transformers")
+    from hloalias.pipeline import CPU_PIPELINE
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, max_position_embeddings=64,
+    )
+    model = transformers.LlamaForCausalLM(config).eval().to(torch.bfloat16)
+
+    def cache() -> Any:
+        made = transformers.StaticCache(config=config, max_cache_len=32)
+        made.early_initialization(1, 2, 8, torch.bfloat16, torch.device("cpu"))
+        return made
+
+    def inputs(made: Any, step: int) -> dict[str, Any]:
+        ids = torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(step))
+        return {"input_ids": ids, "past_key_values": made, "use_cache": True,
+                "cache_position": torch.arange(4 * step, 4 * step + 4)}
+
+    without = CPU_PIPELINE.replace(", store-state-as-bits", "")
+    before = hloalias.compile(model, (), inputs(cache(), 0), pipeline=without)
+    exe = hloalias.compile(model, (), inputs(cache(), 0))
+    assert before._input_bits == {} and list(exe._input_bits.values()) == [torch.int16] * 4
+    # Without the pass XLA:CPU copies each 1,024-byte cache tensor to
+    # bit-cast it (temp holds some of those copies at once); as bits, none.
+    assert before.memory_stats["temp_bytes"] == 9408
+    assert exe.memory_stats["temp_bytes"] == 7616
+    assert exe.memory_stats["alias_bytes"] == before.memory_stats["alias_bytes"]
+    mine, theirs = cache(), cache()
+    layer, keys = mine.layers[0], mine.layers[0].keys
+    for step in range(3):
+        got, want = exe(**inputs(mine, step)), before(**inputs(theirs, step))
+        assert torch.equal(got.logits, want.logits) and got.past_key_values is mine
+        for a, b in zip(mine.layers, theirs.layers):
+            assert a.keys.dtype == torch.bfloat16 and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert mine.layers[0] is layer and layer.keys is keys and keys[0, :, :12].abs().sum() > 0
