@@ -339,9 +339,10 @@ def commit_planned(
             written_in_place = True
         if isinstance(value, DeviceTensor):
             if new_value is not None:
+                committed = _committed_buffer(exe, None, kept[step.index], new_value)
                 if step.bits is not None:  # its own dtype: the new bits reinterpreted on the device
-                    new_value = _bits_array(new_value, _jax_dtype(value.dtype))
-                value._rebind(_committed_buffer(exe, None, kept[step.index], new_value))
+                    committed = _bits_array(committed, value.dtype)
+                value._rebind(committed)
             continue
         if new_value is None:
             continue
@@ -444,14 +445,11 @@ def _jax_dtype(dtype: torch.dtype) -> Any:
     return jax.numpy.dtype(str(dtype).removeprefix("torch."))
 
 
-def _bits_array(array: jax.Array, dtype: Any) -> jax.Array:
+def _bits_array(array: jax.Array, dtype: torch.dtype) -> jax.Array:
     """``array``'s bits as ``dtype`` of the same width, on its device (a
     DeviceTensor passed for a user input stored as bits, and its new value
     back: one device copy each way)."""
-    if not isinstance(dtype, torch.dtype) and array.dtype == dtype:
-        return array
-    target = _jax_dtype(dtype) if isinstance(dtype, torch.dtype) else dtype
-    return jax.lax.bitcast_convert_type(array, target)
+    return jax.lax.bitcast_convert_type(array, _jax_dtype(dtype))
 
 
 def _committed_buffer(exe: "Executable", state_name: str | None, old: jax.Array, new: jax.Array) -> jax.Array:
