@@ -222,6 +222,49 @@ def bf16_cache_row() -> Row:
                largest=[v for v in _largest_entry_values(stored, 24) if "s16[4096,16,64]" not in v][:8])
 
 
+class InputRowWrites(torch.nn.Module):
+    """:class:`RowWrites` with the cache passed by the caller (the first user input)."""
+
+    def forward(self, cache: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        for i in range(10):
+            cache.index_copy_(0, index[12 * i : 12 * i + 12], rows[12 * i : 12 * i + 12])
+        return cache[:1, :1].float().sum()
+
+
+def bf16_input_cache_row() -> Row:
+    """The bf16 cache as a donated user input: ``hloalias.compile(M(), args,
+    donate=(0,))`` (:data:`CPU_PIPELINE`), before = the same pipeline
+    without ``store-state-as-bits`` (what it did for a user input before it
+    stored one as bits).  Result and mutated cache checked against eager."""
+    torch.manual_seed(0)
+    cache = torch.randn(4096, 16, 64).bfloat16()
+    args = (torch.randperm(4096)[:120], torch.randn(120, 16, 64, dtype=torch.bfloat16))
+    without = CPU_PIPELINE.replace(f", {STATE_BITS_PASS}", "")
+    before = hloalias.compile(InputRowWrites(), (cache.clone(),) + args, donate=(0,), pipeline=without)
+    after = hloalias.compile(InputRowWrites(), (cache.clone(),) + args, donate=(0,))
+    assert before._input_bits == {} and after._input_bits == {0: torch.int16}, after._input_bits
+    eager_cache = cache.clone()
+    expected = InputRowWrites()(eager_cache, *args)
+    for exe in (before, after):
+        mine = cache.clone()
+        got = exe(mine, *args)
+        assert torch.equal(got, expected) and mine.dtype == torch.bfloat16 and torch.equal(mine, eager_cache)
+    stats = after.memory_stats
+    minimum = stats["argument_bytes"] + stats["output_bytes"] - stats["alias_bytes"]
+    note = (
+        f"`before` = `{without}` (the CPU pipeline without `{STATE_BITS_PASS}`: a user input kept bf16, so XLA:CPU "
+        "copies the cache to bit-cast it to s16, temp "
+        f"{before.memory_stats['temp_bytes']:,} bytes); `after` = `{CPU_PIPELINE}` (what `hloalias.compile(M(), "
+        f"args, donate=(0,))` runs): `{STATE_BITS_PASS}` stores the donated input, aliased to its own new value, "
+        "as its int16 bits; the runtime hands XLA `cache.view(torch.int16)` (no copy) and the caller's tensor "
+        "stays bf16. What is left is the ten 12-row update slices, as in the state row. Result and mutated "
+        "cache equal eager's exactly."
+    )
+    return Row("10x `index_copy_` (12 rows each) into a donated 4096x16x64 bf16 user input",
+               before.memory_stats, stats, minimum, "arguments + new outputs (XLA's data bytes)",
+               "not measured here", _entry_copies(after), note, largest=_largest_entry_values(after))
+
+
 class KVStep(torch.nn.Module):
     """Write k at the step's slot of an 8x256x64 cache, advance the step, score q."""
 
@@ -692,7 +735,7 @@ def swin_row() -> Row:
         "and XLA writes GELU in place.")
 
 
-ROWS: list[Callable[[], Row]] = [bf16_cache_row, kv_step_row, gpt2_row, resnet_row, resnet18_row, bert_row,
+ROWS: list[Callable[[], Row]] = [bf16_cache_row, bf16_input_cache_row, kv_step_row, gpt2_row, resnet_row, resnet18_row, bert_row,
                                  gqa_decode_256_row, gqa_decode_4096_row, gqa_prefill_row, qwen2_decode_256_row,
                                  qwen2_decode_4096_row, mistral_decode_256_row, mistral_decode_4096_row, mixtral_row,
                                  qwen2_bf16_row,

@@ -46,9 +46,13 @@ On ``@main``'s arguments (``arg_attrs``):
     (``tensor.view(torch.int16)`` for bf16/f16).  When the state is mutated
     its new value (the ``hloalias.mutates`` result) has that integer type
     too.  The runtime uploads the state's bits once and reinterprets them
-    for ``state_dict()``.  Only on state (not a user input) without
-    ``mhlo.sharding`` or ``hloalias.stored_permutation``, that is no rebuilt
-    view's base (neither ``arg:I`` nor ``mutation:I``).
+    for ``state_dict()``; for a user input it hands XLA the caller's
+    tensor's integer view and keeps the tensor's dtype.  Only without
+    ``mhlo.sharding`` or ``hloalias.stored_permutation``, on state that is
+    no rebuilt view's base (neither ``arg:I`` nor ``mutation:I``), or on a
+    user input aliased to its own new value (``tf.aliasing_output`` on the
+    result that ``hloalias.mutates`` it; its views are rebuilt from the
+    caller's tensor, in its dtype).
 
 On ``@main``'s results (``res_attrs``):
 

@@ -597,7 +597,9 @@ class Signature:
 
     def _check_stored_bits(self) -> None:
         """``hloalias.stored_bits_of`` only on unsharded, unpermuted state
-        that no rebuilt view uses as its base, whose type (and its new
+        that no rebuilt view uses as its base (or a user input aliased to its
+        own new value: written in place; its views are rebuilt from the
+        caller's tensor), whose type (and its new
         value's) is the same-width signless integer."""
         bases = {record.base for record in self.removed if record.base is not None}
         for index, arg in enumerate(self.args):
@@ -608,12 +610,18 @@ class Signature:
             element = ir.RankedTensorType(self.arg_types[index]).element_type
             if not (isinstance(element, ir.IntegerType) and element.is_signless and element.width == width):
                 raise IRError(f"{what} is on an argument of type {self.arg_types[index]}, expected element type i{width}")
-            if arg.kind not in ("parameter", "buffer", "constant"):
+            if arg.kind == "user_input":
+                aliased = arg.aliasing_output
+                if aliased is None or not 0 <= aliased < len(self.results) or self.results[aliased].mutates != index:
+                    raise IRError(f"{what} is on a user_input not aliased to its own new value: only module state "
+                                  "and user inputs written in place are stored as bits")
+            elif arg.kind not in ("parameter", "buffer", "constant"):
                 raise IRError(f"{what} is on {'an argument without a kind' if arg.kind is None else 'a ' + arg.kind}: "
                               "only module state is stored as bits")
             if arg.stored_layout is not None:
                 raise IRError(f"{what} is on an argument also stored permuted ('{A.ARG_STORED_PERMUTATION}')")
-            if A.arg_key(index) in bases or A.mutation_key(index) in bases:
+            if arg.kind != "user_input" and (A.arg_key(index) in bases or A.mutation_key(index) in bases):
+                # (a user input's views are rebuilt from the caller's tensor, in its dtype)
                 raise IRError(f"{what} is on the base of a rebuilt view: the view needs torch's dtype")
             if arg.sharding is not None:
                 raise IRError(f"{what} is on a sharded argument")

@@ -1,5 +1,6 @@
-"""``store-state-as-bits``: module state that the program only reads and
-writes as integer bits is stored as those bits.
+"""``store-state-as-bits``: module state (and a user input written in
+place) that the program only reads and writes as integer bits is stored
+as those bits.
 
 ``bitcast-overwrite-scatter`` runs an overwrite-only bf16 scatter on i16:
 ``bitcast_convert(cache) -> i16``, scatters, ``bitcast_convert(...) -> bf16``.
@@ -21,9 +22,20 @@ Applies to an argument of ``@main`` that is module state (``parameter``,
 ``buffer`` or ``constant``) with a bf16, f16, f32 or f64 element type, at
 least one use, every use a ``stablehlo.bitcast_convert`` to the same-width
 integer, and — when a result is its new value (``hloalias.mutates``) — that
-new value a ``stablehlo.bitcast_convert`` from that integer type.
+new value a ``stablehlo.bitcast_convert`` from that integer type.  Also to
+a ``user_input`` under the same conditions that is mutated and aliased to
+its own new value (``tf.aliasing_output``: written in place, as a
+``donate``d or inferred donor ``index_copy_`` target is): its dtype is the
+caller's, so the runtime hands XLA the caller's tensor's integer view
+(``tensor.view(torch.int16)``, no copy) and writes the new bits back into
+that view or re-seats the tensor, keeping its dtype (``docs/runtime.md``).
 
-Never applies to: user inputs (their dtype is the caller's); state read as
+A user input may be a rebuilt view's base (the cache object a decoder
+returns as itself): the runtime rebuilds its views from the caller's
+tensor, which keeps its dtype.
+
+Never applies to: user inputs not written in place (read only, or mutated
+but not aliased to their new value); state read as
 float anywhere (an ``add``, a ``slice``, a convolution ...) or whose new value
 is computed in float (storing it as bits would add a convert, not remove
 one); state that is the base of a rebuilt view (``hloalias.removed_results``
@@ -38,7 +50,7 @@ reads the buffer as an earlier one stored it): ``NAME:torch`` keeps torch's
 dtype, ``NAME:bits`` stores the bits for any use (a ``bitcast_convert`` back
 to the float type feeds float uses, and one to the integer type makes a new
 value computed in float).  A named argument that must keep torch's dtype
-(not state, a view's base, aliased to another result, sharded, permuted, not
+(not state or an input written in place, state that is a view's base, aliased to another result, sharded, permuted, not
 a float of those widths) is left so and reported; names the module does not
 have are ignored."""
 
@@ -70,6 +82,7 @@ class BitsState:
     integer_type: str
     mutated: bool
     float_uses: int  # uses fed through a bitcast_convert back (fixed ``bits`` only)
+    user_input: bool = False  # a user input written in place, not module state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +97,8 @@ class BitsReport:
         lines = [f"store-state-as-bits: {len(self.stored)} state arguments stored as bits"]
         for entry in self.stored:
             how = "read and written" if entry.mutated else "read"
-            text = f"  '{entry.name}' (argument {entry.arg_index}): {entry.float_type} as {entry.integer_type}, {how}"
+            where = f"argument {entry.arg_index}" + (", user input" if entry.user_input else "")
+            text = f"  '{entry.name}' ({where}): {entry.float_type} as {entry.integer_type}, {how}"
             if entry.float_uses:
                 text += f"; {entry.float_uses} float use(s) through a bitcast_convert"
             lines.append(text)
@@ -137,7 +151,10 @@ class StoreStateAsBits(ModulePass[BitsReport]):
                     else:
                         plans.append(index)
                     continue
-                if blocker is None and _only_bits(block.arguments[index], returned, _new_value(contract, index)):
+                new_value = _new_value(contract, index)
+                if arg.kind == "user_input" and new_value is None:
+                    continue
+                if blocker is None and _only_bits(block.arguments[index], returned, new_value):
                     plans.append(index)
             stored = [_store(contract, main, returned, index) for index in plans]
             bits_of = {entry.arg_index: entry.float_type for entry in stored}
@@ -174,12 +191,15 @@ def _integer_type(float_type: ir.Type) -> ir.Type | None:
 def _blocker(contract: Signature, index: int, value: ir.Value) -> str | None:
     """Why argument ``index`` must keep torch's dtype whatever its uses, or None."""
     arg = contract.args[index]
-    if arg.kind not in ("parameter", "buffer", "constant"):
+    if arg.kind == "user_input":
+        if arg.aliasing_output is None or contract.results[arg.aliasing_output].mutates != index:
+            return "it is a user input not written in place (aliased to its own new value)"
+    elif arg.kind not in ("parameter", "buffer", "constant"):
         return "it is not module state"
     if _integer_type(ir.RankedTensorType(value.type).element_type) is None:
         return f"its element type is not one of {', '.join(BITS_OF_FLOAT)}"
     bases = {record.base for record in contract.removed}
-    if A.arg_key(index) in bases or A.mutation_key(index) in bases:
+    if arg.kind != "user_input" and (A.arg_key(index) in bases or A.mutation_key(index) in bases):
         return "it is the base of a rebuilt view"
     if arg.aliasing_output is not None and contract.results[arg.aliasing_output].mutates != index:
         return "it is aliased to a result other than its new value"
@@ -271,7 +291,7 @@ def _store(contract: Signature, main: func.FuncOp, returned: ir.Operation, index
             producer.erase()
     return BitsState(
         index, contract.args[index].display_name(index), str(float_type), str(integer), position is not None,
-        float_uses,
+        float_uses, contract.args[index].kind == "user_input",
     )
 
 

@@ -730,6 +730,7 @@ class Executable:
         self._stored_layouts = facts.stored_layouts
         self._torch_layout_state = facts.torch_layout_state
         self._stored_bits = facts.stored_bits
+        self._input_bits = facts.input_bits
         self._torch_dtype_state = facts.torch_dtype_state
         self._rebuilds = facts.rebuilds
         self._rebuild_bases = facts.rebuild_bases
@@ -773,6 +774,7 @@ class Executable:
                 continue
             shape, dtype = self._arg_types[index]
             nbytes = _numel(shape) * _itemsize(dtype)
+            bits = self._input_bits.get(index)
             if index in self._self_aliased:
                 reason = (
                     "mutated torch input: PJRT cannot reuse memory it does not own; a contiguous tensor "
@@ -780,6 +782,13 @@ class Executable:
                     "(no copy) and updated in place after that; any other is copied back each call "
                     f"({self.host_copies.get(self._names[index], 0)} so far)"
                 )
+                if bits is not None:
+                    name = str(bits).removeprefix("torch.")
+                    reason += (
+                        f"; read and written as its {name} bits (store-state-as-bits): XLA gets the tensor's "
+                        f"view({name}), the runtime buffer it moves onto holds {name}, a copy back is of the "
+                        f"bits into its view({name}); the tensor keeps its dtype"
+                    )
             else:
                 reason = (
                     "mutated torch input not aliased to its new value (see alias-donated-buffers): "
@@ -853,6 +862,12 @@ class Executable:
             lines.append(
                 f"state '{name}' is stored as its {str(bits).removeprefix('torch.')} bit pattern, the type the "
                 "program reads and writes it as (store-state-as-bits); state_dict() returns torch's dtype"
+            )
+        for index, bits in self._input_bits.items():
+            lines.append(
+                f"input '{self._names[index]}' is read and written as its {str(bits).removeprefix('torch.')} bit "
+                "pattern (store-state-as-bits: a user input written in place); the caller's tensor keeps "
+                f"{self._arg_types[index][1]}"
             )
         plan = self.host_copy_plan()
         lines.append("host copies per call:" + ("" if plan else " none"))

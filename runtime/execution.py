@@ -81,7 +81,7 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
     for step in plan.user_steps:
         value = inputs[step.index]
         if isinstance(value, DeviceTensor):
-            user_arrays.append(value.array)
+            user_arrays.append(value.array if step.bits is None else _bits_array(value.array, step.bits))
             continue
         if (
             step.imported and plan.host_results
@@ -93,7 +93,7 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
             user_arrays.append(import_input(exe, step.index, value))
             continue
         if step.in_place is not None:
-            backing = _backing_of(value, exe._input_nbytes[step.index])
+            backing = _backing_of(value, exe._input_nbytes[step.index], step.bits is not None)
             if backing is not None:
                 backings[step.index] = backing
                 bases[step.index] = value
@@ -106,7 +106,10 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
         tensor = _resolved(value)
         tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
         bases[step.index] = tensor
-        user_arrays.append(torch_to_device(tensor, exe.device, owned=False))
+        # A bits input: XLA reads the tensor's integer view (no copy).
+        user_arrays.append(torch_to_device(
+            tensor if step.bits is None else tensor.detach().view(step.bits), exe.device, owned=False,
+        ))
     arrays = plan.arguments(exe, user_arrays)
     del user_arrays
     if len(plan.donated_state) > 1:
@@ -336,7 +339,10 @@ def commit_planned(
             written_in_place = True
         if isinstance(value, DeviceTensor):
             if new_value is not None:
-                value._rebind(_committed_buffer(exe, None, kept[step.index], new_value))
+                committed = _committed_buffer(exe, None, kept[step.index], new_value)
+                if step.bits is not None:  # its own dtype: the new bits reinterpreted on the device
+                    committed = _bits_array(committed, value.dtype)
+                value._rebind(committed)
             continue
         if new_value is None:
             continue
@@ -348,7 +354,7 @@ def commit_planned(
             # lazy bit holds other values than its storage, so they view
             # the new value.
             view_base = _view_base(value, None)
-            arg_tensors[step.index] = view_base if view_base is not None else array_to_torch(new_value)
+            arg_tensors[step.index] = view_base if view_base is not None else _caller_typed(new_value, value)
     return arg_tensors
 
 
@@ -377,7 +383,7 @@ def _check_in_place(
         tensor, fresh = host_backed_tensor(result, value.dtype, tuple(value.shape), backing.nbytes)
         with torch.no_grad():
             value.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
-        _register_backing(fresh)
+        _register_backing(fresh, step.bits is not None)
         moved.add(index)
         if not alone:
             raise ExecutionError(
@@ -395,13 +401,16 @@ def _update_caller_tensor(
     nothing to do when XLA wrote it in place (it is backed by a runtime
     buffer that was donated); re-seat it onto the new buffer when nothing
     else views its storage (no copy; later calls then update in place);
-    else copy the new value back (counted in ``host_copies``)."""
+    else copy the new value back (counted in ``host_copies``).  A new
+    value of another dtype than the tensor's is its bits (a user input
+    stored as bits: ``_ProgramFacts.input_bits``): the tensor keeps its
+    dtype, a re-seated one over the integer buffer, a copy written into its
+    integer view (the bits, never a conversion of their values)."""
     if backing is not None:
         if backing.array.is_deleted() and backing.rebind(new_value):
             return
         if not backing.array.is_deleted():
-            with torch.no_grad():
-                value.copy_(array_to_torch(new_value))
+            _copy_back(value, new_value)
             exe._count_copy(exe._names[index])
             return
         # Donated but written elsewhere (never for an input aliased to
@@ -410,11 +419,37 @@ def _update_caller_tensor(
         tensor, fresh = host_backed_tensor(new_value, value.dtype, tuple(value.shape))
         with torch.no_grad():
             value.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
-        _register_backing(fresh)
+        _register_backing(fresh, fresh.array.dtype != _jax_dtype(value.dtype))
         return
-    with torch.no_grad():
-        value.copy_(array_to_torch(new_value))
+    _copy_back(value, new_value)
     exe._count_copy(exe._names[index])
+
+
+def _copy_back(value: torch.Tensor, new_value: jax.Array) -> None:
+    """Copy ``new_value`` into the caller's tensor ``value``: into its
+    integer view where ``new_value`` holds its bits (same width, another
+    dtype), so the bits are copied, not converted as values."""
+    new = array_to_torch(new_value)
+    with torch.no_grad():
+        (value if new.dtype == value.dtype else value.detach().view(new.dtype)).copy_(new)
+
+
+def _caller_typed(new_value: jax.Array, value: torch.Tensor) -> torch.Tensor:
+    """``new_value`` as a tensor of the caller's tensor's dtype (its bits reinterpreted)."""
+    new = array_to_torch(new_value)
+    return new if new.dtype == value.dtype else new.view(value.dtype)
+
+
+def _jax_dtype(dtype: torch.dtype) -> Any:
+    """The jax dtype of a torch dtype (their names agree)."""
+    return jax.numpy.dtype(str(dtype).removeprefix("torch."))
+
+
+def _bits_array(array: jax.Array, dtype: torch.dtype) -> jax.Array:
+    """``array``'s bits as ``dtype`` of the same width, on its device (a
+    DeviceTensor passed for a user input stored as bits, and its new value
+    back: one device copy each way)."""
+    return jax.lax.bitcast_convert_type(array, _jax_dtype(dtype))
 
 
 def _committed_buffer(exe: "Executable", state_name: str | None, old: jax.Array, new: jax.Array) -> jax.Array:
@@ -469,7 +504,8 @@ def run_mesh(exe: "Executable", inputs: dict[int, Any]) -> Any:
         tensor = _resolved(value)
         tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
         bases[index] = tensor
-        arrays.append(placement.put(tensor, index))
+        bits = exe._input_bits.get(index)
+        arrays.append(placement.put(tensor if bits is None else tensor.detach().view(bits), index))
     try:
         results = exe._loaded.execute_sharded(arrays)
     except Exception as error:
@@ -548,7 +584,7 @@ class _MeshCommit:
                     # in eager; one with a lazy bit holds other values than
                     # its storage, so they view the new value.
                     view_base = _view_base(value, None)
-                    self.arg_tensors[index] = view_base if view_base is not None else array_to_torch(new_value)
+                    self.arg_tensors[index] = view_base if view_base is not None else _caller_typed(new_value, value)
             self.done.add(index)
         return self.arg_tensors
 

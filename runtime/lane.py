@@ -90,6 +90,8 @@ def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
     if not plan.state_first or tuple(step.index for step in plan.user_steps) != tuple(exe._user_indices):
         return "the arguments are not in state-then-inputs order"
     for step in plan.user_steps:
+        if step.bits is not None:
+            return f"input '{step.name}' is read and written as its {str(step.bits).removeprefix('torch.')} bits"
         if not step.imported and step.in_place is None:
             return f"input '{step.name}' is written but not in place (its new value is copied back)"
     return None

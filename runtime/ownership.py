@@ -19,7 +19,9 @@ Invariant (every other runtime module goes through here to cross):
 
 Also here: :class:`DeviceTensor` (a PJRT-owned buffer held for the user),
 the registry of runtime buffers lent to torch by address (``_BACKINGS``:
-how a later call finds the runtime buffer behind a tensor), result tensors
+how a later call finds the runtime buffer behind a tensor; ``_BITS_BACKINGS``
+for integer buffers holding a float tensor's bits, which only a program
+that reads that input as bits looks up), result tensors
 over runtime buffers, and the checks of what may move (``_can_reseat``)."""
 
 from __future__ import annotations
@@ -246,18 +248,27 @@ def to_device(tensor: torch.Tensor, device: Any = None, name: str = "tensor") ->
 #: result of every call.)
 _BACKINGS: dict[int, "weakref.ref[HostBacking]"] = {}
 _BACKINGS_SWEEP_AT = [64]
+#: The same for runtime buffers of an integer dtype lent to a torch tensor
+#: of the same-width float dtype (a user input stored as its bits,
+#: ``store-state-as-bits``): kept apart, so that only a program that reads
+#: that input as bits finds them (one that reads it in torch's dtype, the
+#: native call path included, sees no buffer behind the tensor and imports
+#: its memory instead).
+_BITS_BACKINGS: dict[int, "weakref.ref[HostBacking]"] = {}
+_BITS_BACKINGS_SWEEP_AT = [64]
 
 
-def _register_backing(backing: HostBacking) -> None:
-    """Index ``backing`` by address (see ``_BACKINGS``)."""
-    _BACKINGS[backing.address] = weakref.ref(backing)
-    if len(_BACKINGS) >= _BACKINGS_SWEEP_AT[0]:
-        dead = [(address, reference) for address, reference in list(_BACKINGS.items()) if reference() is None]
+def _register_backing(backing: HostBacking, bits: bool = False) -> None:
+    """Index ``backing`` by address (see ``_BACKINGS``; ``bits``: in ``_BITS_BACKINGS``)."""
+    table, sweep_at = (_BITS_BACKINGS, _BITS_BACKINGS_SWEEP_AT) if bits else (_BACKINGS, _BACKINGS_SWEEP_AT)
+    table[backing.address] = weakref.ref(backing)
+    if len(table) >= sweep_at[0]:
+        dead = [(address, reference) for address, reference in list(table.items()) if reference() is None]
         for address, reference in dead:
             # Another thread may have registered a live buffer there since.
-            if _BACKINGS.get(address) is reference:
-                _BACKINGS.pop(address, None)
-        _BACKINGS_SWEEP_AT[0] = max(64, 2 * len(_BACKINGS))
+            if table.get(address) is reference:
+                table.pop(address, None)
+        sweep_at[0] = max(64, 2 * len(table))
 
 
 def _forget_import(imports: dict[int, Any], index: int, reference: "weakref.ref[torch.Tensor]") -> None:
@@ -267,11 +278,12 @@ def _forget_import(imports: dict[int, Any], index: int, reference: "weakref.ref[
         del imports[index]
 
 
-def _backing_of(tensor: torch.Tensor, nbytes: int) -> HostBacking | None:
+def _backing_of(tensor: torch.Tensor, nbytes: int, bits: bool = False) -> HostBacking | None:
     """The runtime buffer backing all of ``tensor`` (re-seated by an earlier
     call), or None.  ``nbytes`` is ``tensor``'s size in bytes (a checked
-    input's, known from the program)."""
-    found = _BACKINGS.get(tensor.data_ptr())  # the first element's address
+    input's, known from the program); ``bits``: a buffer holding its bits
+    in the integer dtype (``_BITS_BACKINGS``), else in its own dtype."""
+    found = (_BITS_BACKINGS if bits else _BACKINGS).get(tensor.data_ptr())  # the first element's address
     if found is None or tensor.storage_offset() != 0 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
         return None
     backing: HostBacking | None = found()

@@ -67,6 +67,11 @@ class _ProgramFacts:
     torch_layout_state: set[str]
     #: State this program stores as integer bits (store-state-as-bits): the bits' dtype.
     stored_bits: dict[str, torch.dtype]
+    #: User inputs (argument index) this program reads and writes as integer
+    #: bits (store-state-as-bits on an input aliased to its new value): the
+    #: bits' dtype.  The caller's tensor keeps its dtype; XLA gets its
+    #: ``view(bits)`` and the new value is written back as bits.
+    input_bits: dict[int, torch.dtype]
     #: State whose buffer must hold torch's dtype: viewed, or written or
     #: donated by this program in torch's dtype.
     torch_dtype_state: set[str]
@@ -156,7 +161,12 @@ class _ProgramFacts:
                 stored_bits={
                     arg.name: _torch_dtype(ir.RankedTensorType(contract.arg_types[index]).element_type)
                     for index, arg in enumerate(contract.args)
-                    if arg.name is not None and arg.stored_bits_of is not None
+                    if arg.name is not None and arg.stored_bits_of is not None and arg.kind != "user_input"
+                },
+                input_bits={
+                    index: _torch_dtype(ir.RankedTensorType(contract.arg_types[index]).element_type)
+                    for index, arg in enumerate(contract.args)
+                    if arg.stored_bits_of is not None and arg.kind == "user_input"
                 },
                 torch_dtype_state={
                     arg.name for index, arg in enumerate(contract.args)
@@ -334,6 +344,11 @@ class _ArgStep:
     #: A mutated user input aliased to its own new value: a plain torch
     #: tensor may be re-seated onto the result buffer.
     reseat: bool
+    #: A user input the program reads and writes as integer bits
+    #: (``_ProgramFacts.input_bits``): the integer dtype XLA gets the
+    #: caller's tensor's ``view`` in, and whose runtime buffers back it
+    #: (``ownership._BITS_BACKINGS``); None: in torch's dtype.
+    bits: torch.dtype | None = None
     #: A user input passed as a zero-copy import of the caller's memory:
     #: not written, and no runtime buffer to write in place (read only, or
     #: donated: PJRT cannot take memory it does not own, so XLA writes the
@@ -391,7 +406,7 @@ class _CallPlan:
             steps.append(_ArgStep(
                 index, exe._names[index], exe._slots[state_name] if state_name is not None else None,
                 torch.Size(shape), dtype, results[mutation_key] if mutation_key is not None else None,
-                index in exe._donated_args, in_place, index in exe._self_aliased,
+                index in exe._donated_args, in_place, index in exe._self_aliased, exe._input_bits.get(index),
             ))
         self.steps: tuple[_ArgStep, ...] = tuple(steps)
         self.state_slots = tuple(step.slot for step in steps if step.slot is not None)

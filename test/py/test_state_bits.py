@@ -214,7 +214,8 @@ def test_fixed_dtypes_go_to_the_pass_without_options() -> None:
     ("attribute", "message"),
     [
         ('hloalias.kind = "user_input", hloalias.stored_bits_of = bf16',
-         "'hloalias.stored_bits_of' = bf16 is on a user_input: only module state is stored as bits"),
+         "'hloalias.stored_bits_of' = bf16 is on a user_input not aliased to its own new value: only module "
+         "state and user inputs written in place are stored as bits"),
         ('hloalias.kind = "buffer", hloalias.stored_bits_of = f32',
          "'hloalias.stored_bits_of' = f32 is on an argument of type tensor<4xi16>, expected element type i32"),
         ('hloalias.kind = "buffer", hloalias.stored_bits_of = i16',

@@ -10,7 +10,7 @@
 // XLA-COUNT-2: xla: argument_bytes={{[0-9]+}}
 // REPORT: store-state-as-bits: 1 state arguments stored as bits
 // REPORT-NEXT: 'c' (argument 0): bf16 as i16, read and written; 1 float use(s) through a bitcast_convert
-// REPORT-NEXT: 'u' kept in torch's dtype despite its fixed dtype: it is not module state
+// REPORT-NEXT: 'u' kept in torch's dtype despite its fixed dtype: it is a user input not written in place (aliased to its own new value)
 // REPORT: store-state-as-bits: 0 state arguments stored as bits
 
 // 'c' is read and updated as float: stored as bits, a cast back feeds the

@@ -41,3 +41,10 @@ func.func @main(%c: tensor<4xi16> {hloalias.kind = "buffer", hloalias.name = "c"
 func.func @main(%c: tensor<4x2xi16> {hloalias.kind = "parameter", hloalias.name = "c", hloalias.stored_bits_of = bf16, hloalias.stored_permutation = array<i64: 1, 0>}) -> tensor<4x2xi16> {
   return %c : tensor<4x2xi16>
 }
+
+// -----
+
+// CHECK: error: argument 0 ('c'): 'hloalias.stored_bits_of' = bf16 is on a user_input not aliased to its own new value: only module state and user inputs written in place are stored as bits
+func.func @main(%c: tensor<4xi16> {hloalias.kind = "user_input", hloalias.name = "c", hloalias.stored_bits_of = bf16}) -> (tensor<4xi16> {hloalias.mutates = 0 : i64, hloalias.role = "mutation"}) {
+  return %c : tensor<4xi16>
+}
