@@ -857,7 +857,7 @@ def test_a_dataclass_config_is_keyed_by_its_values() -> None:
 
 class _ReadsEnvironment(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        approximate = "tanh" if os.environ.get("HLOALIAS_TEST_GELU_TANH") else "none"
+        approximate = "tanh" if os.environ.get("USER_GELU_TANH") else "none"
         return torch.nn.functional.gelu(x, approximate=approximate)
 
 
@@ -865,7 +865,7 @@ from os import getenv  # noqa: E402  (read as a global, as a user's module would
 
 
 def _reads_getenv(x: torch.Tensor) -> torch.Tensor:
-    return x * (2.0 if getenv("HLOALIAS_TEST_GELU_TANH") else 1.0)
+    return x * (2.0 if getenv("USER_GELU_TANH") else 1.0)
 
 
 def test_a_program_that_reads_the_environment_is_not_served_from_the_cache(
@@ -873,13 +873,13 @@ def test_a_program_that_reads_the_environment_is_not_served_from_the_cache(
     # forward bakes the variable's value in; the library version of `os` says
     # nothing of it, so a hit would run the program of another environment.
     x = torch.linspace(-2.0, 2.0, 8)
-    monkeypatch.delenv("HLOALIAS_TEST_GELU_TANH", raising=False)
+    monkeypatch.delenv("USER_GELU_TANH", raising=False)
     for program in (_ReadsEnvironment(), _reads_getenv):
         with pytest.raises(Uncacheable, match="process environment"):
             _key(program, x)
     exact = hloalias.compile(_ReadsEnvironment(), (x,))
     torch.testing.assert_close(exact(x), torch.nn.functional.gelu(x), rtol=0, atol=1e-6)
-    monkeypatch.setenv("HLOALIAS_TEST_GELU_TANH", "1")
+    monkeypatch.setenv("USER_GELU_TANH", "1")
     tanh = hloalias.compile(_ReadsEnvironment(), (x,))
     torch.testing.assert_close(tanh(x), torch.nn.functional.gelu(x, approximate="tanh"), rtol=0, atol=1e-6)
     assert "process environment" in tanh.explain()
