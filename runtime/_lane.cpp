@@ -5,12 +5,16 @@
 // read-only inputs imported zero-copy, written inputs backed by a runtime
 // buffer from an earlier call (so XLA writes them in place), mutated state
 // donated and written in place, every output a result of the program.  It
-// interprets the plan's step tables (runtime/plan.py, _NativeSteps: one step
-// per input, per check of the results, per commit and per output, with their
-// operands), so what a call does with each argument and result is decided
-// once, in the plan; this file knows what each kind of step does, without the
-// interpreter: the per-call checks read the tensors' C++ metadata, and result
-// tensors are made over the runtime's buffers with torch's from_blob.
+// executes the plan's step tables (runtime/plan.py, _NativeSteps) row by row:
+// one row per input (its source, dtype, shape, strides and flags), per
+// argument (a state position or an input row), per check of the results, per
+// commit and per output (its geometry), with every operand.  So what a call
+// does with each argument and result is decided once, in the plan, from the
+// facts the Python path reads; this file has only primitives that decide
+// nothing about a call (a tensor checked against its row, a cache or registry
+// lookup, a list built from the sources, a result's deletion or address, an
+// attribute set, a tensor over a buffer with torch's from_blob), run without
+// the interpreter.  The constructor checks every operand's range.
 //
 // Contract (what keeps it exact):
 // - Before the program runs nothing is changed.  Any input or state the lane
@@ -118,6 +122,7 @@ struct Lane {
   PyObject* refs[NREFS];
   std::vector<UserInput>* users;
   std::vector<Py_ssize_t>* sources;  // per argument: a state position, or -1 - an input row
+  bool in_order;  // the sources are the state positions in order, then the input rows in order
   std::vector<std::pair<Py_ssize_t, Py_ssize_t>>* pairs;
   std::vector<Check>* checks;
   std::vector<Commit>* commits;
@@ -448,14 +453,26 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     state = refs.keep(PyObject_GetAttr(self->refs[PLAN], s_state_arrays));
     if (state == nullptr) return nullptr;
   }
-  if (self->state_count == 0 || (PyList_Check(state) && PyList_GET_SIZE(state) == self->state_count)) {
+  if (self->state_count == 0 && self->in_order) {
+    arrays = user_arrays;  // the sources' list: the input rows in order
+  } else if (self->state_count == 0 || (PyList_Check(state) && PyList_GET_SIZE(state) == self->state_count)) {
     const std::vector<Py_ssize_t>& sources = *self->sources;
-    arrays = refs.keep(PyList_New(static_cast<Py_ssize_t>(sources.size())));
+    const Py_ssize_t count = static_cast<Py_ssize_t>(sources.size());
+    arrays = refs.keep(PyList_New(count));
     if (arrays == nullptr) return nullptr;
-    for (size_t i = 0; i < sources.size(); ++i) {
-      Py_ssize_t source = sources[i];
-      PyObject* item = source >= 0 ? PyList_GET_ITEM(state, source) : PyList_GET_ITEM(user_arrays, -1 - source);
-      PyList_SET_ITEM(arrays, static_cast<Py_ssize_t>(i), Py_NewRef(item));
+    if (self->in_order) {  // the same list, without reading the table
+      for (Py_ssize_t i = 0; i < self->state_count; ++i) {
+        PyList_SET_ITEM(arrays, i, Py_NewRef(PyList_GET_ITEM(state, i)));
+      }
+      for (Py_ssize_t i = self->state_count; i < count; ++i) {
+        PyList_SET_ITEM(arrays, i, Py_NewRef(PyList_GET_ITEM(user_arrays, i - self->state_count)));
+      }
+    } else {
+      for (Py_ssize_t i = 0; i < count; ++i) {
+        Py_ssize_t source = sources[i];
+        PyObject* item = source >= 0 ? PyList_GET_ITEM(state, source) : PyList_GET_ITEM(user_arrays, -1 - source);
+        PyList_SET_ITEM(arrays, i, Py_NewRef(item));
+      }
     }
   } else {
     PyObject* arguments_args[] = {self->refs[PLAN], self->refs[EXE], user_arrays};
@@ -856,6 +873,11 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   for (int seen : state_seen) {
     if (seen != 1) return malformed("source");
   }
+  self->in_order = true;
+  for (Py_ssize_t i = 0; i < argument_count; ++i) {
+    Py_ssize_t source = (*self->sources)[i];
+    self->in_order = self->in_order && (i < state_count ? source == i : source == state_count - 1 - i);
+  }
   for (int seen : user_seen) {
     if (seen != 1) return malformed("source");
   }
@@ -944,6 +966,7 @@ PyObject* lane_new(PyTypeObject* type, PyObject*, PyObject*) {
   for (auto& ref : self->refs) ref = nullptr;
   self->users = new std::vector<UserInput>();
   self->sources = new std::vector<Py_ssize_t>();
+  self->in_order = false;
   self->pairs = new std::vector<std::pair<Py_ssize_t, Py_ssize_t>>();
   self->checks = new std::vector<Check>();
   self->commits = new std::vector<Commit>();

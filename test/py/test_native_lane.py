@@ -465,3 +465,17 @@ def test_the_python_path_checks_torchs_edits_of_state_natively(monkeypatch: pyte
     module.buf.mul_(0).add_(10)
     exe(torch.ones(8))
     assert torch.equal(exe.state_dict()["buf"], torch.full((8,), 11.0))
+
+
+def test_the_python_paths_argument_list_reads_the_sources_table() -> None:
+    """``_CallPlan.arguments`` builds any @main order from the sources
+    table the lane reads (torch.export puts state first; the table does not
+    assume it)."""
+    from hloalias.runtime import plan as plan_module
+
+    plan = plan_module._CallPlan.__new__(plan_module._CallPlan)
+    plan.state_arrays = ["s0", "s1"]  # type: ignore[list-item]
+    plan.stored_layouts = ()
+    plan.state_first = False
+    plan.sources = (-1, 0, -2, 1)
+    assert plan.arguments(None, ["u0", "u1"]) == ["u0", "s0", "u1", "s1"]  # type: ignore[arg-type, list-item]
