@@ -113,7 +113,7 @@ constexpr long kAbiVersion = 6;
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
   EXE, PLAN, UNFLATTEN_FN, LOCK, IMPORTS, BACKINGS, SWEEP_AT, HOST_BACKING,
-  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, SETTLE, FALLBACK, WATCH, EMPTY_TUPLE, NREFS
+  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, SETTLE, FALLBACK, WATCH, SYNC, EMPTY_TUPLE, NREFS
 };
 
 struct Lane {
@@ -592,9 +592,10 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     // effect_free): the check that torch did not change the module's state
     // (Executable._watch_late) runs while it executes.  Changed, or the
     // check failed: the run read the old state and is dropped once it ended
-    // (it reads the caller's imported memory until then), and the call goes
-    // to the Python path, which brings the state up to date before it runs;
-    // nothing changed.
+    // (it reads the caller's imported memory until then), the state is
+    // brought up to date (`sync`, Executable._sync_from_torch, which may
+    // refuse a changed dtype or shape) and the call goes to the Python path,
+    // whose run is then the only one; nothing else changed.
     PyObject* changed = PyObject_CallNoArgs(self->refs[WATCH]);
     int truth = changed == nullptr ? -1 : PyObject_IsTrue(changed);
     Py_XDECREF(changed);
@@ -608,6 +609,9 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
         PyErr_Restore(type, value, traceback);
         return nullptr;
       }
+      PyObject* synced = PyObject_CallNoArgs(self->refs[SYNC]);
+      if (synced == nullptr) return nullptr;
+      Py_DECREF(synced);
       ++self->fallbacks;
       return Py_NewRef(fallback);
     }
@@ -779,25 +783,27 @@ int lane_clear(Lane* self);
 
 // Lane(exe, plan, inputs, sources, pairs, checks, commits, donated_state, outputs, kept, mode, refill,
 //      state_count, unflatten, lock, imports, backings, sweep_at, host_backing, register_backing,
-//      import_input, finish, failed, settle, fallback, watch): the step tables are runtime/plan.py's
+//      import_input, finish, failed, settle, fallback, watch, sync): the step tables are runtime/plan.py's
 //      _NativeSteps (checked here for their operands' ranges); `watch` is the check of the module's
-//      tensors run while an effect-free program executes, or None; see hloalias.runtime.lane._native_lane.
+//      tensors run while an effect-free program executes, and `sync` brings the state up to date after
+//      it found a change, or both None; see hloalias.runtime.lane._native_lane.
 int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject *exe, *plan, *users, *sources, *pairs, *checks, *commits, *donated, *outputs, *kept, *unflatten, *lock,
       *imports, *backings, *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle,
-      *fallback, *watch;
+      *fallback, *watch, *sync;
   int mode, refill;
   Py_ssize_t state_count;
-  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOOO", &exe, &plan, &PyTuple_Type, &users,
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOOOO", &exe, &plan, &PyTuple_Type, &users,
                         &PyTuple_Type, &sources, &PyTuple_Type, &pairs, &PyTuple_Type, &checks, &PyTuple_Type,
                         &commits, &PyTuple_Type, &donated, &PyTuple_Type, &outputs, &PyTuple_Type, &kept,
                         &mode, &refill, &state_count, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
                         &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &settle, &fallback,
-                        &watch)) {
+                        &watch, &sync)) {
     return -1;
   }
   if (!PyType_Check(host_backing) || PyList_GET_SIZE(sweep_at) != 1 || mode < SINGLE || mode > UNFLATTEN ||
-      (watch != Py_None && !PyCallable_Check(watch)) || state_count < 0) {
+      (watch != Py_None && !PyCallable_Check(watch)) || (watch != Py_None && !PyCallable_Check(sync)) ||
+      state_count < 0) {
     PyErr_SetString(PyExc_TypeError, "Lane: malformed arguments");
     return -1;
   }
@@ -805,7 +811,7 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject* empty = PyTuple_New(0);
   if (empty == nullptr) return -1;
   PyObject* given[NREFS] = {exe, plan, unflatten, lock, imports, backings, sweep_at, host_backing,
-                            register_backing, import_input, finish, failed, settle, fallback, watch, empty};
+                            register_backing, import_input, finish, failed, settle, fallback, watch, sync, empty};
   for (int i = 0; i < NREFS; ++i) {
     if (i != EMPTY_TUPLE) Py_INCREF(given[i]);
     Py_XSETREF(self->refs[i], given[i]);

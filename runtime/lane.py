@@ -125,7 +125,7 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
             _register_backing, functools.partial(execution.import_input, exe),
             functools.partial(execution.finish_planned, exe), functools.partial(execution.execution_failed, exe),
             functools.partial(execution.settle, exe), _LANE_FALLBACK,
-            exe._state_watch.changed if exe._watch_late else None,
+            exe._state_watch.changed if exe._watch_late else None, exe._sync_from_torch if exe._watch_late else None,
         )
     except TypeError as error:  # a build whose Lane takes other arguments than these
         return None, f"the native call path's build does not match this runtime ({error}); {_REBUILD}"

@@ -479,3 +479,44 @@ def test_the_python_paths_argument_list_reads_the_sources_table() -> None:
     plan.state_first = False
     plan.sources = (-1, 0, -2, 1)
     assert plan.arguments(None, ["u0", "u1"]) == ["u0", "s0", "u1", "s1"]  # type: ignore[arg-type, list-item]
+
+
+class ReadsState(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.w
+
+
+def test_a_call_left_to_the_python_path_checks_torchs_edits_once_per_run() -> None:
+    """For a program with no effect the check of the module's tensors runs
+    during each run: a call the lane leaves before running (a DeviceTensor
+    input) is checked once, by the Python path's run; a run the lane drops
+    on old state is followed by the lane's own bring-up-to-date, so the
+    Python path's run is the only other one and sees the new value."""
+    module = ReadsState()
+    exe = hloalias.compile(module, (torch.zeros(4),))
+    assert exe._lane is not None and exe._watch_late
+    checks = []
+    real = exe._state_watch._first_changed
+
+    def counting(*args: Any) -> int:
+        checks.append(1)
+        result: int = real(*args)
+        return result
+
+    exe._state_watch._first_changed = counting
+    on_device = exe.to_device(torch.zeros(4))
+    assert torch.equal(exe(on_device), torch.ones(4)) and len(checks) == 1
+    with torch.no_grad():
+        module.w.mul_(3)
+    checks.clear()
+    start = counts(exe)
+    assert torch.equal(exe(torch.zeros(4)), torch.full((4,), 3.0))
+    assert len(checks) == 2  # the lane's (a change: its run dropped), the Python path's run's
+    assert counts(exe)["fallbacks"] == start["fallbacks"] + 1
+    checks.clear()
+    assert torch.equal(exe(torch.zeros(4)), torch.full((4,), 3.0)) and len(checks) == 1
+    assert counts(exe)["calls"] == start["calls"] + 1
