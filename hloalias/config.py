@@ -77,7 +77,8 @@ SETTINGS: tuple[Setting, ...] = (
             "exports every new size again."),
     Setting("HLOALIAS_NATIVE", "flag", True, "runtime",
             "The native call path (`hloalias.runtime._lane`, C++); 0 keeps every call on the Python "
-            "path. Read when an executable is made."),
+            "path (whose per-call check of the module's tensors still uses the extension's "
+            "`first_changed` where it is built). Read when an executable is made."),
     Setting("HLOALIAS_REPRO_DIR", "path", None, "runtime",
             "Where a failed lowering or XLA compile writes its repro `.mlir` file "
             "(`hloalias-<stage>-<hash>.mlir`); unset: the temp directory."),

@@ -5,12 +5,16 @@
 // read-only inputs imported zero-copy, written inputs backed by a runtime
 // buffer from an earlier call (so XLA writes them in place), mutated state
 // donated and written in place, every output a result of the program.  It
-// interprets the plan's step tables (runtime/plan.py, _NativeSteps: one step
-// per input, per check of the results, per commit and per output, with their
-// operands), so what a call does with each argument and result is decided
-// once, in the plan; this file knows what each kind of step does, without the
-// interpreter: the per-call checks read the tensors' C++ metadata, and result
-// tensors are made over the runtime's buffers with torch's from_blob.
+// executes the plan's step tables (runtime/plan.py, _NativeSteps) row by row:
+// one row per input (its source, dtype, shape, strides and flags), per
+// argument (a state position or an input row), per check of the results, per
+// commit and per output (its geometry), with every operand.  So what a call
+// does with each argument and result is decided once, in the plan, from the
+// facts the Python path reads; this file has only primitives that decide
+// nothing about a call (a tensor checked against its row, a cache or registry
+// lookup, a list built from the sources, a result's deletion or address, an
+// attribute set, a tensor over a buffer with torch's from_blob), run without
+// the interpreter.  The constructor checks every operand's range.
 //
 // Contract (what keeps it exact):
 // - Before the program runs nothing is changed.  Any input or state the lane
@@ -55,21 +59,25 @@
 namespace {
 
 // The step tables' op codes: runtime/plan.py's, whose _NativeSteps builds
-// the tables (what a call does with each input, check, commit and output);
-// this file only knows what each step kind does.
+// the tables (what a call does with each input, argument, check, commit and
+// output, with every operand); this file only executes their rows.
 enum InputStep { IMPORT = 0, BACKED = 1 };
+enum InputFlag { ZERO_OFFSET = 1, WHOLE_STORAGE = 2, WRITE_REFUSALS = 4 };
 enum CheckStep { WROTE_IN_PLACE = 0, TAKEN = 1 };
 enum CommitStep { SET_BACKING = 0, SET_SLOT = 1 };
 
+// One input row: where the argument comes from and what the tensor must be.
 struct UserInput {
   PyObject* index;  // the @main argument index (a Python int): the key of exe._imports
   Py_ssize_t argument;  // the same index: the input's position in the argument list
-  bool in_place;    // BACKED: written in place into its runtime buffer; else IMPORT (read-only, zero-copy)
-  bool written;     // eager's refusals for in-place writes apply
+  Py_ssize_t leaf;  // the input's position among the call's user inputs
+  int source;       // InputStep
+  int flags;        // InputFlag, or-ed
   at::ScalarType dtype;
   std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
   int64_t nbytes;
-  Py_ssize_t result;  // in_place: the result XLA writes into its buffer
+  Py_ssize_t result;  // BACKED: the result XLA writes into its buffer
 };
 
 // After the program ran: is this the usual result (else the Python commit)?
@@ -84,26 +92,28 @@ struct Commit {
   int step;  // CommitStep
   Py_ssize_t argument;
   Py_ssize_t result;
-  Py_ssize_t user;  // SET_BACKING: the user input whose runtime buffer takes the result
+  Py_ssize_t user;  // SET_BACKING: the input row whose runtime buffer takes the result
   PyObject* slot;   // SET_SLOT: the state slot (owned through Lane::held)
+  Py_ssize_t state;  // SET_SLOT: the slot's position among the state arrays
 };
 
 struct Output {
   Py_ssize_t result;
   at::ScalarType dtype;
   std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
   PyObject* nbytes;  // a Python int
 };
 
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
 // See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
-constexpr long kAbiVersion = 5;
+constexpr long kAbiVersion = 6;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
   EXE, PLAN, UNFLATTEN_FN, LOCK, IMPORTS, BACKINGS, SWEEP_AT, HOST_BACKING,
-  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, SETTLE, FALLBACK, WATCH, EMPTY_TUPLE, NREFS
+  REGISTER_BACKING, IMPORT_INPUT, FINISH, FAILED, SETTLE, FALLBACK, WATCH, SYNC, EMPTY_TUPLE, NREFS
 };
 
 struct Lane {
@@ -111,6 +121,8 @@ struct Lane {
   // Every Python object the lane holds (also for GC traversal).
   PyObject* refs[NREFS];
   std::vector<UserInput>* users;
+  std::vector<Py_ssize_t>* sources;  // per argument: a state position, or -1 - an input row
+  bool in_order;  // the sources are the state positions in order, then the input rows in order
   std::vector<std::pair<Py_ssize_t, Py_ssize_t>>* pairs;
   std::vector<Check>* checks;
   std::vector<Commit>* commits;
@@ -120,7 +132,7 @@ struct Lane {
   std::vector<PyObject*>* held;  // objects inside the vectors above (owned)
   int mode;
   bool refill;      // each state argument a slot of its own: the plan's cached list can be refilled
-  Py_ssize_t state_count;  // state arguments (first in the argument list); none: the list is the user arrays
+  Py_ssize_t state_count;  // state arguments: the length of the plan's cached state list
   Py_ssize_t calls;
   Py_ssize_t fallbacks;
   Py_ssize_t finished_in_python;
@@ -237,7 +249,7 @@ PyObject* tensor_over(PyObject* owner, uintptr_t address, const Output& output) 
   at::Tensor tensor;
   try {
     tensor = at::from_blob(
-        reinterpret_cast<void*>(address), output.shape,
+        reinterpret_cast<void*>(address), output.shape, output.strides,
         [owner](void*) {
           // The last reference may go on any thread, or at exit.
           if (_Py_IsFinalizing()) return;
@@ -293,28 +305,38 @@ PyObject* new_backing(Lane* self, PyObject* array, uintptr_t address, PyObject* 
   return backing;
 }
 
-// The checks of Executable.__call__ and _check_writes for one tensor: true
-// when the lane can take it as it is.
-bool takes(const UserInput& input, PyObject* object, const at::Tensor*& out) {
+// A tensor checked against its input row: true when it is a plain strided
+// CPU tensor of the row's dtype, shape and strides (a dimension of size 1 is
+// never stepped along, an empty tensor has no strides to keep: torch's own
+// rule for contiguity) meeting the row's flags.  The row decides; this
+// decides nothing of the call.
+bool matches(const UserInput& row, PyObject* object, const at::Tensor*& out) {
   if (!THPVariable_CheckExact(object)) return false;
   const at::Tensor& tensor = THPVariable_Unpack(object);
   if (!tensor.defined() || tensor.layout() != at::kStrided || !tensor.device().is_cpu() ||
-      tensor.scalar_type() != input.dtype || !tensor.has_storage() || tensor.is_conj() || tensor.is_neg() ||
+      tensor.scalar_type() != row.dtype || !tensor.has_storage() || tensor.is_conj() || tensor.is_neg() ||
       tensor._is_zerotensor() || tensor.unsafeGetTensorImpl()->is_python_dispatch()) {
     return false;
   }
   auto sizes = tensor.sizes();
-  if (static_cast<size_t>(sizes.size()) != input.shape.size()) return false;
-  for (size_t i = 0; i < input.shape.size(); ++i) {
-    if (sizes[i] != input.shape[i]) return false;
+  if (static_cast<size_t>(sizes.size()) != row.shape.size()) return false;
+  bool empty = false;
+  for (size_t i = 0; i < row.shape.size(); ++i) {
+    if (sizes[i] != row.shape[i]) return false;
+    empty = empty || sizes[i] == 0;
   }
-  if (!tensor.is_contiguous()) return false;
-  if (input.written) {
-    // Eager refuses these writes; the Python path raises its error.
+  if (!empty) {
+    auto strides = tensor.strides();
+    for (size_t i = 0; i < row.shape.size(); ++i) {
+      if (row.shape[i] != 1 && strides[i] != row.strides[i]) return false;
+    }
+  }
+  if ((row.flags & ZERO_OFFSET) && tensor.storage_offset() != 0) return false;
+  if ((row.flags & WHOLE_STORAGE) && static_cast<int64_t>(tensor.storage().nbytes()) != row.nbytes) return false;
+  if (row.flags & WRITE_REFUSALS) {
     if (tensor.requires_grad() && tensor.is_leaf() && c10::GradMode::is_enabled()) return false;
     if (tensor.is_inference() && !c10::InferenceMode::is_enabled()) return false;
   }
-  if (input.in_place && tensor.storage_offset() != 0) return false;
   out = &tensor;
   return true;
 }
@@ -349,7 +371,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       return Py_NewRef(fallback);
     }
     for (size_t j = 0; j < users.size(); ++j) {
-      if (!takes(users[j], leaf[j], tensors[j])) {
+      if (!matches(users[j], leaf[users[j].leaf], tensors[j])) {
         ++self->fallbacks;
         return Py_NewRef(fallback);
       }
@@ -359,9 +381,9 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     ++self->fallbacks;
     return Py_NewRef(fallback);
   }
-  // Inputs whose bytes overlap where either is written or donated: the
-  // Python path decides (and refuses).  Contiguous tensors: each covers its
-  // byte span exactly.
+  // The pairs of input rows whose bytes must not overlap: the Python path
+  // decides (and refuses) where they do.  Tensors that met their rows'
+  // row-major strides: each covers its byte span exactly.
   for (const auto& [first, second] : *self->pairs) {
     int64_t first_bytes = users[first].nbytes, second_bytes = users[second].nbytes;
     if (first_bytes == 0 || second_bytes == 0) continue;
@@ -377,22 +399,24 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   for (size_t j = 0; j < users.size(); ++j) {
     const UserInput& input = users[j];
     PyObject* array = nullptr;
-    if (!input.in_place) {
-      // execution.import_input's reuse test, else that function itself.
+    if (input.source == IMPORT) {
+      // The import cache (exe._imports): its entry when the same tensor is
+      // at the same address, else execution.import_input makes one.
       PyObject* found = PyDict_GetItemWithError(self->refs[IMPORTS], input.index);
       if (found == nullptr && PyErr_Occurred()) return nullptr;
       if (found != nullptr && PyTuple_Check(found) && PyTuple_GET_SIZE(found) == 3 &&
-          PyWeakref_GetObject(PyTuple_GET_ITEM(found, 0)) == leaf[j] &&
+          PyWeakref_GetObject(PyTuple_GET_ITEM(found, 0)) == leaf[input.leaf] &&
           PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(found, 1)) == addresses[j]) {
         array = Py_NewRef(PyTuple_GET_ITEM(found, 2));
       } else {
         if (PyErr_Occurred()) return nullptr;
-        PyObject* call_args[] = {input.index, leaf[j]};
+        PyObject* call_args[] = {input.index, leaf[input.leaf]};
         array = PyObject_Vectorcall(self->refs[IMPORT_INPUT], call_args, 2, nullptr);
         if (array == nullptr) return nullptr;
       }
     } else {
-      // _backing_of: the runtime buffer that backs all of the tensor.
+      // BACKED: the runtime buffer registered at the tensor's address
+      // (ownership._BACKINGS), alive, not taken, of the row's bytes.
       PyObject* address = refs.keep(PyLong_FromUnsignedLongLong(addresses[j]));
       if (address == nullptr) return nullptr;
       PyObject* reference = PyDict_GetItemWithError(self->refs[BACKINGS], address);
@@ -410,8 +434,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       if (deleted < 0) return nullptr;
       long long nbytes = int_attribute(backing, s_nbytes);
       if (nbytes < 0 && PyErr_Occurred()) return nullptr;
-      if (deleted || nbytes != input.nbytes ||
-          static_cast<long long>(tensors[j]->storage().nbytes()) != input.nbytes) {
+      if (deleted || nbytes != input.nbytes) {
         ++self->fallbacks;
         return Py_NewRef(fallback);
       }
@@ -420,27 +443,36 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     }
     PyList_SET_ITEM(user_arrays, static_cast<Py_ssize_t>(j), array);
   }
-  // The argument list (state first): _CallPlan.arguments, or, with no
-  // state, the user arrays themselves (what it returns then).
+  // The argument list, row by row of the sources table (_CallPlan.sources,
+  // which _CallPlan.arguments reads too): the plan's cached state arrays
+  // and the user arrays.  With no cached list (a slot's buffer was replaced
+  // since), _CallPlan.arguments builds it and fills the cache.
   PyObject* arrays;
-  PyObject* cached = nullptr;
+  PyObject* state = nullptr;
   if (self->state_count > 0) {
-    cached = refs.keep(PyObject_GetAttr(self->refs[PLAN], s_state_arrays));
-    if (cached == nullptr) return nullptr;
+    state = refs.keep(PyObject_GetAttr(self->refs[PLAN], s_state_arrays));
+    if (state == nullptr) return nullptr;
   }
-  if (self->state_count == 0) {
-    arrays = user_arrays;
-  } else if (PyList_Check(cached) && PyList_GET_SIZE(cached) == self->state_count) {
-    // The plan's cached state arrays followed by the user arrays: what
-    // _CallPlan.arguments returns for this plan (state first, no other form).
-    arrays = refs.keep(PyList_New(self->state_count + static_cast<Py_ssize_t>(users.size())));
+  if (self->state_count == 0 && self->in_order) {
+    arrays = user_arrays;  // the sources' list: the input rows in order
+  } else if (self->state_count == 0 || (PyList_Check(state) && PyList_GET_SIZE(state) == self->state_count)) {
+    const std::vector<Py_ssize_t>& sources = *self->sources;
+    const Py_ssize_t count = static_cast<Py_ssize_t>(sources.size());
+    arrays = refs.keep(PyList_New(count));
     if (arrays == nullptr) return nullptr;
-    for (Py_ssize_t i = 0; i < self->state_count; ++i) {
-      PyList_SET_ITEM(arrays, i, Py_NewRef(PyList_GET_ITEM(cached, i)));
-    }
-    for (size_t j = 0; j < users.size(); ++j) {
-      PyList_SET_ITEM(arrays, self->state_count + static_cast<Py_ssize_t>(j),
-                      Py_NewRef(PyList_GET_ITEM(user_arrays, static_cast<Py_ssize_t>(j))));
+    if (self->in_order) {  // the same list, without reading the table
+      for (Py_ssize_t i = 0; i < self->state_count; ++i) {
+        PyList_SET_ITEM(arrays, i, Py_NewRef(PyList_GET_ITEM(state, i)));
+      }
+      for (Py_ssize_t i = self->state_count; i < count; ++i) {
+        PyList_SET_ITEM(arrays, i, Py_NewRef(PyList_GET_ITEM(user_arrays, i - self->state_count)));
+      }
+    } else {
+      for (Py_ssize_t i = 0; i < count; ++i) {
+        Py_ssize_t source = sources[i];
+        PyObject* item = source >= 0 ? PyList_GET_ITEM(state, source) : PyList_GET_ITEM(user_arrays, -1 - source);
+        PyList_SET_ITEM(arrays, i, Py_NewRef(item));
+      }
     }
   } else {
     PyObject* arguments_args[] = {self->refs[PLAN], self->refs[EXE], user_arrays};
@@ -448,8 +480,8 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
         PyObject_VectorcallMethod(s_arguments, arguments_args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
     if (arrays == nullptr) return nullptr;
   }
-  if (!PyList_Check(arrays)) {
-    PyErr_SetString(PyExc_TypeError, "_CallPlan.arguments returned no list");
+  if (!PyList_Check(arrays) || PyList_GET_SIZE(arrays) != static_cast<Py_ssize_t>(self->sources->size())) {
+    PyErr_SetString(PyExc_TypeError, "_CallPlan.arguments returned no list of the plan's arguments");
     return nullptr;
   }
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arrays); ++i) {
@@ -458,8 +490,9 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       return Py_NewRef(fallback);
     }
   }
-  // One buffer twice among the donated state (tied state both written):
-  // the Python path refuses it (execution._check_donated_state).
+  // The donated state arguments must be distinct buffers (the row's
+  // positions); one buffer twice (tied state both written): the Python
+  // path refuses it (execution._check_donated_state).
   const std::vector<Py_ssize_t>& donated = *self->donated_state;
   for (size_t a = 0; a < donated.size(); ++a) {
     for (size_t b = a + 1; b < donated.size(); ++b) {
@@ -510,7 +543,8 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       return nullptr;
     }
     for (size_t j = 0; j < users.size(); ++j) {
-      if (PyDict_SetItem(inputs, users[j].index, leaf[j]) < 0 || PyDict_SetItem(bases, users[j].index, leaf[j]) < 0) {
+      PyObject* value = leaf[users[j].leaf];
+      if (PyDict_SetItem(inputs, users[j].index, value) < 0 || PyDict_SetItem(bases, users[j].index, value) < 0) {
         return nullptr;
       }
       if (backings[j] != nullptr && PyDict_SetItem(backing_map, users[j].index, backings[j]) < 0) return nullptr;
@@ -558,9 +592,10 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     // effect_free): the check that torch did not change the module's state
     // (Executable._watch_late) runs while it executes.  Changed, or the
     // check failed: the run read the old state and is dropped once it ended
-    // (it reads the caller's imported memory until then), and the call goes
-    // to the Python path, which brings the state up to date before it runs;
-    // nothing changed.
+    // (it reads the caller's imported memory until then), the state is
+    // brought up to date (`sync`, Executable._sync_from_torch, which may
+    // refuse a changed dtype or shape) and the call goes to the Python path,
+    // whose run is then the only one; nothing else changed.
     PyObject* changed = PyObject_CallNoArgs(self->refs[WATCH]);
     int truth = changed == nullptr ? -1 : PyObject_IsTrue(changed);
     Py_XDECREF(changed);
@@ -574,6 +609,9 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
         PyErr_Restore(type, value, traceback);
         return nullptr;
       }
+      PyObject* synced = PyObject_CallNoArgs(self->refs[SYNC]);
+      if (synced == nullptr) return nullptr;
+      Py_DECREF(synced);
       ++self->fallbacks;
       return Py_NewRef(fallback);
     }
@@ -675,18 +713,21 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   if (self->refill && slots_set) {
     // Setting a slot's array dropped the plan's cached list (_StateSlot's
     // readers).  Under the lock the other state arrays are the ones this
-    // call read, so the plan's list is this call's with each new buffer in
-    // place: kept for the next call, unless a slot stored another array
-    // than the result (its setter reinterprets another dtype's bits).
-    PyObject* state_arrays = refs.keep(PyList_GetSlice(arrays, 0, self->state_count));
+    // call read, so the plan's list is this call's (each argument's at its
+    // state position) with each new buffer in place: kept for the next
+    // call, unless a slot stored another array than the result (its setter
+    // reinterprets another dtype's bits).
+    PyObject* state_arrays = refs.keep(PyList_New(self->state_count));
     if (state_arrays == nullptr) return settle(results_fast);
+    const std::vector<Py_ssize_t>& sources = *self->sources;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (sources[i] >= 0) {
+        PyList_SET_ITEM(state_arrays, sources[i], Py_NewRef(PyList_GET_ITEM(arrays, static_cast<Py_ssize_t>(i))));
+      }
+    }
     bool same = true;
     for (const Commit& commit : *self->commits) {
       if (commit.step != SET_SLOT) continue;
-      if (commit.argument >= self->state_count) {
-        same = false;
-        break;
-      }
       PyObject* stored = PyObject_GetAttr(commit.slot, s_stored_array);
       if (stored == nullptr) return settle(results_fast);
       same = stored == result[commit.result];
@@ -694,13 +735,14 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
         Py_DECREF(stored);
         break;
       }
-      PyList_SetItem(state_arrays, commit.argument, stored);  // steals
+      PyList_SetItem(state_arrays, commit.state, stored);  // steals
     }
     if (same && PyObject_SetAttr(self->refs[PLAN], s_state_arrays, state_arrays) < 0) return settle(results_fast);
   }
   ++self->calls;
 
-  // The outputs: torch tensors over the runtime's buffers (_host_result).
+  // The outputs: torch tensors over the runtime's buffers, of each output
+  // row's dtype, shape and strides (as _host_result makes them).
   const std::vector<Output>& outputs = *self->outputs;
   PyObject* flat = refs.keep(PyTuple_New(static_cast<Py_ssize_t>(outputs.size())));
   if (flat == nullptr) return nullptr;
@@ -737,34 +779,39 @@ PyObject* lane_call(Lane* self, PyObject* args, PyObject* kwargs) {
   }
 }
 
-// Lane(exe, plan, inputs, pairs, checks, commits, donated_state, outputs, kept, mode, refill, state_count,
-//      unflatten, lock, imports, backings, sweep_at, host_backing, register_backing,
-//      import_input, finish, failed, settle, fallback, watch): the step tables are runtime/plan.py's
-//      _NativeSteps; `watch` is the check of the module's tensors run while an
-//      effect-free program executes, or None; see hloalias.runtime.lane._native_lane.
+int lane_clear(Lane* self);
+
+// Lane(exe, plan, inputs, sources, pairs, checks, commits, donated_state, outputs, kept, mode, refill,
+//      state_count, unflatten, lock, imports, backings, sweep_at, host_backing, register_backing,
+//      import_input, finish, failed, settle, fallback, watch, sync): the step tables are runtime/plan.py's
+//      _NativeSteps (checked here for their operands' ranges); `watch` is the check of the module's
+//      tensors run while an effect-free program executes, and `sync` brings the state up to date after
+//      it found a change, or both None; see hloalias.runtime.lane._native_lane.
 int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
-  PyObject *exe, *plan, *users, *pairs, *checks, *commits, *donated, *outputs, *kept, *unflatten, *lock, *imports,
-      *backings, *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle, *fallback,
-      *watch;
+  PyObject *exe, *plan, *users, *sources, *pairs, *checks, *commits, *donated, *outputs, *kept, *unflatten, *lock,
+      *imports, *backings, *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle,
+      *fallback, *watch, *sync;
   int mode, refill;
   Py_ssize_t state_count;
-  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOOO", &exe, &plan, &PyTuple_Type, &users,
-                        &PyTuple_Type, &pairs, &PyTuple_Type, &checks, &PyTuple_Type, &commits, &PyTuple_Type,
-                        &donated, &PyTuple_Type, &outputs, &PyTuple_Type, &kept,
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOOOO", &exe, &plan, &PyTuple_Type, &users,
+                        &PyTuple_Type, &sources, &PyTuple_Type, &pairs, &PyTuple_Type, &checks, &PyTuple_Type,
+                        &commits, &PyTuple_Type, &donated, &PyTuple_Type, &outputs, &PyTuple_Type, &kept,
                         &mode, &refill, &state_count, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
                         &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &settle, &fallback,
-                        &watch)) {
+                        &watch, &sync)) {
     return -1;
   }
   if (!PyType_Check(host_backing) || PyList_GET_SIZE(sweep_at) != 1 || mode < SINGLE || mode > UNFLATTEN ||
-      (watch != Py_None && !PyCallable_Check(watch))) {
+      (watch != Py_None && !PyCallable_Check(watch)) || (watch != Py_None && !PyCallable_Check(sync)) ||
+      state_count < 0) {
     PyErr_SetString(PyExc_TypeError, "Lane: malformed arguments");
     return -1;
   }
+  lane_clear(self);  // a second __init__ starts from empty tables
   PyObject* empty = PyTuple_New(0);
   if (empty == nullptr) return -1;
   PyObject* given[NREFS] = {exe, plan, unflatten, lock, imports, backings, sweep_at, host_backing,
-                            register_backing, import_input, finish, failed, settle, fallback, watch, empty};
+                            register_backing, import_input, finish, failed, settle, fallback, watch, sync, empty};
   for (int i = 0; i < NREFS; ++i) {
     if (i != EMPTY_TUPLE) Py_INCREF(given[i]);
     Py_XSETREF(self->refs[i], given[i]);
@@ -776,6 +823,10 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
     Py_INCREF(object);
     self->held->push_back(object);
     return object;
+  };
+  auto malformed = [](const char* what) {
+    PyErr_Format(PyExc_ValueError, "Lane: a malformed %s row", what);
+    return -1;
   };
   auto dtype_of = [](PyObject* object, at::ScalarType& out) {
     if (!THPDtype_Check(object)) {
@@ -794,92 +845,109 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
     Py_DECREF(fast);
     return !PyErr_Occurred();
   };
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(users); ++i) {
-    PyObject *index, *dtype, *shape;
-    int step, written;
+  const Py_ssize_t user_count = PyTuple_GET_SIZE(users);
+  for (Py_ssize_t i = 0; i < user_count; ++i) {
+    PyObject *index, *dtype, *shape, *strides;
+    int source, flags;
     long long nbytes;
-    Py_ssize_t result;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(users, i), "O!ipOOLn", &PyLong_Type, &index, &step, &written, &dtype,
-                          &shape, &nbytes, &result)) {
+    Py_ssize_t leaf, result;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(users, i), "O!niiOOOLn", &PyLong_Type, &index, &leaf, &source, &flags,
+                          &dtype, &shape, &strides, &nbytes, &result)) {
       return -1;
     }
-    if (step != IMPORT && step != BACKED) {
-      PyErr_SetString(PyExc_ValueError, "Lane: an unknown input step");
-      return -1;
-    }
-    bool in_place = step == BACKED;
     Py_ssize_t argument = PyLong_AsSsize_t(index);
-    if (argument < 0) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Lane: a negative argument index");
-      return -1;
+    if (argument == -1 && PyErr_Occurred()) return -1;
+    if ((source != IMPORT && source != BACKED) || (flags & ~(ZERO_OFFSET | WHOLE_STORAGE | WRITE_REFUSALS)) != 0 ||
+        argument < 0 || leaf < 0 || leaf >= user_count || nbytes < 0 || (source == BACKED && result < 0)) {
+      return malformed("input");
     }
-    UserInput input{hold(index), argument, in_place, written != 0, at::ScalarType::Undefined, {}, nbytes, result};
-    if (!dtype_of(dtype, input.dtype) || !shape_of(shape, input.shape)) return -1;
+    UserInput input{hold(index), argument, leaf, source, flags, at::ScalarType::Undefined, {}, {}, nbytes, result};
+    if (!dtype_of(dtype, input.dtype) || !shape_of(shape, input.shape) || !shape_of(strides, input.strides)) return -1;
+    if (input.strides.size() != input.shape.size()) return malformed("input");
     self->users->push_back(std::move(input));
+  }
+  const Py_ssize_t argument_count = PyTuple_GET_SIZE(sources);
+  std::vector<int> state_seen(static_cast<size_t>(state_count), 0), user_seen(static_cast<size_t>(user_count), 0);
+  for (Py_ssize_t i = 0; i < argument_count; ++i) {
+    Py_ssize_t source = PyLong_AsSsize_t(PyTuple_GET_ITEM(sources, i));
+    if (source == -1 && PyErr_Occurred()) return -1;
+    if (source >= state_count || -1 - source >= user_count) return malformed("source");
+    int& seen = source >= 0 ? state_seen[source] : user_seen[-1 - source];
+    if (seen++ != 0) return malformed("source");
+    self->sources->push_back(source);
+  }
+  for (int seen : state_seen) {
+    if (seen != 1) return malformed("source");
+  }
+  self->in_order = true;
+  for (Py_ssize_t i = 0; i < argument_count; ++i) {
+    Py_ssize_t source = (*self->sources)[i];
+    self->in_order = self->in_order && (i < state_count ? source == i : source == state_count - 1 - i);
+  }
+  for (int seen : user_seen) {
+    if (seen != 1) return malformed("source");
+  }
+  for (const UserInput& input : *self->users) {
+    if (input.argument >= argument_count || (*self->sources)[input.argument] >= 0) return malformed("input");
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(pairs); ++i) {
     Py_ssize_t first, second;
     if (!PyArg_ParseTuple(PyTuple_GET_ITEM(pairs, i), "nn", &first, &second)) return -1;
-    Py_ssize_t count = static_cast<Py_ssize_t>(self->users->size());
-    if (first < 0 || second < 0 || first >= count || second >= count) {
-      PyErr_SetString(PyExc_ValueError, "Lane: a pair names no user input");
-      return -1;
-    }
+    if (first < 0 || second < 0 || first >= user_count || second >= user_count) return malformed("pair");
     self->pairs->emplace_back(first, second);
   }
-  Py_ssize_t user_count = static_cast<Py_ssize_t>(self->users->size());
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(checks); ++i) {
     int step;
     Py_ssize_t argument, result, user;
     if (!PyArg_ParseTuple(PyTuple_GET_ITEM(checks, i), "innn", &step, &argument, &result, &user)) return -1;
-    if ((step != WROTE_IN_PLACE && step != TAKEN) || argument < 0 ||
+    if ((step != WROTE_IN_PLACE && step != TAKEN) || argument < 0 || argument >= argument_count ||
         (step == WROTE_IN_PLACE && (result < 0 || user < 0 || user >= user_count))) {
-      PyErr_SetString(PyExc_ValueError, "Lane: a malformed check step");
-      return -1;
+      return malformed("check");
     }
     self->checks->push_back({step, argument, result, user});
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(commits); ++i) {
     int step;
-    Py_ssize_t argument, result;
+    Py_ssize_t argument, result, state;
     PyObject* target;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(commits, i), "innO", &step, &argument, &result, &target)) return -1;
-    Commit commit{step, argument, result, -1, nullptr};
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(commits, i), "innOn", &step, &argument, &result, &target, &state)) {
+      return -1;
+    }
+    Commit commit{step, argument, result, -1, nullptr, state};
+    if (argument < 0 || argument >= argument_count || result < 0) return malformed("commit");
     if (step == SET_BACKING) {
       commit.user = PyLong_Check(target) ? PyLong_AsSsize_t(target) : -1;
       if (commit.user < 0 || commit.user >= user_count) {
         PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "Lane: a SET_BACKING step names no user input");
-        return -1;
+        return malformed("commit");
       }
     } else if (step == SET_SLOT) {
+      if (state < 0 || state >= state_count || (*self->sources)[argument] != state) return malformed("commit");
       commit.slot = hold(target);
     } else {
-      PyErr_SetString(PyExc_ValueError, "Lane: an unknown commit step");
-      return -1;
-    }
-    if (argument < 0 || result < 0) {
-      PyErr_SetString(PyExc_ValueError, "Lane: a negative position in a commit step");
-      return -1;
+      return malformed("commit");
     }
     self->commits->push_back(commit);
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(donated); ++i) {
     Py_ssize_t argument = PyLong_AsSsize_t(PyTuple_GET_ITEM(donated, i));
-    if (argument < 0) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Lane: a negative argument position");
-      return -1;
-    }
+    if (argument == -1 && PyErr_Occurred()) return -1;
+    if (argument < 0 || argument >= argument_count) return malformed("donated state");
     self->donated_state->push_back(argument);
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(outputs); ++i) {
     Py_ssize_t result;
-    PyObject *dtype, *shape, *nbytes;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(outputs, i), "nOOO!", &result, &dtype, &shape, &PyLong_Type, &nbytes)) {
+    PyObject *dtype, *shape, *strides, *nbytes;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(outputs, i), "nOOOO!", &result, &dtype, &shape, &strides, &PyLong_Type,
+                          &nbytes)) {
       return -1;
     }
-    Output output{result, at::ScalarType::Undefined, {}, hold(nbytes)};
-    if (!dtype_of(dtype, output.dtype) || !shape_of(shape, output.shape)) return -1;
+    if (result < 0) return malformed("output");
+    Output output{result, at::ScalarType::Undefined, {}, {}, hold(nbytes)};
+    if (!dtype_of(dtype, output.dtype) || !shape_of(shape, output.shape) || !shape_of(strides, output.strides)) {
+      return -1;
+    }
+    if (output.strides.size() != output.shape.size()) return malformed("output");
     self->outputs->push_back(std::move(output));
   }
   if (mode == SINGLE && self->outputs->size() != 1) {
@@ -888,9 +956,10 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kept); ++i) {
     PyObject* index = PyTuple_GET_ITEM(kept, i);
-    if (!PyLong_Check(index)) {
-      PyErr_SetString(PyExc_TypeError, "Lane: kept arguments are ints");
-      return -1;
+    Py_ssize_t argument = PyLong_Check(index) ? PyLong_AsSsize_t(index) : -1;
+    if (argument < 0 || argument >= argument_count) {
+      PyErr_Clear();
+      return malformed("kept");
     }
     self->kept->push_back(hold(index));
   }
@@ -902,6 +971,8 @@ PyObject* lane_new(PyTypeObject* type, PyObject*, PyObject*) {
   if (self == nullptr) return nullptr;
   for (auto& ref : self->refs) ref = nullptr;
   self->users = new std::vector<UserInput>();
+  self->sources = new std::vector<Py_ssize_t>();
+  self->in_order = false;
   self->pairs = new std::vector<std::pair<Py_ssize_t, Py_ssize_t>>();
   self->checks = new std::vector<Check>();
   self->commits = new std::vector<Commit>();
@@ -927,6 +998,8 @@ int lane_clear(Lane* self) {
   std::vector<PyObject*> held;
   held.swap(*self->held);
   self->users->clear();
+  self->sources->clear();
+  self->pairs->clear();
   self->checks->clear();
   self->commits->clear();
   self->outputs->clear();
@@ -940,6 +1013,7 @@ void lane_dealloc(Lane* self) {
   PyObject_GC_UnTrack(self);
   lane_clear(self);
   delete self->users;
+  delete self->sources;
   delete self->pairs;
   delete self->checks;
   delete self->commits;

@@ -994,10 +994,9 @@ class Executable:
             outputs = self._lane(leaves)
             if outputs is not _LANE_FALLBACK:
                 return outputs
-            if self._watch_late and self._state_watch.changed():
-                # The lane dropped a run on old state (or left the call
-                # before running): up to date first, so the run below is the only one.
-                self._sync_from_torch()
+            # Left to the Python path: before running, or after a run on old
+            # state that the lane dropped and brought the state up to date
+            # for; either way the check during the run below is enough.
         inputs: dict[int, Any] = dict(zip(self._user_indices, leaves))
         for (index, shape, dtype), value in zip(self._input_types, leaves):
             # The common case inline; anything else (DeviceTensor, errors)

@@ -37,7 +37,7 @@ _LANE_FALLBACK = object()
 #: The interface number of the ``Lane`` this file builds (its constructor's
 #: arguments, what it reads of the plan and the executable): runtime/_lane.cpp's
 #: ``kAbiVersion``.  Bump both together.
-_LANE_ABI_VERSION = 5
+_LANE_ABI_VERSION = 6
 
 _REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
 
@@ -58,9 +58,13 @@ def _build_refusal() -> str | None:
 
 def native_first_changed() -> Callable[[tuple[Any, ...], tuple[int, ...], tuple[int, ...]], int] | None:
     """``_lane.first_changed`` (the per-call check of the module's tensors,
-    :class:`~hloalias.runtime.state.StateWatch`) where the native call path
-    is built and enabled, else None (the check runs in Python)."""
-    if _build_refusal() is not None or not native_enabled():
+    :class:`~hloalias.runtime.state.StateWatch`) where the extension is
+    built (a current build), else None (the same check in Python,
+    ``state._first_changed_in_python``).  Used on both call paths, also with
+    ``HLOALIAS_NATIVE=0``: it is one check, the same in both languages
+    (``test_module_state_sync.py``), run once per state tensor on every
+    call, not a call path."""
+    if _build_refusal() is not None:
         return None
     return getattr(_lane, "first_changed", None)
 
@@ -87,8 +91,6 @@ def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
         return "module state is read in another layout or dtype than its buffer's"
     if exe._signature.strided_inputs:
         return "an input's storage layout is read (as_strided) and checked on every call"
-    if not plan.state_first or tuple(step.index for step in plan.user_steps) != tuple(exe._user_indices):
-        return "the arguments are not in state-then-inputs order"
     for step in plan.user_steps:
         if step.bits is not None:
             return f"input '{step.name}' is read and written as its {str(step.bits).removeprefix('torch.')} bits"
@@ -104,8 +106,7 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
     or the plan is of another kind than the lane runs.  That kind: a CPU
     program that runs, every output one of its results (no rebuilt views,
     constants, empty results), no state consumed (a donated torch input is
-    left as it is), state first in ``@main`` and read in the slots' own
-    form, and every user input either read only or written (or donated) in
+    left as it is), state read in the slots' own form, and every user input either read only or written (or donated) in
     place into the runtime buffer backing it.  Calls of that kind whose
     inputs it does not take (another type, layout or memory; an input eager
     refuses to write; overlapping inputs; a consumed or tied donated state
@@ -120,13 +121,13 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
         unflatten = lambda flat: pytree.tree_unflatten(flat, spec)  # noqa: E731
     try:
         lane = _lane.Lane(
-            exe, plan, steps.inputs, steps.pairs, steps.checks, steps.commits, steps.donated_state, steps.outputs,
+            exe, plan, steps.inputs, steps.sources, steps.pairs, steps.checks, steps.commits, steps.donated_state, steps.outputs,
             steps.kept, steps.mode, steps.refill, steps.state_count, unflatten,
             exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
             _register_backing, functools.partial(execution.import_input, exe),
             functools.partial(execution.finish_planned, exe), functools.partial(execution.execution_failed, exe),
             functools.partial(execution.settle, exe), _LANE_FALLBACK,
-            exe._state_watch.changed if exe._watch_late else None,
+            exe._state_watch.changed if exe._watch_late else None, exe._sync_from_torch if exe._watch_late else None,
         )
     except TypeError as error:  # a build whose Lane takes other arguments than these
         return None, f"the native call path's build does not match this runtime ({error}); {_REBUILD}"

@@ -22,7 +22,7 @@ from torch.export import ExportedProgram
 from torch_mlir import ir
 
 from hloalias import attributes as A
-from hloalias.contract import Signature, StoredLayout
+from hloalias.contract import Signature, StoredLayout, row_major_strides
 from hloalias.errors import ExecutionError
 from hloalias.mlir import find_main
 from hloalias.runtime.ownership import _itemsize, _numel
@@ -427,6 +427,15 @@ class _CallPlan:
         #: The common @main order (state first, then user inputs), where
         #: the argument list is the state arrays followed by the user ones.
         self.state_first = all(step.slot is not None for step in steps[:len(self.state_slots)])
+        #: Where each argument comes from, in @main order: its position among
+        #: the state arrays (>= 0), or ``-1 - p`` for the p-th user input.
+        #: Both call paths build the argument list from it (:meth:`arguments`,
+        #: the native lane).
+        state_positions = iter(range(len(self.state_slots)))
+        user_positions = iter(range(len(steps) - len(self.state_slots)))
+        self.sources: tuple[int, ...] = tuple(
+            next(state_positions) if step.slot is not None else -1 - next(user_positions) for step in steps
+        )
         self.donated_state = tuple(step for step in steps if step.slot is not None and step.donated)
         #: State whose slot form may differ from the one this program reads
         #: (permute-conv-kernel-state's layout, store-state-as-bits' dtype):
@@ -520,20 +529,21 @@ class _CallPlan:
                 if slot.layout != layout or slot.bits != bits:
                     state[position] = exe._state_array(name)
         if self.state_first:
-            return state + user_arrays
-        arrays: list[jax.Array | None] = [None] * len(self.steps)
-        state_values = iter(state)
-        user_values = iter(user_arrays)
-        for position, step in enumerate(self.steps):
-            arrays[position] = next(state_values) if step.slot is not None else next(user_values)
-        return arrays
+            return state + user_arrays  # what the sources table gives, in one step
+        return [state[source] if source >= 0 else user_arrays[-1 - source] for source in self.sources]
 
 
 # -- the native lane's step tables ---------------------------------------------------------
 
-#: Input steps (``_NativeSteps.inputs``): how a user input becomes an argument.
-IMPORT = 0  #: read only: the zero-copy import (``execution.import_input``)
-BACKED = 1  #: written in place: the runtime buffer behind the whole tensor (``ownership._backing_of``)
+#: Input steps (``_NativeSteps.inputs``): where a user input's argument comes from.
+IMPORT = 0  #: read only: the zero-copy import, reused while the same tensor is at the same address (``execution.import_input``)
+BACKED = 1  #: written in place: the runtime buffer registered at the tensor's address (``ownership._backing_of``)
+#: What an input row requires of the tensor beyond its type, dtype, shape
+#: and strides (flags, or-ed): the lane takes a tensor that meets its row,
+#: else the call goes to the Python path, which copies, re-seats or refuses.
+ZERO_OFFSET = 1  #: at the start of its storage
+WHOLE_STORAGE = 2  #: its storage is exactly the row's bytes
+WRITE_REFUSALS = 4  #: eager's refusals of an in-place write (a leaf that requires grad, an inference tensor)
 #: Check steps (``_NativeSteps.checks``), after the program ran: the call's
 #: results are the usual ones, else the Python commit (``execution.finish_planned``) takes them.
 WROTE_IN_PLACE = 0  #: the argument's buffer was taken and the result sits at the input's address
@@ -548,57 +558,71 @@ SINGLE, TUPLE, UNFLATTEN = 0, 1, 2
 @dataclasses.dataclass(frozen=True)
 class _NativeSteps:
     """A plan's call as step tables, the data the native lane
-    (runtime/_lane.cpp) interprets: which step it takes for each input,
-    each check of the results, each commit and each output, with their
-    operands (argument and result positions, user positions, slots).
-    Built once from the same :class:`_ArgStep` and :class:`_ResultStep`
-    facts the Python path reads, so a change to what a call does with an
-    argument or result is made here, in the plan; the lane only knows
-    what each step kind does.  The op codes above are the lane's
+    (runtime/_lane.cpp) executes row by row: each input's row (where its
+    argument comes from and what the tensor must be: dtype, shape, strides,
+    flags), where each argument comes from, the overlap pairs, the donated
+    state, each check of the results, each commit and each output's
+    geometry.  Built once from the same :class:`_ArgStep` and
+    :class:`_ResultStep` facts the Python path reads (the argument sources
+    are :attr:`_CallPlan.sources`, which the Python path reads too), so a
+    change to what a call does with an argument or result is made here, in
+    the plan; the lane's primitives (a tensor checked against a row, a
+    registry lookup, a list built from the sources, a result's deletion or
+    address, an attribute set, a tensor over a buffer) decide nothing of
+    the call's semantics.  The op codes above are the lane's
     (``ABI_VERSION`` numbers them with the constructor)."""
 
-    #: (argument index, step: IMPORT/BACKED, eager's write refusals apply,
-    #: dtype, shape, bytes, the result written into a BACKED buffer or -1).
-    inputs: tuple[tuple[int, int, bool, torch.dtype, tuple[int, ...], int, int], ...]
-    #: (user position, user position): inputs whose bytes must not overlap.
+    #: Per user input, in the order of :attr:`_CallPlan.user_steps` (the
+    #: sources' user positions): (argument index, leaf position in the
+    #: call's user inputs, source: IMPORT/BACKED, flags, dtype, shape,
+    #: strides, bytes, the result written into a BACKED buffer or -1).
+    inputs: tuple[tuple[int, int, int, int, torch.dtype, tuple[int, ...], tuple[int, ...], int, int], ...]
+    #: Per argument in @main order: its state position (>= 0) or -1 - its input row.
+    sources: tuple[int, ...]
+    #: (input row, input row): inputs whose bytes must not overlap.
     pairs: tuple[tuple[int, int], ...]
-    #: (step: WROTE_IN_PLACE/TAKEN, argument position, result position or -1, user position or -1).
+    #: (step: WROTE_IN_PLACE/TAKEN, argument position, result position or -1, input row or -1).
     checks: tuple[tuple[int, int, int, int], ...]
-    #: (step: SET_BACKING/SET_SLOT, argument position, result position, user position or the slot).
-    commits: tuple[tuple[int, int, int, Any], ...]
-    #: Argument positions of donated state (one buffer twice among them: the Python path refuses).
+    #: (step: SET_BACKING/SET_SLOT, argument position, result position, input row or the slot, state position or -1).
+    commits: tuple[tuple[int, int, int, Any, int], ...]
+    #: Argument positions of donated state: must be distinct buffers (one
+    #: buffer twice: the Python path refuses, ``execution._check_donated_state``).
     donated_state: tuple[int, ...]
-    #: (result position, dtype, shape, bytes) per user output.
-    outputs: tuple[tuple[int, torch.dtype, tuple[int, ...], int], ...]
+    #: (result position, dtype, shape, strides, bytes) per user output.
+    outputs: tuple[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int], ...]
     #: The arguments whose pre-call arrays the Python commit reads.
     kept: tuple[int, ...]
     mode: int
     #: Each state argument a slot of its own: the plan's cached state list can be refilled.
     refill: bool
-    #: State arguments, first in the argument list.
+    #: State arguments (their arrays: the plan's ``state_arrays``).
     state_count: int
 
     @staticmethod
     def of(exe: "Executable", plan: "_CallPlan") -> "_NativeSteps":
-        user_position = {index: position for position, index in enumerate(exe._user_indices)}
+        leaf_position = {index: position for position, index in enumerate(exe._user_indices)}
+        row_of = {step.index: row for row, step in enumerate(plan.user_steps)}
         inputs = tuple(
             (
-                step.index, BACKED if step.in_place is not None else IMPORT, step.index in exe._written_in_place,
-                step.dtype, tuple(step.shape), exe._input_nbytes[step.index],
+                step.index, leaf_position[step.index], BACKED if step.in_place is not None else IMPORT,
+                (ZERO_OFFSET | WHOLE_STORAGE if step.in_place is not None else 0)
+                | (WRITE_REFUSALS if step.index in exe._written_in_place else 0),
+                step.dtype, tuple(step.shape), row_major_strides(tuple(step.shape)), exe._input_nbytes[step.index],
                 step.in_place if step.in_place is not None else -1,
             )
             for step in plan.user_steps
         )
+        state_position = {step.index: source for step, source in zip(plan.steps, plan.sources) if source >= 0}
         checks: list[tuple[int, int, int, int]] = []
-        commits: list[tuple[int, int, int, Any]] = []
+        commits: list[tuple[int, int, int, Any, int]] = []
         for step in plan.user_steps:
             if step.in_place is not None:
-                checks.append((WROTE_IN_PLACE, step.index, step.in_place, user_position[step.index]))
-                commits.append((SET_BACKING, step.index, step.in_place, user_position[step.index]))
+                checks.append((WROTE_IN_PLACE, step.index, step.in_place, row_of[step.index]))
+                commits.append((SET_BACKING, step.index, step.in_place, row_of[step.index], -1))
         for step in plan.after:
             if step.slot is not None and step.mutated is not None:
                 checks.append((TAKEN, step.index, -1, -1))
-                commits.append((SET_SLOT, step.index, step.mutated, step.slot))
+                commits.append((SET_SLOT, step.index, step.mutated, step.slot, state_position[step.index]))
         if exe._single_output:
             mode = SINGLE
         elif exe._flat_outputs:
@@ -606,10 +630,13 @@ class _NativeSteps:
         else:
             mode = UNFLATTEN
         return _NativeSteps(
-            inputs,
-            tuple((user_position[first], user_position[second]) for first, second in exe._write_pairs),
+            inputs, plan.sources,
+            tuple((row_of[first], row_of[second]) for first, second in exe._write_pairs),
             tuple(checks), tuple(commits), tuple(step.index for step in plan.donated_state),
-            tuple((result.position, result.dtype, tuple(result.shape), result.nbytes) for result in plan.outputs),
+            tuple(
+                (result.position, result.dtype, tuple(result.shape), row_major_strides(tuple(result.shape)), result.nbytes)
+                for result in plan.outputs
+            ),
             tuple(step.index for step in plan.kept), mode,
             len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots),
         )

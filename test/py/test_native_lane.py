@@ -339,3 +339,184 @@ def test_executables_sharing_state_see_each_others_updates_under_the_lane() -> N
         assert torch.equal(exe(x), eager(x))
         assert torch.equal(one.state_dict()["buf"], eager.buf)
     assert counts(one)["calls"] + counts(two)["calls"] == 6
+
+
+# -- the step tables: each row kind, and the lane executing it -------------------------------
+
+
+def test_the_plans_tables_carry_each_inputs_row_and_each_arguments_source() -> None:
+    """What the lane does with each input is the row the plan built: the
+    cache (written in place) from its runtime buffer, at offset 0, all of
+    its storage, under eager's write refusals; ``new`` from the import
+    cache with no flags; both with their dtype, shape and row-major
+    strides; the arguments in @main order from the sources table, which
+    the Python path's argument list reads too."""
+    from hloalias.runtime import plan as plan_module
+
+    exe = hloalias.compile(kv_update, (torch.zeros(3, 5, 4), torch.zeros(3, 4)))
+    assert exe._plan is not None
+    steps = plan_module._NativeSteps.of(exe, exe._plan)
+    cache_row, new_row = steps.inputs
+    written = plan_module.ZERO_OFFSET | plan_module.WHOLE_STORAGE | plan_module.WRITE_REFUSALS
+    assert cache_row[:8] == (0, 0, plan_module.BACKED, written, torch.float32, (3, 5, 4), (20, 4, 1), 240)
+    assert new_row == (1, 1, plan_module.IMPORT, 0, torch.float32, (3, 4), (4, 1), 48, -1)
+    assert steps.sources == exe._plan.sources == (-1, -2)
+    assert steps.outputs == ((exe._plan.outputs[0].position, torch.float32, (3, 4), (4, 1), 48),)
+    module = StateKV()
+    stateful = hloalias.compile(module, (torch.zeros(3, 4), torch.tensor([0])))
+    assert stateful._plan is not None
+    steps = plan_module._NativeSteps.of(stateful, stateful._plan)
+    assert steps.sources == stateful._plan.sources == (0, -1, -2)
+    ((kind, argument, result, slot, state),) = steps.commits
+    assert (kind, argument, state) == (plan_module.SET_SLOT, 0, 0) and slot is stateful._slots["cache"]
+
+
+@pytest.mark.parametrize("case", ["dtype", "shape", "device-like layout"])
+def test_an_input_off_its_row_is_refused_with_the_python_paths_error(
+    case: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tensor that does not meet its row leaves the call to the Python
+    path before anything runs: the error is the Python path's, word for
+    word, and nothing changed."""
+    example = (torch.zeros(3, 5, 4), torch.zeros(3, 4))
+    native = hloalias.compile(kv_update, example)
+    python = python_path(monkeypatch, kv_update, example)
+    wrong = {
+        "dtype": torch.zeros(3, 4, dtype=torch.float64),
+        "shape": torch.zeros(4, 3),
+        "device-like layout": torch.zeros(3, 4).to_sparse(),
+    }[case]
+    errors = []
+    for exe in (native, python):
+        cache = torch.zeros(3, 5, 4)
+        exe(cache, torch.ones(3, 4))
+        with pytest.raises(ExecutionError) as raised:
+            exe(cache, wrong)
+        errors.append(str(raised.value))
+        assert torch.equal(cache[:, 2], torch.ones(3, 4))
+    assert errors[0] == errors[1] and "'new'" in errors[0]
+    assert counts(native)["fallbacks"] == 2  # the first call (re-seating the cache) and this one
+
+
+def test_strides_are_checked_against_the_row_as_torch_checks_contiguity() -> None:
+    """The row's strides are row-major: a transposed input leaves the call
+    to the Python path (which copies it), an odd stride along a dimension of
+    size 1 is never stepped along and the lane takes it, as it takes an
+    empty input whatever its strides."""
+    exe = hloalias.compile(lambda x: x * 2, (torch.zeros(3, 1, 4),))
+    base = torch.arange(12.0)
+    odd = base.as_strided((3, 1, 4), (4, 7, 1))
+    assert odd.is_contiguous()
+    start = counts(exe)
+    assert torch.equal(exe(odd), odd * 2)
+    assert counts(exe)["calls"] == start["calls"] + 1
+    transposed = torch.arange(12.0).reshape(4, 1, 3).permute(2, 1, 0)
+    assert torch.equal(exe(transposed), transposed * 2)
+    assert counts(exe)["fallbacks"] == start["fallbacks"] + 1
+    empty = hloalias.compile(lambda x, y: y + x.sum(), (torch.zeros(0, 3), torch.zeros(2)))
+    got = empty(torch.zeros(3, 0).t(), torch.ones(2))
+    assert torch.equal(got, torch.ones(2)) and counts(empty)["calls"] == 1
+
+
+def test_a_written_input_over_more_storage_than_its_row_is_copied_back_by_the_python_path() -> None:
+    """``WHOLE_STORAGE``: the runtime buffer lent to a written input must be
+    all of its storage; a tensor at the start of a larger storage is not
+    backed by it, and the Python path writes its new value back."""
+    exe = hloalias.compile(kv_update, (torch.zeros(3, 5, 4), torch.zeros(3, 4)))
+    larger = torch.zeros(3 * 5 * 4 + 8)
+    cache = larger[: 3 * 5 * 4].view(3, 5, 4)
+    start = counts(exe)["fallbacks"]
+    exe(cache, torch.ones(3, 4))
+    exe(cache, torch.full((3, 4), 2.0))
+    assert counts(exe)["fallbacks"] == start + 2
+    assert torch.equal(cache[:, 2], torch.full((3, 4), 2.0)) and cache.data_ptr() == larger.data_ptr()
+
+
+def test_a_malformed_table_is_refused_when_the_lane_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane checks every operand of its tables once, when it is built:
+    a row that names no argument, state position or input row is an error
+    then, never a wrong call."""
+    import dataclasses
+
+    from hloalias.runtime import plan as plan_module
+
+    real = plan_module._NativeSteps.of
+    bad_rows = {
+        "source": lambda steps: dataclasses.replace(steps, sources=(-1, -1)),
+        "input": lambda steps: dataclasses.replace(steps, inputs=(steps.inputs[0][:1] + (7,) + steps.inputs[0][2:],) + steps.inputs[1:]),
+        "pair": lambda steps: dataclasses.replace(steps, pairs=((0, 5),)),
+        "output": lambda steps: dataclasses.replace(steps, outputs=(steps.outputs[0][:3] + ((1,),) + steps.outputs[0][4:],)),
+    }
+    for what, change in bad_rows.items():
+        monkeypatch.setattr(plan_module._NativeSteps, "of", staticmethod(lambda exe, plan: change(real(exe, plan))))
+        monkeypatch.setattr(lane_module, "_NativeSteps", plan_module._NativeSteps)
+        with pytest.raises(ValueError, match=f"malformed {what} row"):
+            hloalias.compile(kv_update, (torch.zeros(3, 5, 4), torch.zeros(3, 4)))
+
+
+def test_the_python_path_checks_torchs_edits_of_state_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-call check of the module's tensors is ``_lane.first_changed``
+    also with ``HLOALIAS_NATIVE=0`` (the same check as the Python loop,
+    ``test_module_state_sync.py``): a torch edit is seen on the next call."""
+    module = AccumulateRows()
+    exe = python_path(monkeypatch, module, (torch.ones(8),))
+    assert exe._state_watch._first_changed is executable_module._lane.first_changed
+    exe(torch.ones(8))
+    module.buf.mul_(0).add_(10)
+    exe(torch.ones(8))
+    assert torch.equal(exe.state_dict()["buf"], torch.full((8,), 11.0))
+
+
+def test_the_python_paths_argument_list_reads_the_sources_table() -> None:
+    """``_CallPlan.arguments`` builds any @main order from the sources
+    table the lane reads (torch.export puts state first; the table does not
+    assume it)."""
+    from hloalias.runtime import plan as plan_module
+
+    plan = plan_module._CallPlan.__new__(plan_module._CallPlan)
+    plan.state_arrays = ["s0", "s1"]  # type: ignore[list-item]
+    plan.stored_layouts = ()
+    plan.state_first = False
+    plan.sources = (-1, 0, -2, 1)
+    assert plan.arguments(None, ["u0", "u1"]) == ["u0", "s0", "u1", "s1"]  # type: ignore[arg-type, list-item]
+
+
+class ReadsState(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.w
+
+
+def test_a_call_left_to_the_python_path_checks_torchs_edits_once_per_run() -> None:
+    """For a program with no effect the check of the module's tensors runs
+    during each run: a call the lane leaves before running (a DeviceTensor
+    input) is checked once, by the Python path's run; a run the lane drops
+    on old state is followed by the lane's own bring-up-to-date, so the
+    Python path's run is the only other one and sees the new value."""
+    module = ReadsState()
+    exe = hloalias.compile(module, (torch.zeros(4),))
+    assert exe._lane is not None and exe._watch_late
+    checks = []
+    real = exe._state_watch._first_changed
+
+    def counting(*args: Any) -> int:
+        checks.append(1)
+        result: int = real(*args)
+        return result
+
+    exe._state_watch._first_changed = counting
+    on_device = exe.to_device(torch.zeros(4))
+    assert torch.equal(exe(on_device), torch.ones(4)) and len(checks) == 1
+    with torch.no_grad():
+        module.w.mul_(3)
+    checks.clear()
+    start = counts(exe)
+    assert torch.equal(exe(torch.zeros(4)), torch.full((4,), 3.0))
+    assert len(checks) == 2  # the lane's (a change: its run dropped), the Python path's run's
+    assert counts(exe)["fallbacks"] == start["fallbacks"] + 1
+    checks.clear()
+    assert torch.equal(exe(torch.zeros(4)), torch.full((4,), 3.0)) and len(checks) == 1
+    assert counts(exe)["calls"] == start["calls"] + 1
