@@ -58,10 +58,12 @@ PRIVATE_NAMES = {
         "_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE",
         "_BACKEND_KEYS_TO_OVERRIDE",
     ),
-    "torch._export.utils": ("_get_decomp_for_cia", "_materialize_cpp_cia_ops"),
+    "torch._export.utils": (
+        "_get_decomp_for_cia", "_materialize_cpp_cia_ops", "_compiling_state_context", "placeholder_naming_pass",
+    ),
     "torch._higher_order_ops.utils": ("autograd_not_implemented",),
     "torch._subclasses.fake_impls": ("op_implementations_dict", "_deregister_op_impl"),
-    "torch.export._trace": ("_export", "_export_to_aten_ir"),
+    "torch.export._trace": ("_export", "_export_to_aten_ir", "_ignore_backend_decomps", "_get_forward_arg_names"),
     "torch.fx._lazy_graph_module": ("_use_lazy_graph_module",),
 }
 
