@@ -10,8 +10,10 @@ and the inputs an ``as_strided`` addresses
 (:func:`hloalias.frontend.importer._import_torch`).  For a program without
 in-place writes and without ``as_strided`` they change nothing, and the
 functional graph says what the training IR says; such a program is traced
-once, decomposed, by
-:func:`hloalias.frontend.torch_internals.export_decomposed`.
+once, decomposed: by one ``make_fx`` trace that builds the program
+``torch.export`` would give (:func:`hloalias.frontend.fx_export.exported_from_trace`),
+or, where that trace cannot tell the signature, by ``torch.export``'s
+post-dispatch trace (:func:`hloalias.frontend.torch_internals.export_decomposed`).
 
 Which programs: the trace runs under :class:`_WriteWatch`, a
 ``TorchFunctionMode`` that stops it at the first torch call that writes
@@ -38,7 +40,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from hloalias.frontend import torch_internals
+from hloalias.frontend import fx_export, torch_internals
 
 #: Tensor methods named like in-place ops that write no tensor.
 _NOT_WRITES = frozenset({"requires_grad_", "retain_grad_", "share_memory_", "_set_grad_enabled"})
@@ -175,7 +177,11 @@ def export_decomposed(
         return None
     try:
         with _watching(module) as writes:
-            exported = torch_internals.export_decomposed(module, args, kwargs, table, dynamic_shapes)
+            exported = None
+            if dynamic_shapes is None:
+                exported = fx_export.exported_from_trace(module, args, kwargs, table)
+            if exported is None and not writes:
+                exported = torch_internals.export_decomposed(module, args, kwargs, table, dynamic_shapes)
     except Exception:  # _WritesInPlace, or any failure: the two-trace path names it
         return None
     if writes or exported is None or _holds_as_strided(exported):

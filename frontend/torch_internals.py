@@ -58,10 +58,12 @@ PRIVATE_NAMES = {
         "_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE",
         "_BACKEND_KEYS_TO_OVERRIDE",
     ),
-    "torch._export.utils": ("_get_decomp_for_cia", "_materialize_cpp_cia_ops"),
+    "torch._export.utils": (
+        "_get_decomp_for_cia", "_materialize_cpp_cia_ops", "_compiling_state_context", "placeholder_naming_pass",
+    ),
     "torch._higher_order_ops.utils": ("autograd_not_implemented",),
     "torch._subclasses.fake_impls": ("op_implementations_dict", "_deregister_op_impl"),
-    "torch.export._trace": ("_export", "_export_to_aten_ir"),
+    "torch.export._trace": ("_export", "_export_to_aten_ir", "_ignore_backend_decomps", "_get_forward_arg_names"),
     "torch.fx._lazy_graph_module": ("_use_lazy_graph_module",),
 }
 
@@ -167,6 +169,19 @@ def _autograd_kernel(op: Any) -> Callable[..., Any]:
     return kernel
 
 
+@functools.cache
+def _filled_keys(op: Any) -> tuple[Callable[..., Any], dict[Any, Any]]:
+    """For an op without a Python CIA kernel: its original CIA
+    decomposition (torch's partial of the op) and what torch's override
+    fills its backend and autograd keys with (built once per operator)."""
+    private = _private()
+    assert private is not None
+    original: Callable[..., Any] = private["_get_decomp_for_cia"](op)
+    filled = dict.fromkeys(private["_BACKEND_KEYS_TO_OVERRIDE"], original)
+    filled.update(dict.fromkeys(private["_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE"], _autograd_kernel(op)))
+    return original, filled
+
+
 @contextlib.contextmanager
 def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]:
     """Install, for the duration of the block, what torch's
@@ -200,12 +215,18 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
         for op, decomposition in cia_to_decomp.items():
             kernels = op.py_kernels
             saved.append((op, kernels.copy()))
-            # Taken before the CIA entry is replaced (torch's order).
-            original = get_decomp_for_cia(op)
+            # Taken before the CIA entry is replaced (torch's order).  An op
+            # without a Python CIA kernel gets the same partial of itself
+            # every time: its filled keys are built once (_filled_keys).
+            if cia_key in kernels and not isinstance(kernels[cia_key], torch._C.DispatchKey):
+                original = get_decomp_for_cia(op)
+                patched = dict.fromkeys(backend_keys, original)
+                patched.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
+            else:
+                original, filled = _filled_keys(op)
+                patched = filled.copy()
             # Kernels already registered under a key stay (torch only fills
             # missing keys); the CIA key is replaced.
-            patched = dict.fromkeys(backend_keys, original)
-            patched.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
             patched.update(kernels)
             patched[cia_key] = decomposition
             kernels.clear()
