@@ -15,7 +15,14 @@ constant selects: ``coeff * (end - start) + base`` with ``coeff`` and
 value the reference computes.  The program XLA compiles computes the same
 values bit for bit (tested against the reference).  Any other case
 (another dtype, broadcasting, a tensor or complex weight, a weight outside
-``[-2, 2]``) goes to the reference decomposition unchanged."""
+``[-2, 2]``) goes to the reference decomposition unchanged.
+
+``exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)`` and
+``param.addcdiv_(exp_avg, denom)`` trace the reference's own operators
+(``self + value * tensor1 * tensor2``, ``self + value * tensor1 /
+tensor2``: the same nodes, tested) without its type-promotion and ``out``
+wrappers, which do nothing for operands of one floating dtype, shape and
+layout; other operands go to the reference."""
 
 from __future__ import annotations
 
@@ -41,7 +48,7 @@ _HOST_WEIGHT_LIMIT = 2.0
 def optimizer_decompositions() -> dict[Any, Callable[..., Any]]:
     """(Built once and shared: callers must not modify it.)  The table the
     training capture adds to its decompositions; see the module docstring."""
-    return {aten.lerp.Scalar: lerp_scalar}
+    return {aten.lerp.Scalar: lerp_scalar, aten.addcmul.default: addcmul, aten.addcdiv.default: addcdiv}
 
 
 def _as_dtype(value: float, dtype: torch.dtype) -> float:
@@ -75,3 +82,30 @@ def lerp_scalar(start: torch.Tensor, end: torch.Tensor, weight: Any) -> torch.Te
     else:
         base = start
     return aten.add.Tensor(aten.mul.Tensor(aten.sub.Tensor(end, start), coeff), base)  # type: ignore[no-any-return]
+
+
+def _plain_operands(value: Any, *tensors: torch.Tensor) -> bool:
+    """Operands the reference's wrappers leave as they are: one float32 or
+    float64 dtype, one shape and contiguous layout, a real Python value."""
+    first = tensors[0]
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and first.dtype in (torch.float32, torch.float64)
+        and first.is_contiguous()
+        and all(t.dtype == first.dtype and t.shape == first.shape and t.stride() == first.stride() for t in tensors)
+    )
+
+
+def addcmul(self: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, *, value: Any = 1) -> torch.Tensor:
+    """``aten.addcmul``: the reference's ``self + value * tensor1 * tensor2``."""
+    if not _plain_operands(value, self, tensor1, tensor2):
+        return _decomposition_table()[aten.addcmul.default](self, tensor1, tensor2, value=value)  # type: ignore[no-any-return]
+    return aten.add.Tensor(self, aten.mul.Tensor(aten.mul.Tensor(tensor1, value), tensor2))  # type: ignore[no-any-return]
+
+
+def addcdiv(self: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, *, value: Any = 1) -> torch.Tensor:
+    """``aten.addcdiv``: the reference's ``self + value * tensor1 / tensor2``."""
+    if not _plain_operands(value, self, tensor1, tensor2):
+        return _decomposition_table()[aten.addcdiv.default](self, tensor1, tensor2, value=value)  # type: ignore[no-any-return]
+    return aten.add.Tensor(self, aten.div.Tensor(aten.mul.Tensor(tensor1, value), tensor2))  # type: ignore[no-any-return]

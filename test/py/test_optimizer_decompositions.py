@@ -16,7 +16,7 @@ import torch
 import hloalias
 from hloalias.frontend import training as frontend_training
 from hloalias.frontend.importer import _decomposition_table
-from hloalias.frontend.optimizer_decompositions import lerp_scalar
+from hloalias.frontend.optimizer_decompositions import addcdiv, addcmul, lerp_scalar
 from hloalias.frontend.training import capture_training_step
 
 aten = torch.ops.aten
@@ -150,3 +150,63 @@ def test_lerp_scalar_leaves_other_cases_to_the_reference(case: str, monkeypatch:
     result = lerp_scalar(start, end, weight)
     assert len(calls) == 1
     torch.testing.assert_close(result, torch.lerp(start, end, weight), equal_nan=True, rtol=1e-2, atol=1e-2)
+
+
+def _call_nodes(make_optimizer: Callable[[Any], torch.optim.Optimizer]) -> list[tuple[str, tuple[str, ...]]]:
+    model, optimizer, step, batches = _problem(make_optimizer)
+    graph = capture_training_step(step, model, optimizer, batches[0]).exported.graph
+    return [(str(n.target), tuple(str(a) for a in n.args)) for n in graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_addcmul_and_addcdiv_trace_the_references_nodes(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the reference's wrappers, the same nodes with the same
+    arguments, in the same order."""
+    ours = _call_nodes(OPTIMIZERS[name])
+    monkeypatch.setattr(
+        frontend_training, "optimizer_decompositions", lambda: {aten.lerp.Scalar: lerp_scalar}
+    )
+    assert ours == _call_nodes(OPTIMIZERS[name])
+
+
+def test_adam_step_traces_no_reference_lerp_addcmul_or_addcdiv(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the reference decomposition ran")
+
+    table = dict(_decomposition_table())
+    for op in (aten.lerp.Scalar, aten.addcmul.default, aten.addcdiv.default):
+        table[op] = refused
+    monkeypatch.setattr(frontend_training, "_decomposition_table", lambda: table)
+    monkeypatch.setattr("hloalias.frontend.optimizer_decompositions._decomposition_table", lambda: table)
+    counts = _lerp_nodes(OPTIMIZERS["adam_amsgrad_wd"])
+    assert counts  # captured without the references
+    a, b, c = torch.randn(5), torch.randn(5), torch.rand(5) + 1
+    reference = _decomposition_table()
+    for op, ours in ((aten.addcmul.default, addcmul), (aten.addcdiv.default, addcdiv)):
+        _assert_bitwise(ours(a, b, c, value=0.25), reference[op](a, b, c, value=0.25))
+        _assert_bitwise(ours(a, b, c), reference[op](a, b, c))
+
+
+@pytest.mark.parametrize("case", ["bfloat16", "broadcast", "mixed_dtype", "complex_value"])
+def test_addcmul_and_addcdiv_leave_other_operands_to_the_reference(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b, c, value = torch.randn(4, 3), torch.randn(4, 3), torch.rand(4, 3) + 1, 0.5
+    if case == "bfloat16":
+        a, b, c = a.bfloat16(), b.bfloat16(), c.bfloat16()
+    elif case == "broadcast":
+        c = torch.rand(3) + 1
+    elif case == "mixed_dtype":
+        b = b.double()
+    else:
+        value = 0.5j  # type: ignore[assignment]
+    calls: list[Any] = []
+    table = dict(_decomposition_table())
+    for op in (aten.addcmul.default, aten.addcdiv.default):
+        reference = table[op]
+        table[op] = lambda *args, _reference=reference, **kwargs: calls.append(args) or _reference(*args, **kwargs)
+    monkeypatch.setattr("hloalias.frontend.optimizer_decompositions._decomposition_table", lambda: table)
+    for ours in (addcmul, addcdiv):
+        try:
+            ours(a, b, c, value=value)
+        except (RuntimeError, ValueError):
+            assert case == "complex_value"  # the reference's own refusal
+    assert len(calls) == 2
