@@ -510,3 +510,31 @@ def test_capture_and_compile_generate_no_python_code(monkeypatch: pytest.MonkeyP
         torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL, msg=name)
     assert captured.exported.module()(torch.tensor(1e-2), x, y) is not None  # lazy code generated on demand
     assert generated
+
+
+def test_capture_copies_each_state_tensor_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The captured program's state_dict holds the copies the capture made
+    (parameters cloned once; fresh optimizer state created once), not a
+    second clone of every state tensor; the copies share no storage with
+    the model."""
+    from hloalias.frontend.training import capture_training_step
+
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = _batches(1)[0]
+    cloned: list[tuple[int, ...]] = []
+    clone = torch.Tensor.clone
+
+    def counted(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if type(self) is torch.Tensor:  # real tensors, not the trace's
+            cloned.append(tuple(self.shape))
+        return clone(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "clone", counted)
+    captured = capture_training_step(_step_fn(model, optimizer), model, optimizer, (x, y))
+    monkeypatch.setattr(torch.Tensor, "clone", clone)
+    assert sorted(cloned) == sorted(tuple(p.shape) for p in model.parameters())
+    state = captured.exported.state_dict
+    for name, p in model.named_parameters():
+        assert torch.equal(state[f"param.{name}"], p)
+        assert state[f"param.{name}"].untyped_storage().data_ptr() != p.untyped_storage().data_ptr()
