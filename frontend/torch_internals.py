@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -57,6 +58,7 @@ PRIVATE_NAMES = {
         "_override_composite_implicit_decomp",
         "_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE",
         "_BACKEND_KEYS_TO_OVERRIDE",
+        "_create_graph_module_for_export",
     ),
     "torch._export.utils": (
         "_get_decomp_for_cia", "_materialize_cpp_cia_ops", "_compiling_state_context", "placeholder_naming_pass",
@@ -64,7 +66,7 @@ PRIVATE_NAMES = {
     "torch._higher_order_ops.utils": ("autograd_not_implemented",),
     "torch._subclasses.fake_impls": ("op_implementations_dict", "_deregister_op_impl"),
     "torch.export._trace": ("_export", "_export_to_aten_ir", "_ignore_backend_decomps", "_get_forward_arg_names"),
-    "torch.fx._lazy_graph_module": ("_use_lazy_graph_module",),
+    "torch.fx._lazy_graph_module": ("_use_lazy_graph_module", "_make_graph_module"),
 }
 
 _SplitTable = tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]
@@ -355,3 +357,46 @@ def keep_stack_traces_of(fn: Callable[..., Any]) -> None:
     register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
     if register is not None:
         register(fn)
+
+
+_LAZY_EXPORT_LOCK = threading.Lock()
+_lazy_export_depth = 0
+
+
+def _lazy_module_for_export(root: Any, graph: Any) -> Any:
+    private = _private()
+    assert private is not None
+    return private["_make_graph_module"](root, graph)
+
+
+@contextlib.contextmanager
+def lazy_exported_programs() -> Iterator[None]:
+    """Within the block (and :func:`lazy_graph_modules`'), an
+    ``ExportedProgram`` built from a graph generates its module's Python
+    code only when first needed, as :func:`lazy_graph_modules` makes
+    torch's tracers do: ``ExportedProgram.__init__`` builds its module with
+    ``torch.fx.GraphModule`` (``_create_graph_module_for_export``), which
+    generates the code at once (~0.1 s for a 1,500-node training step);
+    the block has it built with torch's ``_make_graph_module``, lazy under
+    :func:`lazy_graph_modules`.  A lazy module generates the same code when
+    it is called or its code read.  Nestable and safe across threads (the
+    name is restored when the last block exits).  Without the private
+    names the block changes nothing."""
+    global _lazy_export_depth
+    private = _private()
+    if private is None:
+        yield
+        return
+    import torch.export.exported_program as exported_program
+
+    with _LAZY_EXPORT_LOCK:
+        if _lazy_export_depth == 0:
+            exported_program._create_graph_module_for_export = _lazy_module_for_export
+        _lazy_export_depth += 1
+    try:
+        yield
+    finally:
+        with _LAZY_EXPORT_LOCK:
+            _lazy_export_depth -= 1
+            if _lazy_export_depth == 0:
+                exported_program._create_graph_module_for_export = private["_create_graph_module_for_export"]

@@ -63,7 +63,8 @@ from hloalias.errors import TorchImportError
 from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend.backward_decompositions import capture_decompositions
 from hloalias.frontend.importer import _decomposition_table
-from hloalias.frontend.torch_internals import lazy_graph_modules
+from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
+from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules
 
 
 class TrainingCaptureError(TorchImportError):
@@ -271,7 +272,9 @@ def _capture(
         try:
             graph_module = make_fx(
                 dispatch_functionalize(functional, FunctionalTensorMode()),
-                decomposition_table={**_decomposition_table(), **capture_decompositions()},
+                decomposition_table={
+                    **_decomposition_table(), **capture_decompositions(), **optimizer_decompositions()
+                },
                 tracing_mode="fake",
                 record_stack_traces=stack_traces,
             )(
@@ -290,7 +293,7 @@ def _capture(
     example_inputs = (*lr_examples, *batch_leaves)
     input_names = _input_names(step_fn, batch_leaves, batch_spec, lr_count)
     try:  # the captured graph as it is: no second trace by torch.export
-        with lazy_graph_modules():
+        with lazy_graph_modules(), lazy_exported_programs():
             exported = _exported_from_graph(graph_module, slots, initial, example_inputs, input_names)
     except Exception as error:
         raise TrainingCaptureError(f"the captured step is not a valid exported program: {error}") from None
@@ -677,7 +680,7 @@ def _exported_from_graph(
         root=graph_module,
         graph=graph,
         graph_signature=ExportGraphSignature(input_specs, output_specs),
-        state_dict={slot.name: initial[slot.name].clone() for slot in slots},
+        state_dict={slot.name: initial[slot.name] for slot in slots},  # copies made for the capture
         range_constraints={},
         module_call_graph=[ModuleCallEntry("", call)],
         example_inputs=(example_inputs, {}),

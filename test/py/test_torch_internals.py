@@ -352,3 +352,37 @@ def test_export_decomposed_generates_python_code_once(name: str, monkeypatch: py
     eager_args, eager_kwargs = fresh()
     torch.testing.assert_close(exported.module()(*ours_args, **ours_kwargs), module(*eager_args, **eager_kwargs))
     torch.testing.assert_close(ours_args, eager_args)
+
+
+def test_lazy_exported_programs_builds_lazy_modules_and_restores_torch() -> None:
+    """Inside the block an ExportedProgram's module is lazy (no code until
+    called) and runs like the program; nested blocks and a block that
+    raises leave torch's own function in place."""
+    import torch.export.exported_program as exported_program
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    original = exported_program._create_graph_module_for_export
+
+    class Twice(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    exported = torch.export.export(Twice(), (torch.ones(3),))
+    with torch_internals.lazy_graph_modules(), torch_internals.lazy_exported_programs():
+        with torch_internals.lazy_exported_programs():
+            assert exported_program._create_graph_module_for_export is not original
+        assert exported_program._create_graph_module_for_export is not original
+        rebuilt = torch.export.ExportedProgram(
+            root=exported.graph_module, graph=exported.graph, graph_signature=exported.graph_signature,
+            state_dict=exported.state_dict, range_constraints=exported.range_constraints,
+            module_call_graph=exported.module_call_graph, example_inputs=exported.example_inputs,
+            constants=exported.constants,
+        )
+    assert exported_program._create_graph_module_for_export is original
+    assert isinstance(rebuilt.graph_module, _LazyGraphModule)
+    assert rebuilt.graph_module._needs_recompile()
+    assert torch.equal(rebuilt.module()(torch.arange(3.0)), torch.arange(3.0) * 2)
+    with pytest.raises(RuntimeError, match="inside"):
+        with torch_internals.lazy_exported_programs():
+            raise RuntimeError("inside")
+    assert exported_program._create_graph_module_for_export is original
