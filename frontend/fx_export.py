@@ -27,7 +27,25 @@ exports (same program, same errors):
   ``int``, ``float``, ``str``, ``None``; dense tensors only;
 - no input or state tensor is written in place, its metadata changed or
   its storage replaced (checked on the functional tensors after the
-  trace): the program has no mutation outputs;
+  trace): the program has no mutation outputs.  With ``mutations`` (for
+  a module whose code writes in place, where the importer would read
+  export's training IR) data writes are taken: the trace runs under the
+  caller's grad mode, as the training IR is traced, and returns each
+  written parameter, buffer and tensor input's new value first, in input
+  order, as ``PARAMETER_MUTATION``/``BUFFER_MUTATION``/
+  ``USER_INPUT_MUTATION`` outputs named and ordered as export's; the
+  program is what export, the importer's rewrites of the training IR and
+  ``run_decompositions`` give, and it is declined where that program
+  could differ: a write that changes a tensor's shape, strides or offset
+  (functionalization gives the result its out-of-place op's layout, where
+  eager keeps the tensor's), a ``copy_`` that converts or broadcasts, a
+  ``contiguous``/``reshape``/``flatten`` that copies in eager (rewritten
+  in the training IR), a whole-input ``copy_`` or two written tensors
+  given one value (export's retrace and signature treat those its own
+  way), storage addressing (``as_strided``, ``set_``, ``untyped_storage``),
+  an in-place write under grad mode to a tensor that requires grad
+  (autograd refuses it in eager and in export), a write where inputs
+  share memory, and effectful or auto-functionalized custom ops;
 - no two state tensors share memory (tied weights: export's lifting and
   :func:`hloalias.frontend.importer._merge_aliased_state` decide those);
 - the graph reads no tensor constant (a tensor attribute that is neither
@@ -39,16 +57,19 @@ exports (same program, same errors):
 
 ``test/py/test_fx_export.py`` compares the program with
 ``torch.export`` + ``run_decompositions`` (graph, signature, names, trees,
-state) across the kinds above."""
+state) across the kinds above, and with the importer's two traces for
+programs that write in place."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.export import ExportedProgram
 
 from hloalias.frontend import torch_internals
@@ -106,17 +127,118 @@ def _mutated(functional: torch.Tensor) -> bool:
     )
 
 
-class _NoDropout(torch.overrides.TorchFunctionMode):
+#: Calls that address or replace a tensor's storage: the training IR keeps
+#: them for the importer (importer._strided_inputs), which this trace cannot.
+_STORAGE_CALLS = frozenset({"as_strided", "as_strided_", "as_strided_scatter", "set_", "resize_", "resize_as_",
+                            "untyped_storage", "data_ptr", "storage_offset_"})
+#: Calls the importer pins as clones in the training IR where they copy in
+#: eager (importer._pin_eager_copies).
+_COPY_OR_VIEW = frozenset({"contiguous", "reshape", "flatten"})
+
+
+class _Watch(torch.overrides.TorchFunctionMode):
     """Stops the trace at a dropout call: export's functionalization keeps
     ``aten.dropout`` for the decomposition table (a ``clone`` in eval
-    mode), where this trace takes its composite kernel (the input itself)."""
+    mode), where this trace takes its composite kernel (the input itself).
+    With ``mutations``, also at a call that addresses storage and at a
+    ``contiguous``/``reshape``/``flatten`` that copies (the importer rewrites
+    those in the training IR; here every tensor has eager's layout, checked
+    by :class:`_CheckedFunctionalMode`, so a copy is a result with a storage
+    of its own)."""
+
+    def __init__(self, mutations: bool) -> None:
+        super().__init__()
+        self.mutations = mutations
 
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        if "dropout" in getattr(func, "__name__", ""):
+        name = getattr(func, "__name__", "")
+        if "dropout" in name:
             raise _NotPlain("dropout")
-        return func(*args, **(kwargs or {}))
+        if self.mutations and (name in _STORAGE_CALLS or name.startswith("as_strided")):
+            raise _NotPlain(name)
+        result = func(*args, **(kwargs or {}))
+        if self.mutations and name in _COPY_OR_VIEW and args and isinstance(args[0], torch.Tensor):
+            if isinstance(result, torch.Tensor) and _storage(result) != _storage(args[0]):
+                raise _NotPlain(f"{name} copies")
+        return result
+
+
+def _layout(tensor: torch.Tensor) -> tuple[Any, ...]:
+    return (tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype)
+
+
+def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors the operator ``func`` writes (its schema's mutable arguments)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return []
+    written: list[torch.Tensor] = []
+    for position, argument in enumerate(schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        written.extend(leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor))
+    return written
+
+
+class _CheckedFunctionalMode(FunctionalTensorMode):  # type: ignore[no-untyped-call]
+    """``torch.export``'s functionalization, stopped (:class:`_NotPlain`)
+    where its graph would not be what the importer makes of export's
+    training IR: a tensor whose shape, strides or offset change during the
+    trace (functionalization gives an in-place op's result the layout of
+    its out-of-place op, eager keeps the tensor's: later ``reshape``
+    decisions and storages would differ), a ``copy_`` that converts or
+    broadcasts (importer._explicit_copy_conversions rewrites it), an
+    in-place write under grad mode to a tensor that requires grad, and
+    anything that addresses storage."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._layouts: dict[int, tuple[torch.Tensor, tuple[Any, ...]]] = {}
+
+    def _check(self, tensors: Sequence[torch.Tensor]) -> None:
+        for tensor in tensors:
+            seen = self._layouts.get(id(tensor))
+            if seen is None:
+                self._layouts[id(tensor)] = (tensor, _layout(tensor))
+            elif seen[1] != _layout(tensor):
+                raise _NotPlain("layout changed in place")
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(getattr(func, "_overloadpacket", None), "__name__", "")
+        if name in _STORAGE_CALLS or name.startswith("as_strided"):
+            raise _NotPlain(name)
+        if func is torch.ops.aten.copy_.default:
+            destination, source = args[0], args[1]
+            if isinstance(source, torch.Tensor) and (
+                source.dtype != destination.dtype or tuple(source.shape) != tuple(destination.shape)
+            ):
+                raise _NotPlain("converting copy_")
+        if torch.is_grad_enabled() and any(value.requires_grad for value in _written(func, args, kwargs)):
+            # Autograd refuses an in-place write to a leaf that needs grad
+            # (or a view of one) in eager and in export's training IR; this
+            # trace's inputs are not leaves, so it would not.
+            raise _NotPlain("in-place write to a tensor that requires grad")
+        tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, FunctionalTensor)]
+        self._check(tensors)
+        result = super().__torch_dispatch__(func, types, args, kwargs)
+        self._check(tensors + [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, FunctionalTensor)])
+        return result
+
+
+def _whole_copy(node: torch.fx.Node) -> bool:
+    """``aten.copy`` of a whole input: export's retrace of the training IR
+    takes the source as the new value (no copy), this trace keeps it."""
+    return (
+        node.target is torch.ops.aten.copy.default
+        and isinstance(node.args[0], torch.fx.Node)
+        and node.args[0].op == "placeholder"
+    )
 
 
 def _random(node: torch.fx.Node) -> bool:
@@ -129,10 +251,14 @@ def exported_from_trace(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     table: dict[Any, Callable[..., Any]],
+    mutations: bool = False,
 ) -> ExportedProgram | None:
     """The decomposed program of ``module`` on ``args``/``kwargs`` from one
     ``make_fx`` trace, or None where ``torch.export`` must decide (module
-    docstring).  Never raises for a program it does not take."""
+    docstring).  With ``mutations``, a program that writes its parameters,
+    buffers or tensor inputs in place is taken too (traced under the
+    caller's grad mode, as export's training IR is); without, it is
+    declined.  Never raises for a program it does not take."""
     private = torch_internals._private()
     if private is None or not _plain_tree((args, kwargs)):
         return None
@@ -143,16 +269,27 @@ def exported_from_trace(
     if _state_shares_memory([*parameters.values(), *buffers.values()]):
         return None
     try:
-        traced = _trace(module, args, kwargs, parameters, buffers, table)
+        traced = _trace(module, args, kwargs, parameters, buffers, table, mutations)
     except Exception:  # _NotPlain, or anything the trace raised: export names it
         return None
     if traced is None:
         return None
-    graph_module, out_spec = traced
+    tensors = [value for value in pytree.tree_leaves((args, kwargs)) if isinstance(value, torch.Tensor)]
+    if traced.mutated and _state_shares_memory([*parameters.values(), *buffers.values(), *tensors]):
+        return None  # a write through inputs that share memory: export's error or its aliasing rules
     try:
-        return _program(module, args, kwargs, parameters, buffers, graph_module, out_spec)
+        return _program(module, args, kwargs, parameters, buffers, traced)
     except _NotPlain:
         return None
+
+
+@dataclasses.dataclass
+class _Traced:
+    graph_module: torch.fx.GraphModule
+    out_spec: Any
+    #: Flat input positions (parameters, buffers, user inputs) written in
+    #: place, in order: their new values lead the graph's outputs.
+    mutated: list[int]
 
 
 def _trace(
@@ -162,8 +299,8 @@ def _trace(
     parameters: dict[str, torch.nn.Parameter],
     buffers: dict[str, torch.Tensor],
     table: dict[Any, Callable[..., Any]],
-) -> tuple[torch.fx.GraphModule, Any] | None:
-    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+    mutations: bool = False,
+) -> _Traced | None:
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.nn.utils.stateless import _reparametrize_module
 
@@ -171,11 +308,13 @@ def _trace(
     names = [*parameters, *buffers]
     state_count = len(names)
     out_specs: list[Any] = []
+    mutated: list[int] = []
 
     def flat_forward(*flat: Any) -> tuple[Any, ...]:
         call_args, call_kwargs = pytree.tree_unflatten(list(flat[state_count:]), in_spec)
         state = dict(zip(names, flat[:state_count]))
-        with _reparametrize_module(module, state, tie_weights=True, strict=True, stack_weights=True), _NoDropout():
+        with _reparametrize_module(module, state, tie_weights=True, strict=True, stack_weights=True), \
+                _Watch(mutations):
             result = module(*call_args, **call_kwargs)
         if not _plain_tree(result, traced=True):
             raise _NotPlain("output")
@@ -187,14 +326,21 @@ def _trace(
         disable_above = torch._C._ExcludeDispatchKeyGuard(
             torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
         )
-        mode = FunctionalTensorMode(pre_dispatch=False, export=True, _allow_token_discovery=True)
+        mode = (_CheckedFunctionalMode if mutations else FunctionalTensorMode)(
+            pre_dispatch=False, export=True, _allow_token_discovery=True
+        )
         with disable_above, mode:
             wrapped = [FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t for t in flat]
             outputs = flat_forward(*wrapped)
-            if any(_mutated(t) for t in wrapped if isinstance(t, FunctionalTensor)):
-                raise _NotPlain("mutation")
+            if mode._tokens:
+                raise _NotPlain("effect tokens")
+            for index, value in enumerate(wrapped):
+                if isinstance(value, FunctionalTensor) and _mutated(value):
+                    if not mutations:
+                        raise _NotPlain("mutation")
+                    mutated.append(index)
             unwrapped = []
-            for value in outputs:
+            for value in [wrapped[index] for index in mutated] + list(outputs):
                 if isinstance(value, FunctionalTensor):
                     torch._sync(value)  # type: ignore[attr-defined, no-untyped-call]
                     value = torch._from_functional_tensor(value.elem)
@@ -208,7 +354,11 @@ def _trace(
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_internals.cia_override(cia_to_decomp))
         stack.enter_context(torch_internals.lazy_graph_modules())
-        stack.enter_context(torch.no_grad())
+        if not mutations:
+            # A program that writes in place runs under the caller's grad
+            # mode, as in export's training IR: autograd refuses there what
+            # it refuses in eager (an in-place write to a leaf that needs grad).
+            stack.enter_context(torch.no_grad())
         # What torch.export's post-dispatch trace runs under: backend
         # kernels' own decompositions off, torch.compiler.is_exporting()
         # true (models branch on it: transformers' is_tracing).
@@ -223,7 +373,13 @@ def _trace(
         )(*flat)
     if len(out_specs) != 1:
         return None
-    return graph_module, out_specs[0]
+    return _Traced(graph_module, out_specs[0], mutated)
+
+
+def _storage(tensor: torch.Tensor) -> Any:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(tensor.untyped_storage())
 
 
 def _program(
@@ -232,8 +388,7 @@ def _program(
     kwargs: dict[str, Any],
     parameters: dict[str, torch.nn.Parameter],
     buffers: dict[str, torch.Tensor],
-    graph_module: torch.fx.GraphModule,
-    out_spec: Any,
+    traced: _Traced,
 ) -> ExportedProgram:
     from torch._export.utils import placeholder_naming_pass
     from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
@@ -241,6 +396,7 @@ def _program(
         ConstantArgument, ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument,
     )
 
+    graph_module, out_spec = traced.graph_module, traced.out_spec
     graph = graph_module.graph
     for node in list(graph.nodes):  # export-mode functionalization's checks of .to(): not in export's graph
         if node.target is torch.ops.aten._assert_tensor_metadata.default and not node.users:
@@ -276,7 +432,28 @@ def _program(
             raise _NotPlain("placeholder without a value")
     output = next(node for node in graph.nodes if node.op == "output")
     output_specs: list[OutputSpec] = []
-    for value in output.args[0]:
+    new_values = list(output.args[0][:len(traced.mutated)])
+    if traced.mutated and (
+        any(isinstance(node.target, torch._ops.HigherOrderOperator) for node in graph.nodes)
+        or any(_whole_copy(node) for node in graph.nodes)
+        or len(set(new_values)) != len(new_values)
+        or not all(isinstance(value, torch.fx.Node) and value.op == "call_function" for value in new_values)
+    ):
+        # Export keys mutation outputs by node name: two writes of one value,
+        # or a write of an input as it is, are told apart by its rules; its
+        # retrace of the training IR drops a whole-tensor copy_ (the new
+        # value is the source) where this trace keeps aten.copy.
+        raise _NotPlain("mutation outputs")
+    state_names = [*parameters, *buffers]
+    for index, value in zip(traced.mutated, new_values):
+        if index < len(parameters):
+            kind, target = OutputKind.PARAMETER_MUTATION, state_names[index]
+        elif index < len(state_names):
+            kind, target = OutputKind.BUFFER_MUTATION, state_names[index]
+        else:
+            kind, target = OutputKind.USER_INPUT_MUTATION, placeholders[index].name
+        output_specs.append(OutputSpec(kind, TensorArgument(value.name), target))
+    for value in output.args[0][len(traced.mutated):]:
         if isinstance(value, torch.fx.Node):
             if not isinstance(value.meta.get("val"), torch.Tensor):
                 raise _NotPlain("non-tensor output node")

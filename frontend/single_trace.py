@@ -25,9 +25,13 @@ batch norm's running statistics in training mode) or holds an
 fails for any reason, the importer exports and decomposes as before: the
 same program and the same errors.  A cheap look at the module's code
 first (:func:`may_write_in_place`: the names and stores of every
-submodule's ``forward``) sends programs that visibly write in place
-straight to that path, so that they do not pay for a trace stopped half
-way."""
+submodule's ``forward``) sends programs that visibly write in place to
+one ``make_fx`` trace that records the writes as export does
+(:func:`hloalias.frontend.fx_export.exported_from_trace` with
+``mutations``: the same program as export, the rewrites above and the
+decompositions, or None where it cannot tell), and where that declines
+straight to the two-trace path, so that they do not pay for a trace
+stopped half way."""
 
 from __future__ import annotations
 
@@ -174,7 +178,7 @@ def export_decomposed(
     ``torch.export``'s ``dynamic_shapes``) from one trace, or None when the
     program needs the training IR or the trace fails (module docstring)."""
     if may_write_in_place(module):
-        return None
+        return _export_writing(module, args, kwargs, table, dynamic_shapes)
     try:
         with _watching(module) as writes:
             exported = None
@@ -189,6 +193,28 @@ def export_decomposed(
     if any(spec.kind in _MUTATIONS for spec in exported.graph_signature.output_specs):
         return None
     if not _bake_static_inputs(exported):
+        return None
+    return exported
+
+
+def _export_writing(
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    table: dict[Any, Callable[..., Any]],
+    dynamic_shapes: Any,
+) -> ExportedProgram | None:
+    """The decomposed program of a module that may write in place, from
+    one ``make_fx`` trace that records the writes as export does
+    (:func:`hloalias.frontend.fx_export.exported_from_trace` with
+    ``mutations``), or None where that trace declines."""
+    if dynamic_shapes is not None:
+        return None
+    try:
+        exported = fx_export.exported_from_trace(module, args, kwargs, table, mutations=True)
+    except Exception:  # any failure: the two-trace path names it
+        return None
+    if exported is None or _holds_as_strided(exported) or not _bake_static_inputs(exported):
         return None
     return exported
 

@@ -3,10 +3,16 @@
 decompositions give: the same graph code, signature, placeholder names,
 call trees, state and constants; programs whose signature the trace
 cannot tell are left to ``torch.export`` (None), and the importer's single
-trace no longer runs ``torch.export`` for the rest."""
+trace no longer runs ``torch.export`` for the rest.  Programs that write
+their parameters, buffers or inputs in place give, with ``mutations``, the
+program the importer's two traces give (export, its training-IR rewrites,
+the decompositions): the same mutation outputs, and the same eager storage
+of each output; compiled, they compute and write bit for bit what the two
+traces' program does.  What the trace cannot match is declined."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -219,3 +225,250 @@ def test_data_dependent_control_flow_keeps_exports_error() -> None:
     with pytest.raises(hloalias.HloaliasError) as caught:
         hloalias.compile(_DataDependent(), (torch.ones(4),))
     assert "data-dependent" in str(caught.value).lower() or "data dependent" in str(caught.value).lower()
+
+
+# -- programs that write in place ----------------------------------------------
+
+
+class _SGDMomentum(torch.nn.Module):
+    """An MLP forward, then an SGD-momentum step in place under no_grad
+    (parameters that require grad, momenta in buffers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l0 = torch.nn.Linear(8, 8)
+        self.l1 = torch.nn.Linear(8, 4)
+        for name, parameter in list(self.named_parameters()):
+            self.register_buffer("mom_" + name.replace(".", "_"), torch.randn(parameter.shape) * 0.1)
+
+    def forward(self, x: torch.Tensor, *grads: torch.Tensor) -> torch.Tensor:
+        h = self.l1(torch.relu(self.l0(x)))
+        with torch.no_grad():
+            for (name, parameter), grad in zip(list(self.named_parameters()), grads):
+                momentum = getattr(self, "mom_" + name.replace(".", "_"))
+                momentum.mul_(0.9).add_(grad)
+                parameter.sub_(0.01 * momentum)
+        return h
+
+
+class _KVCache(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(2, 8, 4))
+        self.register_buffer("v", torch.zeros(2, 8, 4))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.k.index_copy_(1, positions, x)
+        self.v[:, 2:4] = x * 2
+        return (self.k[:, :4] * self.v[:, :4]).sum(-1)
+
+
+class _InputAdd(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x.add_(y)
+        return x * 2, y
+
+
+class _WriteReturnViews(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(4, 6))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self.cache[1] = x
+        self.cache.add_(1)
+        return self.cache[:2], self.cache.t(), self.cache.sum(0)
+
+
+def _sgd_args() -> tuple[Any, ...]:
+    module = _SGDMomentum()
+    grads = tuple(torch.randn(parameter.shape) for parameter in module.parameters())
+    return module, (torch.randn(3, 8), *grads)
+
+
+_MUTATING: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
+    "sgd_momentum_step": _sgd_args,
+    "kv_cache_index_copy_and_slice": lambda: (_KVCache(), (torch.randn(2, 2, 4), torch.tensor([1, 5]))),
+    "batch_norm_training": lambda: (_BatchNormTraining().train(), (torch.randn(3, 4),)),
+    "user_input_add": lambda: (_InputAdd(), (torch.randn(3), torch.randn(3))),
+    "write_and_return_views": lambda: (_WriteReturnViews(), (torch.randn(6),)),
+}
+
+
+def _two_traces(
+    module: torch.nn.Module, args: tuple[Any, ...], table: dict[Any, Callable[..., Any]]
+) -> torch.export.ExportedProgram:
+    """What the importer makes of ``torch.export``'s training IR for a
+    program that writes in place: the decomposed program, none of the
+    importer's rewrites of the training IR applying (frontend/importer.py,
+    ``_import_torch``; each output's eager storage is compared in the
+    imported signature)."""
+    exported = importer._export(module, args, {}, None)
+    exported, aliases = importer._merge_aliased_state(exported, owned=True)
+    assert not aliases
+    assert not importer._pin_eager_copies(exported)
+    assert not importer._explicit_copy_conversions(exported)
+    return importer.decompose(exported, table)
+
+
+@pytest.mark.parametrize("name", sorted(_MUTATING))
+def test_a_program_that_writes_in_place_gives_the_two_traces_program(name: str) -> None:
+    module, args = _MUTATING[name]()
+    state = {key: value.clone() for key, value in module.state_dict().items()}
+    inputs = [arg.clone() for arg in args]
+    table = importer._decomposition_table_with_custom_ops()
+    assert fx_export.exported_from_trace(module, args, {}, table) is None  # without mutations
+    ours = fx_export.exported_from_trace(module, args, {}, table, mutations=True)
+    assert ours is not None
+    for key, value in module.state_dict().items():
+        assert torch.equal(value, state[key])  # the trace wrote nothing back
+    for arg, before in zip(args, inputs):
+        assert torch.equal(arg, before)
+    theirs = _two_traces(module, args, table)
+    assert _described(ours) == _described(theirs)
+    assert [spec.kind for spec in ours.graph_signature.output_specs] == [
+        spec.kind for spec in theirs.graph_signature.output_specs
+    ]
+
+
+class _LeafWrite(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.weight.add_(x)  # under grad mode: autograd refuses it
+        return self.weight * 2
+
+
+class _ConvertingCopy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.copy_(x)
+        return self.total + 1
+
+
+class _WholeCopy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("last", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last.copy_(x * 2)
+        return self.last + 1
+
+
+class _WriteThenReshapeCopies(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        every_other = x[:, ::2]
+        every_other.add_(1)
+        return every_other.reshape(-1), x
+
+
+class _TransposedInputWrite(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x.reshape(-1)
+
+
+class _SharedInputsWrite(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x + y
+
+
+class _TwoBuffersOneValue(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("a", torch.zeros(4))
+        self.register_buffer("b", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        self.a.copy_(y)
+        self.b.copy_(y)
+        return x
+
+
+class _StridedWrite(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.as_strided((2, 2), (1, 2)).add_(1)
+        return x * 2
+
+
+class _MetadataWrite(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.t_()
+        return x + 1
+
+
+def _shared_inputs() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    x = torch.randn(4)
+    return _SharedInputsWrite(), (x, x)
+
+
+_MUTATING_DECLINED: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
+    "leaf_write_under_grad": lambda: (_LeafWrite(), (torch.ones(4),)),
+    "converting_copy": lambda: (_ConvertingCopy(), (torch.randn(4),)),
+    "whole_buffer_copy": lambda: (_WholeCopy(), (torch.randn(4),)),
+    "reshape_copies_after_write": lambda: (_WriteThenReshapeCopies(), (torch.randn(6, 4).t(),)),
+    "transposed_input_write": lambda: (_TransposedInputWrite(), (torch.randn(6, 4).t(),)),
+    "inputs_sharing_memory": _shared_inputs,
+    "two_buffers_one_value": lambda: (_TwoBuffersOneValue(), (torch.randn(4),)),
+    "metadata_write": lambda: (_MetadataWrite(), (torch.randn(2, 3),)),
+    "strided_write": lambda: (_StridedWrite(), (torch.randn(4, 4),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MUTATING_DECLINED))
+def test_what_a_writing_trace_cannot_match_is_left_to_export(name: str) -> None:
+    """Export errs on these (a leaf written under grad mode, a write through
+    inputs that share memory, two buffers given one value), or the
+    importer rewrites its training IR (a converting copy_, a reshape that
+    copies in eager), or its retrace drops a whole-tensor copy_; a write
+    that changes a tensor's layout or addresses its storage is never
+    taken."""
+    module, args = _MUTATING_DECLINED[name]()
+    state = {key: value.clone() for key, value in module.state_dict().items()}
+    inputs = [arg.clone() for arg in args]
+    table = importer._decomposition_table_with_custom_ops()
+    assert fx_export.exported_from_trace(module, args, {}, table, mutations=True) is None
+    for key, value in module.state_dict().items():
+        assert torch.equal(value, state[key])
+    for arg, before in zip(args, inputs):
+        assert torch.equal(arg, before)
+
+
+def _leaves(tree: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in torch.utils._pytree.tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+@pytest.mark.parametrize("name", sorted(_MUTATING))
+def test_a_writing_program_traced_once_computes_and_writes_what_two_traces_do(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module, args = _MUTATING[name]()
+    twin = copy.deepcopy(module)
+    assert importer._export_decomposed(module, args, {}) is not None
+    ours = importer.import_torch(module, args)
+    hloalias.clear_cache()
+    once = hloalias.compile(module, tuple(arg.clone() for arg in args))
+    monkeypatch.setattr(importer, "_export_decomposed", lambda *_: None)
+    theirs = importer.import_torch(twin, args)
+    assert ours.text == theirs.text
+    assert ours.signature == theirs.signature
+    hloalias.clear_cache()
+    twice = hloalias.compile(twin, tuple(arg.clone() for arg in args))
+    for _ in range(2):
+        our_inputs = tuple(arg.clone() for arg in args)
+        their_inputs = tuple(arg.clone() for arg in args)
+        got, expected = once(*our_inputs), twice(*their_inputs)
+        for a, b in zip(_leaves((got, our_inputs)), _leaves((expected, their_inputs)), strict=True):
+            assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+        our_state, their_state = once.state_dict(), twice.state_dict()
+        assert list(our_state) == list(their_state)
+        for key in our_state:
+            assert torch.equal(our_state[key], their_state[key]), key

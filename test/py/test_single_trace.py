@@ -1,10 +1,12 @@
 """One trace instead of export + decomposition retrace
 (frontend/single_trace.py): a program that writes no tensor in place is
 traced once, and imports to exactly the module and signature the two
-traces give; a program that writes in place anywhere (in a helper the
-code look cannot see, through ``x[i] = v``, ``+=``, ``out=`` or an
-operator call) is exported and decomposed as before and still computes
-what eager does; the module is left without hooks either way."""
+traces give; a module whose forward visibly writes in place is traced
+once by the writing trace (test_fx_export.py checks its programs); a
+program that writes in place where the code look cannot see it (in a
+helper, through ``x[i] = v``, ``+=``, ``out=`` or an operator call) is
+exported and decomposed as before and still computes what eager does;
+the module is left without hooks either way."""
 
 from __future__ import annotations
 
@@ -179,7 +181,6 @@ _WRITING = {
     "augmented_assign": _AugmentedAssign,
     "out_argument": _OutArgument,
     "operator_call": _OperatorCall,
-    "buffer_write": _BufferWrite,
     "caught_write": _CaughtWrite,
     "as_strided_scatter": _StridedScatter,
 }
@@ -200,6 +201,20 @@ def test_a_program_that_writes_in_place_is_exported_and_decomposed(name: str) ->
     state = exe.state_dict()
     for key, value in reference.state_dict().items():
         torch.testing.assert_close(state[key], value)
+
+
+def test_a_module_whose_forward_writes_its_state_is_traced_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The code look sends it to the writing trace (frontend/fx_export.py),
+    which records the write as export does: the same import."""
+    module = _BufferWrite()
+    x = torch.randn(4, 4)
+    assert importer._export_decomposed(module, (x,), {}) is not None
+    assert not module._forward_hooks and not module._forward_pre_hooks
+    ours = importer.import_torch(module, (x,))
+    _two_traces(monkeypatch)
+    theirs = importer.import_torch(module, (x,))
+    assert ours.text == theirs.text
+    assert ours.signature == theirs.signature
 
 
 def test_the_code_look_sees_in_place_methods_of_submodules() -> None:
