@@ -64,7 +64,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -331,7 +333,8 @@ def _trace(
         )
         with disable_above, mode:
             wrapped = [FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t for t in flat]
-            outputs = flat_forward(*wrapped)
+            with _forward_stack_traces() if _FAST_STACK_TRACES else contextlib.nullcontext():
+                outputs = flat_forward(*wrapped)
             if mode._tokens:
                 raise _NotPlain("effect tokens")
             for index, value in enumerate(wrapped):
@@ -368,12 +371,76 @@ def _trace(
             functional,
             decomposition_table=dict(python_table),
             tracing_mode="fake",
-            record_stack_traces=True,
+            record_stack_traces=not _FAST_STACK_TRACES,
             _allow_non_fake_inputs=True,
         )(*flat)
     if len(out_specs) != 1:
         return None
     return _Traced(graph_module, out_specs[0], mutated)
+
+
+#: Record node stack traces with :func:`_forward_stack_traces` (else with
+#: ``make_fx``'s own recording, which gives the same strings: the test
+#: compares them).
+_FAST_STACK_TRACES = True
+
+
+def _forward_frames(skipped: Any) -> traceback.StackSummary:
+    """The frames ``make_fx``'s tracer keeps in a node's stack trace
+    (``_filter_traceback_frames`` with ``_record_forward_stack_traces_only``:
+    ``forward`` frames, ``torch/__init__.py``, registered anchors, none in
+    the ``skipped`` files: ``uninteresting_files()``), outermost first.  The tracer summarizes every frame of the stack,
+    reading each one's source line, then drops most: a frame's line is
+    read here only when it is kept."""
+    from torch.fx.proxy import _STACK_TRACE_ANCHORS
+
+    kept = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if (
+            code.co_name == "forward"
+            or code.co_filename.endswith("torch/__init__.py")
+            or (code.co_filename, code.co_name) in _STACK_TRACE_ANCHORS
+        ) and code.co_filename not in skipped:
+            kept.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back  # type: ignore[assignment]
+    summary = traceback.StackSummary()
+    for filename, line, name in reversed(kept):
+        summary.append(traceback.FrameSummary(filename, line, name))
+    return summary
+
+
+@contextlib.contextmanager
+def _forward_stack_traces() -> Iterator[None]:
+    """Within the block, each node the ``make_fx`` trace creates records the
+    stack trace ``record_stack_traces=True`` would give it, from
+    :func:`_forward_frames` (placeholders, made before, record none: the
+    program drops theirs)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    from torch.fx.experimental.symbolic_shapes import uninteresting_files
+
+    mode = get_proxy_mode()
+    if mode is None:
+        yield
+        return
+    tracer = mode.tracer
+    create_node = tracer.create_node
+    skipped = uninteresting_files()
+
+    def recording(*args: Any, **kwargs: Any) -> torch.fx.Node:
+        node: torch.fx.Node = create_node(*args, **kwargs)
+        if not node.stack_trace:
+            summary = _forward_frames(skipped)
+            if summary:
+                node.stack_trace = "".join(summary.format()).strip()
+        return node
+
+    tracer.create_node = recording  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del tracer.create_node
 
 
 def _storage(tensor: torch.Tensor) -> Any:

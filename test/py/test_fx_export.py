@@ -472,3 +472,39 @@ def test_a_writing_program_traced_once_computes_and_writes_what_two_traces_do(
         assert list(our_state) == list(their_state)
         for key in our_state:
             assert torch.equal(our_state[key], their_state[key]), key
+
+
+def _llama() -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2,
+    )
+    return transformers.LlamaForCausalLM(config).eval(), (torch.randint(0, 64, (2, 7)),), {"use_cache": False}
+
+
+@pytest.mark.parametrize("name", ["block_trees_statics_buffers", "function", "llama", *sorted(_MUTATING)])
+def test_node_stack_traces_are_make_fxs(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trace records each node's stack trace reading only the frames it
+    keeps; the strings are those ``make_fx(record_stack_traces=True)``
+    records (errors quote them as the user's line)."""
+    if name == "llama":
+        f, args, kwargs = _llama()
+    elif name in _MUTATING:
+        f, args = _MUTATING[name]()
+        kwargs = {}
+    else:
+        f, args, kwargs = _PROGRAMS[name]()
+    module = _module(f)
+    table = importer._decomposition_table_with_custom_ops()
+
+    def stack_traces() -> list[tuple[str, Any]]:
+        exported = fx_export.exported_from_trace(module, args, kwargs, table, mutations=name in _MUTATING)
+        assert exported is not None
+        return [(node.name, node.meta.get("stack_trace")) for node in exported.graph.nodes]
+
+    ours = stack_traces()
+    monkeypatch.setattr(fx_export, "_FAST_STACK_TRACES", False)
+    assert ours == stack_traces()
+    assert any(trace for _, trace in ours)
