@@ -43,8 +43,8 @@ exports (same program, same errors):
   in the training IR), a whole-input ``copy_`` or two written tensors
   given one value (export's retrace and signature treat those its own
   way), storage addressing (``as_strided``, ``set_``, ``untyped_storage``),
-  an in-place write under grad mode to a tensor that requires grad
-  (autograd refuses it in eager and in export), a write where inputs
+  an in-place write under grad mode to an input that requires grad or a
+  view that does (autograd refuses those in eager and in export), a write where inputs
   share memory, and effectful or auto-functionalized custom ops;
 - no two state tensors share memory (tied weights: export's lifting and
   :func:`hloalias.frontend.importer._merge_aliased_state` decide those);
@@ -193,12 +193,23 @@ class _CheckedFunctionalMode(FunctionalTensorMode):  # type: ignore[no-untyped-c
     its out-of-place op, eager keeps the tensor's: later ``reshape``
     decisions and storages would differ), a ``copy_`` that converts or
     broadcasts (importer._explicit_copy_conversions rewrites it), an
-    in-place write under grad mode to a tensor that requires grad, and
-    anything that addresses storage."""
+    in-place write under grad mode that autograd may refuse, and anything
+    that addresses storage."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._layouts: dict[int, tuple[torch.Tensor, tuple[Any, ...]]] = {}
+        #: Storages of the inputs that require grad (leaves in eager).
+        self.leaves: set[Any] = set()
+
+    def _refused(self, written: torch.Tensor, tracked: bool) -> bool:
+        """Whether autograd may refuse this in-place write under grad mode
+        (``tracked``: a tensor the op reads or writes requires grad): the
+        tensor is an input that requires grad or shares its storage, or it
+        is a view (multi-output views, views made under no_grad) and the
+        write is tracked.  A write to an intermediate that is no view is
+        allowed in eager."""
+        return _storage(written) in self.leaves or (tracked and written._is_view())
 
     def _check(self, tensors: Sequence[torch.Tensor]) -> None:
         for tensor in tensors:
@@ -221,12 +232,15 @@ class _CheckedFunctionalMode(FunctionalTensorMode):  # type: ignore[no-untyped-c
                 source.dtype != destination.dtype or tuple(source.shape) != tuple(destination.shape)
             ):
                 raise _NotPlain("converting copy_")
-        if torch.is_grad_enabled() and any(value.requires_grad for value in _written(func, args, kwargs)):
-            # Autograd refuses an in-place write to a leaf that needs grad
-            # (or a view of one) in eager and in export's training IR; this
-            # trace's inputs are not leaves, so it would not.
-            raise _NotPlain("in-place write to a tensor that requires grad")
         tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, FunctionalTensor)]
+        written = _written(func, args, kwargs) if torch.is_grad_enabled() else []
+        if written:
+            tracked = any(tensor.requires_grad for tensor in tensors)
+            if any(self._refused(value, tracked) for value in written):
+                # Autograd refuses an in-place write to a leaf that needs
+                # grad (or a view of one) in eager and in export's training
+                # IR; this trace's inputs are not leaves, so it would not.
+                raise _NotPlain("in-place write autograd may refuse")
         self._check(tensors)
         result = super().__torch_dispatch__(func, types, args, kwargs)
         self._check(tensors + [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, FunctionalTensor)])
@@ -333,6 +347,8 @@ def _trace(
         )
         with disable_above, mode:
             wrapped = [FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t for t in flat]
+            if isinstance(mode, _CheckedFunctionalMode):
+                mode.leaves = {_storage(t) for t in wrapped if isinstance(t, torch.Tensor) and t.requires_grad}
             with _forward_stack_traces() if _FAST_STACK_TRACES else contextlib.nullcontext():
                 outputs = flat_forward(*wrapped)
             if mode._tokens:

@@ -280,6 +280,23 @@ class _WriteReturnViews(torch.nn.Module):
         return self.cache[:2], self.cache.t(), self.cache.sum(0)
 
 
+class _IntermediateWrite(torch.nn.Module):
+    """In-place writes to an intermediate that requires grad (allowed in
+    eager under grad mode: it is no leaf and no view) and to a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        h.relu_()
+        h.mul_(2)
+        self.calls.add_(1)
+        return h
+
+
 def _sgd_args() -> tuple[Any, ...]:
     module = _SGDMomentum()
     grads = tuple(torch.randn(parameter.shape) for parameter in module.parameters())
@@ -291,6 +308,7 @@ _MUTATING: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "kv_cache_index_copy_and_slice": lambda: (_KVCache(), (torch.randn(2, 2, 4), torch.tensor([1, 5]))),
     "batch_norm_training": lambda: (_BatchNormTraining().train(), (torch.randn(3, 4),)),
     "user_input_add": lambda: (_InputAdd(), (torch.randn(3), torch.randn(3))),
+    "intermediate_write_under_grad": lambda: (_IntermediateWrite(), (torch.randn(2, 4),)),
     "write_and_return_views": lambda: (_WriteReturnViews(), (torch.randn(6),)),
 }
 
@@ -339,6 +357,17 @@ class _LeafWrite(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.weight.add_(x)  # under grad mode: autograd refuses it
         return self.weight * 2
+
+
+class _ViewWrite(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, second = self.linear(x).unbind(0)
+        first.add_(1)  # a multi-output view written under grad mode: autograd refuses it
+        return first + second
 
 
 class _ConvertingCopy(torch.nn.Module):
@@ -412,6 +441,7 @@ def _shared_inputs() -> tuple[torch.nn.Module, tuple[Any, ...]]:
 
 _MUTATING_DECLINED: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "leaf_write_under_grad": lambda: (_LeafWrite(), (torch.ones(4),)),
+    "view_write_under_grad": lambda: (_ViewWrite(), (torch.ones(2, 4),)),
     "converting_copy": lambda: (_ConvertingCopy(), (torch.randn(4),)),
     "whole_buffer_copy": lambda: (_WholeCopy(), (torch.randn(4),)),
     "reshape_copies_after_write": lambda: (_WriteThenReshapeCopies(), (torch.randn(6, 4).t(),)),
