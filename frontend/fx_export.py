@@ -164,6 +164,7 @@ def _trace(
     table: dict[Any, Callable[..., Any]],
 ) -> tuple[torch.fx.GraphModule, Any] | None:
     from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+    from torch._dispatch.python import enable_python_dispatcher
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.nn.utils.stateless import _reparametrize_module
 
@@ -207,6 +208,10 @@ def _trace(
     flat = [*parameters.values(), *buffers.values(), *flat_inputs]
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_internals.cia_override(cia_to_decomp))
+        # The override's kernels are Python kernels: only the Python
+        # dispatcher runs them (make_fx enables it for symbolic and
+        # pre-dispatch traces only; export's trace runs under it).
+        stack.enter_context(enable_python_dispatcher())
         stack.enter_context(torch_internals.lazy_graph_modules())
         stack.enter_context(torch.no_grad())
         # What torch.export's post-dispatch trace runs under: backend

@@ -52,6 +52,10 @@ def _function(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
     return [(x @ y).relu(), x.transpose(0, 1).reshape(-1)]
 
 
+def _linear_algebra(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.linalg.det(a), torch.linalg.svdvals(a)
+
+
 _PROGRAMS: dict[str, Callable[[], tuple[Any, tuple[Any, ...], dict[str, Any]]]] = {
     "seed": lambda: (_Seed(), (torch.randn(32),), {}),
     "block_trees_statics_buffers": lambda: (
@@ -60,6 +64,14 @@ _PROGRAMS: dict[str, Callable[[], tuple[Any, tuple[Any, ...], dict[str, Any]]]] 
         {"k": 3, "named": {"a": torch.ones(2)}},
     ),
     "function": lambda: (_function, (torch.randn(3, 4), torch.randn(4, 5)), {}),
+    # Composite-implicit ops the table decomposes its own way (linalg_det
+    # into a JAX-lowering placeholder): the override's Python kernels run
+    # only under the Python dispatcher, as in export's trace.
+    "table_cia_decompositions": lambda: (
+        _linear_algebra,
+        (torch.randn(4, 4),),
+        {},
+    ),
 }
 
 
