@@ -23,9 +23,12 @@ Under ``torch.no_grad()`` / ``torch.inference_mode()`` nothing is added
 A view of such a result beside it (``y, y[:, :8]``) is a view of the
 marked result.
 
-Not seen: a result the program computes without the parameters (a
-buffer plus one, ``y.detach()``) is marked all the same, so a backward
-through it is refused where eager gives it no gradient; and a program
+A result no parameter reaches (a buffer plus one, ``x * 2``, a mask:
+:mod:`hloalias.frontend.gradient_dependence`) is left as it is, as eager
+leaves it.  Not seen: a result cut from the parameters inside
+``forward`` (``y.detach()``, a ``no_grad`` block) is marked all the
+same, so a backward through it is refused where eager gives it no
+gradient; and a program
 without parameters whose *input* requires grad returns results that do
 not (eager's would): a backward through them raises torch's own error,
 or, mixed with other terms, gives the input no gradient from them; nor
@@ -75,15 +78,19 @@ def _anchor() -> torch.Tensor:
 
 
 
-def mark_without_gradient(outputs: Any, program: str, call: tuple[Any, ...], keep: Sequence[Any] = ()) -> Any:
+def mark_without_gradient(
+    outputs: Any, program: str, call: tuple[Any, ...], keep: Sequence[Any] = (), free: frozenset[int] = frozenset()
+) -> Any:
     """``outputs`` with each floating or complex result the program computed
     (not a view: ``_base`` is None) replaced as the module docstring says,
     and each view of such a result (``y[:, :8]`` beside ``y``) made a view of
     its replacement.  Left as they are: results that already require grad,
     the call's own tensors (``call``: its arguments, returned as
-    themselves) and views of them (they follow the input, as in eager), and
-    the objects in ``keep`` (returned as themselves: the caller's
-    transformers caches)."""
+    themselves) and views of them (they follow the input, as in eager), the
+    objects in ``keep`` (returned as themselves: the caller's transformers
+    caches), and the leaves at the positions in ``free`` (outputs no
+    parameter reaches: the signature's ``parameter_free_outputs``, whose
+    positions are the outputs' leaves; given only without ``keep``)."""
     if isinstance(outputs, torch.Tensor):  # the common shapes without pytree's cost
         leaves, spec = [outputs], None
     elif type(outputs) is tuple and all(isinstance(output, torch.Tensor) for output in outputs):
@@ -93,7 +100,7 @@ def mark_without_gradient(outputs: Any, program: str, call: tuple[Any, ...], kee
     arguments = _argument_ids(call)
     computed = [
         index for index, leaf in enumerate(leaves)
-        if isinstance(leaf, torch.Tensor) and leaf._base is None and id(leaf) not in arguments
+        if isinstance(leaf, torch.Tensor) and leaf._base is None and id(leaf) not in arguments and index not in free
         and not leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     ]
     if not computed:

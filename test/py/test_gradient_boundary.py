@@ -115,3 +115,31 @@ def test_a_view_of_a_marked_result_is_a_view_of_it() -> None:
         torch.testing.assert_close(head, module(x)[1])
     with pytest.raises(ExecutionError, match="records no autograd graph"):
         head.sum().backward()
+
+
+class _ResultsWithAndWithoutParameters(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("count", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits = self.linear(x)
+        chosen = logits.argmax(-1)
+        return logits, self.count + 1, x * 2, chosen, chosen.float(), logits.sum() + self.count.sum()
+
+
+def test_results_no_parameter_reaches_do_not_require_grad() -> None:
+    """As in eager: a buffer plus one, ``x * 2`` and a value derived through
+    an integer (argmax) carry no gradient, so ``.numpy()`` works on them;
+    the results computed from the parameters still refuse a backward."""
+    torch.manual_seed(0)
+    module = _ResultsWithAndWithoutParameters()
+    x = torch.randn(3, 4)
+    exe = hloalias.compile(module, (x,))
+    eager, ours = module(x), exe(x)
+    assert [r.requires_grad for r in ours] == [r.requires_grad for r in eager] == [True, False, False, False, False, True]
+    for index in (1, 2, 4):
+        ours[index].numpy()
+    with pytest.raises(ExecutionError, match="records no autograd graph"):
+        ours[5].backward()
