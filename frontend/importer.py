@@ -997,7 +997,16 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
             )
         for dim, size in enumerate(meta.shape):
             if not isinstance(size, int):
-                raise TorchImportError(f"result {result.key} has dynamic dimension {dim} ({size})")
+                raise TorchImportError(
+                    f"result {result.key} has dynamic dimension {dim} ({size})"
+                    + (
+                        ": its size depends on the input's values (boolean-mask indexing, nonzero, unique, "
+                        "masked_select); an XLA program has static shapes: keep the shape fixed "
+                        "(torch.where(mask, x, 0), a padded index list) or run that part eagerly"
+                        if str(size).startswith("u")
+                        else ""
+                    )
+                )
     results = _storage_classes(placeholders, results, graph_values)
     return ProgramSignature(
         tuple(arguments),
