@@ -149,8 +149,10 @@ class ProgramSignature:
     carried_objects: CarriedObjects = ()
     # User output positions that no floating chain from a parameter that
     # requires grad reaches (frontend/gradient_dependence.py): eager returns
-    # them without requires_grad, so the runtime leaves them unmarked.
-    parameter_free_outputs: frozenset[int] = frozenset()
+    # them without requires_grad, so the runtime leaves them unmarked, and
+    # marks the others (views of state included).  None: not known (a
+    # foreign program), every computed result is marked, no view.
+    parameter_free_outputs: frozenset[int] | None = None
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""

@@ -25,7 +25,8 @@ marked result.
 
 A result no parameter reaches (a buffer plus one, ``x * 2``, a mask:
 :mod:`hloalias.frontend.gradient_dependence`) is left as it is, as eager
-leaves it.  Not seen: a result cut from the parameters inside
+leaves it; a returned view of a parameter (``self.w[1:2]``) is marked as
+a computed result is.  Not seen: a result cut from the parameters inside
 ``forward`` (``y.detach()``, a ``no_grad`` block) is marked all the
 same, so a backward through it is refused where eager gives it no
 gradient; and a program
@@ -33,7 +34,7 @@ without parameters whose *input* requires grad returns results that do
 not (eager's would): a backward through them raises torch's own error,
 or, mixed with other terms, gives the input no gradient from them; nor
 does a function that closes over a module (its tensors are the program's
-constants), nor a returned view of a parameter."""
+constants)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def _anchor() -> torch.Tensor:
 
 
 def mark_without_gradient(
-    outputs: Any, program: str, call: tuple[Any, ...], keep: Sequence[Any] = (), free: frozenset[int] = frozenset()
+    outputs: Any, program: str, call: tuple[Any, ...], keep: Sequence[Any] = (), free: frozenset[int] | None = None
 ) -> Any:
     """``outputs`` with each floating or complex result the program computed
     (not a view: ``_base`` is None) replaced as the module docstring says,
@@ -90,7 +91,10 @@ def mark_without_gradient(
     objects in ``keep`` (returned as themselves: the caller's transformers
     caches), and the leaves at the positions in ``free`` (outputs no
     parameter reaches: the signature's ``parameter_free_outputs``, whose
-    positions are the outputs' leaves; given only without ``keep``)."""
+    positions are the outputs' leaves; given only without ``keep``).  When
+    ``free`` is given, a view at another position whose base is not a
+    result or an argument (a view of a parameter: ``self.w[1:2]``) is
+    marked too, sharing its memory, as eager's view requires grad."""
     if isinstance(outputs, torch.Tensor):  # the common shapes without pytree's cost
         leaves, spec = [outputs], None
     elif type(outputs) is tuple and all(isinstance(output, torch.Tensor) for output in outputs):
@@ -98,11 +102,20 @@ def mark_without_gradient(
     else:
         leaves, spec = pytree.tree_flatten(outputs, is_leaf=(lambda node: any(node is kept for kept in keep)) if keep else None)
     arguments = _argument_ids(call)
-    computed = [
+    unmarked = free if free is not None else frozenset()
+    candidates = [
         index for index, leaf in enumerate(leaves)
-        if isinstance(leaf, torch.Tensor) and leaf._base is None and id(leaf) not in arguments and index not in free
+        if isinstance(leaf, torch.Tensor) and id(leaf) not in arguments and index not in unmarked
         and not leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     ]
+    computed = [index for index in candidates if leaves[index]._base is None]
+    if free is not None:
+        results = {id(leaves[index]) for index in computed}
+        computed += [
+            index for index in candidates
+            if leaves[index]._base is not None and id(leaves[index]._base) not in results
+            and id(leaves[index]._base) not in arguments
+        ]
     if not computed:
         return outputs
     marked = _NoGradient.apply(program, _anchor(), *(leaves[index] for index in computed))  # type: ignore[no-untyped-call]
