@@ -29,8 +29,8 @@ exports (same program, same errors):
   its storage replaced (checked on the functional tensors after the
   trace): the program has no mutation outputs.  With ``mutations`` (for
   a module whose code writes in place, where the importer would read
-  export's training IR) data writes are taken: the trace runs under the
-  caller's grad mode, as the training IR is traced, and returns each
+  export's training IR) data writes are taken: the module's code sees the
+  caller's grad mode, as in the training IR, and the trace returns each
   written parameter, buffer and tensor input's new value first, in input
   order, as ``PARAMETER_MUTATION``/``BUFFER_MUTATION``/
   ``USER_INPUT_MUTATION`` outputs named and ordered as export's; the
@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -148,9 +149,11 @@ class _Watch(torch.overrides.TorchFunctionMode):
     by :class:`_CheckedFunctionalMode`, so a copy is a result with a storage
     of its own)."""
 
-    def __init__(self, mutations: bool) -> None:
+    def __init__(self, mutations: bool, grad_enabled: bool = False) -> None:
         super().__init__()
         self.mutations = mutations
+        #: The grad mode the module's code sees (:func:`_user_grad_mode`).
+        self.grad_enabled = grad_enabled
 
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -160,6 +163,8 @@ class _Watch(torch.overrides.TorchFunctionMode):
             raise _NotPlain("dropout")
         if self.mutations and (name in _STORAGE_CALLS or name.startswith("as_strided")):
             raise _NotPlain(name)
+        if func is torch._C._set_grad_enabled and args:
+            self.grad_enabled = bool(args[0])
         result = func(*args, **(kwargs or {}))
         if self.mutations and name in _COPY_OR_VIEW and args and isinstance(args[0], torch.Tensor):
             if isinstance(result, torch.Tensor) and _storage(result) != _storage(args[0]):
@@ -202,14 +207,13 @@ class _CheckedFunctionalMode(FunctionalTensorMode):  # type: ignore[no-untyped-c
         #: Storages of the inputs that require grad (leaves in eager).
         self.leaves: set[Any] = set()
 
-    def _refused(self, written: torch.Tensor, tracked: bool) -> bool:
-        """Whether autograd may refuse this in-place write under grad mode
-        (``tracked``: a tensor the op reads or writes requires grad): the
-        tensor is an input that requires grad or shares its storage, or it
-        is a view (multi-output views, views made under no_grad) and the
-        write is tracked.  A write to an intermediate that is no view is
-        allowed in eager."""
-        return _storage(written) in self.leaves or (tracked and written._is_view())
+    def _refused(self, written: torch.Tensor) -> bool:
+        """Whether autograd may refuse this in-place write under grad mode:
+        the tensor shares the storage of an input that requires grad (a
+        leaf, or a view of one), or it is a view (multi-output views, views
+        made under no_grad) while some input requires grad.  A write to an
+        intermediate that is no view is allowed in eager."""
+        return _storage(written) in self.leaves or (bool(self.leaves) and written._is_view())
 
     def _check(self, tensors: Sequence[torch.Tensor]) -> None:
         for tensor in tensors:
@@ -233,14 +237,11 @@ class _CheckedFunctionalMode(FunctionalTensorMode):  # type: ignore[no-untyped-c
             ):
                 raise _NotPlain("converting copy_")
         tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, FunctionalTensor)]
-        written = _written(func, args, kwargs) if torch.is_grad_enabled() else []
-        if written:
-            tracked = any(tensor.requires_grad for tensor in tensors)
-            if any(self._refused(value, tracked) for value in written):
-                # Autograd refuses an in-place write to a leaf that needs
-                # grad (or a view of one) in eager and in export's training
-                # IR; this trace's inputs are not leaves, so it would not.
-                raise _NotPlain("in-place write autograd may refuse")
+        if torch.is_grad_enabled() and any(self._refused(value) for value in _written(func, args, kwargs)):
+            # Autograd refuses such a write in eager and in export's
+            # training IR; this trace runs without autograd (the module's
+            # code sees the caller's grad mode: _user_grad_mode).
+            raise _NotPlain("in-place write autograd may refuse")
         self._check(tensors)
         result = super().__torch_dispatch__(func, types, args, kwargs)
         self._check(tensors + [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, FunctionalTensor)])
@@ -272,8 +273,8 @@ def exported_from_trace(
     """The decomposed program of ``module`` on ``args``/``kwargs`` from one
     ``make_fx`` trace, or None where ``torch.export`` must decide (module
     docstring).  With ``mutations``, a program that writes its parameters,
-    buffers or tensor inputs in place is taken too (traced under the
-    caller's grad mode, as export's training IR is); without, it is
+    buffers or tensor inputs in place is taken too (its code sees the
+    caller's grad mode, as in export's training IR); without, it is
     declined.  Never raises for a program it does not take."""
     private = torch_internals._private()
     if private is None or not _plain_tree((args, kwargs)):
@@ -317,6 +318,7 @@ def _trace(
     table: dict[Any, Callable[..., Any]],
     mutations: bool = False,
 ) -> _Traced | None:
+    from torch._dispatch.python import enable_python_dispatcher
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.nn.utils.stateless import _reparametrize_module
 
@@ -326,11 +328,14 @@ def _trace(
     out_specs: list[Any] = []
     mutated: list[int] = []
 
+    user_grad = torch.is_grad_enabled()
+
     def flat_forward(*flat: Any) -> tuple[Any, ...]:
         call_args, call_kwargs = pytree.tree_unflatten(list(flat[state_count:]), in_spec)
         state = dict(zip(names, flat[:state_count]))
-        with _reparametrize_module(module, state, tie_weights=True, strict=True, stack_weights=True), \
-                _Watch(mutations):
+        watch = _Watch(mutations, user_grad)
+        with _reparametrize_module(module, state, tie_weights=True, strict=True, stack_weights=True), watch, \
+                _user_grad_mode(watch) if mutations else contextlib.nullcontext():
             result = module(*call_args, **call_kwargs)
         if not _plain_tree(result, traced=True):
             raise _NotPlain("output")
@@ -372,12 +377,12 @@ def _trace(
     flat = [*parameters.values(), *buffers.values(), *flat_inputs]
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_internals.cia_override(cia_to_decomp))
+        # The override's kernels are Python kernels: only the Python
+        # dispatcher runs them (make_fx enables it for symbolic and
+        # pre-dispatch traces only; export's trace runs under it).
+        stack.enter_context(enable_python_dispatcher())
         stack.enter_context(torch_internals.lazy_graph_modules())
-        if not mutations:
-            # A program that writes in place runs under the caller's grad
-            # mode, as in export's training IR: autograd refuses there what
-            # it refuses in eager (an in-place write to a leaf that needs grad).
-            stack.enter_context(torch.no_grad())
+        stack.enter_context(torch.no_grad())
         # What torch.export's post-dispatch trace runs under: backend
         # kernels' own decompositions off, torch.compiler.is_exporting()
         # true (models branch on it: transformers' is_tracing).
@@ -393,6 +398,33 @@ def _trace(
     if len(out_specs) != 1:
         return None
     return _Traced(graph_module, out_specs[0], mutated)
+
+
+@contextlib.contextmanager
+def _user_grad_mode(watch: _Watch) -> Iterator[None]:
+    """Within the block, ``torch.is_grad_enabled()`` called outside torch
+    (and from its grad-mode context managers) answers the grad mode
+    the module's code has set (``watch.grad_enabled``: the caller's, then
+    what ``torch.no_grad()`` and the like set), as it does in export's
+    training IR, while the trace itself runs under ``torch.no_grad()`` as
+    ``run_decompositions`` retraces that IR: the module branches as in the
+    training IR, and the writes autograd would refuse are declined
+    (:class:`_CheckedFunctionalMode`)."""
+    original = torch.is_grad_enabled
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    grad_mode_file = torch.autograd.grad_mode.__file__
+
+    def is_grad_enabled() -> bool:
+        caller = sys._getframe(1).f_code.co_filename
+        if caller.startswith(torch_dir) and caller != grad_mode_file:
+            return original()  # torch's own code (decompositions): the trace's mode
+        return watch.grad_enabled
+
+    torch.is_grad_enabled = is_grad_enabled
+    try:
+        yield
+    finally:
+        torch.is_grad_enabled = original
 
 
 #: Record node stack traces with :func:`_forward_stack_traces` (else with

@@ -53,6 +53,7 @@ from hloalias.mlir import (
 from hloalias.repro import write_repro
 from hloalias.frontend import crash_guard, jax_lowerings, single_trace, torch_internals
 from hloalias.frontend.constant_folding import fold_constants
+from hloalias.frontend.gradient_dependence import parameter_free_outputs
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
 from hloalias.frontend.tracing_lock import tracing
@@ -146,6 +147,12 @@ class ProgramSignature:
     # Cache it updates in Python): (output path, input path) pairs, see
     # frontend/carried_objects.py.  The runtime updates the caller's object.
     carried_objects: CarriedObjects = ()
+    # User output positions that no floating chain from a parameter that
+    # requires grad reaches (frontend/gradient_dependence.py): eager returns
+    # them without requires_grad, so the runtime leaves them unmarked, and
+    # marks the others (views of state included).  None: not known (a
+    # foreign program), every computed result is marked, no view.
+    parameter_free_outputs: frozenset[int] | None = None
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""
@@ -912,6 +919,7 @@ def _describe(f: Any) -> str:
 
 
 def _signature(exported: ExportedProgram) -> ProgramSignature:
+    parameter_free = parameter_free_outputs(exported)
     graph_signature = exported.graph_signature
     graph = exported.graph_module.graph
     all_placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -991,7 +999,16 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
             )
         for dim, size in enumerate(meta.shape):
             if not isinstance(size, int):
-                raise TorchImportError(f"result {result.key} has dynamic dimension {dim} ({size})")
+                raise TorchImportError(
+                    f"result {result.key} has dynamic dimension {dim} ({size})"
+                    + (
+                        ": its size depends on the input's values (boolean-mask indexing, nonzero, unique, "
+                        "masked_select); an XLA program has static shapes: keep the shape fixed "
+                        "(torch.where(mask, x, 0), a padded index list) or run that part eagerly"
+                        if str(size).startswith("u")
+                        else ""
+                    )
+                )
     results = _storage_classes(placeholders, results, graph_values)
     return ProgramSignature(
         tuple(arguments),
@@ -1000,6 +1017,7 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
         exported.call_spec.out_spec,
         constant_outputs,
         static_inputs,
+        parameter_free_outputs=parameter_free,
     )
 
 

@@ -1255,7 +1255,9 @@ class _GradientCheckedExecutable(Executable):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         outputs = Executable.__call__(self, *args, **kwargs)
         if self._trainable_state and torch.is_grad_enabled():
-            return mark_without_gradient(outputs, self._program_name, (args, kwargs))
+            return mark_without_gradient(
+                outputs, self._program_name, (args, kwargs), free=self._signature.parameter_free_outputs
+            )
         return outputs
 
 

@@ -23,14 +23,18 @@ Under ``torch.no_grad()`` / ``torch.inference_mode()`` nothing is added
 A view of such a result beside it (``y, y[:, :8]``) is a view of the
 marked result.
 
-Not seen: a result the program computes without the parameters (a
-buffer plus one, ``y.detach()``) is marked all the same, so a backward
-through it is refused where eager gives it no gradient; and a program
+A result no parameter reaches (a buffer plus one, ``x * 2``, a mask:
+:mod:`hloalias.frontend.gradient_dependence`) is left as it is, as eager
+leaves it; a returned view of a parameter (``self.w[1:2]``) is marked as
+a computed result is.  Not seen: a result cut from the parameters inside
+``forward`` (``y.detach()``, a ``no_grad`` block) is marked all the
+same, so a backward through it is refused where eager gives it no
+gradient; and a program
 without parameters whose *input* requires grad returns results that do
 not (eager's would): a backward through them raises torch's own error,
 or, mixed with other terms, gives the input no gradient from them; nor
 does a function that closes over a module (its tensors are the program's
-constants), nor a returned view of a parameter."""
+constants)."""
 
 from __future__ import annotations
 
@@ -75,15 +79,22 @@ def _anchor() -> torch.Tensor:
 
 
 
-def mark_without_gradient(outputs: Any, program: str, call: tuple[Any, ...], keep: Sequence[Any] = ()) -> Any:
+def mark_without_gradient(
+    outputs: Any, program: str, call: tuple[Any, ...], keep: Sequence[Any] = (), free: frozenset[int] | None = None
+) -> Any:
     """``outputs`` with each floating or complex result the program computed
     (not a view: ``_base`` is None) replaced as the module docstring says,
     and each view of such a result (``y[:, :8]`` beside ``y``) made a view of
     its replacement.  Left as they are: results that already require grad,
     the call's own tensors (``call``: its arguments, returned as
-    themselves) and views of them (they follow the input, as in eager), and
-    the objects in ``keep`` (returned as themselves: the caller's
-    transformers caches)."""
+    themselves) and views of them (they follow the input, as in eager), the
+    objects in ``keep`` (returned as themselves: the caller's transformers
+    caches), and the leaves at the positions in ``free`` (outputs no
+    parameter reaches: the signature's ``parameter_free_outputs``, whose
+    positions are the outputs' leaves; given only without ``keep``).  When
+    ``free`` is given, a view at another position whose base is not a
+    result or an argument (a view of a parameter: ``self.w[1:2]``) is
+    marked too, sharing its memory, as eager's view requires grad."""
     if isinstance(outputs, torch.Tensor):  # the common shapes without pytree's cost
         leaves, spec = [outputs], None
     elif type(outputs) is tuple and all(isinstance(output, torch.Tensor) for output in outputs):
@@ -91,11 +102,20 @@ def mark_without_gradient(outputs: Any, program: str, call: tuple[Any, ...], kee
     else:
         leaves, spec = pytree.tree_flatten(outputs, is_leaf=(lambda node: any(node is kept for kept in keep)) if keep else None)
     arguments = _argument_ids(call)
-    computed = [
+    unmarked = free if free is not None else frozenset()
+    candidates = [
         index for index, leaf in enumerate(leaves)
-        if isinstance(leaf, torch.Tensor) and leaf._base is None and id(leaf) not in arguments
+        if isinstance(leaf, torch.Tensor) and id(leaf) not in arguments and index not in unmarked
         and not leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     ]
+    computed = [index for index in candidates if leaves[index]._base is None]
+    if free is not None:
+        results = {id(leaves[index]) for index in computed}
+        computed += [
+            index for index in candidates
+            if leaves[index]._base is not None and id(leaves[index]._base) not in results
+            and id(leaves[index]._base) not in arguments
+        ]
     if not computed:
         return outputs
     marked = _NoGradient.apply(program, _anchor(), *(leaves[index] for index in computed))  # type: ignore[no-untyped-call]

@@ -24,7 +24,9 @@ own tensors keep the values they had at compile time (or at the last
 ``write_back``/``reload``), except that an eager ``model(x)``,
 ``model.state_dict()`` and ``optimizer.state_dict()`` first copy the
 steps' device state in (eager evaluation and checkpoints never see stale
-state; not for a step on a mesh).
+state), and ``model.load_state_dict``/``optimizer.load_state_dict`` set
+the device state (resuming after the step was compiled); neither for a
+step on a mesh.
 
 One state store per model: every training step compiled for a model (and
 optimizer) and every executable ``hloalias.compile`` made from the model
@@ -116,7 +118,9 @@ def compile_training_step(
 
 
 def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimizer, step: "TrainingStep") -> None:
-    """Make ``optimizer.state_dict()`` (``torch.save`` of a checkpoint,
+    """Make ``optimizer.load_state_dict()`` set the steps' device optimizer
+    state (:meth:`TrainingStep._reload_optimizer`), and make
+    ``optimizer.state_dict()`` (``torch.save`` of a checkpoint,
     ``accelerate``/``transformers`` Trainer code) first copy what the steps
     left on the device into the optimizer's state, as the model's
     ``state_dict()`` does for parameters and buffers (the state group's
@@ -140,7 +144,19 @@ def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimiz
                     candidate._write_back_optimizer()
                     break
 
+            def reload_after_load(opt: torch.optim.Optimizer) -> None:
+                live = found()
+                registered = live.steps_of.get(opt) if live is not None else None
+                for candidate in list(registered or ()):
+                    candidate._reload_optimizer()
+                    break
+
             optimizer.register_state_dict_pre_hook(write_back_first)
+            # Resuming from a checkpoint after compiling the step
+            # (``optimizer.load_state_dict(ckpt)``): the device state must
+            # become the loaded state, or the next step silently continues
+            # from the old moments and step counts.
+            optimizer.register_load_state_dict_post_hook(reload_after_load)
         steps.add(step)
 
 
@@ -303,6 +319,9 @@ class TrainingStep:
         #: Which parameters were trainable at capture: a frozen one gets no
         #: gradient and no update, as in eager (frontend/training.py).
         self._trainable = self._trainable_now()
+        #: Why the optimizer's state could not be loaded onto the device
+        #: (:meth:`_reload_optimizer`); calls refuse to run until it can.
+        self._unloaded_optimizer: str | None = None
 
     def _trainable_now(self) -> tuple[bool, ...]:
         return tuple(bool(p.requires_grad) for p in self._model.parameters())
@@ -320,6 +339,8 @@ class TrainingStep:
     # -- calling -----------------------------------------------------------
     def __call__(self, *batch: Any) -> torch.Tensor:
         """One training step on ``batch``; returns the loss."""
+        if self._unloaded_optimizer is not None:
+            self._reload_optimizer()  # raises again while the loaded state does not fit
         store = self._store
         if store is not None and store.generation != self._generation and self._recompile is not None:
             # Another step of the model keeps gradients now: read them too.
@@ -513,6 +534,44 @@ class TrainingStep:
             if slot.kind == "optimizer":
                 assert slot.param_index is not None and slot.key is not None
                 self._optimizer.state[params[slot.param_index]][slot.key] = device_state[slot.name]
+
+    def _reload_optimizer(self) -> None:
+        """Set the device's optimizer state from the optimizer's own (after
+        ``optimizer.load_state_dict``: the optimizer's post-hook); the
+        parameters, buffers and kept gradients stay as the steps left them.
+        A loaded state the step cannot take (a missing entry, another shape)
+        is an ExecutionError from ``load_state_dict``, and every call of a
+        step of this optimizer raises it until a load succeeds: the step
+        never runs on the state from before the load."""
+        params = list(self._parameters)
+        try:
+            optimizer_state = optimizer_state_of(self._optimizer, params)
+            values: dict[str, torch.Tensor] = {}
+            for slot in self._slots:
+                if slot.kind != "optimizer":
+                    continue
+                assert slot.param_index is not None and slot.key is not None
+                entries = optimizer_state[slot.param_index]
+                if slot.key not in entries:
+                    raise ExecutionError(
+                        f"optimizer state '{slot.key}' of parameter {slot.param_index} is missing"
+                    )
+                values[slot.name] = entries[slot.key]
+            if values:
+                self.executable.load_state_dict(values)
+        except (TrainingCaptureError, ExecutionError) as error:
+            message = f"optimizer.load_state_dict: the compiled training step cannot take the loaded state: {error}"
+            self._set_unloaded_optimizer(message)
+            raise ExecutionError(message) from None
+        self._set_unloaded_optimizer(None)
+
+    def _set_unloaded_optimizer(self, message: str | None) -> None:
+        """Record (or clear) a failed optimizer load on every step of this
+        optimizer: they share the device state it failed to set."""
+        store = self._store
+        registered = store.steps_of.get(self._optimizer) if store is not None else None
+        for step in list(registered or ()) or [self]:
+            step._unloaded_optimizer = message
 
     def reload(self) -> None:
         """Set the device state from the model and the optimizer as they are

@@ -11,6 +11,7 @@ alternating with an ``hloalias.compile`` executable of the same module
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -111,12 +112,22 @@ def stateful_problems(program: StatefulProgram) -> list[str]:
             if any(not same_bits(after[k], state_before[k]) for k in state_before):
                 problems.append(f"call {call}: a refused call changed the state")
             continue
+        # Which results eager gives requires_grad (a copy of the module in
+        # grad mode, before the call changes its state); ours are called in
+        # grad mode, where results computed from the parameter are marked
+        # (runtime/gradient_boundary.py).
+        wants_grad = _requires_grad_in_eager(eager, e0, e1)
         with torch.no_grad():
             expected = eager(e0, e1)
         got = exe(x0, x1)
         if len(got) != len(expected):
             problems.append(f"call {call}: {len(got)} results, eager {len(expected)}")
             continue
+        if wants_grad is not None and wants_grad != [bool(r.requires_grad) for r in got]:
+            problems.append(
+                f"call {call}: requires_grad of the results {[bool(r.requires_grad) for r in got]}, "
+                f"eager {wants_grad}"
+            )
         held_eager.extend(expected)
         held_ours.extend(got)
         problems += call_problems(call, (e0, e1), (x0, x1), eager.state_dict(), exe.state_dict())
@@ -127,6 +138,17 @@ def stateful_problems(program: StatefulProgram) -> list[str]:
     if program.two_executables and executables[0]._slots["buf"] is not executables[1]._slots["buf"]:
         problems.append("two executables of one module hold two copies of its buffer")
     return problems
+
+
+def _requires_grad_in_eager(module: torch.nn.Module, x0: torch.Tensor, x1: torch.Tensor) -> list[bool] | None:
+    """``requires_grad`` of each result of a grad-mode call of a copy of
+    ``module`` on copies of the inputs; None where eager refuses the call in
+    grad mode (an in-place write to the parameter)."""
+    copied = copy.deepcopy(module)
+    try:
+        return [bool(r.requires_grad) for r in copied(x0.clone(), x1.clone())]
+    except RuntimeError:
+        return None
 
 
 def check_stateful(program: StatefulProgram) -> None:

@@ -58,6 +58,10 @@ def _function(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
     return [(x @ y).relu(), x.transpose(0, 1).reshape(-1)]
 
 
+def _linear_algebra(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.linalg.det(a), torch.linalg.svdvals(a)
+
+
 _PROGRAMS: dict[str, Callable[[], tuple[Any, tuple[Any, ...], dict[str, Any]]]] = {
     "seed": lambda: (_Seed(), (torch.randn(32),), {}),
     "block_trees_statics_buffers": lambda: (
@@ -66,6 +70,14 @@ _PROGRAMS: dict[str, Callable[[], tuple[Any, tuple[Any, ...], dict[str, Any]]]] 
         {"k": 3, "named": {"a": torch.ones(2)}},
     ),
     "function": lambda: (_function, (torch.randn(3, 4), torch.randn(4, 5)), {}),
+    # Composite-implicit ops the table decomposes its own way (linalg_det
+    # into a JAX-lowering placeholder): the override's Python kernels run
+    # only under the Python dispatcher, as in export's trace.
+    "table_cia_decompositions": lambda: (
+        _linear_algebra,
+        (torch.randn(4, 4),),
+        {},
+    ),
 }
 
 
@@ -359,6 +371,14 @@ class _LeafWrite(torch.nn.Module):
         return self.weight * 2
 
 
+class _LeafWriteAfterNoGrad(_LeafWrite):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            y = x * 2
+        self.weight.add_(y)  # grad mode is back on: autograd refuses it
+        return self.weight * 2
+
+
 class _ViewWrite(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -442,6 +462,7 @@ def _shared_inputs() -> tuple[torch.nn.Module, tuple[Any, ...]]:
 _MUTATING_DECLINED: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "leaf_write_under_grad": lambda: (_LeafWrite(), (torch.ones(4),)),
     "view_write_under_grad": lambda: (_ViewWrite(), (torch.ones(2, 4),)),
+    "leaf_write_after_no_grad_block": lambda: (_LeafWriteAfterNoGrad(), (torch.ones(4),)),
     "converting_copy": lambda: (_ConvertingCopy(), (torch.randn(4),)),
     "whole_buffer_copy": lambda: (_WholeCopy(), (torch.randn(4),)),
     "reshape_copies_after_write": lambda: (_WriteThenReshapeCopies(), (torch.randn(6, 4).t(),)),

@@ -115,3 +115,55 @@ def test_a_view_of_a_marked_result_is_a_view_of_it() -> None:
         torch.testing.assert_close(head, module(x)[1])
     with pytest.raises(ExecutionError, match="records no autograd graph"):
         head.sum().backward()
+
+
+class _ResultsWithAndWithoutParameters(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("count", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits = self.linear(x)
+        chosen = logits.argmax(-1)
+        return logits, self.count + 1, x * 2, chosen, chosen.float(), logits.sum() + self.count.sum()
+
+
+def test_results_no_parameter_reaches_do_not_require_grad() -> None:
+    """As in eager: a buffer plus one, ``x * 2`` and a value derived through
+    an integer (argmax) carry no gradient, so ``.numpy()`` works on them;
+    the results computed from the parameters still refuse a backward."""
+    torch.manual_seed(0)
+    module = _ResultsWithAndWithoutParameters()
+    x = torch.randn(3, 4)
+    exe = hloalias.compile(module, (x,))
+    eager, ours = module(x), exe(x)
+    assert [r.requires_grad for r in ours] == [r.requires_grad for r in eager] == [True, False, False, False, False, True]
+    for index in (1, 2, 4):
+        ours[index].numpy()
+    with pytest.raises(ExecutionError, match="records no autograd graph"):
+        ours[5].backward()
+
+
+class _ReturnsAViewOfItsParameter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(4, 3))
+        self.register_buffer("scale", torch.ones(4, 3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return x * 2, self.weight[1:3], self.scale[0]
+
+
+def test_a_returned_view_of_a_parameter_requires_grad_and_refuses_backward() -> None:
+    """Eager's ``self.weight[1:3]`` requires grad (a backward reaches the
+    parameter); ours is marked, still over the module state's memory."""
+    module = _ReturnsAViewOfItsParameter()
+    exe = hloalias.compile(module, (torch.randn(2),))
+    got = exe(torch.randn(2))
+    assert [r.requires_grad for r in got] == [r.requires_grad for r in module(torch.randn(2))] == [False, True, False]
+    with torch.no_grad():
+        state_view = exe(torch.randn(2))[1]
+    assert got[1].data_ptr() == state_view.data_ptr()
+    with pytest.raises(ExecutionError, match="records no autograd graph"):
+        (got[1].sum() * 2).backward()

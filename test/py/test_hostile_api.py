@@ -448,7 +448,8 @@ IMPORT_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any
     # A non-tensor input (int, bool, str) is static since issue 12: test_models.py tests it.
     "scalar_output": (lambda x: x.sum().item(), (torch.randn(2, 3),), {}, "result output:0 is SymFloat, not a tensor"),
     "data_dependent_output_shape": (
-        lambda x: torch.nonzero(x), (torch.randn(2, 3),), {}, "result output:0 has dynamic dimension 0"
+        lambda x: torch.nonzero(x), (torch.randn(2, 3),), {},
+        "result output:0 has dynamic dimension 0 (u0): its size depends on the input's values",
     ),
     "unknown_output_type": (
         lambda x: ValueError(x), (torch.randn(2, 3),), {}, "torch.export failed for",

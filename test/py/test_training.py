@@ -182,6 +182,54 @@ def test_resume_from_checkpoint_equals_uninterrupted(tmp_path: Any) -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def _eager_trained(steps: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    step = _step_fn(model, opt)
+    for x, y in steps:
+        step(x, y)
+    return model, opt
+
+
+def test_loading_a_checkpoint_after_compiling_the_step_resumes_from_it() -> None:
+    """Compile, then ``model.load_state_dict``/``optimizer.load_state_dict``
+    (a script that resumes after building its step): the step continues
+    from the loaded moments and step counts, as eager does."""
+    batches = _batches(5)
+    eager_model, eager_opt = _eager_trained(batches[:3])
+    checkpoint = {"model": copy.deepcopy(eager_model.state_dict()), "optimizer": copy.deepcopy(eager_opt.state_dict())}
+
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    step = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    step(*batches[0])  # the device state is ahead of the optimizer's own
+    model.load_state_dict(checkpoint["model"])
+    opt.load_state_dict(checkpoint["optimizer"])
+    eager_step = _step_fn(eager_model, eager_opt)
+    for x, y in batches[3:]:
+        torch.testing.assert_close(step(x, y), eager_step(x, y), rtol=RTOL, atol=ATOL)
+    _assert_state_equal({"model": eager_model.state_dict(), "optimizer": eager_opt.state_dict()},
+                        {"model": model.state_dict(), "optimizer": opt.state_dict()})
+
+
+def test_a_loaded_optimizer_state_the_step_cannot_take_stops_its_calls() -> None:
+    batches = _batches(3)
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    step = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    step(*batches[0])
+    broken = copy.deepcopy(opt.state_dict())
+    for entries in broken["state"].values():
+        del entries["exp_avg_sq"]
+    with pytest.raises(hloalias.ExecutionError, match="exp_avg_sq"):
+        opt.load_state_dict(broken)
+    with pytest.raises(hloalias.ExecutionError, match="exp_avg_sq"):
+        step(*batches[1])  # never from the state before the load
+    _, eager_opt = _eager_trained(batches[:1])
+    opt.load_state_dict(eager_opt.state_dict())
+    assert torch.isfinite(step(*batches[1]))
+
+
 class _BatchNormNet(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
