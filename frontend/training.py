@@ -32,7 +32,10 @@ traced 0-d float32 tensor.  The one trace also functionalizes (torch's
 ``FunctionalTensorMode``) and applies the importer's decompositions, so its
 graph becomes the ``ExportedProgram`` (state slots as mutated buffers) that
 :func:`hloalias.frontend.importer.import_torch` lowers without a second
-``torch.export`` or a decomposition retrace.
+``torch.export`` or a decomposition retrace.  The optimizer's update is
+traced once per class of parameters and copied, shapes substituted, for
+the others of the class (:mod:`hloalias.frontend.optimizer_replay`): the
+same operators as tracing each parameter's.
 
 Fake-mode tracing makes every host read of a traced value (``.item()``,
 ``if loss > 0``, ``print(loss)``) an error; it is reported as
