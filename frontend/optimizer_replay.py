@@ -64,11 +64,20 @@ _KERNELS = (
 )
 _GRADS = 1  # position of the gradient list in every kernel (read only)
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-#: Non-pointwise operators an update may contain.
+#: Non-pointwise operators an update may contain (the ``*_like`` ones take
+#: their shape from a tensor; the others only with an empty shape list:
+#: 0-d values, e.g. the reference ``lerp``'s weight for bfloat16).
 _ALSO_ALLOWED = frozenset({
     aten.copy.default, aten.clone.default, aten._to_copy.default, aten.alias.default,
-    aten._local_scalar_dense.default,
+    aten._local_scalar_dense.default, aten.empty_like.default, aten.full_like.default,
+    aten.zeros_like.default, aten.ones_like.default, aten.fill.Scalar,
+    aten.empty_strided.default, aten.full.default, aten.scalar_tensor.default, aten.empty.memory_format,
 })
+
+#: Class keys whose update was refused once (with the classes of the same
+#: trace not checked yet): their kernel calls trace in full in later
+#: captures, which then need no second trace.
+_REFUSED: set[Any] = set()
 
 
 @functools.cache
@@ -100,6 +109,7 @@ class _Class:
     when a tensor), which lists are present, and one member's tensors
     (state then inputs) to trace the update with."""
 
+    key: Any
     kernel: Callable[..., Any]
     kwargs: dict[str, Any]
     list_count: int
@@ -168,6 +178,8 @@ def _wrapper(kernel: Callable[..., Any], replay: Replay) -> Callable[..., Any]:
             if any(k is None for k in keys):
                 return kernel(*lists, **kwargs)
             key = (kernel, settings, len(lists), present, tuple(keys))
+            if key in _REFUSED:
+                return kernel(*lists, **kwargs)
             calls.append((key, tensors))
         all_state: list[FunctionalTensor] = []
         all_inputs: list[torch.Tensor] = []
@@ -179,7 +191,7 @@ def _wrapper(kernel: Callable[..., Any], replay: Replay) -> Callable[..., Any]:
             if cls is None:
                 cls = replay.index[key] = len(replay.classes)
                 replay.classes.append(_Class(
-                    kernel, {k: v for k, v in kwargs.items() if not (k == "lr" and tensor_lr)}, len(lists), present,
+                    key, kernel, {k: v for k, v in kwargs.items() if not (k == "lr" and tensor_lr)}, len(lists), present,
                     tensor_lr, tuple(_example(t) for t in state), tuple(_example(t) for t in inputs),
                 ))
             all_state += state
@@ -275,7 +287,7 @@ def _check_template(graph_module: torch.fx.GraphModule, cls: _Class, state_count
         ):
             raise ReplayRefused(f"{target} is not pointwise")
         for value in (*node.args, *node.kwargs.values()):
-            if isinstance(value, (list, tuple)):
+            if isinstance(value, (list, tuple)) and len(value):
                 raise ReplayRefused(f"{target} has a list argument")
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
@@ -301,7 +313,13 @@ def expand_replayed_updates(
         for index in classes:
             cls = replay.classes[index]
             if cls.template is None:
-                cls.template = _trace_template(cls, decompositions)
+                try:
+                    cls.template = _trace_template(cls, decompositions)
+                except ReplayRefused:
+                    # This class and those not checked yet: traced in full
+                    # from now on (no second trace of a later step).
+                    _REFUSED.update(c.key for c in replay.classes if c.template is None)
+                    raise
             state_count, input_count = len(cls.state_examples), len(cls.input_examples)
             with graph.inserting_before(node):
                 outputs += _expand(graph, cls, state[:state_count], inputs[:input_count])

@@ -156,6 +156,17 @@ def test_compiled_steps_are_bitwise_the_full_traces(
     _assert_bitwise(replayed, _compiled_run(name, dtype))
 
 
+@pytest.mark.parametrize("name", ["adamw", "adam_amsgrad_wd_maximize", "sgd_momentum_nesterov_wd"])
+def test_bfloat16_steps_are_bitwise_the_full_traces(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 Adam traces the reference ``lerp`` (a 0-d ``empty_strided``
+    in the update): still replayed, still the same bits."""
+    calls = _kernel_calls(monkeypatch)
+    replayed = _compiled_run(name, torch.bfloat16)
+    assert calls == [1]
+    monkeypatch.setattr(frontend_training, "REPLAY_OPTIMIZER", False)
+    _assert_bitwise(replayed, _compiled_run(name, torch.bfloat16))
+
+
 def test_non_contiguous_parameter_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _kernel_calls(monkeypatch)
     replayed = _targets("adamw", transposed=True)
@@ -178,9 +189,15 @@ def test_update_that_is_not_shape_generic_is_traced_again_in_full(monkeypatch: p
         raise optimizer_replay.ReplayRefused("test")
 
     monkeypatch.setattr(optimizer_replay, "_check_template", refuse)
+    monkeypatch.setattr(optimizer_replay, "_REFUSED", set())
+    traces = []
+    capture = frontend_training._capture
+    monkeypatch.setattr(frontend_training, "_capture", lambda *args: traces.append(args[-1]) or capture(*args))
     refused_graph = _targets("adamw_two_groups")
+    assert traces == [True, False] and len(refusals) == 1
+    # The refusal is remembered: a later capture traces once, in full.
     refused_run = _compiled_run("adamw_two_groups")
-    assert len(refusals) == 2
+    assert traces == [True, False, True] and len(refusals) == 1
     monkeypatch.setattr(frontend_training, "REPLAY_OPTIMIZER", False)
     assert refused_graph == _targets("adamw_two_groups")
     _assert_bitwise(refused_run, _compiled_run("adamw_two_groups"))
@@ -201,6 +218,7 @@ def test_foreach_update_is_refused_and_traced_in_full(monkeypatch: pytest.Monkey
             raise
 
     monkeypatch.setattr(optimizer_replay, "_check_template", checked)
+    monkeypatch.setattr(optimizer_replay, "_REFUSED", set())
     replayed = _targets("adamw_foreach")
     assert refused and "_foreach_" in refused[0]
     monkeypatch.setattr(frontend_training, "REPLAY_OPTIMIZER", False)
