@@ -32,7 +32,10 @@ traced 0-d float32 tensor.  The one trace also functionalizes (torch's
 ``FunctionalTensorMode``) and applies the importer's decompositions, so its
 graph becomes the ``ExportedProgram`` (state slots as mutated buffers) that
 :func:`hloalias.frontend.importer.import_torch` lowers without a second
-``torch.export`` or a decomposition retrace.
+``torch.export`` or a decomposition retrace.  The optimizer's update is
+traced once per class of parameters and copied, shapes substituted, for
+the others of the class (:mod:`hloalias.frontend.optimizer_replay`): the
+same operators as tracing each parameter's.
 
 Fake-mode tracing makes every host read of a traced value (``.item()``,
 ``if loss > 0``, ``print(loss)``) an error; it is reported as
@@ -64,6 +67,7 @@ from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend.backward_decompositions import capture_decompositions
 from hloalias.frontend.importer import _decomposition_table
 from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
+from hloalias.frontend.optimizer_replay import ReplayRefused, expand_replayed_updates, replayed_updates
 from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules
 
 
@@ -72,6 +76,10 @@ class TrainingCaptureError(TorchImportError):
     a traced value, data-dependent control flow, an unsupported optimizer
     setting); the message names the construct and the user's source line."""
 
+
+#: Trace the optimizer's update once per class of parameters
+#: (:mod:`hloalias.frontend.optimizer_replay`); tests compare with False.
+REPLAY_OPTIMIZER = True
 
 #: Optimizer hyperparameters that are not baked into the graph.
 LR_KEY = "lr"
@@ -150,13 +158,17 @@ def capture_training_step(
             raise TrainingCaptureError(f"optimizer parameter {index} is not a parameter of the model")
     _check_groups(optimizer)
     opt_state = _initial_optimizer_state(optimizer, opt_params)
-    kept, traces = kept_grads, stack_traces
+    kept, traces, replay = kept_grads, stack_traces, REPLAY_OPTIMIZER
     while True:
         try:
             with tracing():
                 return _capture(
-                    step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept, traces
+                    step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept, traces, replay
                 )
+        except ReplayRefused:
+            # An update class is not shape-generic (frontend/optimizer_replay.py):
+            # trace every parameter's update.
+            replay = False
         except _GradientsKept as kept_now:
             # The step accumulates into .grad across calls (no zero_grad, or
             # zero_grad(set_to_none=False)): gradients become device state too.
@@ -190,6 +202,7 @@ def _capture(
     opt_state: list[dict[str, torch.Tensor]],
     kept_grads: frozenset[str],
     stack_traces: bool,
+    replay: bool = False,
 ) -> CapturedTrainingStep:
     named_params = dict(model.named_parameters())
     named_buffers = dict(model.named_buffers())
@@ -268,19 +281,23 @@ def _capture(
     # backward is ops XLA lowers; the fused CPU kernels' backward is not.
     # Lazy graph modules: make_fx's module and the graph edits below need
     # no generated code; only the ExportedProgram's module generates it.
+    # ``replay``: the optimizer's update traced once per class of
+    # parameters and copied for the others (frontend/optimizer_replay.py).
+    decompositions = {**_decomposition_table(), **capture_decompositions(), **optimizer_decompositions()}
     with _tracing_flag(), sdpa_kernel(SDPBackend.MATH), lazy_graph_modules():
         try:
-            graph_module = make_fx(
-                dispatch_functionalize(functional, FunctionalTensorMode()),
-                decomposition_table={
-                    **_decomposition_table(), **capture_decompositions(), **optimizer_decompositions()
-                },
-                tracing_mode="fake",
-                record_stack_traces=stack_traces,
-            )(
-                flat_state, lr_examples, batch_leaves
-            )
-        except (TrainingCaptureError, _GradientsKept):
+            with replayed_updates() if replay else contextlib.nullcontext() as replayed:
+                graph_module = make_fx(
+                    dispatch_functionalize(functional, FunctionalTensorMode()),
+                    decomposition_table=decompositions,
+                    tracing_mode="fake",
+                    record_stack_traces=stack_traces,
+                )(
+                    flat_state, lr_examples, batch_leaves
+                )
+            if replayed is not None:
+                expand_replayed_updates(graph_module, replayed, decompositions)
+        except (TrainingCaptureError, _GradientsKept, ReplayRefused):
             raise
         except Exception as error:  # torch raises many types while tracing
             raise TrainingCaptureError(_describe_trace_failure(error)) from None
