@@ -78,7 +78,7 @@ from hloalias import attributes as A, config, observe
 from hloalias.observe import traced_compile
 from hloalias.errors import CompileError, DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage
-from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verify
+from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verification_scope, verify
 from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
@@ -184,6 +184,7 @@ def clear_cache() -> None:
 
 
 @traced_compile
+@verification_scope()  # the contract of a signature seen in this compile is not read again
 def compile(  # noqa: A001 - the name users expect
     f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
     example_args: Sequence[Any] = (),
