@@ -304,6 +304,35 @@ def test_compile_rejects_a_final_module_that_breaks_the_contract(monkeypatch: py
 
 # -- IR XLA cannot take as torch-mlir writes it ---------------------------------
 
+def test_xla_input_is_the_same_parsed_in_the_programs_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile`` parses the final text for XLA in the program's own
+    context (no new one): the text XLA gets (and the disk cache keys) is
+    what a new context gives, with dense_resource constants (as_strided's
+    indices) among them."""
+    from hloalias.runtime import pjrt
+
+    seen: list[tuple[str, Any]] = []
+    original = pjrt.prepare_for_xla
+
+    def spy(text: str, **kwargs: Any) -> str:
+        seen.append((text, kwargs.get("context")))
+        return original(text, **kwargs)
+
+    monkeypatch.setattr(pjrt, "prepare_for_xla", spy)
+    monkeypatch.setenv("HLOALIAS_CACHE", "0")
+    programs = [
+        (lambda x: x.as_strided((2, 2), (1, 2), 1) * 3, (torch.randn(3, 4),)),
+        (lambda x: torch.erf(x).to(torch.bfloat16).sum(0), (torch.randn(4, 8),)),
+        (torch.nn.Linear(8, 4), (torch.randn(2, 8),)),
+    ]
+    for fn, args in programs:
+        hloalias.compile(fn, args)
+    assert len(seen) == len(programs)
+    for text, context in seen:
+        assert context is not None
+        assert original(text, allow_stored_state=True, context=context) == original(text, allow_stored_state=True)
+
+
 def test_as_strided_compiles_and_matches_eager() -> None:
     """``as_strided`` lowers to a gather with dense_resource index constants;
     they are inlined before serialization (was: CompileError)."""
