@@ -64,7 +64,7 @@ PRIVATE_NAMES = {
         "_get_decomp_for_cia", "_materialize_cpp_cia_ops", "_compiling_state_context", "placeholder_naming_pass",
     ),
     "torch._higher_order_ops.utils": ("autograd_not_implemented",),
-    "torch._subclasses.fake_impls": ("op_implementations_dict", "_deregister_op_impl"),
+    "torch._subclasses.fake_impls": ("op_implementations_dict", "op_implementations_checks", "_deregister_op_impl"),
     "torch.export._trace": ("_export", "_export_to_aten_ir", "_ignore_backend_decomps", "_get_forward_arg_names"),
     "torch.fx._lazy_graph_module": ("_use_lazy_graph_module", "_make_graph_module"),
 }
@@ -212,11 +212,13 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
     fake_rules = private["op_implementations_dict"]
     deregister_fake_rule = private["_deregister_op_impl"]
     cia_key = torch._C.DispatchKey.CompositeImplicitAutograd
+    # Each operator's kernel table is swapped for a patched one and the
+    # original (never written) put back: what torch's clear-and-update
+    # leaves, without copying either table twice.
     saved: list[tuple[Any, dict[Any, Any]]] = []
     try:
         for op, decomposition in cia_to_decomp.items():
             kernels = op.py_kernels
-            saved.append((op, kernels.copy()))
             # Taken before the CIA entry is replaced (torch's order).  An op
             # without a Python CIA kernel gets the same partial of itself
             # every time: its filled keys are built once (_filled_keys).
@@ -231,18 +233,23 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
             # missing keys); the CIA key is replaced.
             patched.update(kernels)
             patched[cia_key] = decomposition
-            kernels.clear()
-            kernels.update(patched)
+            saved.append((op, kernels))
+            op.py_kernels = patched
             if op not in fake_rules:
                 fake_rules[op] = functools.partial(_run_original_cia, original_callable=original)
             op._dispatch_cache.clear()
         yield
     finally:
+        # torch's _deregister_op_impl(op): the fake rule goes, and the first
+        # check that is the op itself (few ops have one: called for those).
+        checked = {id(check) for check, _ in private["op_implementations_checks"]}
         for op, kernels in saved:
-            op.py_kernels.clear()
-            op.py_kernels.update(kernels)
+            op.py_kernels = kernels
             op._dispatch_cache.clear()
-            deregister_fake_rule(op)
+            if id(op) in checked:
+                deregister_fake_rule(op)
+            else:
+                fake_rules.pop(op, None)
 
 
 @contextlib.contextmanager

@@ -91,6 +91,11 @@ SETTINGS: tuple[Setting, ...] = (
             "in a child process, so that a crash in their native code becomes a `CompileError` and not "
             "the end of the caller's process (programs with an op on the known-risky list lower in a "
             "child always); costs a process start or two per compile (docs/refusals.md)."),
+    Setting("HLOALIAS_VERIFY_EACH_PASS", "flag", False, "runtime",
+            "1: in a pass pipeline, check the IR contract (`hloalias.contract.verify`) in full before "
+            "and after every hloalias pass; unset, a check of an `@main` whose signature (attributes, "
+            "arguments, single block ending in `func.return`) is what the pipeline last checked returns "
+            "that check's records (the same result: the contract reads nothing else). A debugging aid."),
     Setting("HLOALIAS_LOG", "text", None, "runtime",
             "A logging level (`INFO`, `DEBUG`, ...): attach a stderr handler at that level to the "
             "`hloalias` logger, which logs each compile stage's duration at INFO. Unset: the "

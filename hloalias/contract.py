@@ -11,7 +11,9 @@ and never parse attribute dictionaries themselves.
 - :func:`verify` also checks the records against each other (keys unique,
   rebuild bases kept, aliasing in range and type-correct).  Every hloalias
   pass runs it on entry and exit and the runtime once on the final module,
-  so a module that breaks the contract fails at compile time.
+  so a module that breaks the contract fails at compile time; within a
+  :func:`verification_scope` (a pipeline run) a check of a signature that
+  did not change since the last one returns its records.
 - :meth:`Signature.write` writes records back, always in canonical form
   (every result has its role, and its output number or mutated argument).
 - :class:`DonationRequest` and :func:`resolve_donations` are the one record
@@ -26,13 +28,16 @@ and never parse attribute dictionaries themselves.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from torch_mlir import ir
 from torch_mlir.dialects import func
 
 from hloalias import attributes as A
+from hloalias import config
 from hloalias.errors import DonationError, IRError
 from hloalias.mlir import (
     arg_attr_dicts,
@@ -497,7 +502,8 @@ class Signature:
     @staticmethod
     def read(main: func.FuncOp) -> Signature:
         """Read every contract attribute of ``main`` into records (types
-        and values of each attribute checked; relations by :meth:`check`)."""
+        and values of each attribute checked; relations by :meth:`check`).
+        Reads only :data:`SIGNATURE_ATTRIBUTES` and the argument count."""
         arg_dicts = arg_attr_dicts(main)
         result_dicts = result_attr_dicts(main)
         function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
@@ -654,18 +660,86 @@ def placement_text(sharding: str | None) -> str:
     return sharding if sharding is not None else "chosen by the partitioner"
 
 
-def verify(main: func.FuncOp) -> Signature:
+#: The attributes of ``@main`` that :meth:`Signature.read` reads (with the
+#: number of arguments): the whole input of :func:`verify` besides the block
+#: structure.  A new attribute read there must be added here.
+SIGNATURE_ATTRIBUTES = ("function_type", "arg_attrs", "res_attrs", A.REMOVED_RESULTS)
+
+
+class _Verified:
+    """The last check of a :func:`verification_scope`: the key of the
+    signature it read and the records it returned."""
+
+    __slots__ = ("key", "signature")
+
+    def __init__(self) -> None:
+        self.key: tuple[object, ...] | None = None
+        self.signature: Signature | None = None
+
+
+_SCOPE: contextvars.ContextVar[_Verified | None] = contextvars.ContextVar("hloalias_contract_scope", default=None)
+
+
+@contextlib.contextmanager
+def verification_scope() -> Iterator[None]:
+    """Within the block (this thread or task), :func:`verify` of an
+    ``@main`` whose signature is the one it last checked in the block (the
+    same :data:`SIGNATURE_ATTRIBUTES`, uniqued by MLIR, and the same number
+    of arguments) returns that check's records without reading them again:
+    the same result, since the contract reads nothing else (the block
+    structure is checked every time).  A pass pipeline runs in one, so the
+    checks before and after each pass cost a lookup where the pass left the
+    signature alone.  Nested blocks share the outermost one's record.
+    ``HLOALIAS_VERIFY_EACH_PASS=1`` (read on entry) makes every check a full
+    one.  The record holds the attributes, so their context lives until the
+    block ends."""
+    if _SCOPE.get() is not None or config.flag("HLOALIAS_VERIFY_EACH_PASS"):
+        yield
+        return
+    token = _SCOPE.set(_Verified())
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def _signature_key(main: func.FuncOp) -> tuple[object, ...]:
+    attributes = main.attributes
+    return (len(main.arguments), *(attributes.get(name) for name in SIGNATURE_ATTRIBUTES))
+
+
+def _same_key(first: tuple[object, ...], second: tuple[object, ...]) -> bool:
+    # Attributes are uniqued per context: equal is the same pointer.  (An
+    # attribute compared with None raises, hence the pairs.)
+    return first[0] == second[0] and all(
+        a is b or (a is not None and b is not None and a == b) for a, b in zip(first[1:], second[1:])
+    )
+
+
+def verify(main: func.FuncOp, *, full: bool = False) -> Signature:
     """Check ``main`` against the whole IR contract and return its records.
-    Raises :class:`IRError` naming the attribute and the argument or result."""
+    Raises :class:`IRError` naming the attribute and the argument or result.
+    In a :func:`verification_scope`, an unchanged signature is not read
+    again unless ``full``."""
     return_op(main)
+    verified = _SCOPE.get()
+    if verified is None or full:
+        signature = Signature.read(main)
+        signature.check()
+        return signature
+    key = _signature_key(main)
+    if verified.signature is not None and verified.key is not None and _same_key(verified.key, key):
+        return verified.signature
     signature = Signature.read(main)
     signature.check()
+    verified.key, verified.signature = key, signature
     return signature
 
 
 __all__ = [
     "ArgRecord", "BITS_OF_FLOAT", "DONATION_ORIGINS", "Layout", "inverse_permutation", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord", "StoredLayout",
-    "Signature", "check_key", "read_removed_results", "row_major_strides", "verify",
+    "SIGNATURE_ATTRIBUTES", "Signature", "check_key", "read_removed_results", "row_major_strides", "verify",
+    "verification_scope",
     "write_removed_results",
 ]
 

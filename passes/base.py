@@ -5,6 +5,7 @@ torch-mlir ``PassManager``."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import typing
 from abc import ABC, abstractmethod
@@ -42,7 +43,10 @@ class ModulePass(ABC, Generic[ReportT]):
     reads before it changes anything, so a failing pass leaves the module as
     it was.  In a pipeline, the IR contract (:func:`hloalias.contract.verify`)
     is checked before the first hloalias pass of each run of them and after
-    every hloalias pass (the check after one is the check before the next)."""
+    every hloalias pass (the check after one is the check before the next);
+    a run of the pipeline is a :func:`hloalias.contract.verification_scope`,
+    so a check after a pass that left ``@main``'s signature alone costs a
+    lookup.  A module broken by a pass is an error naming the pass."""
 
     name: ClassVar[str]
 
@@ -64,8 +68,7 @@ class ModulePass(ABC, Generic[ReportT]):
     @classmethod
     def from_options(cls, text: str) -> ModulePass[Any]:
         """Build the pass from MLIR option text: ``a=1 b=x,y flag``."""
-        fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls) if f.init}
-        hints = typing.get_type_hints(cls)
+        fields, hints = _option_fields(cls)
         values: dict[str, Any] = {}
         for key, raw in _split_options(text):
             if key not in fields:
@@ -108,13 +111,21 @@ class ModulePass(ABC, Generic[ReportT]):
 
         def run(op: ir.Operation, pass_: Any) -> None:
             module = _ModuleView(op)
+            applied = False
             try:
                 if verify_on_entry:
                     verify_contract(module)
+                applied = True
                 report = self.apply(module)
                 verify_contract(module)
             except IRError as error:
-                _main_location(op).emit_error(str(error))
+                message = str(error)
+                # The module was whole before the pass, and a pass that
+                # rejects its input leaves it as it was: broken now, the
+                # pass broke it (caught here or by the pass's own check).
+                if applied and _contract_error(module) is not None:
+                    message = f"{self.name} broke the IR contract: {message}"
+                _main_location(op).emit_error(message)
                 pass_.signal_pass_failure()
                 return
             if reports is not None:
@@ -123,15 +134,34 @@ class ModulePass(ABC, Generic[ReportT]):
         pm.add(run, name=self.name, argument=self.name)
 
 
-def verify_contract(module: ModuleLike) -> None:
+@functools.cache
+def _option_fields(cls: type) -> tuple[dict[str, dataclasses.Field[Any]], dict[str, Any]]:
+    """A pass class's options by kebab name, and its type hints (read once
+    per class: ``get_type_hints`` evaluates every annotation)."""
+    fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls) if f.init}
+    return fields, typing.get_type_hints(cls)
+
+
+def verify_contract(module: ModuleLike, *, full: bool = False) -> None:
     """:func:`hloalias.contract.verify` on the module's ``@main``, if it has
-    one (a pass such as fold-transpose-into-dot-general needs none)."""
+    one (a pass such as fold-transpose-into-dot-general needs none);
+    ``full``: read the signature even where a verification scope checked it."""
     view = as_module_like(module)
     with view.context:
         for op in view.body.operations:
             if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
-                verify(op if isinstance(op, func.FuncOp) else func.FuncOp(op.operation))
+                verify(op if isinstance(op, func.FuncOp) else func.FuncOp(op.operation), full=full)
                 return
+
+
+def _contract_error(module: ModuleLike) -> IRError | None:
+    """What a full check of the contract (no :func:`verification_scope`
+    record) says of ``module``: None when it holds."""
+    try:
+        verify_contract(module, full=True)
+    except IRError as error:
+        return error
+    return None
 
 
 def _main_location(module_op: ir.Operation) -> ir.Location:

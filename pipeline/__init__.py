@@ -4,7 +4,9 @@
 alias-donated-buffers)`` builds one torch-mlir ``PassManager``: elements
 naming a registered hloalias pass become Python-defined passes, every other
 element is handed to MLIR's own pipeline parser.  The verifier runs after
-every pass."""
+every pass; the IR contract is checked before and after each hloalias pass,
+in full where ``@main``'s signature changed (:func:`run_pipeline` runs in a
+:func:`hloalias.contract.verification_scope`)."""
 
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ from hloalias._layers import alias_bare_import
 alias_bare_import(__name__, "hloalias.pipeline")
 
 import dataclasses
+import functools
 import hashlib
 import re
 from typing import Any
 
 from torch_mlir import ir, passmanager
 
+from hloalias.contract import verification_scope
 from hloalias.errors import IRError, PipelineError
 from hloalias.mlir import format_diagnostics, print_module
 from hloalias.passes import get_all_passes
@@ -199,6 +203,13 @@ def parse_pipeline(text: str) -> list[PipelineElement]:
     """The top-level elements of ``builtin.module(a, b{x=1}, func.func(c))``.
     Raises :class:`PipelineError` naming the offending text: unbalanced
     brackets, text after an element (``pass{a=1}junk``), a missing anchor."""
+    return list(_parse_pipeline(text))
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_pipeline(text: str) -> tuple[PipelineElement, ...]:
+    """:func:`parse_pipeline`, kept for the texts used last (a compile
+    reads its pipeline several times; elements are immutable)."""
     parser = _PipelineParser(text)
     if not parser.peek():
         raise PipelineError(f"pipeline must have the form 'builtin.module(...)', got '{text}'")
@@ -207,7 +218,7 @@ def parse_pipeline(text: str) -> list[PipelineElement]:
         raise PipelineError(f"pipeline must have the form 'builtin.module(...)', got '{text}'")
     if parser.peek():
         raise parser.fail(f"unexpected '{parser.offending()}' after 'builtin.module(...)'")
-    return elements
+    return tuple(elements)
 
 
 def build_pass_manager(
@@ -261,7 +272,8 @@ def run_pipeline(
         module.context.enable_multithreading(False)
         pm.enable_ir_printing()
     try:
-        pm.run(module.operation)
+        with verification_scope():  # one check per change of @main's signature
+            pm.run(module.operation)
     except ir.MLIRError as error:
         raise IRError(format_diagnostics(error, source_name, line_offset)) from None
     return reports

@@ -78,7 +78,7 @@ from hloalias import attributes as A, config, observe
 from hloalias.observe import traced_compile
 from hloalias.errors import CompileError, DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage
-from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verify
+from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verification_scope, verify
 from hloalias.mlir import find_main, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
@@ -184,6 +184,7 @@ def clear_cache() -> None:
 
 
 @traced_compile
+@verification_scope()  # the contract of a signature seen in this compile is not read again
 def compile(  # noqa: A001 - the name users expect
     f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
     example_args: Sequence[Any] = (),
@@ -308,7 +309,7 @@ def compile(  # noqa: A001 - the name users expect
         with observe.stage("XLA compile"):
             loaded = compile_module(
                 final_text, target, options=options, devices=placement.devices, allow_stored_state=True,
-                rewrite=placement.for_xla if placement.spmd else None,
+                rewrite=placement.for_xla if placement.spmd else None, context=program.torch_mlir_module.context,
             )
         _cache_put(cache_slot, loaded)
     # Reports of the final module (all runs of each pass together), not

@@ -116,14 +116,22 @@ def target_stablehlo_version() -> str:
     return str(min(ours, theirs, key=_version_tuple))
 
 
-def prepare_for_xla(module_text: str, *, allow_stored_state: bool = False) -> str:
+def prepare_for_xla(
+    module_text: str, *, allow_stored_state: bool = False, context: ir.Context | None = None
+) -> str:
     """``module_text`` as XLA takes it: without ``hloalias.*`` attributes
     (host-side metadata XLA needs none of), tensor ``arith.constant``s as
     ``stablehlo.constant`` and ``dense_resource`` literals inlined
     (:mod:`hloalias.legalize`).  A module whose state is in the runtime's
     stored layout (``hloalias.state_form``) is a CompileError unless
-    ``allow_stored_state`` (the runtime, which stores that state so)."""
-    module = parse_module(module_text, foreign_ir.context_for(module_text))
+    ``allow_stored_state`` (the runtime, which stores that state so).
+    The text is parsed in ``context`` when given (the context of the module
+    it was printed from: no new context to set up), else in a new one."""
+    if context is None:
+        context = foreign_ir.context_for(module_text)
+    elif "chlo." in module_text:
+        foreign_ir.load_chlo(context)
+    module = parse_module(module_text, context)
     check_static_extents(module)  # XLA aborts the process on these
     module_attributes = module.operation.attributes
     if A.MODULE_STATE_FORM in module_attributes:
@@ -169,7 +177,7 @@ def precision_options(options: Any, excess_precision: bool) -> Any:
 
 def compile_module(
     module_text: str, device: Any, *, options: Any = None, devices: Any = None, allow_stored_state: bool = False,
-    rewrite: Callable[[str, Any], str] | None = None,
+    rewrite: Callable[[str, Any], str] | None = None, context: ir.Context | None = None,
 ) -> Any:
     """Compile final StableHLO ``module_text`` for ``device`` (or, with SPMD
     ``options``, for ``devices``); return the loaded executable, from the
@@ -178,11 +186,13 @@ def compile_module(
     (with a repro file); for a module in the runtime's stored state layout
     unless ``allow_stored_state`` (see :func:`prepare_for_xla`).  ``rewrite``
     (the placement's, for Shardy) rewrites the text XLA gets and may adjust
-    ``options`` before either keys the cache."""
+    ``options`` before either keys the cache.  ``context``: the MLIR context
+    of the module ``module_text`` was printed from, to parse it in
+    (:func:`prepare_for_xla`)."""
     if not allow_stored_state and A.MODULE_STATE_FORM in module_text:
         prepare_for_xla(module_text)  # raises its CompileError, naming the attribute
     try:
-        stripped = prepare_for_xla(module_text, allow_stored_state=True)
+        stripped = prepare_for_xla(module_text, allow_stored_state=True, context=context)
         if "@lapack_" in stripped:
             _initialize_lapack()
         if options is None:

@@ -177,6 +177,110 @@ def test_module_reports_match_a_single_runs_reports() -> None:
     assert AliasReport.from_module(module) == alias
 
 
+# -- checks in a pipeline: one per change of @main's signature -------------------
+
+_CLEAN = (
+    "func.func @main(%arg0: tensor<8xf32> {hloalias.kind = \"user_input\", hloalias.name = \"x\"}) -> "
+    "tensor<8xf32> {\n"
+    "  %0 = stablehlo.negate %arg0 : tensor<8xf32>\n"
+    "  return %0 : tensor<8xf32>\n"
+    "}\n"
+)
+# Passes that leave this module's signature alone.
+_UNTOUCHING = (
+    "builtin.module(fold-transpose-into-dot-general, window-scatter-indices, widen-one-row-updates, "
+    "elementwise-in-producer-shape, canonicalize, fold-broadcast-into-dot-general, accumulate-bf16-dots-in-f32)"
+)
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    reads = [0]
+    original = Signature.read
+
+    def counting(main: Any) -> Signature:
+        reads[0] += 1
+        return original(main)
+
+    monkeypatch.setattr(Signature, "read", staticmethod(counting))
+    return reads
+
+
+def test_a_pipeline_reads_an_unchanged_signature_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seven passes (an upstream one among them) that leave ``@main``'s
+    signature alone: its contract is read once, on entry; every other check
+    (the pipeline's around each pass, the passes' own) reuses that one."""
+    reads = _count_reads(monkeypatch)
+    module = parse_module(_CLEAN, new_context())
+    run_pipeline(module, _UNTOUCHING)
+    assert reads[0] == 1
+    with module.context:  # outside the pipeline: read again
+        verify(find_main(module))
+    assert reads[0] == 2
+
+
+def test_verify_each_pass_reads_the_signature_at_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = _count_reads(monkeypatch)
+    monkeypatch.setenv("HLOALIAS_VERIFY_EACH_PASS", "1")
+    run_pipeline(parse_module(_CLEAN, new_context()), _UNTOUCHING)
+    assert reads[0] >= 2 * 6 + 1  # each hloalias pass's own checks on entry and exit, and the pipeline's
+
+
+def test_a_pipeline_reads_a_changed_signature_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """eliminate-view-results changes the signature (the pass-through
+    result goes): the checks after it read the new one; the records the
+    pipeline returns are the final module's."""
+    reads = _count_reads(monkeypatch)
+    module = parse_module(_main(), new_context())
+    reports = run_pipeline(
+        module, "builtin.module(widen-one-row-updates, eliminate-view-results, widen-one-row-updates)"
+    )
+    assert 2 <= reads[0] <= 4  # entry; after the change (the pass reads its own result once)
+    assert reports[1].removed[0].key == "output:1"
+    with module.context:
+        assert verify(find_main(module)).keys == ("output:0",)
+
+
+def _breaking(check_own_exit: bool) -> Any:
+    """An ``apply`` that writes a removed result without its base."""
+    from hloalias.passes.base import as_module_like, verify_contract
+
+    def apply(self: Any, module: Any) -> None:
+        view = as_module_like(module)
+        with view.context:
+            find_main(view).attributes[A.REMOVED_RESULTS] = ir.Attribute.parse(
+                '[{reason = "view", result = "output:1"}]'
+            )
+        if check_own_exit:  # as every hloalias pass checks on its way out
+            verify_contract(view)
+
+    return apply
+
+
+@pytest.mark.parametrize("check_own_exit", [False, True])
+def test_a_pipeline_names_the_pass_that_breaks_the_contract(
+    monkeypatch: pytest.MonkeyPatch, check_own_exit: bool
+) -> None:
+    """The pass before it left the signature as it found it (its checks
+    reused the first one); the breaking pass changed it, is checked in
+    full and named."""
+    from hloalias.passes.widen_one_row_updates import WidenOneRowUpdates
+
+    monkeypatch.setattr(WidenOneRowUpdates, "apply", _breaking(check_own_exit))
+    module = parse_module(_CLEAN, new_context())
+    with pytest.raises(IRError, match="widen-one-row-updates broke the IR contract: .*entry 0 lacks 'base'"):
+        run_pipeline(module, "builtin.module(window-scatter-indices, widen-one-row-updates, canonicalize)")
+
+
+def test_a_rejected_input_does_not_name_the_pass() -> None:
+    """A module broken before the pipeline is the input's fault: the
+    message is the contract's alone (as the passes' lit error cases check)."""
+    module = parse_module(_main(fn='hloalias.removed_results = [{reason = "view", result = "output:1"}]'),
+                          new_context())
+    with pytest.raises(IRError) as raised:
+        run_pipeline(module, "builtin.module(window-scatter-indices, widen-one-row-updates)")
+    assert "entry 0 lacks 'base'" in str(raised.value) and "broke" not in str(raised.value)
+
+
 # -- the runtime checks the final module once ---------------------------------
 
 def test_compile_rejects_a_final_module_that_breaks_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,6 +303,35 @@ def test_compile_rejects_a_final_module_that_breaks_the_contract(monkeypatch: py
 
 
 # -- IR XLA cannot take as torch-mlir writes it ---------------------------------
+
+def test_xla_input_is_the_same_parsed_in_the_programs_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile`` parses the final text for XLA in the program's own
+    context (no new one): the text XLA gets (and the disk cache keys) is
+    what a new context gives, with dense_resource constants (as_strided's
+    indices) among them."""
+    from hloalias.runtime import pjrt
+
+    seen: list[tuple[str, Any]] = []
+    original = pjrt.prepare_for_xla
+
+    def spy(text: str, **kwargs: Any) -> str:
+        seen.append((text, kwargs.get("context")))
+        return original(text, **kwargs)
+
+    monkeypatch.setattr(pjrt, "prepare_for_xla", spy)
+    monkeypatch.setenv("HLOALIAS_CACHE", "0")
+    programs = [
+        (lambda x: x.as_strided((2, 2), (1, 2), 1) * 3, (torch.randn(3, 4),)),
+        (lambda x: torch.erf(x).to(torch.bfloat16).sum(0), (torch.randn(4, 8),)),
+        (torch.nn.Linear(8, 4), (torch.randn(2, 8),)),
+    ]
+    for fn, args in programs:
+        hloalias.compile(fn, args)
+    assert len(seen) == len(programs)
+    for text, context in seen:
+        assert context is not None
+        assert original(text, allow_stored_state=True, context=context) == original(text, allow_stored_state=True)
+
 
 def test_as_strided_compiles_and_matches_eager() -> None:
     """``as_strided`` lowers to a gather with dense_resource index constants;

@@ -175,6 +175,24 @@ def test_cia_override_drops_a_prior_fake_rule_as_torch_does() -> None:
         assert op not in fake_impls.op_implementations_dict
 
 
+def test_cia_override_drops_a_kernel_registered_in_the_block_as_torch_does() -> None:
+    """Each operator gets its own kernel table back (the same object, as
+    it was): a kernel registered while the override is on is gone after
+    it, as after torch's override."""
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    op = torch.ops.aten.item.default
+    key = torch._C.DispatchKey.PrivateUse1  # a key the override does not fill
+    for override in (_override_composite_implicit_decomp, torch_internals.cia_override):
+        table = op.py_kernels
+        before = dict(table)
+        with override({op: cia_to_decomp[op]}):
+            assert op.py_kernels[torch._C.DispatchKey.CompositeImplicitAutograd] is cia_to_decomp[op]
+            op.py_impl(key)(lambda *args: None)
+        assert op.py_kernels is table and op.py_kernels == before and key not in op.py_kernels
+
+
 def test_cia_override_restores_operators_when_the_block_raises() -> None:
     cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
     ops = list(cia_to_decomp)
