@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
@@ -209,6 +210,11 @@ def _export_writing(
     (:func:`hloalias.frontend.fx_export.exported_from_trace` with
     ``mutations``), or None where that trace declines."""
     if dynamic_shapes is not None:
+        return None
+    if any(isinstance(leaf, torch.Tensor) and not leaf.is_contiguous() for leaf in pytree.tree_leaves((args, kwargs))):
+        # A written input that is not contiguous: eager's contiguous() of
+        # it (or of its views) copies, which the two-trace path's graph
+        # rewrite keeps and this trace does not (test_runtime_trust #14).
         return None
     try:
         exported = fx_export.exported_from_trace(module, args, kwargs, table, mutations=True)
