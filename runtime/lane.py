@@ -37,7 +37,7 @@ _LANE_FALLBACK = object()
 #: The interface number of the ``Lane`` this file builds (its constructor's
 #: arguments, what it reads of the plan and the executable): runtime/_lane.cpp's
 #: ``kAbiVersion``.  Bump both together.
-_LANE_ABI_VERSION = 6
+_LANE_ABI_VERSION = 7
 
 _REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
 
@@ -91,6 +91,9 @@ def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
         return "module state is read in another layout or dtype than its buffer's"
     if exe._signature.strided_inputs:
         return "an input's storage layout is read (as_strided) and checked on every call"
+    for check in exe._index_checks:
+        if not check.whole:
+            return f"input '{check.name}' is used as indices in part (a slice of it) and checked there on every call"
     for step in plan.user_steps:
         if step.bits is not None:
             return f"input '{step.name}' is read and written as its {str(step.bits).removeprefix('torch.')} bits"
@@ -121,7 +124,7 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
         unflatten = lambda flat: pytree.tree_unflatten(flat, spec)  # noqa: E731
     try:
         lane = _lane.Lane(
-            exe, plan, steps.inputs, steps.sources, steps.pairs, steps.checks, steps.commits, steps.donated_state, steps.outputs,
+            exe, plan, steps.inputs, steps.sources, steps.pairs, steps.ranges, steps.checks, steps.commits, steps.donated_state, steps.outputs,
             steps.kept, steps.mode, steps.refill, steps.state_count, unflatten,
             exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
             _register_backing, functools.partial(execution.import_input, exe),
