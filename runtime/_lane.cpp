@@ -1227,7 +1227,37 @@ PyObject* first_changed(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyLong_FromLong(-1);
 }
 
+// within(tensor, low, high) -> bool or None: whether every element of a
+// contiguous CPU tensor of a signed integer dtype is in [low, high) (the lane's
+// own range check, for the Python path: runtime/index_check.py); None for any
+// other tensor, which the caller checks with torch.
+PyObject* within(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  long long low, high;
+  if (nargs != 3 || !PyLong_Check(args[1]) || !PyLong_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "within(tensor, low, high)");
+    return nullptr;
+  }
+  low = PyLong_AsLongLong(args[1]);
+  high = PyLong_AsLongLong(args[2]);
+  if (PyErr_Occurred()) return nullptr;
+  if (!THPVariable_Check(args[0])) Py_RETURN_NONE;
+  const at::Tensor& tensor = THPVariable_Unpack(args[0]);
+  if (!tensor.defined() || tensor.layout() != at::kStrided || !tensor.device().is_cpu() || !tensor.has_storage() ||
+      tensor.is_neg() || tensor._is_zerotensor() || tensor.unsafeGetTensorImpl()->is_python_dispatch() ||
+      !tensor.is_contiguous()) {
+    Py_RETURN_NONE;
+  }
+  switch (tensor.scalar_type()) {
+    case at::kLong: case at::kInt: case at::kShort: case at::kChar:
+      return PyBool_FromLong(in_range(tensor, low, high));
+    default:
+      Py_RETURN_NONE;
+  }
+}
+
 PyMethodDef module_methods[] = {
+    {"within", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(within)), METH_FASTCALL,
+     "within(tensor, low, high) -> bool or None: see runtime/index_check.py."},
     {"first_changed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(first_changed)), METH_FASTCALL,
      "first_changed(refs, versions, pointers) -> int: see runtime/state.py's StateWatch."},
     {"wait_ready", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(wait_ready)), METH_FASTCALL,

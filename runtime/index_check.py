@@ -9,7 +9,9 @@ the program's facts, once per executable, unless ``HLOALIAS_INDEX_CHECK=0``.
 inputs' types were checked and before any state is read, written or
 donated; the native lane runs the same bounds (:attr:`IndexCheck.low`,
 :attr:`IndexCheck.high`, the ``ranges`` table of ``plan._NativeSteps``)
-in C++ and leaves a call with a value outside them to the Python path,
+in C++ (the Python path's quick test is the same function, ``_lane.within``,
+where the extension is built) and leaves a call with a value outside them
+to the Python path,
 which raises here.  The error, :class:`IndexRangeError` (an
 ``ExecutionError`` and an ``IndexError``, as eager's), names the input,
 the value and its position, the op and the user's source line: that of
@@ -30,7 +32,12 @@ import torch
 from hloalias import config
 from hloalias.contract import IndexRange
 from hloalias.errors import ExecutionError
+from hloalias.runtime.lane import native_within
 from hloalias.runtime.ownership import DeviceTensor
+
+#: The native lane's range check (``_lane.within``) where it is built: one
+#: check in both languages, as ``first_changed``; else torch's ``aminmax``.
+_within = native_within()
 
 
 class IndexRangeError(ExecutionError, IndexError):
@@ -45,9 +52,10 @@ class IndexCheck:
     #: The ``@main`` argument index.
     index: int
     name: str
-    #: The tightest bounds over the uses that read every element: the
-    #: quick test (the native lane's too).  ``low > high`` never happens;
-    #: with no such use, the int64 range.
+    #: The tightest bounds over every use: the quick test (the native
+    #: lane's too).  Every element within them: no use refuses a value.  An
+    #: element outside: the uses decide, each over the elements it reads
+    #: (a use of a slice does not read the rest).
     low: int
     high: int
     #: Every use, in program order (regions included).
@@ -69,10 +77,10 @@ def index_checks(ranges: Mapping[int, tuple[IndexRange, ...]], names: list[str])
     checks = []
     for index in sorted(ranges):
         entries = ranges[index]
-        whole = [entry for entry in entries if not entry.region]
-        low = max((entry.low for entry in whole), default=-(2**63))
-        high = min((entry.high for entry in whole), default=2**63 - 1)
-        checks.append(IndexCheck(index, names[index], low, high, entries, len(whole) == len(entries)))
+        low = max(entry.low for entry in entries)
+        high = min(entry.high for entry in entries)
+        whole = not any(entry.region for entry in entries)
+        checks.append(IndexCheck(index, names[index], low, high, entries, whole))
     return tuple(checks)
 
 
@@ -84,7 +92,7 @@ def describe_checks(checks: tuple[IndexCheck, ...]) -> str:
     parts = []
     for check in checks:
         ops = ", ".join(sorted({entry.op for entry in check.ranges}))
-        bounds = f"[{check.low}, {check.high})" if check.whole else "in parts"
+        bounds = f"[{check.low}, {check.high})" + ("" if check.whole else " (else each use over the part it reads)")
         parts.append(f"'{check.name}' {bounds} ({ops})")
     return "index checks per call: " + "; ".join(parts)
 
@@ -96,10 +104,12 @@ def check_indices(checks: tuple[IndexCheck, ...], inputs: Mapping[int, Any]) -> 
         tensor = _host_view(inputs.get(check.index))
         if tensor is None or tensor.numel() == 0:
             continue
-        if check.whole:
+        quick = _within(tensor, check.low, check.high) if _within is not None else None
+        if quick is None:
             smallest, largest = torch.aminmax(tensor)
-            if check.low <= int(smallest) and int(largest) < check.high:
-                continue
+            quick = check.low <= int(smallest) and int(largest) < check.high
+        if quick:
+            continue
         for entry in check.ranges:
             part = tensor[tuple(slice(start, stop, step) for start, stop, step in entry.region)]
             bad = (part < entry.low) | (part >= entry.high)

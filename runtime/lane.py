@@ -69,6 +69,16 @@ def native_first_changed() -> Callable[[tuple[Any, ...], tuple[int, ...], tuple[
     return getattr(_lane, "first_changed", None)
 
 
+def native_within() -> Callable[[Any, int, int], bool | None] | None:
+    """``_lane.within`` (the lane's range check of an input used as indices,
+    :mod:`~hloalias.runtime.index_check`) where a current build has it,
+    else None (torch's ``aminmax`` in Python).  Used on both call paths, as
+    :func:`native_first_changed`."""
+    if _build_refusal() is not None:
+        return None
+    return getattr(_lane, "within", None)
+
+
 def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
     """Why ``exe`` has no native call path (words for ``explain()``), or
     None when it can have one (see :func:`_native_lane`)."""
@@ -91,9 +101,6 @@ def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
         return "module state is read in another layout or dtype than its buffer's"
     if exe._signature.strided_inputs:
         return "an input's storage layout is read (as_strided) and checked on every call"
-    for check in exe._index_checks:
-        if not check.whole:
-            return f"input '{check.name}' is used as indices in part (a slice of it) and checked there on every call"
     for step in plan.user_steps:
         if step.bits is not None:
             return f"input '{step.name}' is read and written as its {str(step.bits).removeprefix('torch.')} bits"

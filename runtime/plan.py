@@ -587,8 +587,10 @@ class _NativeSteps:
     #: (input row, input row): inputs whose bytes must not overlap.
     pairs: tuple[tuple[int, int], ...]
     #: (input row, low, high): every value of the input must be in
-    #: ``[low, high)`` (it indexes a tensor: ``index_check.IndexCheck``);
-    #: else the Python path takes the call, and raises.
+    #: ``[low, high)`` (it indexes a tensor: ``index_check.IndexCheck``'s
+    #: bounds, the tightest over its uses); else the Python path takes the
+    #: call and decides (raises, or runs it where the value lies in a part
+    #: of the input no use reads).
     ranges: tuple[tuple[int, int, int], ...]
     #: (step: WROTE_IN_PLACE/TAKEN, argument position, result position or -1, input row or -1).
     checks: tuple[tuple[int, int, int, int], ...]

@@ -188,8 +188,11 @@ def test_a_slice_of_the_input_is_checked_where_it_is_read(call_path: str) -> Non
         return table(ids[:, 1:]) + 0
 
     ids = torch.tensor([[-100, 3, 4]])
-    exe = hloalias.compile(shifted, (torch.tensor([[1, 2, 3]]),))
-    torch.testing.assert_close(exe(ids), shifted(ids))
+    exe = compile_on(call_path, shifted, (torch.tensor([[1, 2, 3]]),))
+    torch.testing.assert_close(exe(ids), shifted(ids))  # the lane leaves it to the Python path, which runs it
+    before = native_calls(exe)
+    torch.testing.assert_close(exe(torch.tensor([[0, 3, 9]])), shifted(torch.tensor([[0, 3, 9]])))
+    assert native_calls(exe) == before + (call_path == "native")
     with pytest.raises(IndexRangeError, match=r"holds index 10 at position \(0, 2\)"):
         exe(torch.tensor([[-100, 3, 10]]))
 
@@ -293,3 +296,33 @@ def test_a_llama_model_refuses_an_id_past_the_vocabulary(call_path: str) -> None
     with pytest.raises(IndexRangeError, match=r"input 'input_ids' holds index 64 at position \(0, 1\), out of "
                        r"range for aten.embedding into a dimension of size 64"):
         exe(torch.tensor([[1, 64, 2]]), use_cache=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8])
+def test_the_native_range_check_is_the_python_one(dtype: torch.dtype) -> None:
+    from hloalias.runtime import index_check
+
+    if index_check._within is None:
+        pytest.skip("the native call path is not built here")
+    cases = [torch.tensor([[0, 9]]), torch.tensor([[0, 10]]), torch.tensor([-1, 3]), torch.tensor(4), torch.tensor([9])]
+    for tensor in cases:
+        tensor = tensor.to(dtype)
+        for low, high in ((0, 10), (-10, 10), (-1, 4)):
+            expected = bool(((tensor >= low) & (tensor < high)).all())
+            assert index_check._within(tensor, low, high) is expected
+    assert index_check._within(torch.arange(6).view(2, 3).t(), 0, 10) is None  # not contiguous: torch decides
+    assert index_check._within(torch.tensor([1.0]), 0, 10) is None
+
+
+def test_a_non_contiguous_input_is_checked_too(call_path: str) -> None:
+    table = torch.nn.Embedding(10, 2)
+
+    def look(ids: torch.Tensor) -> torch.Tensor:
+        return table(ids) + 0
+
+    exe = hloalias.compile(look, (torch.zeros(3, 2, dtype=torch.long),))
+    ids = torch.tensor([[1, 2, 3], [4, 5, 10]]).t()  # (3, 2), strided
+    with pytest.raises(IndexRangeError, match=r"holds index 10 at position \(2, 1\)"):
+        exe(ids)
+    ok = torch.tensor([[1, 2, 3], [4, 5, 9]]).t()
+    torch.testing.assert_close(exe(ok), look(ok))
