@@ -204,34 +204,43 @@ def _follow(node: torch.fx.Node, how: _Reach) -> _Reach | None:
         return None
     dims = list(how.dims)
     rank = len(dims)
-    if target is aten.unsqueeze.default:
-        dim = args[1] if args[1] >= 0 else args[1] + rank + 1
+    numbers = [a if isinstance(a, int) and not isinstance(a, bool) else None for a in args[1:5]]
+    if target is aten.unsqueeze.default and numbers and numbers[0] is not None:
+        dim = numbers[0] if numbers[0] >= 0 else numbers[0] + rank + 1
         return _Reach(tuple(dims[:dim] + [None] + dims[dim:]), how.region)
-    if target is aten.expand.default:
+    if target is aten.expand.default and isinstance(args[1], (list, tuple)):
         sizes = list(args[1])
         new = len(sizes) - rank
         kept = [d if before.shape[i] == sizes[new + i] or sizes[new + i] == -1 else None for i, d in enumerate(dims)]
         return _Reach(tuple([None] * new + kept), how.region)
-    if target is aten.permute.default:
-        return _Reach(tuple(dims[d] for d in args[1]), how.region)
-    if target in (aten.transpose.int, aten.t.default):
-        first, second = (args[1], args[2]) if target is aten.transpose.int else (0, 1)
-        if rank < 2 and target is aten.t.default:
-            return how
+    if target is aten.permute.default and isinstance(args[1], (list, tuple)):
+        return _Reach(tuple(dims[int(d) % rank] for d in args[1] if isinstance(d, int)), how.region)
+    if target is aten.t.default and rank < 2:
+        return how
+    if target in (aten.transpose.int, aten.t.default) and rank >= 2:
+        first, second = (numbers[0], numbers[1]) if target is aten.transpose.int else (0, 1)
+        if first is None or second is None:
+            return None
         first, second = first % rank, second % rank
         dims[first], dims[second] = dims[second], dims[first]
         return _Reach(tuple(dims), how.region)
-    if target in (aten.slice.Tensor, aten.select.int):
-        dim = (args[1] if len(args) > 1 else 0) % rank
+    if target in (aten.slice.Tensor, aten.select.int) and rank > 0:
+        dim = (numbers[0] if numbers and numbers[0] is not None else 0) % rank
         size = before.shape[dim]
+        if not isinstance(size, int):
+            return None
         if target is aten.select.int:
-            start = args[2] + size if args[2] < 0 else args[2]
+            if len(numbers) < 2 or numbers[1] is None:
+                return None
+            start = numbers[1] + size if numbers[1] < 0 else numbers[1]
             picked = range(size)[start:start + 1]
         else:
-            start = args[2] if len(args) > 2 else None
-            stop = args[3] if len(args) > 3 else None
-            step = args[4] if len(args) > 4 else 1
-            picked = range(size)[slice(start, stop, step)]
+            # None bounds are open; anything else that is not an int: not followed.
+            bounds = list(args[2:5]) + [None] * (3 - len(args[2:5]))
+            if any(b is not None and not isinstance(b, int) for b in bounds):
+                return None
+            start_at, stop_at, step = (b if isinstance(b, int) else None for b in bounds)
+            picked = range(size)[slice(start_at, stop_at, step)]
         if len(picked) == 0:
             return None
         region = list(how.region)

@@ -326,3 +326,16 @@ def test_a_non_contiguous_input_is_checked_too(call_path: str) -> None:
         exe(ids)
     ok = torch.tensor([[1, 2, 3], [4, 5, 9]]).t()
     torch.testing.assert_close(exe(ok), look(ok))
+
+
+def test_select_and_transpose_of_the_input_map_positions_back() -> None:
+    table = torch.nn.Embedding(10, 2)
+
+    def rows(ids: torch.Tensor) -> torch.Tensor:
+        return table(ids.t()[:, 1]) + 0  # reads ids[1, :] only
+
+    exe = hloalias.compile(rows, (torch.zeros(2, 3, dtype=torch.long),))
+    unread = torch.tensor([[-7, 99, 10], [1, 2, 3]])
+    torch.testing.assert_close(exe(unread), rows(unread))
+    with pytest.raises(IndexRangeError, match=r"holds index 10 at position \(1, 2\)"):
+        exe(torch.tensor([[0, 0, 0], [1, 2, 10]]))
