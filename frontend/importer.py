@@ -37,7 +37,7 @@ from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 from torch_mlir import ir, passmanager
 
 from hloalias import attributes as A, observe
-from hloalias.contract import ArgRecord, IndexRange, ResultRecord
+from hloalias.contract import ArgRecord, ResultRecord
 from hloalias.errors import TorchImportError
 from hloalias.legalize import legalize_tensor_constants
 from hloalias.mlir import (
@@ -56,7 +56,6 @@ from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.gradient_dependence import parameter_free_outputs
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
-from hloalias.frontend.index_ranges import input_index_ranges
 from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend.carried_objects import CarriedObjects, record_carried_objects
 
@@ -332,11 +331,6 @@ def _import_decomposed(
     _clamp_slice_bounds(exported.graph_module.graph)
     # Before torch-mlir folds or lowers: see each module's docstring.
     constant_values = _constant_values(exported)
-    index_ranges = input_index_ranges(
-        exported.graph_module.graph,
-        [spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT],
-        lambda node: _user_frame(node.meta.get("stack_trace") or ""),
-    )
     normalized = normalize_indices(exported.graph_module.graph, constant_values)
     if fold_constants(exported.graph_module.graph) or normalized:
         exported.graph_module.recompile()
@@ -367,7 +361,7 @@ def _import_decomposed(
     jax_lowered = jax_lowerings.mark_calls(module)
     observe.finish(mark)
     observe.dump("torch", lambda: print_module(module))
-    _annotate(module, signature, index_ranges)
+    _annotate(module, signature)
 
     def locate(aten_name: str) -> str | None:
         return _source_line(f, tuple(args), kwargs, aten_name)
@@ -399,7 +393,7 @@ def _import_decomposed(
             with observe.stage("JAX lowerings"):
                 jax_lowerings.splice(module)
         legalize_tensor_constants(module)
-    _annotate(module, signature, index_ranges)
+    _annotate(module, signature)
     program = Program(module, stage, signature, state)
     program.verify()
     return program
@@ -1303,23 +1297,11 @@ def _clamp_index(index: int, size: int) -> int:
     return min(max(index, 0), size)
 
 
-def _annotate(
-    module: ir.Module, signature: ProgramSignature, index_ranges: dict[str, tuple[IndexRange, ...]] | None = None,
-) -> None:
-    """Write the contract's first records on ``@main``: each argument's kind
-    and name (and a user input's index ranges: frontend/index_ranges.py),
-    each result's role and storage, the static inputs."""
-    ranges = index_ranges or {}
+def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
     with module.context:
         main = find_main(module)
         set_arg_attr_dicts(
-            main,
-            [
-                ArgRecord(
-                    kind=a.kind, name=a.name, index_ranges=ranges.get(a.name, ()) if a.kind == "user_input" else (),
-                ).to_attrs({})
-                for a in signature.arguments
-            ],
+            main, [ArgRecord(kind=a.kind, name=a.name).to_attrs({}) for a in signature.arguments]
         )
         set_result_attr_dicts(main, [result.record.to_attrs({}) for result in signature.results])
         if signature.static_inputs:

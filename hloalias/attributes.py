@@ -54,17 +54,6 @@ On ``@main``'s arguments (``arg_attrs``):
     result that ``hloalias.mutates`` it; its views are rebuilt from the
     caller's tensor, in its dtype).
 
-``hloalias.index_ranges``  (array of dictionaries)
-    Written by the importer on an integer ``user_input`` whose values index
-    a tensor directly (through shape-only ops): one entry per such use, in
-    program order, with ``low`` and ``high`` (i64: eager accepts the
-    values ``low <= v < high``; ``low`` is 0 or ``-high``), ``op`` (the aten
-    op, for messages), optionally ``source`` (the user's source line) and
-    ``region`` (array<i64>, ``start, stop, step`` per dimension of the
-    argument: the elements the use reads, when not all of them).  The
-    runtime checks each call's input against them before anything runs
-    (frontend/index_ranges.py, runtime/index_check.py).
-
 On ``@main``'s results (``res_attrs``):
 
 ``hloalias.role``  (string)
@@ -124,7 +113,6 @@ ARG_UNUSED_DONATION: Final = "hloalias.unused_donation"
 ARG_STORED_PERMUTATION: Final = "hloalias.stored_permutation"
 ARG_STORED_REVERSED: Final = "hloalias.stored_reversed"
 ARG_STORED_BITS_OF: Final = "hloalias.stored_bits_of"
-ARG_INDEX_RANGES: Final = "hloalias.index_ranges"
 RESULT_ROLE: Final = "hloalias.role"
 RESULT_OUTPUT: Final = "hloalias.output"
 RESULT_MUTATES: Final = "hloalias.mutates"

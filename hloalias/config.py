@@ -79,11 +79,6 @@ SETTINGS: tuple[Setting, ...] = (
             "The native call path (`hloalias.runtime._lane`, C++); 0 keeps every call on the Python "
             "path (whose per-call check of the module's tensors still uses the extension's "
             "`first_changed` where it is built). Read when an executable is made."),
-    Setting("HLOALIAS_INDEX_CHECK", "flag", True, "runtime",
-            "The per-call check of user inputs used as indices (`embedding` ids, `index_select`/`gather`/"
-            "`scatter` indices, `x[idx]`): a value eager refuses raises `IndexRangeError` before anything "
-            "runs, where XLA would clamp or drop it (`hloalias.runtime.index_check`); 0 skips the check "
-            "(such a value is then undefined). Read when an executable is made."),
     Setting("HLOALIAS_REPRO_DIR", "path", None, "runtime",
             "Where a failed lowering or XLA compile writes its repro `.mlir` file "
             "(`hloalias-<stage>-<hash>.mlir`); unset: the temp directory."),

@@ -53,7 +53,7 @@ REMOVAL_REASONS = (A.REASON_VIEW, A.REASON_PASS_THROUGH, A.REASON_DUPLICATE, A.R
 # Contract attributes on arguments and results: what ``to_attrs`` owns.
 _ARG_NAMES = (
     A.ARG_KIND, A.ARG_NAME, A.ALIASING_OUTPUT, A.BUFFER_DONOR, A.ARG_DONATION, A.ARG_UNUSED_DONATION,
-    A.SHARDING, A.ARG_STORED_PERMUTATION, A.ARG_STORED_REVERSED, A.ARG_STORED_BITS_OF, A.ARG_INDEX_RANGES,
+    A.SHARDING, A.ARG_STORED_PERMUTATION, A.ARG_STORED_REVERSED, A.ARG_STORED_BITS_OF,
 )
 
 #: Float element types state may be stored as bits of (``hloalias.stored_bits_of``), with their width.
@@ -145,59 +145,6 @@ def row_major_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
 # -- records ---------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class IndexRange:
-    """One entry of ``hloalias.index_ranges``: a use of a user input's
-    values as indices that eager refuses outside ``low <= v < high``
-    (``op`` and ``source`` say where, for messages).  ``region``: per
-    dimension of the input, the ``(start, stop, step)`` of the elements the
-    use reads; empty when it reads them all."""
-
-    low: int
-    high: int
-    op: str
-    source: str | None = None
-    region: tuple[tuple[int, int, int], ...] = ()
-
-    @staticmethod
-    def from_attr(attr: ir.Attribute, what: str) -> IndexRange:
-        """Read one entry; IRError names ``what`` and the bad field."""
-        try:
-            record = ir.DictAttr(attr)
-        except ValueError:
-            raise IRError(f"{what} must be a dictionary, got {attr}") from None
-        for name in ("low", "high", "op"):
-            if name not in record:
-                raise IRError(f"{what} lacks '{name}'")
-        low = _integer(record["low"], f"{what}: 'low'")
-        high = _integer(record["high"], f"{what}: 'high'")
-        if high < 0 or low not in (0, -high):
-            raise IRError(f"{what}: 'low' {low} and 'high' {high}: expected 0 <= high and low 0 or -high")
-        source = _string(record["source"], f"{what}: 'source'") if "source" in record else None
-        region: tuple[tuple[int, int, int], ...] = ()
-        if "region" in record:
-            try:
-                flat = [int(v) for v in ir.DenseI64ArrayAttr(record["region"])]
-            except ValueError:
-                raise IRError(f"{what}: 'region' must be an array<i64>, got {record['region']}") from None
-            if len(flat) % 3 or any(step <= 0 or not 0 <= start <= stop for start, stop, step in zip(
-                    flat[0::3], flat[1::3], flat[2::3])):
-                raise IRError(f"{what}: 'region' {flat} is not (start, stop, step) triples with 0 <= start <= stop, step > 0")
-            region = tuple(zip(flat[0::3], flat[1::3], flat[2::3]))
-        return IndexRange(low, high, _string(record["op"], f"{what}: 'op'"), source, region)
-
-    def to_attr(self) -> ir.Attribute:
-        """The dictionary stored in ``hloalias.index_ranges``."""
-        entries: dict[str, ir.Attribute] = {
-            "low": _i64(self.low), "high": _i64(self.high), "op": ir.StringAttr.get(self.op),
-        }
-        if self.source is not None:
-            entries["source"] = ir.StringAttr.get(self.source)
-        if self.region:
-            entries["region"] = ir.DenseI64ArrayAttr.get([v for triple in self.region for v in triple])
-        return ir.DictAttr.get(entries)
-
-
-@dataclasses.dataclass(frozen=True)
 class ArgRecord:
     """What the contract says about one argument of ``@main``."""
 
@@ -212,8 +159,6 @@ class ArgRecord:
     stored_layout: StoredLayout | None = None
     # hloalias.stored_bits_of: the float element type ("bf16") whose bits the integer buffer holds
     stored_bits_of: str | None = None
-    # hloalias.index_ranges: the ranges eager requires of a user input's values used as indices
-    index_ranges: tuple[IndexRange, ...] = ()
 
     @property
     def overwritten(self) -> bool:
@@ -271,20 +216,9 @@ class ArgRecord:
                 raise IRError(
                     f"{what(A.ARG_STORED_BITS_OF)} is {bits_of}, expected one of {', '.join(BITS_OF_FLOAT)}"
                 )
-        ranges: tuple[IndexRange, ...] = ()
-        if A.ARG_INDEX_RANGES in attrs:
-            try:
-                entries = ir.ArrayAttr(attrs[A.ARG_INDEX_RANGES])
-            except ValueError:
-                raise IRError(
-                    f"{what(A.ARG_INDEX_RANGES)} must be an array of dictionaries, got {attrs[A.ARG_INDEX_RANGES]}"
-                ) from None
-            ranges = tuple(
-                IndexRange.from_attr(entry, f"{what(A.ARG_INDEX_RANGES)} entry {i}") for i, entry in enumerate(entries)
-            )
         return ArgRecord(
             kind, opt_string(A.ARG_NAME), aliasing, donor, donation, opt_string(A.ARG_UNUSED_DONATION),
-            _sharding(opt_string(A.SHARDING)), layout, bits_of, ranges,
+            _sharding(opt_string(A.SHARDING)), layout, bits_of,
         )
 
     def to_attrs(self, attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attribute]:
@@ -310,8 +244,6 @@ class ArgRecord:
                 out[A.ARG_STORED_REVERSED] = ir.DenseI64ArrayAttr.get(list(self.stored_layout.reversed))
         if self.stored_bits_of is not None:
             out[A.ARG_STORED_BITS_OF] = ir.TypeAttr.get(ir.Type.parse(self.stored_bits_of))
-        if self.index_ranges:
-            out[A.ARG_INDEX_RANGES] = ir.ArrayAttr.get([r.to_attr() for r in self.index_ranges])
         return out
 
 
@@ -615,7 +547,6 @@ class Signature:
                 raise IRError(f"{what} is {record.base}, which is {state}: a base must be kept")
         self._check_stored_permutations()
         self._check_stored_bits()
-        self._check_index_ranges()
         holders: dict[int, int] = {}
         for index, arg in enumerate(self.args):
             if arg.aliasing_output is None:
@@ -706,29 +637,6 @@ class Signature:
                         f"{what}, but its new value (result {position}) has type {self.result_types[position]}: "
                         "state and new value are stored alike"
                     )
-
-    def _check_index_ranges(self) -> None:
-        """``hloalias.index_ranges`` only on an unsharded user input of a
-        signless integer type, each region one triple per dimension within
-        its size."""
-        for index, arg in enumerate(self.args):
-            if not arg.index_ranges:
-                continue
-            what = f"{self.arg_what(index)}: '{A.ARG_INDEX_RANGES}'"
-            if arg.kind not in ("user_input", None):
-                raise IRError(f"{what} is on a {arg.kind}: only user inputs are checked as indices")
-            if arg.sharding is not None:
-                raise IRError(f"{what} is on a sharded argument")
-            tensor = ir.RankedTensorType(self.arg_types[index])
-            element = tensor.element_type
-            if not (isinstance(element, ir.IntegerType) and element.is_signless and element.width > 1):
-                raise IRError(f"{what} is on an argument of type {self.arg_types[index]}, expected integer elements")
-            for entry in arg.index_ranges:
-                if entry.region and (
-                    len(entry.region) != tensor.rank
-                    or any(stop > size for (_, stop, _), size in zip(entry.region, tensor.shape))
-                ):
-                    raise IRError(f"{what}: region {list(entry.region)} does not fit {self.arg_types[index]}")
 
     def write(self, main: func.FuncOp) -> None:
         """Write the records to ``main`` in canonical form, keeping any
@@ -829,7 +737,7 @@ def verify(main: func.FuncOp, *, full: bool = False) -> Signature:
 
 
 __all__ = [
-    "ArgRecord", "BITS_OF_FLOAT", "IndexRange", "DONATION_ORIGINS", "Layout", "inverse_permutation", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord", "StoredLayout",
+    "ArgRecord", "BITS_OF_FLOAT", "DONATION_ORIGINS", "Layout", "inverse_permutation", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord", "StoredLayout",
     "SIGNATURE_ATTRIBUTES", "Signature", "check_key", "read_removed_results", "row_major_strides", "verify",
     "verification_scope",
     "write_removed_results",

@@ -80,14 +80,6 @@ struct UserInput {
   Py_ssize_t result;  // BACKED: the result XLA writes into its buffer
 };
 
-// Before anything runs: every value of the input row's tensor in [low, high)
-// (it indexes a tensor; else the Python path takes the call and raises).
-struct Range {
-  Py_ssize_t user;  // the input row
-  int64_t low;
-  int64_t high;
-};
-
 // After the program ran: is this the usual result (else the Python commit)?
 struct Check {
   int step;  // CheckStep
@@ -116,7 +108,7 @@ struct Output {
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
 // See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
-constexpr long kAbiVersion = 7;
+constexpr long kAbiVersion = 6;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
@@ -132,7 +124,6 @@ struct Lane {
   std::vector<Py_ssize_t>* sources;  // per argument: a state position, or -1 - an input row
   bool in_order;  // the sources are the state positions in order, then the input rows in order
   std::vector<std::pair<Py_ssize_t, Py_ssize_t>>* pairs;
-  std::vector<Range>* ranges;
   std::vector<Check>* checks;
   std::vector<Commit>* commits;
   std::vector<Output>* outputs;
@@ -350,31 +341,6 @@ bool matches(const UserInput& row, PyObject* object, const at::Tensor*& out) {
   return true;
 }
 
-// Whether every element of `tensor` (which met its row: contiguous, of the
-// row's dtype) is in [low, high).  A dtype without a loop here is not
-// decided: false, and the Python path checks it.
-template <typename T>
-bool all_within(const at::Tensor& tensor, int64_t low, int64_t high) {
-  const T* data = static_cast<const T*>(tensor.const_data_ptr());
-  const int64_t count = tensor.numel();
-  bool within = true;
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t value = static_cast<int64_t>(data[i]);
-    within &= (value >= low) & (value < high);
-  }
-  return within;
-}
-
-bool in_range(const at::Tensor& tensor, int64_t low, int64_t high) {
-  switch (tensor.scalar_type()) {
-    case at::kLong: return all_within<int64_t>(tensor, low, high);
-    case at::kInt: return all_within<int32_t>(tensor, low, high);
-    case at::kShort: return all_within<int16_t>(tensor, low, high);
-    case at::kChar: return all_within<int8_t>(tensor, low, high);
-    default: return false;
-  }
-}
-
 PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   if ((kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) || PyTuple_GET_SIZE(args) != 1) {
     PyErr_SetString(PyExc_TypeError, "Lane takes the user inputs as one sequence");
@@ -422,14 +388,6 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     int64_t first_bytes = users[first].nbytes, second_bytes = users[second].nbytes;
     if (first_bytes == 0 || second_bytes == 0) continue;
     if (addresses[first] < addresses[second] + second_bytes && addresses[second] < addresses[first] + first_bytes) {
-      ++self->fallbacks;
-      return Py_NewRef(fallback);
-    }
-  }
-  // The inputs used as indices: a value outside its row's range is the
-  // Python path's to refuse (index_check.check_indices), before anything ran.
-  for (const Range& range : *self->ranges) {
-    if (!in_range(*tensors[range.user], range.low, range.high)) {
       ++self->fallbacks;
       return Py_NewRef(fallback);
     }
@@ -823,21 +781,20 @@ PyObject* lane_call(Lane* self, PyObject* args, PyObject* kwargs) {
 
 int lane_clear(Lane* self);
 
-// Lane(exe, plan, inputs, sources, pairs, ranges, checks, commits, donated_state, outputs, kept, mode, refill,
+// Lane(exe, plan, inputs, sources, pairs, checks, commits, donated_state, outputs, kept, mode, refill,
 //      state_count, unflatten, lock, imports, backings, sweep_at, host_backing, register_backing,
 //      import_input, finish, failed, settle, fallback, watch, sync): the step tables are runtime/plan.py's
 //      _NativeSteps (checked here for their operands' ranges); `watch` is the check of the module's
 //      tensors run while an effect-free program executes, and `sync` brings the state up to date after
 //      it found a change, or both None; see hloalias.runtime.lane._native_lane.
 int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
-  PyObject *exe, *plan, *users, *sources, *pairs, *ranges, *checks, *commits, *donated, *outputs, *kept, *unflatten, *lock,
+  PyObject *exe, *plan, *users, *sources, *pairs, *checks, *commits, *donated, *outputs, *kept, *unflatten, *lock,
       *imports, *backings, *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle,
       *fallback, *watch, *sync;
   int mode, refill;
   Py_ssize_t state_count;
-  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOOOO", &exe, &plan, &PyTuple_Type, &users,
-                        &PyTuple_Type, &sources, &PyTuple_Type, &pairs, &PyTuple_Type, &ranges, &PyTuple_Type,
-                        &checks, &PyTuple_Type,
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOOOO", &exe, &plan, &PyTuple_Type, &users,
+                        &PyTuple_Type, &sources, &PyTuple_Type, &pairs, &PyTuple_Type, &checks, &PyTuple_Type,
                         &commits, &PyTuple_Type, &donated, &PyTuple_Type, &outputs, &PyTuple_Type, &kept,
                         &mode, &refill, &state_count, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
                         &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &settle, &fallback,
@@ -939,13 +896,6 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
     if (first < 0 || second < 0 || first >= user_count || second >= user_count) return malformed("pair");
     self->pairs->emplace_back(first, second);
   }
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ranges); ++i) {
-    Py_ssize_t user;
-    long long low, high;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(ranges, i), "nLL", &user, &low, &high)) return -1;
-    if (user < 0 || user >= user_count || low > high) return malformed("range");
-    self->ranges->push_back({user, static_cast<int64_t>(low), static_cast<int64_t>(high)});
-  }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(checks); ++i) {
     int step;
     Py_ssize_t argument, result, user;
@@ -1024,7 +974,6 @@ PyObject* lane_new(PyTypeObject* type, PyObject*, PyObject*) {
   self->sources = new std::vector<Py_ssize_t>();
   self->in_order = false;
   self->pairs = new std::vector<std::pair<Py_ssize_t, Py_ssize_t>>();
-  self->ranges = new std::vector<Range>();
   self->checks = new std::vector<Check>();
   self->commits = new std::vector<Commit>();
   self->outputs = new std::vector<Output>();
@@ -1051,7 +1000,6 @@ int lane_clear(Lane* self) {
   self->users->clear();
   self->sources->clear();
   self->pairs->clear();
-  self->ranges->clear();
   self->checks->clear();
   self->commits->clear();
   self->outputs->clear();
@@ -1067,7 +1015,6 @@ void lane_dealloc(Lane* self) {
   delete self->users;
   delete self->sources;
   delete self->pairs;
-  delete self->ranges;
   delete self->checks;
   delete self->commits;
   delete self->outputs;
@@ -1227,37 +1174,7 @@ PyObject* first_changed(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyLong_FromLong(-1);
 }
 
-// within(tensor, low, high) -> bool or None: whether every element of a
-// contiguous CPU tensor of a signed integer dtype is in [low, high) (the lane's
-// own range check, for the Python path: runtime/index_check.py); None for any
-// other tensor, which the caller checks with torch.
-PyObject* within(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  long long low, high;
-  if (nargs != 3 || !PyLong_Check(args[1]) || !PyLong_Check(args[2])) {
-    PyErr_SetString(PyExc_TypeError, "within(tensor, low, high)");
-    return nullptr;
-  }
-  low = PyLong_AsLongLong(args[1]);
-  high = PyLong_AsLongLong(args[2]);
-  if (PyErr_Occurred()) return nullptr;
-  if (!THPVariable_Check(args[0])) Py_RETURN_NONE;
-  const at::Tensor& tensor = THPVariable_Unpack(args[0]);
-  if (!tensor.defined() || tensor.layout() != at::kStrided || !tensor.device().is_cpu() || !tensor.has_storage() ||
-      tensor.is_neg() || tensor._is_zerotensor() || tensor.unsafeGetTensorImpl()->is_python_dispatch() ||
-      !tensor.is_contiguous()) {
-    Py_RETURN_NONE;
-  }
-  switch (tensor.scalar_type()) {
-    case at::kLong: case at::kInt: case at::kShort: case at::kChar:
-      return PyBool_FromLong(in_range(tensor, low, high));
-    default:
-      Py_RETURN_NONE;
-  }
-}
-
 PyMethodDef module_methods[] = {
-    {"within", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(within)), METH_FASTCALL,
-     "within(tensor, low, high) -> bool or None: see runtime/index_check.py."},
     {"first_changed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(first_changed)), METH_FASTCALL,
      "first_changed(refs, versions, pointers) -> int: see runtime/state.py's StateWatch."},
     {"wait_ready", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(wait_ready)), METH_FASTCALL,

@@ -19,10 +19,6 @@ def first_changed(refs: tuple[Any, ...], versions: tuple[int, ...], pointers: tu
     """The index of the first live tensor whose version or data pointer
     differs from the given ones, or -1 (runtime/state.py's StateWatch)."""
 
-def within(tensor: Any, low: int, high: int, /) -> bool | None:
-    """Whether every element of a contiguous CPU tensor of a signed integer
-    dtype is in ``[low, high)``; None for any other tensor."""
-
 def wait_ready(arrays: Any, spin_ns: int, /) -> bool:
     """hloalias.runtime.pjrt.wait_ready in native code."""
 

@@ -102,7 +102,6 @@ from hloalias.runtime.execution import run_mesh, run_planned
 from hloalias.runtime.module_modes import ModuleModes
 from hloalias.runtime.carried_objects import callers_objects, carry_objects
 from hloalias.runtime.gradient_boundary import mark_without_gradient
-from hloalias.runtime.index_check import check_indices, describe_checks, index_checks
 from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed
 from hloalias.runtime.ownership import (
     DeviceTensor as DeviceTensor,
@@ -749,8 +748,6 @@ class Executable:
         self._constant_outputs = facts.constant_outputs
         self._single_output = facts.single_output
         self._flat_outputs = facts.flat_outputs
-        #: The user inputs used as indices, checked on every call (runtime/index_check.py).
-        self._index_checks = index_checks(facts.index_ranges, facts.names)
 
     # -- introspection -----------------------------------------------------
     @property
@@ -837,7 +834,6 @@ class Executable:
             "+ temp {temp_bytes} = {total_bytes} bytes".format(**stats)
         )
         lines.extend(self._host_copy_lines())
-        lines.append(describe_checks(self._index_checks))
         lines.append(self._call_path_line())
         lines.append(self.program_cache)
         lines.extend(self._placement.describe(self.memory_stats_per_device))
@@ -1015,8 +1011,6 @@ class Executable:
             self._check_writes(inputs)
         if self._strided_inputs:
             self._check_strided_layouts(inputs)
-        if self._index_checks:
-            check_indices(self._index_checks, inputs)
         plan = self._plan
         if plan is not None and plan.input_views is not None:
             # Not run (no results, no donation) and every output a view of

@@ -37,7 +37,7 @@ _LANE_FALLBACK = object()
 #: The interface number of the ``Lane`` this file builds (its constructor's
 #: arguments, what it reads of the plan and the executable): runtime/_lane.cpp's
 #: ``kAbiVersion``.  Bump both together.
-_LANE_ABI_VERSION = 7
+_LANE_ABI_VERSION = 6
 
 _REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
 
@@ -67,16 +67,6 @@ def native_first_changed() -> Callable[[tuple[Any, ...], tuple[int, ...], tuple[
     if _build_refusal() is not None:
         return None
     return getattr(_lane, "first_changed", None)
-
-
-def native_within() -> Callable[[Any, int, int], bool | None] | None:
-    """``_lane.within`` (the lane's range check of an input used as indices,
-    :mod:`~hloalias.runtime.index_check`) where a current build has it,
-    else None (torch's ``aminmax`` in Python).  Used on both call paths, as
-    :func:`native_first_changed`."""
-    if _build_refusal() is not None:
-        return None
-    return getattr(_lane, "within", None)
 
 
 def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
@@ -131,7 +121,7 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
         unflatten = lambda flat: pytree.tree_unflatten(flat, spec)  # noqa: E731
     try:
         lane = _lane.Lane(
-            exe, plan, steps.inputs, steps.sources, steps.pairs, steps.ranges, steps.checks, steps.commits, steps.donated_state, steps.outputs,
+            exe, plan, steps.inputs, steps.sources, steps.pairs, steps.checks, steps.commits, steps.donated_state, steps.outputs,
             steps.kept, steps.mode, steps.refill, steps.state_count, unflatten,
             exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
             _register_backing, functools.partial(execution.import_input, exe),

@@ -22,7 +22,7 @@ from torch.export import ExportedProgram
 from torch_mlir import ir
 
 from hloalias import attributes as A
-from hloalias.contract import IndexRange, Signature, StoredLayout, row_major_strides
+from hloalias.contract import Signature, StoredLayout, row_major_strides
 from hloalias.errors import ExecutionError
 from hloalias.mlir import find_main
 from hloalias.runtime.ownership import _itemsize, _numel
@@ -72,9 +72,6 @@ class _ProgramFacts:
     #: bits' dtype.  The caller's tensor keeps its dtype; XLA gets its
     #: ``view(bits)`` and the new value is written back as bits.
     input_bits: dict[int, torch.dtype]
-    #: User inputs (argument index) whose values index a tensor: the ranges
-    #: eager accepts (``hloalias.index_ranges``; :mod:`hloalias.runtime.index_check`).
-    index_ranges: dict[int, tuple[IndexRange, ...]]
     #: State whose buffer must hold torch's dtype: viewed, or written or
     #: donated by this program in torch's dtype.
     torch_dtype_state: set[str]
@@ -171,7 +168,6 @@ class _ProgramFacts:
                     for index, arg in enumerate(contract.args)
                     if arg.stored_bits_of is not None and arg.kind == "user_input"
                 },
-                index_ranges={index: arg.index_ranges for index, arg in enumerate(contract.args) if arg.index_ranges},
                 torch_dtype_state={
                     arg.name for index, arg in enumerate(contract.args)
                     if arg.name is not None and (
@@ -567,8 +563,7 @@ class _NativeSteps:
     flags), where each argument comes from, the overlap pairs, the donated
     state, each check of the results, each commit and each output's
     geometry.  Built once from the same :class:`_ArgStep` and
-    :class:`_ResultStep` facts the Python path reads (the index ranges are
-    the Python path's :attr:`Executable._index_checks`; the argument sources
+    :class:`_ResultStep` facts the Python path reads (the argument sources
     are :attr:`_CallPlan.sources`, which the Python path reads too), so a
     change to what a call does with an argument or result is made here, in
     the plan; the lane's primitives (a tensor checked against a row, a
@@ -586,12 +581,6 @@ class _NativeSteps:
     sources: tuple[int, ...]
     #: (input row, input row): inputs whose bytes must not overlap.
     pairs: tuple[tuple[int, int], ...]
-    #: (input row, low, high): every value of the input must be in
-    #: ``[low, high)`` (it indexes a tensor: ``index_check.IndexCheck``'s
-    #: bounds, the tightest over its uses); else the Python path takes the
-    #: call and decides (raises, or runs it where the value lies in a part
-    #: of the input no use reads).
-    ranges: tuple[tuple[int, int, int], ...]
     #: (step: WROTE_IN_PLACE/TAKEN, argument position, result position or -1, input row or -1).
     checks: tuple[tuple[int, int, int, int], ...]
     #: (step: SET_BACKING/SET_SLOT, argument position, result position, input row or the slot, state position or -1).
@@ -643,7 +632,6 @@ class _NativeSteps:
         return _NativeSteps(
             inputs, plan.sources,
             tuple((row_of[first], row_of[second]) for first, second in exe._write_pairs),
-            tuple((row_of[check.index], check.low, check.high) for check in exe._index_checks),
             tuple(checks), tuple(commits), tuple(step.index for step in plan.donated_state),
             tuple(
                 (result.position, result.dtype, tuple(result.shape), row_major_strides(tuple(result.shape)), result.nbytes)
