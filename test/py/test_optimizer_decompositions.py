@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import hloalias
+from bitwise import assert_bitwise
 from hloalias.frontend import training as frontend_training
 from hloalias.frontend.importer import _decomposition_table
 from hloalias.frontend.optimizer_decompositions import addcdiv, addcmul, lerp_scalar
@@ -49,27 +50,6 @@ def _compiled_run(make_optimizer: Callable[[Any], torch.optim.Optimizer], dtype:
     losses = [train(x, y) for x, y in batches]
     state = train.state_dict()
     return losses, state["model"], state["optimizer"]["state"]
-
-
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
-    return tensor.detach().reshape(-1).view(integer)
-
-
-def _assert_bitwise(a: Any, b: Any) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for key in a:
-            _assert_bitwise(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _assert_bitwise(x, y)
-    elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(_bits(a), _bits(b))
-    else:
-        assert a == b
 
 
 def _lerp_nodes(make_optimizer: Callable[[Any], torch.optim.Optimizer]) -> dict[str, int]:
@@ -111,7 +91,7 @@ def test_compiled_step_is_bitwise_the_reference_decompositions(name: str, monkey
     hloalias.clear_cache()
     monkeypatch.setattr(frontend_training, "optimizer_decompositions", lambda: {})
     reference = _compiled_run(OPTIMIZERS[name])
-    _assert_bitwise(ours, reference)
+    assert_bitwise(ours, reference)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -123,7 +103,7 @@ def test_lerp_scalar_is_bitwise_the_reference(weight: float, dtype: torch.dtype)
     ours = lerp_scalar(start, end, weight)
     reference = _decomposition_table()[aten.lerp.Scalar](start, end, weight)
     assert ours.dtype == reference.dtype and ours.stride() == reference.stride()
-    _assert_bitwise(ours, reference)
+    assert_bitwise(ours, reference)
 
 
 @pytest.mark.parametrize(
@@ -183,8 +163,8 @@ def test_adam_step_traces_no_reference_lerp_addcmul_or_addcdiv(monkeypatch: pyte
     a, b, c = torch.randn(5), torch.randn(5), torch.rand(5) + 1
     reference = _decomposition_table()
     for op, ours in ((aten.addcmul.default, addcmul), (aten.addcdiv.default, addcdiv)):
-        _assert_bitwise(ours(a, b, c, value=0.25), reference[op](a, b, c, value=0.25))
-        _assert_bitwise(ours(a, b, c), reference[op](a, b, c))
+        assert_bitwise(ours(a, b, c, value=0.25), reference[op](a, b, c, value=0.25))
+        assert_bitwise(ours(a, b, c), reference[op](a, b, c))
 
 
 @pytest.mark.parametrize("case", ["bfloat16", "broadcast", "mixed_dtype", "complex_value"])

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import hloalias
+from bitwise import assert_bitwise
 from hloalias.frontend import optimizer_replay
 from hloalias.frontend import training as frontend_training
 from hloalias.frontend.training import capture_training_step
@@ -93,27 +94,6 @@ def _targets(name: str, dtype: torch.dtype = torch.float32, transposed: bool = F
     return [str(n.target) for n in graph.nodes if n.op == "call_function"]
 
 
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
-    return tensor.detach().reshape(-1).view(integer)
-
-
-def _assert_bitwise(a: Any, b: Any) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for key in a:
-            _assert_bitwise(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _assert_bitwise(x, y)
-    elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(_bits(a), _bits(b))
-    else:
-        assert a == b
-
-
 def _kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of parameters each call of the torch kernels gets."""
     calls: list[int] = []
@@ -153,7 +133,7 @@ def test_compiled_steps_are_bitwise_the_full_traces(
 ) -> None:
     replayed = _compiled_run(name, dtype)
     monkeypatch.setattr(frontend_training, "REPLAY_OPTIMIZER", False)
-    _assert_bitwise(replayed, _compiled_run(name, dtype))
+    assert_bitwise(replayed, _compiled_run(name, dtype))
 
 
 @pytest.mark.parametrize("name", ["adamw", "adam_amsgrad_wd_maximize", "sgd_momentum_nesterov_wd"])
@@ -164,7 +144,7 @@ def test_bfloat16_steps_are_bitwise_the_full_traces(name: str, monkeypatch: pyte
     replayed = _compiled_run(name, torch.bfloat16)
     assert calls == [1]
     monkeypatch.setattr(frontend_training, "REPLAY_OPTIMIZER", False)
-    _assert_bitwise(replayed, _compiled_run(name, torch.bfloat16))
+    assert_bitwise(replayed, _compiled_run(name, torch.bfloat16))
 
 
 def test_non_contiguous_parameter_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,7 +156,7 @@ def test_non_contiguous_parameter_is_traced_in_full(monkeypatch: pytest.MonkeyPa
     monkeypatch.undo()
     replayed_run = _compiled_run("adamw", transposed=True)
     monkeypatch.setattr(frontend_training, "REPLAY_OPTIMIZER", False)
-    _assert_bitwise(replayed_run, _compiled_run("adamw", transposed=True))
+    assert_bitwise(replayed_run, _compiled_run("adamw", transposed=True))
 
 
 def test_update_that_is_not_shape_generic_is_traced_again_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,7 +180,7 @@ def test_update_that_is_not_shape_generic_is_traced_again_in_full(monkeypatch: p
     assert traces == [True, False, True] and len(refusals) == 1
     monkeypatch.setattr(frontend_training, "REPLAY_OPTIMIZER", False)
     assert refused_graph == _targets("adamw_two_groups")
-    _assert_bitwise(refused_run, _compiled_run("adamw_two_groups"))
+    assert_bitwise(refused_run, _compiled_run("adamw_two_groups"))
 
 
 def test_foreach_update_is_refused_and_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
