@@ -135,21 +135,22 @@ def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimiz
             steps = store.steps_of[optimizer] = weakref.WeakSet()
             found = weakref.ref(store)
 
-            def write_back_first(opt: torch.optim.Optimizer) -> None:
-                live = found()
-                registered = live.steps_of.get(opt) if live is not None else None
+            def any_live_step(opt: torch.optim.Optimizer) -> "TrainingStep | None":
                 # Every step of the optimizer reads the same device state:
                 # any live one holds it all.
-                for candidate in list(registered or ()):
-                    candidate._write_back_optimizer()
-                    break
-
-            def reload_after_load(opt: torch.optim.Optimizer) -> None:
                 live = found()
                 registered = live.steps_of.get(opt) if live is not None else None
-                for candidate in list(registered or ()):
-                    candidate._reload_optimizer()
-                    break
+                return next(iter(list(registered or ())), None)
+
+            def write_back_first(opt: torch.optim.Optimizer) -> None:
+                step = any_live_step(opt)
+                if step is not None:
+                    step._write_back_optimizer()
+
+            def reload_after_load(opt: torch.optim.Optimizer) -> None:
+                step = any_live_step(opt)
+                if step is not None:
+                    step._reload_optimizer()
 
             optimizer.register_state_dict_pre_hook(write_back_first)
             # Resuming from a checkpoint after compiling the step
@@ -543,20 +544,8 @@ class TrainingStep:
         is an ExecutionError from ``load_state_dict``, and every call of a
         step of this optimizer raises it until a load succeeds: the step
         never runs on the state from before the load."""
-        params = list(self._parameters)
         try:
-            optimizer_state = optimizer_state_of(self._optimizer, params)
-            values: dict[str, torch.Tensor] = {}
-            for slot in self._slots:
-                if slot.kind != "optimizer":
-                    continue
-                assert slot.param_index is not None and slot.key is not None
-                entries = optimizer_state[slot.param_index]
-                if slot.key not in entries:
-                    raise ExecutionError(
-                        f"optimizer state '{slot.key}' of parameter {slot.param_index} is missing"
-                    )
-                values[slot.name] = entries[slot.key]
+            values = self._optimizer_values()
             if values:
                 self.executable.load_state_dict(values)
         except (TrainingCaptureError, ExecutionError) as error:
@@ -564,6 +553,22 @@ class TrainingStep:
             self._set_unloaded_optimizer(message)
             raise ExecutionError(message) from None
         self._set_unloaded_optimizer(None)
+
+    def _optimizer_values(self) -> dict[str, torch.Tensor]:
+        """Slot name -> the optimizer's own tensor, for every optimizer slot
+        (fresh state where the optimizer has none yet).  TrainingCaptureError
+        for a state entry that is no tensor, ExecutionError for a missing one."""
+        optimizer_state = optimizer_state_of(self._optimizer, list(self._parameters))
+        values: dict[str, torch.Tensor] = {}
+        for slot in self._slots:
+            if slot.kind != "optimizer":
+                continue
+            assert slot.param_index is not None and slot.key is not None
+            entries = optimizer_state[slot.param_index]
+            if slot.key not in entries:
+                raise ExecutionError(f"optimizer state '{slot.key}' of parameter {slot.param_index} is missing")
+            values[slot.name] = entries[slot.key]
+        return values
 
     def _set_unloaded_optimizer(self, message: str | None) -> None:
         """Record (or clear) a failed optimizer load on every step of this
@@ -578,10 +583,9 @@ class TrainingStep:
         now (after ``model.load_state_dict`` / ``optimizer.load_state_dict``)."""
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
         try:
-            optimizer_state = optimizer_state_of(self._optimizer, list(self._parameters))
-        except TrainingCaptureError as error:
+            values = self._optimizer_values()
+        except (TrainingCaptureError, ExecutionError) as error:
             raise ExecutionError(f"reload: {error}") from None
-        values: dict[str, torch.Tensor] = {}
         for slot in self._slots:
             if slot.kind in ("param", "buffer"):
                 assert slot.fqn is not None
@@ -590,14 +594,6 @@ class TrainingStep:
                 assert slot.fqn is not None
                 grad = named[slot.fqn].grad
                 values[slot.name] = grad.detach() if grad is not None else torch.zeros_like(named[slot.fqn].detach())
-            else:
-                assert slot.param_index is not None and slot.key is not None
-                entries = optimizer_state[slot.param_index]
-                if slot.key not in entries:
-                    raise ExecutionError(
-                        f"reload: optimizer state '{slot.key}' of parameter {slot.param_index} is missing"
-                    )
-                values[slot.name] = entries[slot.key]
         self.executable.load_state_dict(values)
 
     def _model_keys(self) -> dict[str, str]:
