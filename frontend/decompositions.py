@@ -48,7 +48,7 @@ import torch
 import torch._decomp
 
 from hloalias.frontend.linalg_fft import linalg_fft_decompositions
-from hloalias.frontend.op_coverage import op_coverage_decompositions
+from hloalias.frontend.op_coverage import op_coverage_decompositions, torch_nn_custom_op_entries
 from hloalias.frontend.special_functions import special_decompositions
 
 aten = torch.ops.aten
@@ -795,7 +795,7 @@ def custom_op_decompositions() -> dict[Any, Callable[..., Any]]:
     those registered in this process now (looked up per call: a library
     loaded after the first import still gets its entries; none is
     imported here)."""
-    table: dict[Any, Callable[..., Any]] = {}
+    table = torch_nn_custom_op_entries()
     namespace = getattr(torch.ops, "transformers", None)
     fallback = getattr(namespace, "grouped_mm_fallback", None) if namespace is not None else None
     if fallback is not None:

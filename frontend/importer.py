@@ -26,7 +26,7 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -597,6 +597,26 @@ def _decomposition_table_with_custom_ops() -> dict[Any, Callable[..., Any]]:
     return {**_decomposition_table(), **custom} if custom else _decomposition_table()
 
 
+def late_registered_entries(
+    table: Mapping[Any, Callable[..., Any]], traced: torch.fx.GraphModule
+) -> dict[Any, Callable[..., Any]]:
+    """The entries of :func:`_decomposition_table_with_custom_ops` missing
+    from ``table`` for ops that ``traced`` calls: ops registered during
+    the trace itself (a library that imports its op module on first use,
+    as torch's chunked ``linear_cross_entropy`` does), which the trace
+    recorded undecomposed.  Empty when there are none; otherwise the
+    caller traces again with them."""
+    missing = {op: entry for op, entry in _decomposition_table_with_custom_ops().items() if op not in table}
+    if not missing:
+        return {}
+    for graph_module in traced.modules():
+        if isinstance(graph_module, torch.fx.GraphModule):
+            for node in graph_module.graph.nodes:
+                if node.op == "call_function" and node.target in missing:
+                    return missing
+    return {}
+
+
 @functools.cache
 def _decomposition_table() -> dict[Any, Callable[..., Any]]:
     """(Built once and shared: callers must not modify it.)
@@ -697,6 +717,11 @@ def _export_decomposed(
     table = _decomposition_table_with_custom_ops()
     with record_carried_objects(module) as carried:
         exported = single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes)
+    late = late_registered_entries(table, exported.graph_module) if exported is not None else {}
+    if late:
+        table = {**table, **late}
+        with record_carried_objects(module) as carried:
+            exported = single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes)
     if exported is not None:
         # As _export records them: a cache object the caller passes in and
         # gets back is updated by the runtime (frontend/carried_objects.py).

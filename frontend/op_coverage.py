@@ -302,16 +302,25 @@ def linear_cross_entropy_chunked_no_reduction(
     )
 
 
-def _custom_op_entries() -> dict[Any, Callable[..., Any]]:
-    """Entries for ops torch defines as custom ops (registered when their
-    module is imported)."""
-    import torch.nn.modules.linear_cross_entropy  # noqa: F401 - registers torch_nn's ops
-
+def torch_nn_custom_op_entries() -> dict[Any, Callable[..., Any]]:
+    """Entries for the ops torch defines as custom ops in
+    ``torch.nn.modules.linear_cross_entropy``, for those registered in this
+    process now.  That module is imported lazily by torch (on the first
+    chunked ``linear_cross_entropy`` call), and importing it registers the
+    ops through ``torch.library``, which reads their source through
+    ``inspect`` (a scan of every loaded module): so it is not imported here,
+    and a program whose trace registers them is traced again
+    (:func:`hloalias.frontend.importer.late_registered_entries`)."""
     namespace = torch.ops.torch_nn
-    return {
-        namespace._linear_cross_entropy_batch_chunked.default: linear_cross_entropy_chunked,
-        namespace._linear_cross_entropy_batch_chunked_no_reduction.default: linear_cross_entropy_chunked_no_reduction,
-    }
+    entries: dict[Any, Callable[..., Any]] = {}
+    for name, decomposition in (
+        ("_linear_cross_entropy_batch_chunked", linear_cross_entropy_chunked),
+        ("_linear_cross_entropy_batch_chunked_no_reduction", linear_cross_entropy_chunked_no_reduction),
+    ):
+        op = getattr(namespace, name, None)
+        if op is not None:
+            entries[op.default] = decomposition
+    return entries
 
 
 def _fractional_starts(sample: torch.Tensor, length: int, out: int, kernel: int) -> torch.Tensor:
@@ -783,6 +792,4 @@ def unsigned_constants_as_bitcasts(graph: torch.fx.Graph) -> bool:
 
 def op_coverage_decompositions() -> dict[Any, Callable[..., Any]]:
     """The table of this module's decompositions by op."""
-    table = _own_entries()
-    table.update(_custom_op_entries())
-    return table
+    return _own_entries()

@@ -107,7 +107,7 @@ def _export_dynamic(
     if importer._strided_inputs(exported):
         raise NotSpecializable("the program addresses an input through as_strided")
     try:
-        exported = importer.decompose(exported, importer._decomposition_table())
+        exported = importer.decompose(exported, importer._decomposition_table_with_custom_ops())
     except Exception as error:  # torch raises many types here
         raise NotSpecializable(f"decomposing the dynamic program failed: {error}") from error
     if importer._strided_inputs(exported):

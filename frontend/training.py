@@ -65,7 +65,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from hloalias.errors import TorchImportError
 from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend.backward_decompositions import capture_decompositions
-from hloalias.frontend.importer import _decomposition_table
+from hloalias.frontend.importer import _decomposition_table_with_custom_ops, late_registered_entries
 from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
 from hloalias.frontend.optimizer_replay import ReplayRefused, expand_replayed_updates, replayed_updates
 from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules
@@ -283,24 +283,31 @@ def _capture(
     # no generated code; only the ExportedProgram's module generates it.
     # ``replay``: the optimizer's update traced once per class of
     # parameters and copied for the others (frontend/optimizer_replay.py).
-    decompositions = {**_decomposition_table(), **capture_decompositions(), **optimizer_decompositions()}
-    with _tracing_flag(), sdpa_kernel(SDPBackend.MATH), lazy_graph_modules():
-        try:
-            with replayed_updates() if replay else contextlib.nullcontext() as replayed:
-                graph_module = make_fx(
-                    dispatch_functionalize(functional, FunctionalTensorMode()),
-                    decomposition_table=decompositions,
-                    tracing_mode="fake",
-                    record_stack_traces=stack_traces,
-                )(
-                    flat_state, lr_examples, batch_leaves
-                )
-            if replayed is not None:
-                expand_replayed_updates(graph_module, replayed, decompositions)
-        except (TrainingCaptureError, _GradientsKept, ReplayRefused):
-            raise
-        except Exception as error:  # torch raises many types while tracing
-            raise TrainingCaptureError(_describe_trace_failure(error)) from None
+    # A custom op registered during the trace (late_registered_entries)
+    # was recorded undecomposed: traced again with its entry.
+    decompositions = {**_decomposition_table_with_custom_ops(), **capture_decompositions(), **optimizer_decompositions()}
+    while True:
+        with _tracing_flag(), sdpa_kernel(SDPBackend.MATH), lazy_graph_modules():
+            try:
+                with replayed_updates() if replay else contextlib.nullcontext() as replayed:
+                    graph_module = make_fx(
+                        dispatch_functionalize(functional, FunctionalTensorMode()),
+                        decomposition_table=decompositions,
+                        tracing_mode="fake",
+                        record_stack_traces=stack_traces,
+                    )(
+                        flat_state, lr_examples, batch_leaves
+                    )
+                if replayed is not None:
+                    expand_replayed_updates(graph_module, replayed, decompositions)
+            except (TrainingCaptureError, _GradientsKept, ReplayRefused):
+                raise
+            except Exception as error:  # torch raises many types while tracing
+                raise TrainingCaptureError(_describe_trace_failure(error)) from None
+        late = late_registered_entries(decompositions, graph_module)
+        if not late:
+            break
+        decompositions = {**decompositions, **late}
     # Graph edits only: _exported_from_graph lints, and the ExportedProgram
     # generates the code once.
     _drop_profiler_nodes(graph_module)

@@ -7,6 +7,9 @@ the series, the edges (0, infinities, NaN), several degrees."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -200,6 +203,34 @@ def test_uint8_constants_lower() -> None:
         lambda t: ((t > 0).to(torch.uint8) + torch.full((4,), 200, dtype=torch.uint8), torch.zeros((2, 0), dtype=torch.uint8)),
         torch.tensor([1.0, -1.0, 0.5, 0.0]),
     )
+
+
+_LATE_REGISTERED_CHILD = """
+import sys, warnings
+import torch, hloalias
+warnings.simplefilter("ignore")
+MODULE = "torch.nn.modules.linear_cross_entropy"
+g = torch.Generator().manual_seed(0)
+x, w, target = torch.randn(6, 5, generator=g), torch.randn(7, 5, generator=g), torch.tensor([0, 3, 6, 2, 2, 1])
+hloalias.compile(lambda a: a * 2 + 1, (x,))(x)
+assert MODULE not in sys.modules, "a plain compile imported " + MODULE
+options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=4)
+f = lambda a, b: torch.nn.functional.linear_cross_entropy(a, b, target, reduction="sum", options=options)
+got = hloalias.compile(f, (x, w))(x, w)  # the trace itself imports MODULE
+assert MODULE in sys.modules
+assert torch.equal(got, f(x, w)), (got, f(x, w))
+print("OK")
+"""
+
+
+def test_an_op_registered_during_the_trace_is_decomposed() -> None:
+    # torch registers the chunked linear_cross_entropy ops on the first
+    # chunked call, inside the trace: the trace is taken again with their
+    # entries (a fresh process, where nothing imported them before).
+    done = subprocess.run([sys.executable, "-c", _LATE_REGISTERED_CHILD], env=dict(os.environ),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("OK")
 
 
 def test_chunked_linear_cross_entropy_and_resize_as() -> None:

@@ -156,7 +156,7 @@ def test_adam_step_traces_no_reference_lerp_addcmul_or_addcdiv(monkeypatch: pyte
     table = dict(_decomposition_table())
     for op in (aten.lerp.Scalar, aten.addcmul.default, aten.addcdiv.default):
         table[op] = refused
-    monkeypatch.setattr(frontend_training, "_decomposition_table", lambda: table)
+    monkeypatch.setattr(frontend_training, "_decomposition_table_with_custom_ops", lambda: table)
     monkeypatch.setattr("hloalias.frontend.optimizer_decompositions._decomposition_table", lambda: table)
     counts = _lerp_nodes(OPTIMIZERS["adam_amsgrad_wd"])
     assert counts  # captured without the references
