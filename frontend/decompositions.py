@@ -790,6 +790,24 @@ def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) 
     return torch.where(mine.unsqueeze(2), products, torch.zeros((), dtype=rows.dtype)).sum(0)
 
 
+def grouped_mm_backward(
+    rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, grad_output: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``transformers::grouped_mm_fallback_backward`` (what autograd records
+    for :func:`grouped_mm` in a training step): the gradient of each row
+    through its group's weight, and each expert's weight gradient from its
+    rows only (rows past the last offset get none), grouped as
+    :func:`grouped_mm` groups them."""
+    experts = weight.shape[0]
+    row = torch.arange(rows.shape[0], dtype=offsets.dtype)
+    group = (offsets.unsqueeze(0) <= row.unsqueeze(1)).sum(1)
+    mine = (group.unsqueeze(0) == torch.arange(experts, dtype=group.dtype).unsqueeze(1)).unsqueeze(2)  # [E, S, 1]
+    zero = torch.zeros((), dtype=rows.dtype)
+    grad_rows = torch.where(mine, torch.matmul(grad_output.unsqueeze(0), weight.transpose(1, 2)), zero).sum(0)
+    grad_weight = torch.matmul(torch.where(mine, rows.unsqueeze(0), zero).transpose(1, 2), grad_output)
+    return grad_rows, grad_weight
+
+
 def custom_op_decompositions() -> dict[Any, Callable[..., Any]]:
     """Entries for third-party custom ops torch-mlir cannot lower, for
     those registered in this process now (looked up per call: a library
@@ -800,6 +818,9 @@ def custom_op_decompositions() -> dict[Any, Callable[..., Any]]:
     fallback = getattr(namespace, "grouped_mm_fallback", None) if namespace is not None else None
     if fallback is not None:
         table[fallback.default] = grouped_mm
+    backward = getattr(namespace, "grouped_mm_fallback_backward", None) if namespace is not None else None
+    if backward is not None:
+        table[backward.default] = grouped_mm_backward
     return table
 
 
