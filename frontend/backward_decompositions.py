@@ -17,7 +17,9 @@ it traces; :func:`capture_decompositions` is that table:
   ConvNeXt, MobileNet): torch-mlir's own decomposition of the weight
   gradient builds an invalid convolution ("input feature dimension (2) to
   be a multiple of feature_group_count ... 128");
-  :func:`grouped_convolution_backward` writes it with valid ones.
+  :func:`grouped_convolution_backward` writes it with valid ones; so too
+  every 1-d and 3-d ``convolution_backward`` (torch-mlir's lowering of the
+  1-d one fails on a leftover ``torch.constant.bool``).
 """
 
 from __future__ import annotations
@@ -69,9 +71,11 @@ def grouped_convolution_backward(
     output_mask: Sequence[bool],
 ) -> Any:
     """``aten.convolution_backward`` of a forward (not transposed)
-    convolution with ``groups > 1``, in forward convolutions; anything else
-    returns ``NotImplemented`` (``make_fx`` then records the operator and
-    torch-mlir decomposes it, correctly for ``groups == 1``).
+    convolution with ``groups > 1``, or of any number of spatial dimensions
+    but two, in forward convolutions; anything else returns
+    ``NotImplemented`` (``make_fx`` then records the operator and
+    torch-mlir decomposes it, correctly for 2-d ones with ``groups == 1``;
+    its 1-d lowering fails, as in Whisper's encoder).
 
     - input gradient: the transposed convolution of ``grad_output`` with
       ``weight`` (same stride, padding, dilation and groups), with the
@@ -83,9 +87,9 @@ def grouped_convolution_backward(
       ``[C/g, O, k'...]`` (``k' >= k``: positions past the kernel are
       dropped) permuted to ``[O, C/g, k...]`` is the weight gradient;
     - bias gradient: ``grad_output`` summed over batch and space."""
-    if groups == 1 or transposed:
-        return NotImplemented
     spatial = input.dim() - 2
+    if transposed or (groups == 1 and spatial == 2):
+        return NotImplemented
     batch, channels = input.shape[0], input.shape[1]
     out_channels = weight.shape[0]
     kernel = weight.shape[2:]

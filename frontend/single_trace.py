@@ -63,7 +63,7 @@ class _WritesInPlace(Exception):
     """Raised inside the trace: the program needs the training IR."""
 
 
-def _is_write(name: str, kwargs: dict[str, Any] | None) -> bool:
+def is_write(name: str, kwargs: dict[str, Any] | None) -> bool:
     if kwargs and kwargs.get("out") is not None:
         return True
     if name in _IN_PLACE_DUNDERS:
@@ -86,13 +86,13 @@ class _WriteWatch(torch.overrides.TorchFunctionMode):
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        if _is_write(getattr(func, "__name__", ""), kwargs) or _mutable_op(func):
+        if is_write(getattr(func, "__name__", ""), kwargs) or mutable_op(func):
             self.seen.append(getattr(func, "__name__", repr(func)))
             raise _WritesInPlace(self.seen[-1])
         return func(*args, **(kwargs or {}))
 
 
-def _mutable_op(func: Any) -> bool:
+def mutable_op(func: Any) -> bool:
     """Whether ``func`` is an operator (``torch.ops.ns.op[.overload]``)
     whose schema writes an argument."""
     if isinstance(func, torch._ops.OpOverload):
@@ -139,7 +139,7 @@ def _code_objects(code: types.CodeType) -> list[types.CodeType]:
 
 def _code_writes(code: types.CodeType) -> bool:
     for each in _code_objects(code):
-        if any(_is_write(name, None) for name in each.co_names if not name.startswith("_")):
+        if any(is_write(name, None) for name in each.co_names if not name.startswith("_")):
             return True
     return False
 

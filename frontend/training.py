@@ -64,6 +64,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from hloalias.errors import TorchImportError
 from hloalias.frontend.tracing_lock import tracing
+from hloalias.frontend import single_trace
 from hloalias.frontend.backward_decompositions import capture_decompositions
 from hloalias.frontend.importer import _decomposition_table_with_custom_ops, late_registered_entries
 from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
@@ -248,7 +249,7 @@ def _capture(
                 traced_state[slot.param_index][slot.key] = values[slot.name].clone()
         zero_lr_keeps = _params_kept_at_zero_lr(optimizer, lrs, [param_fqn[id(p)] for p in opt_params])
         with _optimizer_pointed_at(optimizer, traced_params, traced_state, lrs):
-            with _reparametrize_module(model, {**leaves, **buffers}, tie_weights=True):
+            with _reparametrize_module(model, {**leaves, **buffers}, tie_weights=True), _ClosedOverWrites():
                 result = step_fn(*pytree.tree_unflatten(batch, batch_spec))
         still_set = frozenset(fqn for fqn, leaf in leaves.items() if leaf.grad is not None)
         if not still_set <= kept_grads:
@@ -295,6 +296,7 @@ def _capture(
                         decomposition_table=decompositions,
                         tracing_mode="fake",
                         record_stack_traces=stack_traces,
+                        _allow_non_fake_inputs=True,
                     )(
                         flat_state, lr_examples, batch_leaves
                     )
@@ -313,6 +315,7 @@ def _capture(
     _drop_profiler_nodes(graph_module)
     _scalar_alphas_to_tensors(graph_module, stack_traces)
     _views_to_reshapes(graph_module)
+    _refuse_closed_over_writes(graph_module)
 
     example_inputs = (*lr_examples, *batch_leaves)
     input_names = _input_names(step_fn, batch_leaves, batch_spec, lr_count)
@@ -357,6 +360,49 @@ def _input_names(step_fn: Callable[..., Any], batch_leaves: list[Any], batch_spe
         batch_names.append(unique("_".join([base, *rest])))
     lr_names = [unique("lr" if lr_count == 1 else f"lr_{index}") for index in range(lr_count)]
     return [*lr_names, *batch_names]
+
+
+_CLOSED_OVER_WRITE = (
+    "the step writes in place ({what}) to a tensor it closes over, which is not a parameter, buffer or "
+    "optimizer state of the model nor an argument of the step: the compiled step would lose the write. "
+    "Register the tensor as a buffer of the model (model.register_buffer) or pass it to the step as an "
+    "argument."
+)
+
+
+class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
+    """Active while the step's code runs in the capture, where every
+    parameter, buffer, optimizer state and argument is a traced tensor: a
+    plain tensor is one the step closes over.  The trace reads those as
+    constants (at their value at each call, as eager does), but a write to
+    one is stopped before it happens (the caller's tensor stays as it was;
+    the compiled step could not keep the write)."""
+
+    def __torch_function__(
+        self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        name = getattr(func, "__name__", "")
+        if single_trace.is_write(name, kwargs) or single_trace.mutable_op(func):
+            written = [args[0]] if args else []
+            written += [leaf for leaf in pytree.tree_leaves((kwargs or {}).get("out")) if leaf is not None]
+            if any(isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter) for t in written):
+                raise TrainingCaptureError(_CLOSED_OVER_WRITE.format(what=name or repr(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def _refuse_closed_over_writes(graph_module: torch.fx.GraphModule) -> None:
+    """The graph's side of :class:`_ClosedOverWrites`: an operator that
+    writes a constant of the trace (a write the Python-level check did not
+    see, e.g. from a C++ kernel) is refused too."""
+    for node in graph_module.graph.nodes:
+        target = node.target
+        if (
+            node.op == "call_function"
+            and isinstance(target, torch._ops.OpOverload)
+            and target._schema.is_mutable
+            and any(isinstance(arg, torch.fx.Node) and arg.op == "get_attr" for arg in node.args)
+        ):
+            raise TrainingCaptureError(_CLOSED_OVER_WRITE.format(what=target))
 
 
 def _describe_trace_failure(error: BaseException) -> str:
@@ -732,16 +778,22 @@ def _lift_tensor_constants(
     for node in list(graph.nodes):
         if node.op != "get_attr":
             continue
-        value = getattr(graph_module, str(node.target), None)
+        target = str(node.target)
+        if target in lifted:  # a constant read twice (a closed-over tensor): one placeholder
+            node.replace_all_uses_with(lifted[target][0])
+            graph.erase_node(node)
+            continue
+        value = getattr(graph_module, target, None)
         if not isinstance(value, torch.Tensor):
             continue
         with graph.inserting_before(first_user_input):
-            placeholder = graph.placeholder(f"c_{node.target}")
+            placeholder = graph.placeholder(f"c_{target}")
         placeholder.meta = dict(node.meta)
         if "val" not in placeholder.meta and fake_mode is not None:
             placeholder.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
         node.replace_all_uses_with(placeholder)
         graph.erase_node(node)
-        delattr(graph_module, str(node.target))
-        lifted[str(node.target)] = (placeholder, value)
+        lifted[target] = (placeholder, value)
+    for target in lifted:
+        delattr(graph_module, target)
     return lifted
