@@ -99,6 +99,7 @@ from hloalias.runtime.sharding import Mesh, Placement, plan_shardings, result_sh
 from hloalias.runtime.distributed import check_same_program
 from hloalias.runtime.assembly import input_views
 from hloalias.runtime.execution import run_mesh, run_planned
+from hloalias.runtime.module_hooks import ModuleHooks
 from hloalias.runtime.module_modes import ModuleModes
 from hloalias.runtime.carried_objects import callers_objects, carry_objects
 from hloalias.runtime.gradient_boundary import mark_without_gradient
@@ -327,6 +328,7 @@ def compile(  # noqa: A001 - the name users expect
     )
     exe._pass_lines = pass_report
     exe._modes = ModuleModes.of(owner)
+    exe._hooks = ModuleHooks.of(owner)
     # A training step's program runs inside TrainingStep (its state is the
     # model's, and its loss is what the step returns): not checked.
     exe._trainable_state = _state_owner is None and any(
@@ -597,6 +599,7 @@ class Executable:
         #: The train/eval flags the program was compiled under (set by
         #: ``compile``), checked at every call; None: no module to check.
         self._modes: ModuleModes | None = None
+        self._hooks: ModuleHooks | None = None
         #: Input objects returned as themselves (frontend/carried_objects.py):
         #: then this is a :class:`_CarryingExecutable` (see ``__new__``).
         self._carried = program.signature.carried_objects
@@ -987,6 +990,8 @@ class Executable:
             leaves = self._user_leaves(args, kwargs)
         if self._modes is not None:
             self._check_modes()
+        if self._hooks is not None:
+            self._check_hooks()
         if _any_autocast():
             self._refuse_autocast()
         if self._watched and not self._watch_late and self._state_watch.changed():
@@ -1038,6 +1043,18 @@ class Executable:
             raise ExecutionError(
                 f"{changed}; the program was compiled for the old mode (dropout, normalization "
                 "statistics): switch it back, or compile again (hloalias.jit compiles once per mode)"
+            )
+
+    def _check_hooks(self) -> None:
+        """Refuse a call after a forward hook of a module the program runs
+        was registered or removed (``runtime/module_hooks.py``): the program
+        holds the hooks it was compiled with."""
+        assert self._hooks is not None
+        changed = self._hooks.changed()
+        if changed is not None:
+            raise ExecutionError(
+                f"{changed}; the program holds the hooks registered when it was compiled: "
+                "restore them, or compile again (hloalias.jit compiles again for new hooks)"
             )
 
     def _sync_from_torch(self) -> None:

@@ -29,7 +29,8 @@ only when a fresh import would produce the same program):
   tuple, dtype or tensor by value as above, a module or class by identity,
   a Python function by identity and code, and (for functions outside the
   libraries) the globals *it* reads in turn, three calls deep.
-- **Process settings export reads**: grad mode and the default dtype.
+- **Process settings export reads**: grad mode, the default dtype and
+  the global module forward hooks and pre-hooks.
 
 Not in the key, so not reused: a callable with a closure cell, attribute
 or input leaf of any other type (a list, a dict, an object), and a global of
@@ -186,6 +187,16 @@ def _module_print(module: torch.nn.Module) -> Any:
     return tuple(parts)
 
 
+def _global_hooks_print() -> Any:
+    """The identities of the global module forward hooks and pre-hooks
+    (``register_module_forward_hook``): export runs them on every module."""
+    hooks = torch.nn.modules.module
+    return tuple(
+        tuple(id(h) for h in getattr(hooks, name, {}).values())
+        for name in ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_always_called")
+    )
+
+
 def _function_print(fn: Callable[..., Any]) -> Any:
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -213,7 +224,8 @@ def fingerprint(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if isinstance(leaf, torch.Tensor) else _static(leaf)
             for leaf in leaves
         )
-        return (id(f), program_print, str(spec), inputs, torch.is_grad_enabled(), str(torch.get_default_dtype()))
+        return (id(f), program_print, str(spec), inputs, torch.is_grad_enabled(), str(torch.get_default_dtype()),
+                _global_hooks_print())
     except _Uncacheable:
         return None
     except TypeError:  # unhashable or odd attribute values

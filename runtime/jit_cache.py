@@ -8,7 +8,8 @@ later calls with that signature reuse the executable, as ``jax.jit`` and
   ``requires_grad``; per other leaf its type and value (every non-tensor
   input is static: ``torch.export`` specializes on it and the program bakes
   it in); the grad mode and the ``training`` flags of the modules it runs
-  (``runtime/module_modes.py``: a submodule switched alone counts).  A call
+  (``runtime/module_modes.py``: a submodule switched alone counts), and
+  the forward hooks registered on them (``runtime/module_hooks.py``).  A call
   with a signature not seen before compiles; one seen before is a cache hit.
   A new shape never raises "compile again".
 - **Bounded cache**: at most ``cache_size`` executables, least recently
@@ -48,6 +49,7 @@ from hloalias.errors import ExecutionError
 from hloalias.frontend.importer import Program, _register_transformers_caches, import_torch
 from hloalias.runtime.executable import DeviceTensor, Executable, compile as compile_executable
 from hloalias.runtime.export_cache import import_cached
+from hloalias.runtime.module_hooks import ModuleHooks
 from hloalias.runtime.module_modes import ModuleModes
 
 #: Executables kept per :class:`Jit` unless ``cache_size`` says otherwise
@@ -154,6 +156,8 @@ class Jit:
         self._caches_registered = False
         #: The train/eval flags the programs may read: part of the key.
         self._modes = ModuleModes.of(f)
+        #: The forward hooks the programs run: part of the key.
+        self._hooks = ModuleHooks.of(f)
         #: The parameters ``f`` takes by position, in order (for
         #: ``static_argnames`` passed positionally); checked once here.
         self._positional_names: list[str] = []
@@ -184,7 +188,8 @@ class Jit:
         self._check_statics(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         training = self._modes.key() if self._modes is not None else None
-        return (spec, tuple(_leaf_key(leaf) for leaf in leaves), torch.is_grad_enabled(), training)
+        hooks = self._hooks.key() if self._hooks is not None else None
+        return (spec, tuple(_leaf_key(leaf) for leaf in leaves), torch.is_grad_enabled(), training, hooks)
 
     def _check_statics(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         named = [(f"argument {i}", args[i]) for i in self.static_argnums if i < len(args)]

@@ -67,7 +67,7 @@ def _class_code_reads_training(cls: type) -> bool:
     return False
 
 
-def _roots(f: Any) -> list[tuple[torch.nn.Module, bool]]:
+def modules_run_by(f: Any) -> list[tuple[torch.nn.Module, bool]]:
     """The modules ``f`` runs: itself, the module of a bound method, or the
     modules a function closes over or names as globals; each with whether
     ``f``'s own code reads ``training`` (``model.training`` in a function)."""
@@ -102,7 +102,7 @@ class ModuleModes:
         entries: list[tuple[str, weakref.ref[torch.nn.Module], bool]] = []
         seen: set[int] = set()
         for target in targets:
-            for root, read_by_caller in _roots(target):
+            for root, read_by_caller in modules_run_by(target):
                 for name, module in root.named_modules(remove_duplicate=False):
                     read = _class_reads_training(type(module)) or (module is root and read_by_caller)
                     if id(module) in seen or not read:

@@ -82,6 +82,11 @@ class _CurrentWhenCopied:
         return (*reduced[:2], state, *reduced[3:])
 
 
+def is_state_sync_hook(hook: Any) -> bool:
+    """Whether ``hook`` is the pre-hook a state group adds (see below)."""
+    return bool(getattr(hook, _SYNC_HOOK, False))
+
+
 def user_forward_pre_hooks(module: torch.nn.Module) -> list[Any]:
     """``module``'s forward pre-hooks except the one a state group adds to
     bring lagging state in: that hook is skipped while torch traces, so it
