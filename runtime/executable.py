@@ -255,6 +255,7 @@ def compile(  # noqa: A001 - the name users expect
         if isinstance(holder, torch.nn.Module):
             refuse_inference_state(holder, CompileError)
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
+    modes_before_trace = ModuleModes.of(f if _state_owner is None else _state_owner)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
     target = device_for(mesh.platform if mesh is not None else device)
     # A program compiled before (any process) comes from the disk cache
@@ -327,7 +328,8 @@ def compile(  # noqa: A001 - the name users expect
         placement=placement,
     )
     exe._pass_lines = pass_report
-    exe._modes = ModuleModes.of(owner)
+    modes = ModuleModes.of(owner)
+    exe._modes = modes.without_written(modes_before_trace) if modes is not None else None
     exe._hooks = ModuleHooks.of(owner)
     # A training step's program runs inside TrainingStep (its state is the
     # model's, and its loss is what the step returns): not checked.
@@ -1034,15 +1036,17 @@ class Executable:
             raise ExecutionError(_AUTOCAST.format(dtype=torch.get_autocast_dtype("cpu")) + "call it outside torch.autocast")
 
     def _check_modes(self) -> None:
-        """Refuse a call after a train/eval switch of a module the program
-        read the flag of (``runtime/module_modes.py``): the program holds
-        the compile-time mode's dropout and normalization."""
+        """Refuse a call after a train/eval switch, or a new value of a
+        plain attribute, of a module the program read (``runtime/module_modes.py``):
+        the program holds the compile-time mode's dropout and normalization,
+        and the compile-time values."""
         assert self._modes is not None
         changed = self._modes.changed()
         if changed is not None:
             raise ExecutionError(
-                f"{changed}; the program was compiled for the old mode (dropout, normalization "
-                "statistics): switch it back, or compile again (hloalias.jit compiles once per mode)"
+                f"{changed}; the program holds what it was compiled with (the mode's dropout and "
+                "normalization, the attribute's value): set it back, or compile again "
+                "(hloalias.jit compiles once per mode and value)"
             )
 
     def _check_hooks(self) -> None:

@@ -8,7 +8,8 @@ later calls with that signature reuse the executable, as ``jax.jit`` and
   ``requires_grad``; per other leaf its type and value (every non-tensor
   input is static: ``torch.export`` specializes on it and the program bakes
   it in); the grad mode and the ``training`` flags of the modules it runs
-  (``runtime/module_modes.py``: a submodule switched alone counts), and
+  and the plain attributes their code reads (``runtime/module_modes.py``:
+  a submodule switched alone counts, ``model.scale = 2.0`` too), and
   the forward hooks registered on them (``runtime/module_hooks.py``).  A call
   with a signature not seen before compiles; one seen before is a cache hit.
   A new shape never raises "compile again".
@@ -154,7 +155,7 @@ class Jit:
         self._cache: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._caches_registered = False
-        #: The train/eval flags the programs may read: part of the key.
+        #: The train/eval flags and plain attributes the programs may read: part of the key.
         self._modes = ModuleModes.of(f)
         #: The forward hooks the programs run: part of the key.
         self._hooks = ModuleHooks.of(f)
@@ -187,9 +188,9 @@ class Jit:
             self._caches_registered = True
         self._check_statics(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        training = self._modes.key() if self._modes is not None else None
+        modes = self._modes.key() if self._modes is not None else None
         hooks = self._hooks.key() if self._hooks is not None else None
-        return (spec, tuple(_leaf_key(leaf) for leaf in leaves), torch.is_grad_enabled(), training, hooks)
+        return (spec, tuple(_leaf_key(leaf) for leaf in leaves), torch.is_grad_enabled(), modes, hooks)
 
     def _check_statics(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         named = [(f"argument {i}", args[i]) for i in self.static_argnums if i < len(args)]
@@ -225,8 +226,15 @@ class Jit:
                 self._cache.move_to_end(key)
                 self.stats.hits += 1
                 return entry.executable
+        modes_before_trace = ModuleModes.of(self.fn) if self._modes is not None else None
         executable = self._compile(args, kwargs)
         description = self._describe(args, kwargs)
+        if self._modes is not None:
+            # A forward that sets an attribute it reads (a call counter) set
+            # it while torch traced: not a setting (the key leaves it out).
+            after = ModuleModes.of(self.fn)
+            self._modes = after.without_written(modes_before_trace) if after is not None else None
+            key = self._key(args, kwargs)
         with self._lock:
             entry = self._cache.get(key)
             if entry is not None:  # another thread compiled it meanwhile

@@ -1,29 +1,43 @@
-"""The train/eval modes a program was compiled under, checked at each call.
+"""The train/eval modes and the plain settings a program was compiled
+under, checked at each call.
 
 ``torch.export`` bakes every ``self.training`` it reads into the program:
 dropout, BatchNorm's batch statistics and their running-average updates,
 and every model that branches on the flag (Hugging Face attention passes
-``dropout=0.0 if not self.training else p``).  An executable compiled with
-the model in train mode and called after ``model.eval()`` (or the other way
-round) would run the other mode's program: a silently wrong value.
+``dropout=0.0 if not self.training else p``).  It bakes every other plain
+attribute a forward reads the same way: ``self.scale``, ``self.use_relu``,
+``self.eps``, a ``self.temperature`` a user sets between calls.  An
+executable compiled with one value and called after the module's flag or
+attribute changed would run the old value's program: a silently wrong
+value.
 
-:class:`ModuleModes` records, at compile time, the modules whose flag the
-program may have read (the compiled module and every submodule whose
-class's own code reads ``training``, a compiled function's module when the
-function's code reads it) and their flags, holding each
-module weakly (an executable never keeps a model alive).  ``changed()``
-names the first module whose flag differs now; ``key()`` is the tuple of
-flags (``hloalias.jit`` keys its signatures on it, so a mode switch
-compiles the other mode's program instead of refusing).
+:class:`ModuleModes` records, at compile time, for every module a program
+runs, the attributes its class's own code names (and, for the module a
+compiled function closes over, the ones that function's code names) whose
+values are plain (``bool``, ``int``, ``float``, ``str``, ``None``, a dtype
+or device, tuples of these), ``training`` among them; each module is held
+weakly (an executable never keeps a model alive).  A name is read from the
+code (``co_names``), not from the trace, so a name the code uses for
+something else (a local method's attribute) is checked too: a change there
+refuses where eager would not differ, never the other way round.
+``changed()`` names the first module and attribute that differ now;
+``key()`` is the tuple of values (``hloalias.jit`` keys its signatures on
+it, so a mode switch or a new value compiles the other program instead of
+refusing).
 
 Which modules a plain function reads is found from its closure and the
 globals its code names (``inspect.getclosurevars``); a module it reaches
-another way is not checked."""
+another way is not checked.  Attributes of non-plain values (a Hugging
+Face ``config`` object) are not followed, and of a Hugging Face module
+only ``training`` is checked (its other attributes are copies of its
+``config``, set at construction)."""
 
 from __future__ import annotations
 
 import inspect
+import operator
 import types
+from collections.abc import Callable
 import weakref
 from typing import Any
 
@@ -34,50 +48,88 @@ _MODULE_CODE = frozenset(
 )
 
 
-def _code_reads_training(code: types.CodeType) -> bool:
-    if "training" in code.co_names:
-        return True
-    return any(isinstance(const, types.CodeType) and _code_reads_training(const) for const in code.co_consts)
+def _code_names(code: types.CodeType) -> frozenset[str]:
+    """The attribute and global names ``code`` and its nested code use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return frozenset(names)
 
 
-_READS_TRAINING: dict[type, bool] = {}
+_CLASS_NAMES: dict[type, frozenset[str]] = {}
 
 
-def _class_reads_training(cls: type) -> bool:
-    found = _READS_TRAINING.get(cls)
-    if found is None:
-        found = _READS_TRAINING[cls] = _class_code_reads_training(cls)
+def _class_names(cls: type) -> frozenset[str]:
+    """The attribute names ``cls``'s ``forward`` may read: the names its
+    code uses, and those of the methods and properties of ``cls`` it names
+    (``self._attend(...)``), transitively; plus ``training`` where any code
+    defined by ``cls`` or a base below ``nn.Module`` names it (a flag is
+    read through helpers a name search does not follow: ``F.dropout(...,
+    training=...)`` passes it as a keyword, which is no name, but a helper
+    taking ``self`` reads it)."""
+    found = _CLASS_NAMES.get(cls)
+    if found is not None:
+        return found
+    members: dict[str, types.CodeType] = {}
+    any_training = False
+    for klass in reversed(cls.__mro__):
+        if klass is torch.nn.Module or klass is object:
+            continue
+        for name, value in vars(klass).items():
+            function = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+            code = getattr(function, "__code__", None)
+            if isinstance(code, types.CodeType) and id(function) not in _MODULE_CODE:
+                members[name] = code  # a subclass's definition replaces its base's
+                any_training = any_training or "training" in _code_names(code)
+    names: set[str] = set()
+    pending = ["forward"]
+    while pending:
+        code = members.pop(pending.pop(), None)
+        if code is None:
+            continue
+        used = _code_names(code)
+        names |= used
+        pending.extend(name for name in used if name in members)
+    if any_training:
+        names.add("training")
+    found = _CLASS_NAMES[cls] = frozenset(names)
     return found
 
 
-def _class_code_reads_training(cls: type) -> bool:
-    """Whether code defined by ``cls`` or a base below ``nn.Module`` reads
-    an attribute named ``training`` (``self.training``, ``F.dropout(...,
-    training=...)`` passes it as a keyword, which is no attribute read)."""
-    for klass in cls.__mro__:
-        if klass is torch.nn.Module or klass is object:
-            continue
-        for value in vars(klass).values():
-            function = getattr(value, "__func__", value)
-            if isinstance(value, property):
-                function = value.fget
-            code = getattr(function, "__code__", None)
-            if isinstance(code, types.CodeType) and id(function) not in _MODULE_CODE and _code_reads_training(code):
-                return True
+#: Model libraries whose modules take their settings from a ``config``
+#: object at construction (``self.head_dim``, ``self.scaling``): checking
+#: every such attribute at every call would cost more than the change it
+#: guards against, which no library documents; their ``training`` is checked.
+_SETTINGS_IN_CONFIG = frozenset({"transformers"})
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format)
+
+
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, (tuple, frozenset)) and depth < 3:
+        return all(_is_plain(item, depth + 1) for item in value)
     return False
 
 
-def modules_run_by(f: Any) -> list[tuple[torch.nn.Module, bool]]:
+def _same(recorded: Any, now: Any) -> bool:
+    # Identity first: a NaN equals itself only that way.
+    return recorded is now or (type(recorded) is type(now) and recorded == now)
+
+
+def modules_run_by(f: Any) -> list[tuple[torch.nn.Module, frozenset[str]]]:
     """The modules ``f`` runs: itself, the module of a bound method, or the
-    modules a function closes over or names as globals; each with whether
-    ``f``'s own code reads ``training`` (``model.training`` in a function)."""
+    modules a function closes over or names as globals; each with the
+    names ``f``'s own code uses (``model.training`` in a function)."""
     if isinstance(f, torch.nn.Module):
-        return [(f, False)]
+        return [(f, frozenset())]
     function = getattr(f, "__func__", f)
-    reads = isinstance(function, types.FunctionType) and _code_reads_training(function.__code__)
+    names = _code_names(function.__code__) if isinstance(function, types.FunctionType) else frozenset()
     owner = getattr(f, "__self__", None)
     if isinstance(owner, torch.nn.Module):
-        return [(owner, reads)]
+        return [(owner, names)]
     if not isinstance(function, types.FunctionType):
         return []
     try:
@@ -85,47 +137,122 @@ def modules_run_by(f: Any) -> list[tuple[torch.nn.Module, bool]]:
     except (TypeError, ValueError):
         return []
     found = [*variables.nonlocals.values(), *variables.globals.values()]
-    return [(value, reads) for value in found if isinstance(value, torch.nn.Module)]
+    return [(value, names) for value in found if isinstance(value, torch.nn.Module)]
+
+
+#: One module's recorded settings: the module (weakly), a getter of the
+#: attribute values from its ``__dict__`` (a tuple, or the value for one name), their
+#: values when compiled, its label and the attribute names.
+_Entry = tuple["weakref.ref[torch.nn.Module]", Callable[[dict[str, Any]], Any], Any, str, tuple[str, ...]]
 
 
 class ModuleModes:
-    """The recorded flags of the modules a program may read, held weakly."""
+    """The recorded modes and plain settings of the modules a program runs, held weakly."""
 
     __slots__ = ("_entries",)
 
-    def __init__(self, entries: tuple[tuple[str, weakref.ref[torch.nn.Module], bool], ...]) -> None:
+    def __init__(self, entries: tuple[_Entry, ...]) -> None:
         self._entries = entries
 
     @classmethod
     def of(cls, *targets: Any) -> "ModuleModes | None":
-        """The modes of the modules ``targets`` run now (None: no module)."""
-        entries: list[tuple[str, weakref.ref[torch.nn.Module], bool]] = []
+        """The settings of the modules ``targets`` run now (None: none)."""
+        entries: list[_Entry] = []
         seen: set[int] = set()
         for target in targets:
-            for root, read_by_caller in modules_run_by(target):
+            for root, caller_names in modules_run_by(target):
                 for name, module in root.named_modules(remove_duplicate=False):
-                    read = _class_reads_training(type(module)) or (module is root and read_by_caller)
-                    if id(module) in seen or not read:
+                    if id(module) in seen:
                         continue
                     seen.add(id(module))
+                    names = _class_names(type(module))
+                    if type(module).__module__.split(".")[0] in _SETTINGS_IN_CONFIG:
+                        names = names & {"training"}
+                    if module is root:
+                        names = names | caller_names
+                    attributes = module.__dict__
+                    read = tuple(sorted(n for n in names if n in attributes and _is_plain(attributes[n])))
+                    if not read:
+                        continue
                     label = f"{type(module).__name__} '{name}'" if name else type(module).__name__
-                    entries.append((label, weakref.ref(module), module.training))
+                    # One name: itemgetter gives the value itself, not a 1-tuple.
+                    getter = operator.itemgetter(*read)
+                    entries.append((weakref.ref(module), getter, getter(attributes), label, read))
         return cls(tuple(entries)) if entries else None
 
+    def without_written(self, before: "ModuleModes | None") -> "ModuleModes | None":
+        """These settings (taken after a trace) less the attributes whose
+        value differs from ``before`` (taken before it, from the same
+        targets): a forward that sets an attribute it reads (a call
+        counter) set it while torch traced, and would otherwise refuse the
+        calls after the next trace."""
+        recorded = {id(entry[0]()): entry for entry in (before._entries if before is not None else ())}
+        entries: list[_Entry] = []
+        for ref, getter, values, label, names in self._entries:
+            earlier = recorded.get(id(ref()))
+            if earlier is None or earlier[2] is values or earlier[2] == values:
+                entries.append((ref, getter, values, label, names))
+                continue
+            pairs = list(zip(earlier[4], earlier[2] if len(earlier[4]) > 1 else (earlier[2],)))
+            was = dict(pairs)
+            kept = tuple(
+                name for name, value in zip(names, values if len(names) > 1 else (values,))
+                if name in was and _same(was[name], value)
+            )
+            if kept:
+                getter = operator.itemgetter(*kept)
+                module = ref()
+                assert module is not None
+                entries.append((ref, getter, getter(module.__dict__), label, kept))
+        return ModuleModes(tuple(entries)) if entries else None
+
     def changed(self) -> str | None:
-        """A description of the first module whose flag is not the recorded
-        one, or None."""
-        for label, ref, training in self._entries:
+        """A description of the first module whose flag or setting is not
+        the recorded one, or None."""
+        for ref, getter, values, label, names in self._entries:
             module = ref()
-            if module is not None and bool(module.training) != training:
-                was, now = ("train", "eval") if training else ("eval", "train")
-                return f"{label} was in {was} mode when compiled and is in {now} mode now"
+            if module is None:
+                continue
+            try:
+                now = getter(module.__dict__)
+                # Identity first (a NaN equals itself only that way): a
+                # tuple compares its elements so, a single value here.
+                if now is values or now == values:
+                    continue
+            except KeyError:  # an attribute deleted since
+                pass
+            return self._describe(module, values, label, names)
         return None
 
-    def key(self) -> tuple[bool, ...]:
-        """The flags as they are now (a dead module counts as unchanged)."""
-        flags = []
-        for _, ref, training in self._entries:
+    @staticmethod
+    def _describe(module: torch.nn.Module, values: Any, label: str, names: tuple[str, ...]) -> str:
+        attributes = module.__dict__
+        for name, value in zip(names, values if len(names) > 1 else (values,)):
+            now = attributes.get(name, _MISSING)
+            if _same(value, now):
+                continue
+            if name == "training" and isinstance(now, bool):
+                was, is_now = ("train", "eval") if value else ("eval", "train")
+                return f"{label} was in {was} mode when compiled and is in {is_now} mode now"
+            shown = "deleted" if now is _MISSING else f"{now!r}"
+            return f"attribute '{name}' of {label} was {value!r} when compiled and is {shown} now"
+        return f"the attributes {list(names)} of {label} changed since compiling"
+
+    def key(self) -> tuple[Any, ...]:
+        """The values as they are now (a dead module counts as unchanged)."""
+        now: list[Any] = []
+        for ref, getter, values, _, _ in self._entries:
             module = ref()
-            flags.append(training if module is None else bool(module.training))
-        return tuple(flags)
+            try:
+                now.append(values if module is None else getter(module.__dict__))
+            except KeyError:
+                now.append(_MISSING)
+        return tuple(now)
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<deleted>"
+
+
+_MISSING: Any = _Missing()

@@ -1,10 +1,12 @@
-"""Train/eval switches after compiling (``runtime/module_modes.py``).
+"""Train/eval switches and attribute changes after compiling (``runtime/module_modes.py``).
 
 ``torch.export`` bakes ``self.training`` into the program, so an executable
 compiled in one mode and called after ``model.eval()``/``model.train()``
 ran the other mode's dropout and BatchNorm: silently wrong values (dropout
 at inference, running statistics never updated).  Each test here fails on
-the code before the check: the call ran and returned the old mode's result."""
+the code before the check: the call ran and returned the old mode's result.
+The same holds for a plain attribute a forward reads (``model.scale = 3.0``):
+the program baked the old value in."""
 
 from __future__ import annotations
 
@@ -146,3 +148,98 @@ def test_training_step_after_model_eval_is_refused() -> None:
         train(_x(), _x())
     model.train()
     train(_x(), _x())
+
+
+class _Scaled(torch.nn.Module):
+    """A forward reading plain attributes a user sets between calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 8)
+        self.scale = 1.0
+        self.use_relu = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x) * self.scale
+        return torch.relu(y) if self.use_relu else y
+
+
+def test_a_changed_attribute_the_forward_reads_is_refused_naming_it() -> None:
+    model = _Scaled()
+    exe = hloalias.compile(model, (_x(),))
+    model.scale = 3.0
+    with pytest.raises(ExecutionError, match=r"attribute 'scale' of _Scaled was 1.0 when compiled and is 3.0 now"):
+        exe(_x())
+    model.scale = 1.0
+    model.use_relu = True
+    with pytest.raises(ExecutionError, match=r"attribute 'use_relu'"):
+        exe(_x())
+    model.use_relu = False
+    with torch.no_grad():
+        torch.testing.assert_close(exe(_x()), model(_x()))
+
+
+def test_jit_compiles_again_for_a_new_attribute_value() -> None:
+    model = _Scaled()
+    f = hloalias.jit(model)
+    with torch.no_grad():
+        for scale, relu in ((1.0, False), (3.0, False), (3.0, True), (1.0, False)):
+            model.scale, model.use_relu = scale, relu
+            torch.testing.assert_close(f(_x()), model(_x()))
+    assert (f.stats.compiles, f.stats.hits) == (3, 1)
+
+
+def test_a_library_modules_setting_is_checked() -> None:
+    """``model.drop.p = 0.0`` after compiling in train mode: the program
+    holds p = 0.5 (eager now drops nothing)."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    exe = hloalias.compile(model, (_x(),))
+    model[1].p = 0.0
+    with pytest.raises(ExecutionError, match=r"attribute 'p' of Dropout '1' was 0.5"):
+        exe(_x())
+
+
+def test_a_function_reading_a_models_attribute_checks_it() -> None:
+    model = _Scaled()
+
+    def shifted(x: torch.Tensor) -> torch.Tensor:
+        return model(x) + model.shift
+
+    model.shift = 1.0  # type: ignore[assignment]
+    exe = hloalias.compile(shifted, (_x(),))
+    model.shift = 2.0  # type: ignore[assignment]
+    with pytest.raises(ExecutionError, match=r"attribute 'shift'"):
+        exe(_x())
+
+
+def test_a_deleted_attribute_is_refused() -> None:
+    model = _Scaled()
+    exe = hloalias.compile(model, (_x(),))
+    del model.use_relu
+    with pytest.raises(ExecutionError, match=r"attribute 'use_relu' of _Scaled was False when compiled and is deleted"):
+        exe(_x())
+
+
+class _Counting(torch.nn.Module):
+    """A forward that sets an attribute it reads (a call counter): torch
+    runs it while tracing, never again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.eps = float("nan")  # a NaN equals itself only by identity
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * 2 if self.eps != self.eps else x
+
+
+def test_a_forward_setting_its_own_attribute_compiles_once() -> None:
+    model = _Counting()
+    f = hloalias.jit(model)
+    exe = hloalias.compile(model, (_x(),))
+    for _ in range(3):
+        torch.testing.assert_close(f(_x()), _x() * 2)
+        torch.testing.assert_close(exe(_x()), _x() * 2)
+    assert f.stats.compiles == 1
