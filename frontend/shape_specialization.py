@@ -158,7 +158,8 @@ def _trace_guards(exported: ExportedProgram) -> tuple[Any, ...]:
     symbol).  Not simplified: the environment's axioms are these guards,
     under which each one simplifies to true.  A guard over a symbol that is
     not an input size cannot be checked for new inputs: refused."""
-    import sympy  # loaded with the tracing machinery (test_lazy_imports.py), not by the runtime
+    # Loaded with the tracing machinery (test_lazy_imports.py), not by the runtime.
+    import sympy  # type: ignore[import-untyped]
 
     shape_env, symbols = _input_symbols(exported)
     if shape_env is None:
