@@ -30,7 +30,8 @@ concrete shapes as usual): a dimension torch specialized while exporting
 a size outside the range export inferred; a guard of the trace that is
 false for the sizes; a range assert of the graph that fails for the
 sizes; a graph with higher-order ops or submodules; non-tensor or
-non-contiguous inputs; and programs whose import rewrites
+non-contiguous inputs; a program that returns a size (a sliding-window
+cache's length); and programs whose import rewrites
 the graph before decomposing it with shapes as literals (``copy_`` conversions, ``as_strided`` inputs)."""
 
 from __future__ import annotations
@@ -308,6 +309,14 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
             new.meta = _meta(node, value)
             env[node], values[node] = new, value
         elif node.op == "output":
+            returned_sizes = [
+                value.name for value in pytree.tree_leaves(node.args[0])
+                if isinstance(value, torch.fx.Node) and not isinstance(env[value], torch.fx.Node)
+            ]
+            if returned_sizes:
+                # The signature names a symbolic output there; a static
+                # export has a constant in its place (a signature of its own).
+                raise NotSpecializable(f"the program returns sizes ({', '.join(returned_sizes)})")
             new_graph.output(pytree.tree_map(new_arg, node.args[0]))
         else:
             raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")
