@@ -203,8 +203,8 @@ def _check_guards(guards: tuple[Any, ...], bindings: dict[Any, int]) -> None:
         sizes = ", ".join(f"{symbol}={bindings[symbol]}" for symbol in sorted(guard.free_symbols, key=str))
         if value is sympy.false:
             raise NotSpecializable(
-                f"the traced code took a branch on {guard}, which is false for {sizes}: another path "
-                "through the model's code"
+                f"the trace relied on {guard} (a branch or check of the code on sizes), which is false "
+                f"for {sizes}: another path through the code"
             )
         raise NotSpecializable(f"the trace's guard {guard} does not evaluate for {sizes} (it gives {value})")
 

@@ -112,6 +112,8 @@ def test_a_size_failing_a_guard_is_traced_again_and_equals_eager(
     # Every size the example's branch does not cover is imported on its own.
     assert stats.fallbacks == other_branch, stats.reasons
     assert stats.specialized == len(shapes) - 1 - other_branch, stats.reasons
+    if model_class is not LongerThan:  # its branch is in the range export inferred, checked before
+        assert all("relied on" in reason for reason in stats.reasons), stats.reasons
 
 
 def test_the_guards_are_kept_and_checked_by_specialize() -> None:
@@ -119,7 +121,7 @@ def test_the_guards_are_kept_and_checked_by_specialize() -> None:
     dynamic = export_dynamic(model, (torch.ones(2, 4),), {}, [frozenset({1})])
     assert len(dynamic.guards) == 1 and "Mod" in str(dynamic.guards[0])
     specialize(dynamic, (torch.ones(2, 10),), {})
-    with pytest.raises(NotSpecializable, match="branch on"):
+    with pytest.raises(NotSpecializable, match="relied on"):
         specialize(dynamic, (torch.ones(2, 9),), {})
 
 
@@ -152,7 +154,7 @@ def test_the_sliding_window_cache_guard_of_mistral_is_checked() -> None:
     model = _tiny_mistral()
     dynamic = export_dynamic(model, (torch.randint(0, 64, (1, 12)),), {}, [frozenset({1})])
     assert any("56" in str(guard) for guard in dynamic.guards), dynamic.guards
-    with pytest.raises(NotSpecializable, match="branch on"):
+    with pytest.raises(NotSpecializable, match="relied on"):
         specialize(dynamic, (torch.randint(0, 64, (1, 7)),), {})
 
 
