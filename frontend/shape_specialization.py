@@ -15,12 +15,23 @@ program (:func:`hloalias.frontend.importer._import_decomposed`: FX import,
 lowering to StableHLO).  What depends on shapes runs again; the trace and
 the decomposition retrace do not.
 
+The graph holds one path through the model's code: where that code (or a
+decomposition) branched on a symbolic size (``if x.shape[1] % 2 == 0``,
+``if n > 8``, ``if x.shape[0] == x.shape[1]``), torch took the example's
+branch and recorded the condition as a guard of the export's shape
+environment, not in the graph.  :func:`export_dynamic` keeps every such
+guard (:attr:`DynamicExport.guards`) and :func:`specialize` evaluates each
+one for the new sizes: sizes for which one is false took another path
+through the code, and the graph is not their program.
+
 Not specializable, :class:`NotSpecializable` (the caller exports the
 concrete shapes as usual): a dimension torch specialized while exporting
 (the model's code depends on its value: the placeholder holds a number) or
-a size outside the range export inferred; a range assert of the graph
-that fails for the sizes; a graph with higher-order ops or submodules;
-non-tensor or non-contiguous inputs; and programs whose import rewrites
+a size outside the range export inferred; a guard of the trace that is
+false for the sizes; a range assert of the graph that fails for the
+sizes; a graph with higher-order ops or submodules; non-tensor or
+non-contiguous inputs; a program that returns a size (a sliding-window
+cache's length); and programs whose import rewrites
 the graph before decomposing it with shapes as literals (``copy_`` conversions, ``as_strided`` inputs)."""
 
 from __future__ import annotations
@@ -59,6 +70,10 @@ class DynamicExport:
     dynamic_dims: tuple[frozenset[int], ...]
     #: input objects the program returns as themselves (frontend/carried_objects.py)
     carried_objects: CarriedObjects = ()
+    #: the conditions on the size symbols that the trace (export and the
+    #: decomposition retrace) took as true: sympy booleans over the symbols
+    #: of the user inputs' shapes (module docstring)
+    guards: tuple[Any, ...] = ()
 
 
 _SHAPE_VALUES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
@@ -112,7 +127,86 @@ def _export_dynamic(
         raise NotSpecializable(f"decomposing the dynamic program failed: {error}") from error
     if importer._strided_inputs(exported):
         raise NotSpecializable("the program addresses an input through as_strided")
-    return DynamicExport(exported, state_aliases, eager_storage, dynamic_dims, carried)
+    # After the decomposition: its retrace shares the export's shape
+    # environment, and a decomposition may branch on sizes too.
+    guards = _trace_guards(exported)
+    return DynamicExport(exported, state_aliases, eager_storage, dynamic_dims, carried, guards)
+
+
+def _input_symbols(exported: ExportedProgram) -> tuple[Any, set[Any]]:
+    """The shape environment of ``exported``'s symbolic input sizes (None
+    when every size is static) and the size symbols of its user inputs."""
+    user_inputs = set(exported.graph_signature.user_inputs)
+    shape_env = None
+    symbols: set[Any] = set()
+    for node in exported.graph.nodes:
+        value = node.meta.get("val")
+        if node.op != "placeholder" or node.name not in user_inputs or not isinstance(value, torch.Tensor):
+            continue
+        for size in value.shape:
+            if isinstance(size, torch.SymInt):
+                shape_env = size.node.shape_env
+                symbols |= size.node.expr.free_symbols
+    return shape_env, symbols
+
+
+def _trace_guards(exported: ExportedProgram) -> tuple[Any, ...]:
+    """Every condition on the input sizes the trace of ``exported`` relied
+    on: the guards of its shape environment (a branch of the model's code
+    on a size, a size equal or unequal to another) and its deferred runtime
+    asserts over input sizes (``torch._check``), with the environment's
+    replacements applied (a dimension found equal to another is that one's
+    symbol).  Not simplified: the environment's axioms are these guards,
+    under which each one simplifies to true.  A guard over a symbol that is
+    not an input size cannot be checked for new inputs: refused."""
+    # Loaded with the tracing machinery (test_lazy_imports.py), not by the runtime.
+    import sympy  # type: ignore[import-untyped]
+
+    shape_env, symbols = _input_symbols(exported)
+    if shape_env is None:
+        return ()
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    conditions = [shape_env.replace(guard.expr) for guard in shape_env.guards]
+    for asserts in shape_env.deferred_runtime_asserts.values():
+        # Asserts over unbacked symbols (data-dependent sizes) are nodes of
+        # the graph, checked by specialize with the graph's own values.
+        conditions += [
+            condition for condition in (shape_env.replace(ra.expr) for ra in asserts)
+            if not free_unbacked_symbols(condition)
+        ]
+    guards = []
+    for condition in conditions:
+        if condition is sympy.true:
+            continue
+        unknown = condition.free_symbols - symbols
+        if unknown:
+            raise NotSpecializable(
+                f"the trace depends on {condition}, over {sorted(map(str, unknown))}, which are not input sizes"
+            )
+        guards.append(condition)
+    return tuple(dict.fromkeys(guards))
+
+
+def _check_guards(guards: tuple[Any, ...], bindings: dict[Any, int]) -> None:
+    """Raise :class:`NotSpecializable` unless every guard holds for the
+    sizes ``bindings`` gives the symbols."""
+    import sympy
+
+    for guard in guards:
+        unbound = [symbol for symbol in guard.free_symbols if symbol not in bindings]
+        if unbound:
+            raise NotSpecializable(f"the trace's guard {guard} is over {unbound}, which no input's size gives")
+        value = guard.xreplace({symbol: sympy.Integer(bindings[symbol]) for symbol in guard.free_symbols})
+        if value is sympy.true:
+            continue
+        sizes = ", ".join(f"{symbol}={bindings[symbol]}" for symbol in sorted(guard.free_symbols, key=str))
+        if value is sympy.false:
+            raise NotSpecializable(
+                f"the trace relied on {guard} (a branch or check of the code on sizes), which is false "
+                f"for {sizes}: another path through the code"
+            )
+        raise NotSpecializable(f"the trace's guard {guard} does not evaluate for {sizes} (it gives {value})")
 
 
 def import_specialized(
@@ -156,6 +250,7 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
         size = bindings.get(symbol)
         if size is not None and not bool(value_range.lower <= size <= value_range.upper):
             raise NotSpecializable(f"size {size} is outside the range {value_range} export inferred")
+    _check_guards(dynamic.guards, bindings)
     fake_mode = FakeTensorMode()
     new_graph = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}  # old node -> new node, or a shape value
@@ -214,6 +309,14 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
             new.meta = _meta(node, value)
             env[node], values[node] = new, value
         elif node.op == "output":
+            returned_sizes = [
+                value.name for value in pytree.tree_leaves(node.args[0])
+                if isinstance(value, torch.fx.Node) and not isinstance(env[value], torch.fx.Node)
+            ]
+            if returned_sizes:
+                # The signature names a symbolic output there; a static
+                # export has a constant in its place (a signature of its own).
+                raise NotSpecializable(f"the program returns sizes ({', '.join(returned_sizes)})")
             new_graph.output(pytree.tree_map(new_arg, node.args[0]))
         else:
             raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")

@@ -10,9 +10,11 @@ exports once more with the dimensions that changed dynamic, and from then
 on every size is a specialization of that export: no ``torch.export``, no
 decomposition retrace; the FX import, the lowering, the passes and XLA
 still run for the new sizes.  Where the model's code depends on a changed
-dimension (export fixes it), where the dynamic export fails, or where a
-later call changes a dimension that export kept static, the compile takes
-the usual path (:func:`hloalias.frontend.importer.import_torch`), and
+dimension (export fixes it), where the dynamic export fails, where a later
+call changes a dimension that export kept static, or where the new sizes
+fail a guard of the dynamic export (the model's code branched on a size,
+``if x.shape[1] % 2 == 0``, and the export holds the example's branch),
+the compile takes the usual path (:func:`hloalias.frontend.importer.import_torch`), and
 :func:`shape_family_stats` says why.
 
 The specialized program is the one a fresh export of the concrete sizes
