@@ -141,7 +141,7 @@ def _distribution_version(top: str) -> str:
     if top in sys.stdlib_module_names or top == "builtins":
         return sys.version
     if top == "hloalias":
-        return _hloalias_digest()
+        return own_code_digest()
     names = {"torch_mlir": "torch-mlir", "huggingface_hub": "huggingface-hub"}
     try:
         return importlib.metadata.version(names.get(top, top))
@@ -151,43 +151,15 @@ def _distribution_version(top: str) -> str:
 
 
 @functools.cache
-def _hloalias_digest() -> str:
-    """SHA-256 over hloalias's Python sources and its native extension's
-    size and modification time (the installed layout: each layer a
-    subpackage)."""
-    import hloalias
-
-    roots = [os.path.dirname(os.path.abspath(hloalias.__file__))]
-    for layer in ("frontend", "passes", "pipeline", "runtime", "tools"):
-        spec = importlib.util.find_spec(f"hloalias.{layer}")
-        if spec is not None and spec.submodule_search_locations:
-            roots.extend(spec.submodule_search_locations)
-    digest = hashlib.sha256()
-    for root in sorted(set(roots)):
-        for directory, subdirectories, names in os.walk(root):
-            subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
-            for name in sorted(names):
-                path = os.path.join(directory, name)
-                if name.endswith(".py"):
-                    digest.update(path.encode() + b"\0")
-                    with open(path, "rb") as handle:
-                        digest.update(handle.read())
-                elif name.endswith((".so", ".pyd")):
-                    info = os.stat(path)
-                    digest.update(f"{path}:{info.st_size}:{info.st_mtime_ns}".encode())
-    return digest.hexdigest()
-
-
-@functools.cache
 def versions() -> tuple[str, ...]:
     """The versions every key holds (transformers only once loaded), and a
     digest of hloalias's own code: a version number does not change with
     every build (an editable install, a pip install from a git commit), and
     an entry compiled by other lowerings or passes must not be found."""
     parts = [f"python={sys.version}", f"torch={torch.__version__}"]
-    for top in ("torch_mlir", "jax", "jaxlib", "hloalias"):
+    for top in ("torch_mlir", "jax", "jaxlib"):
         parts.append(f"{top}={_distribution_version(top)}")
-    parts.append(f"hloalias-code={own_code_digest()}")
+    parts.append(f"hloalias={own_code_digest()}")
     return tuple(parts)
 
 
