@@ -26,8 +26,9 @@ over runtime buffers, and the checks of what may move (``_can_reseat``)."""
 
 from __future__ import annotations
 
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -51,7 +52,9 @@ _torch_to_dlpack: Any = getattr(torch.utils.dlpack, "to_dlpack")
 def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Array:
     """``tensor`` on ``device``.  On a CPU device with ``owned=False`` this is
     zero-copy (DLPack).  ``owned=True`` always copies into a buffer PJRT
-    owns, which it can reuse when the array is donated.  ``tensor`` must have
+    owns, which it can reuse when the array is donated; the copy is
+    complete when this returns (:func:`owned_upload`), so the caller may
+    write ``tensor`` at once.  ``tensor`` must have
     no lazy conjugate/negative bit (DLPack exports the raw memory)."""
     if tensor.requires_grad:
         tensor = tensor.detach()
@@ -69,11 +72,52 @@ def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Ar
                 pass
         with jax.enable_x64(True):
             return jax.dlpack.from_dlpack(tensor)
+    return owned_upload(tensor, lambda host: jax.device_put(host, device, may_alias=False))
+
+
+#: How long :func:`owned_upload` waits for PJRT to drop its import of the
+#: caller's memory after the copy completed (it does so at once; the bound
+#: only keeps a jaxlib that never does from hanging the caller).
+RELEASE_WAIT_S = 10.0
+
+
+def owned_upload(tensor: torch.Tensor, place: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """``place(host)``, where ``host`` is a zero-copy import of ``tensor``'s
+    memory and ``place`` copies it into PJRT-owned buffers (a
+    ``device_put`` with ``may_alias=False``), *finished*: on return the
+    copy has completed and PJRT holds no reference to ``tensor``'s memory.
+
+    PJRT's copies are asynchronous (on CPU, a large one runs on its worker
+    thread): without the wait, a caller writing ``tensor`` right after the
+    upload returned changed the uploaded value (``to_device(t); t.add_(1)``
+    uploaded the incremented values in most runs), and a process exiting
+    with a copy in flight could abort in PJRT's teardown.  The copy's
+    result being ready is not enough: the worker drops its import of the
+    source a moment later, and until it has, torch's storage counts one
+    more user (``_can_reseat`` refuses it) and the release runs torch's
+    deleter on PJRT's thread, possibly during interpreter exit.  So the
+    import is made from a tensor object of its own (``detach``: same
+    memory, a fresh TensorImpl), whose use count says when PJRT let go."""
+    alias = tensor.cpu().detach()
+    # Holders of the TensorImpl (torch's C++ refcount; untyped in torch's stubs).
+    use_count: Callable[[], int] = getattr(alias, "_use_count")
+    users = use_count()
     # x64 on for this copy only: jax's default would narrow int64/float64,
     # and the program was compiled for the torch dtype.
     with jax.enable_x64(True):
-        host = jax.dlpack.from_dlpack(tensor.cpu())
-        return jax.device_put(host, device, may_alias=False)
+        host = jax.dlpack.from_dlpack(alias)
+        array = place(host)
+    del host
+    array.block_until_ready()
+    if use_count() > users:
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        spins = 0
+        while use_count() > users and time.monotonic() < deadline:
+            # A yield first (the release follows the copy within
+            # microseconds), then short sleeps, never a busy core.
+            time.sleep(0 if spins < 64 else 1e-4)
+            spins += 1
+    return array
 
 
 def array_to_torch(array: jax.Array) -> torch.Tensor:

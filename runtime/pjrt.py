@@ -301,7 +301,15 @@ class SingleDeviceDispatch:
     ``MAX_MISSES`` such calls (a caller alternating placements) it stops
     consulting the fast path and calls ``execute_sharded`` directly.
     ``fast=False``: ``execute_sharded`` always (any ``loaded`` with that
-    method, as tests substitute).  ``spin_ns`` is the poll bound of
+    method, as tests substitute).  So too for a program of ``arguments``
+    at least :data:`SHARDED_FROM_ARGUMENTS`: the fast path's cost grows
+    with each argument faster than ``execute_sharded``'s (jaxlib queries
+    every argument's layout, ``PjRtArray::pjrt_layout``, and checks its
+    placement against the entry's), so from about 8 arguments one
+    ``execute_sharded`` of the whole list is the cheaper call (same
+    process, 7 rounds of 300 calls, load 6: 9 arguments 7.7 against 7.2
+    us, 33 arguments 15.2 against 11.4, 601 arguments 234 against 121;
+    ``bench/RESULTS-runtime.md``).  ``spin_ns`` is the poll bound of
     :meth:`_wait` (default :data:`READY_SPIN_NS`): a test sets it to 0 (no
     wait is ever in time) or to hours (every wait is), so what it checks
     does not depend on how long the program took on a loaded machine.
@@ -326,12 +334,16 @@ class SingleDeviceDispatch:
     results."""
 
     MAX_MISSES = 8
+    #: Programs with at least this many arguments call ``execute_sharded``
+    #: directly (see the class's docstring).
+    SHARDED_FROM_ARGUMENTS = 8
 
     __slots__ = ("run", "entry", "wait", "unreturned", "_loaded", "_sharding", "_consume", "_misses", "_poll", "_spin")
 
     def __init__(
         self, loaded: Any, device: Any, *, fast: bool = True, spin_ns: int | None = None,
         result_types: Sequence[tuple[tuple[int, ...], torch.dtype | None]] | None = None,
+        arguments: int | None = None,
     ) -> None:
         self._loaded = loaded
         self._misses = 0
@@ -356,6 +368,8 @@ class SingleDeviceDispatch:
         self._consume: Callable[[Any], list[Any]] = _result_consumer(loaded, self._sharding, result_types)
         #: ``run(arrays)``: the results of one execution, in order.
         self.run: Callable[[Sequence[jax.Array | None]], Sequence[jax.Array]] = self._execute_sharded
+        if arguments is not None and arguments >= self.SHARDED_FROM_ARGUMENTS:
+            fast = False
         call = self._fast_call() if fast else None
         #: jaxlib's fast-path function, called with the arrays as positional
         #: arguments (what :attr:`run` calls), or None where ``run`` does not

@@ -512,8 +512,12 @@ class _CallPlan:
     @staticmethod
     def new_dispatch(exe: "Executable") -> SingleDeviceDispatch:
         """A dispatch of ``exe``'s program (whose fast path has seen no call
-        yet), which knows its result types."""
-        return SingleDeviceDispatch(exe._loaded, exe.device, result_types=list(zip(exe._result_shapes, exe._result_dtypes)))
+        yet; none for a program of many arguments), which knows its result
+        types."""
+        return SingleDeviceDispatch(
+            exe._loaded, exe.device, result_types=list(zip(exe._result_shapes, exe._result_dtypes)),
+            arguments=len(exe._arg_plan),
+        )
 
     def arguments(self, exe: "Executable", user_arrays: list[jax.Array]) -> list[jax.Array | None]:
         """The argument list in @main order: the state slots' current arrays

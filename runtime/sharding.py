@@ -35,6 +35,7 @@ from hloalias.errors import ShardingError
 from hloalias.mlir import element_bits, find_main
 from hloalias.runtime import distributed, shardy
 from hloalias.runtime.jaxlib_private import sharding_impls, xla_client
+from hloalias.runtime.ownership import owned_upload
 
 SpecEntry: TypeAlias = "str | tuple[str, ...] | None"
 
@@ -240,10 +241,11 @@ class Placement:
         host = tensor.detach().contiguous()
         if self.multiprocess:  # each process copies its own devices' shards
             return distributed.put_global(host, self.named_sharding(arg_index))
-        with jax.enable_x64(True):
-            # numpy has no bfloat16 view of torch's; go through DLPack.
-            array = jax.dlpack.from_dlpack(host)
-            return jax.device_put(array, self.named_sharding(arg_index), may_alias=False)
+        # numpy has no bfloat16 view of torch's; go through DLPack.  The
+        # copy is complete on return (owned_upload): the caller may write
+        # ``tensor`` at once.
+        sharding = self.named_sharding(arg_index)
+        return owned_upload(host, lambda array: jax.device_put(array, sharding, may_alias=False))
 
     def assemble_outputs(self, loaded: Any, results: Any, shapes: Sequence[tuple[int, ...]]) -> list[jax.Array]:
         """The executable's outputs as global arrays, each with the sharding

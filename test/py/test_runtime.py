@@ -476,6 +476,79 @@ def test_calls_take_jaxlibs_cpp_dispatch_and_still_update_in_place() -> None:
     assert cache.data_ptr() == address and exe.host_copies == {}
 
 
+class _ManyCounters(torch.nn.Module):
+    """Twelve state tensors (three dtypes), each read and updated in place
+    by every call, and a running total: a program of 14 arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for index in range(4):
+            self.register_buffer(f"f{index}", torch.full((3,), float(index)))
+            self.register_buffer(f"i{index}", torch.arange(3, dtype=torch.int64) + index)
+            self.register_buffer(f"d{index}", torch.full((2, 2), 0.5 * index, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        total = x * scale
+        for index in range(4):
+            f, i, d = getattr(self, f"f{index}"), getattr(self, f"i{index}"), getattr(self, f"d{index}")
+            f.add_(x)
+            i.add_(index + 1)
+            d.mul_(1.5)
+            total = total + f + i.to(torch.float32) + d.sum().to(torch.float32)
+        return total
+
+
+def test_programs_of_many_arguments_call_execute_sharded_with_the_fast_paths_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A program of SHARDED_FROM_ARGUMENTS arguments or more skips jaxlib's
+    fast path (one ``execute_sharded`` of the whole list per call, on both
+    call paths); its results and module state equal eager's and those of
+    the same program driven through the fast path, call after call."""
+    from hloalias.runtime.pjrt import SingleDeviceDispatch
+
+    eager, modules = _ManyCounters(), [_ManyCounters() for _ in range(3)]
+    example = (torch.zeros(3), torch.ones(3))
+    native = hloalias.compile(modules[0], example)
+    with monkeypatch.context() as patch:
+        patch.setenv("HLOALIAS_NATIVE", "0")
+        python = hloalias.compile(modules[1], example)
+    assert python._lane is None
+    fast = hloalias.compile(modules[2], example)
+    assert len(native._arg_plan) >= SingleDeviceDispatch.SHARDED_FROM_ARGUMENTS
+    for exe in (native, python, fast):
+        assert exe._plan is not None and exe._plan.dispatch.entry is None
+        assert exe._plan.dispatch.run == exe._plan.dispatch._execute_sharded
+    # The third executable driven through jaxlib's fast path where it exists.
+    assert fast._plan is not None
+    fast._plan.dispatch = SingleDeviceDispatch(
+        fast._loaded, fast.device, result_types=list(zip(fast._result_shapes, fast._result_dtypes)),
+    )
+    for step in range(6):
+        x, scale = torch.randn(3), torch.full((3,), float(step))
+        want = eager(x, scale)
+        for exe in (native, python, fast):
+            assert torch.equal(exe(x, scale), want)
+            state = exe.state_dict()
+            for name, value in eager.state_dict().items():
+                assert torch.equal(state[name], value), name
+    if native._lane is not None:  # built, and not turned off (HLOALIAS_NATIVE=0)
+        assert native._lane.counts["fallbacks"] == 0 and native._lane.counts["calls"] == 6
+
+
+def test_programs_of_few_arguments_keep_the_fast_path() -> None:
+    from hloalias.runtime import pjrt
+
+    if pjrt._jax_pjit is None:
+        pytest.skip("this jaxlib has no C++ dispatch entry")
+    arguments = pjrt.SingleDeviceDispatch.SHARDED_FROM_ARGUMENTS - 1
+    exe = hloalias.compile(lambda *xs: sum(xs), tuple(torch.zeros(2) for _ in range(arguments)))
+    assert exe._plan is not None and len(exe._arg_plan) == arguments
+    assert exe._plan.dispatch.entry is not None
+    got = exe(*(torch.full((2,), float(i)) for i in range(arguments)))
+    assert torch.equal(got, torch.full((2,), float(sum(range(arguments)))))
+
+
 def test_calls_under_jax_disable_jit_run() -> None:
     import jax
 
