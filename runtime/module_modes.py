@@ -140,10 +140,20 @@ def modules_run_by(f: Any) -> list[tuple[torch.nn.Module, frozenset[str]]]:
     return [(value, names) for value in found if isinstance(value, torch.nn.Module)]
 
 
-#: One module's recorded settings: the module (weakly), a getter of the
+#: One module's (or its config's) recorded settings: the object (weakly), a getter of the
 #: attribute values from its ``__dict__`` (a tuple, or the value for one name), their
 #: values when compiled, its label and the attribute names.
-_Entry = tuple["weakref.ref[torch.nn.Module]", Callable[[dict[str, Any]], Any], Any, str, tuple[str, ...]]
+_Entry = tuple["weakref.ref[Any]", Callable[[dict[str, Any]], Any], Any, str, tuple[str, ...]]
+
+
+def _record(entries: list["_Entry"], owner: Any, names: frozenset[str], label: str) -> None:
+    """Append ``owner``'s entry: its plain attributes among ``names``."""
+    attributes = owner.__dict__
+    read = tuple(sorted(n for n in names if n in attributes and _is_plain(attributes[n])))
+    if read:
+        # One name: itemgetter gives the value itself, not a 1-tuple.
+        getter = operator.itemgetter(*read)
+        entries.append((weakref.ref(owner), getter, getter(attributes), label, read))
 
 
 class ModuleModes:
@@ -165,19 +175,22 @@ class ModuleModes:
                     if id(module) in seen:
                         continue
                     seen.add(id(module))
-                    names = _class_names(type(module))
+                    names = code_names = _class_names(type(module))
                     if type(module).__module__.split(".")[0] in _SETTINGS_IN_CONFIG:
                         names = names & {"training"}
                     if module is root:
                         names = names | caller_names
-                    attributes = module.__dict__
-                    read = tuple(sorted(n for n in names if n in attributes and _is_plain(attributes[n])))
-                    if not read:
-                        continue
                     label = f"{type(module).__name__} '{name}'" if name else type(module).__name__
-                    # One name: itemgetter gives the value itself, not a 1-tuple.
-                    getter = operator.itemgetter(*read)
-                    entries.append((weakref.ref(module), getter, getter(attributes), label, read))
+                    _record(entries, module, names, label)
+                    config = module.__dict__.get("config")
+                    if "config" in code_names and config is not None and not _is_plain(config) and id(config) not in seen:
+                        # A model's settings object (a transformers config):
+                        # forward reads its flags (output_hidden_states,
+                        # use_cache) through it; every plain one counts.
+                        seen.add(id(config))
+                        settings = getattr(config, "__dict__", None)
+                        if isinstance(settings, dict):
+                            _record(entries, config, frozenset(settings), f"{type(config).__name__} (config of {label})")
         return cls(tuple(entries)) if entries else None
 
     def without_written(self, before: "ModuleModes | None") -> "ModuleModes | None":
@@ -225,7 +238,7 @@ class ModuleModes:
         return None
 
     @staticmethod
-    def _describe(module: torch.nn.Module, values: Any, label: str, names: tuple[str, ...]) -> str:
+    def _describe(module: Any, values: Any, label: str, names: tuple[str, ...]) -> str:
         attributes = module.__dict__
         for name, value in zip(names, values if len(names) > 1 else (values,)):
             now = attributes.get(name, _MISSING)
