@@ -52,6 +52,7 @@ from hloalias.mlir import (
 )
 from hloalias.repro import write_repro
 from hloalias.frontend import crash_guard, jax_lowerings, single_trace, torch_internals
+from hloalias.frontend.closure_tensors import with_sources
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.gradient_dependence import parameter_free_outputs
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
@@ -348,7 +349,9 @@ def _import_decomposed(
             if argument.kind == "user_input" and argument.name in strided_inputs
         },
     )
-    state = _state(exported, signature)
+    # A function's lifted constants that alias tensors it closes over (a
+    # model's parameters) are those tensors: the runtime follows their writes.
+    state = with_sources(f, _state(exported, signature))
 
     mark = observe.start("FX import")
     context = new_context()

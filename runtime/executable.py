@@ -333,9 +333,7 @@ def compile(  # noqa: A001 - the name users expect
     exe._hooks = ModuleHooks.of(owner)
     # A training step's program runs inside TrainingStep (its state is the
     # model's, and its loss is what the step returns): not checked.
-    exe._trainable_state = _state_owner is None and any(
-        isinstance(value, torch.Tensor) and value.requires_grad for value in program.state.values()
-    )
+    exe._gradient_checked = _state_owner is None
     exe._program_name = _program_name(f)
     exe.program_cache = program_cache.status_line(cached, found)
     return exe
@@ -549,10 +547,11 @@ class Executable:
 
     #: ``explain()``'s line for each pass that ran (:mod:`hloalias.runtime.stages`).
     _pass_lines: tuple[str, ...] = ()
-    #: Whether the module had a parameter that requires grad when compiled,
-    #: and what the program is called in errors (set by ``compile``;
+    #: Whether results in grad mode say they carry no gradient (not for a
+    #: training step's program, whose loss TrainingStep returns), and what
+    #: the program is called in errors (set by ``compile``;
     #: :mod:`hloalias.runtime.gradient_boundary`).
-    _trainable_state = False
+    _gradient_checked = False
     _program_name = "(a StableHLO program)"
 
     def __new__(cls, program: Program, *args: Any, **kwargs: Any) -> "Executable":
@@ -560,13 +559,17 @@ class Executable:
         # Cache) is a _CarryingExecutable, whose __call__ updates the
         # caller's objects; every other call runs __call__ below with no
         # extra frame (the Python path's per-call cost).
-        # One of a module with a parameter that requires grad is a
-        # _GradientCheckedExecutable: in grad mode its results say that they
-        # carry no gradient (runtime/gradient_boundary.py).
+        # One of a module with floating parameters is a
+        # _GradientCheckedExecutable: in grad mode, while one of them
+        # requires grad, its results say that they carry no gradient
+        # (runtime/gradient_boundary.py).
         if cls is Executable:
             if program.signature.carried_objects:
                 cls = _CarryingExecutable
-            elif any(isinstance(value, torch.Tensor) and value.requires_grad for value in program.state.values()):
+            elif any(
+                isinstance(value, torch.nn.Parameter) and (value.is_floating_point() or value.is_complex())
+                for value in program.state.values()
+            ):
                 cls = _GradientCheckedExecutable
         return super().__new__(cls)
 
@@ -638,6 +641,12 @@ class Executable:
         #: checked it (``_check_follow``); why it may never follow one (a
         #: training step: set by compile_training_step), else None.
         self._replacements: dict[int, int] = {id(slot): slot.replacements for _, slot in self._watched}
+        #: The state that required grad when compiled: the outputs the
+        #: signature's ``parameter_free_outputs`` leaves out are free of
+        #: these, not of a parameter unfrozen since.
+        self._trainable_when_compiled = frozenset(
+            id(slot) for _, slot in self._watched if (tensor := slot.source()) is not None and tensor.requires_grad
+        )
         self._follows_replacements: str | None = None
         self._state_watch = StateWatch(tuple(slot for _, slot in self._watched), native_first_changed())
         self._group.note_written([
@@ -1276,10 +1285,13 @@ class _GradientCheckedExecutable(Executable):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         outputs = Executable.__call__(self, *args, **kwargs)
-        if self._trainable_state and torch.is_grad_enabled():
-            return mark_without_gradient(
-                outputs, self._program_name, (args, kwargs), free=self._signature.parameter_free_outputs
-            )
+        if self._gradient_checked and torch.is_grad_enabled():
+            trainable = _trainable_now(self)
+            if trainable:
+                # A parameter unfrozen since compiling may reach an output
+                # the signature counts as free: every result is marked.
+                free = self._signature.parameter_free_outputs if trainable <= self._trainable_when_compiled else None
+                return mark_without_gradient(outputs, self._program_name, (args, kwargs), free=free)
         return outputs
 
 
@@ -1294,12 +1306,22 @@ class _CarryingExecutable(Executable):
         outputs = Executable.__call__(self, *args, **kwargs)
         call = self._convention.arrange(args, kwargs)
         outputs = carry_objects(self._carried, call, outputs)
-        if self._trainable_state and torch.is_grad_enabled():
+        if self._gradient_checked and torch.is_grad_enabled() and _trainable_now(self):
             return mark_without_gradient(outputs, self._program_name, (args, kwargs), callers_objects(self._carried, call))
         return outputs
 
 
 _NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing
+
+
+def _trainable_now(exe: Executable) -> frozenset[int]:
+    """The state slots (by id) whose module tensor requires grad now: eager
+    records a graph from these (``model.requires_grad_(False)`` after
+    compiling leaves none, and eager's results then require no grad).
+    Asked in grad mode only, where a call already builds an autograd node."""
+    return frozenset(
+        id(slot) for _, slot in exe._watched if (tensor := slot.source()) is not None and tensor.requires_grad
+    )
 
 
 def _same_tensor(first: torch.Tensor | None, second: torch.Tensor | None) -> bool:

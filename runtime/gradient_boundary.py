@@ -9,8 +9,9 @@ the loss) and calls ``backward()`` would silently get no gradient for the
 compiled part.
 
 :func:`mark_without_gradient` closes that gap for the module's parameters.
-In grad mode, when the module had a parameter that requires grad at
-compile, every floating or complex result the program computed (not an
+In grad mode, while a parameter of the module requires grad (asked at
+each such call: after ``model.requires_grad_(False)`` eager's results
+require no grad, and neither do these), every floating or complex result the program computed (not an
 input returned as itself, not a view of an input or of state) comes back as a tensor that shares the result's memory and version
 counter (``detach()``), requires grad (as eager's does), and whose backward
 raises :class:`~hloalias.errors.ExecutionError` naming the program and the
@@ -24,8 +25,9 @@ A view of such a result beside it (``y, y[:, :8]``) is a view of the
 marked result.
 
 A result no parameter reaches (a buffer plus one, ``x * 2``, a mask:
-:mod:`hloalias.frontend.gradient_dependence`) is left as it is, as eager
-leaves it; a returned view of a parameter (``self.w[1:2]``) is marked as
+:mod:`hloalias.frontend.gradient_dependence`, from the parameters that
+required grad when compiled; once another one does, every result counts
+as reached) is left as it is, as eager leaves it; a returned view of a parameter (``self.w[1:2]``) is marked as
 a computed result is.  Not seen: a result cut from the parameters inside
 ``forward`` (``y.detach()``, a ``no_grad`` block) is marked all the
 same, so a backward through it is refused where eager gives it no

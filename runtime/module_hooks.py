@@ -35,11 +35,25 @@ from hloalias.runtime.state import is_state_sync_hook
 _Registrations = tuple[tuple[int, ...], tuple[int, ...]]
 
 
+def _counts(hook: Any) -> bool:
+    """Whether ``hook`` is one a program holds.  Not counted: the state
+    group's own pre-hook (it brings lagging state in and is skipped while
+    torch traces), and the hooks transformers installs on a model's layers
+    the first time a call asks for hidden states or attentions (they stay,
+    and record only while a call that asks for them runs: what they do
+    follows the call's inputs and the config, which the key holds)."""
+    if is_state_sync_hook(hook):
+        return False
+    return not (getattr(hook, "__module__", None) or "").startswith(_LIBRARY_HOOKS)
+
+
+#: Modules whose hooks act through the call's own arguments (above).
+_LIBRARY_HOOKS = ("transformers.utils.output_capturing",)
+
+
 def _registrations(module: torch.nn.Module) -> _Registrations:
-    # The state group's own pre-hook (it brings lagging state in, and is
-    # skipped while torch traces) is no part of any program.
-    pre_hooks = tuple(key for key, hook in module._forward_pre_hooks.items() if not is_state_sync_hook(hook))
-    return pre_hooks, tuple(module._forward_hooks)
+    pre_hooks = tuple(key for key, hook in module._forward_pre_hooks.items() if _counts(hook))
+    return pre_hooks, tuple(key for key, hook in module._forward_hooks.items() if _counts(hook))
 
 
 def _global_registrations() -> _Registrations:
@@ -65,7 +79,7 @@ class ModuleHooks:
         hooked = []
         for (_, ref, _), registrations in zip(self._entries, now):
             module = ref()
-            if module is not None and (registrations[0] or registrations[1] or module._forward_pre_hooks):
+            if module is not None and (registrations[0] or registrations[1] or module._forward_pre_hooks or module._forward_hooks):
                 hooked.append((ref, len(module._forward_pre_hooks), len(module._forward_hooks)))
         self._seen = (RemovableHandle.next_id, (len(global_now[0]), len(global_now[1])), tuple(hooked))
 

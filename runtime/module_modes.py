@@ -27,13 +27,15 @@ refusing).
 
 Which modules a plain function reads is found from its closure and the
 globals its code names (``inspect.getclosurevars``); a module it reaches
-another way is not checked.  Attributes of non-plain values (a Hugging
-Face ``config`` object) are not followed, and of a Hugging Face module
-only ``training`` is checked (its other attributes are copies of its
-``config``, set at construction)."""
+another way is not checked.  Of a non-plain attribute only a ``config``
+object that the code names is followed (its plain attributes: a
+transformers model's ``output_hidden_states``, ``use_cache``), and of a
+Hugging Face module only ``training`` is checked (its other attributes
+are copies of its ``config``, set at construction)."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 import types
@@ -103,7 +105,75 @@ def _class_names(cls: type) -> frozenset[str]:
 #: guards against, which no library documents; their ``training`` is checked.
 _SETTINGS_IN_CONFIG = frozenset({"transformers"})
 
-_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format)
+class _Identity:
+    """A tensor or module a function reads from its enclosing scope, equal
+    only to a token of the same object (a tensor's ``==`` is elementwise).
+    It holds the object, so that its id is not reused while recorded."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __repr__(self) -> str:
+        value = self.value
+        if isinstance(value, torch.Tensor):
+            return f"the tensor {str(value.dtype).removeprefix('torch.')}{list(value.shape)} at {id(value):#x}"
+        return f"the {type(value).__name__} at {id(value):#x}"
+
+
+class _FunctionScope:
+    """The names a compiled function reads from its closure and globals,
+    read as a mapping (``__dict__``, as a module's attributes are): a plain
+    value as itself, a tensor or module as an :class:`_Identity`.
+    Rebinding one (``w = torch.zeros(4)``, ``temperature = 1.0``) changes
+    what eager computes, and the program baked the old one in."""
+
+    __slots__ = ("_function", "_cells", "_globals", "__weakref__")
+
+    def __init__(self, function: types.FunctionType) -> None:
+        self._function = function
+        code = function.__code__
+        self._cells = dict(zip(code.co_freevars, function.__closure__ or ()))
+        self._globals = tuple(sorted(_code_names(code) & set(function.__globals__)))
+
+    @property
+    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+        found: dict[str, Any] = {}
+        namespace = self._function.__globals__
+        for name in self._globals:
+            if name in namespace:
+                found[name] = _token(namespace[name])
+        for name, cell in self._cells.items():
+            try:
+                found[name] = _token(cell.cell_contents)
+            except ValueError:  # an empty cell: a name bound later
+                pass
+        return found
+
+
+def _token(value: Any) -> Any:
+    return _Identity(value) if isinstance(value, (torch.Tensor, torch.nn.Module)) else value
+
+
+def _plain_function(target: Any) -> types.FunctionType | None:
+    """The Python function ``target`` runs, when it is not a module's own
+    method (a module's state is followed as such)."""
+    while isinstance(target, functools.partial):
+        target = target.func
+    if isinstance(target, torch.nn.Module) or isinstance(getattr(target, "__self__", None), torch.nn.Module):
+        return None
+    function = getattr(target, "__func__", target)
+    return function if isinstance(function, types.FunctionType) else None
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format, _Identity)
 
 
 def _is_plain(value: Any, depth: int = 0) -> bool:
@@ -140,45 +210,66 @@ def modules_run_by(f: Any) -> list[tuple[torch.nn.Module, frozenset[str]]]:
     return [(value, names) for value in found if isinstance(value, torch.nn.Module)]
 
 
-#: One module's recorded settings: the module (weakly), a getter of the
+#: One module's (or its config's) recorded settings: the object (weakly), a getter of the
 #: attribute values from its ``__dict__`` (a tuple, or the value for one name), their
 #: values when compiled, its label and the attribute names.
-_Entry = tuple["weakref.ref[torch.nn.Module]", Callable[[dict[str, Any]], Any], Any, str, tuple[str, ...]]
+_Entry = tuple["weakref.ref[Any]", Callable[[dict[str, Any]], Any], Any, str, tuple[str, ...]]
+
+
+def _record(entries: list["_Entry"], owner: Any, names: frozenset[str], label: str) -> None:
+    """Append ``owner``'s entry: its plain attributes among ``names``."""
+    attributes = owner.__dict__
+    read = tuple(sorted(n for n in names if n in attributes and _is_plain(attributes[n])))
+    if read:
+        # One name: itemgetter gives the value itself, not a 1-tuple.
+        getter = operator.itemgetter(*read)
+        entries.append((weakref.ref(owner), getter, getter(attributes), label, read))
 
 
 class ModuleModes:
     """The recorded modes and plain settings of the modules a program runs, held weakly."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "_scopes")
 
-    def __init__(self, entries: tuple[_Entry, ...]) -> None:
+    def __init__(self, entries: tuple[_Entry, ...], scopes: tuple[_FunctionScope, ...] = ()) -> None:
         self._entries = entries
+        #: The function scopes the entries hold weakly.
+        self._scopes = scopes
 
     @classmethod
     def of(cls, *targets: Any) -> "ModuleModes | None":
         """The settings of the modules ``targets`` run now (None: none)."""
         entries: list[_Entry] = []
+        scopes: list[_FunctionScope] = []
         seen: set[int] = set()
         for target in targets:
+            function = _plain_function(target)
+            if function is not None:
+                scope = _FunctionScope(function)
+                scopes.append(scope)
+                _record(entries, scope, frozenset(scope.__dict__), f"{function.__qualname__}'s enclosing scope")
             for root, caller_names in modules_run_by(target):
                 for name, module in root.named_modules(remove_duplicate=False):
                     if id(module) in seen:
                         continue
                     seen.add(id(module))
-                    names = _class_names(type(module))
+                    names = code_names = _class_names(type(module))
                     if type(module).__module__.split(".")[0] in _SETTINGS_IN_CONFIG:
                         names = names & {"training"}
                     if module is root:
                         names = names | caller_names
-                    attributes = module.__dict__
-                    read = tuple(sorted(n for n in names if n in attributes and _is_plain(attributes[n])))
-                    if not read:
-                        continue
                     label = f"{type(module).__name__} '{name}'" if name else type(module).__name__
-                    # One name: itemgetter gives the value itself, not a 1-tuple.
-                    getter = operator.itemgetter(*read)
-                    entries.append((weakref.ref(module), getter, getter(attributes), label, read))
-        return cls(tuple(entries)) if entries else None
+                    _record(entries, module, names, label)
+                    config = module.__dict__.get("config")
+                    if "config" in code_names and config is not None and not _is_plain(config) and id(config) not in seen:
+                        # A model's settings object (a transformers config):
+                        # forward reads its flags (output_hidden_states,
+                        # use_cache) through it; every plain one counts.
+                        seen.add(id(config))
+                        settings = getattr(config, "__dict__", None)
+                        if isinstance(settings, dict):
+                            _record(entries, config, frozenset(settings), f"{type(config).__name__} (config of {label})")
+        return cls(tuple(entries), tuple(scopes)) if entries else None
 
     def without_written(self, before: "ModuleModes | None") -> "ModuleModes | None":
         """These settings (taken after a trace) less the attributes whose
@@ -204,7 +295,7 @@ class ModuleModes:
                 module = ref()
                 assert module is not None
                 entries.append((ref, getter, getter(module.__dict__), label, kept))
-        return ModuleModes(tuple(entries)) if entries else None
+        return ModuleModes(tuple(entries), self._scopes) if entries else None
 
     def changed(self) -> str | None:
         """A description of the first module whose flag or setting is not
@@ -225,7 +316,7 @@ class ModuleModes:
         return None
 
     @staticmethod
-    def _describe(module: torch.nn.Module, values: Any, label: str, names: tuple[str, ...]) -> str:
+    def _describe(module: Any, values: Any, label: str, names: tuple[str, ...]) -> str:
         attributes = module.__dict__
         for name, value in zip(names, values if len(names) > 1 else (values,)):
             now = attributes.get(name, _MISSING)
@@ -235,7 +326,8 @@ class ModuleModes:
                 was, is_now = ("train", "eval") if value else ("eval", "train")
                 return f"{label} was in {was} mode when compiled and is in {is_now} mode now"
             shown = "deleted" if now is _MISSING else f"{now!r}"
-            return f"attribute '{name}' of {label} was {value!r} when compiled and is {shown} now"
+            kind = "name" if isinstance(module, _FunctionScope) else "attribute"
+            return f"{kind} '{name}' of {label} was {value!r} when compiled and is {shown} now"
         return f"the attributes {list(names)} of {label} changed since compiling"
 
     def key(self) -> tuple[Any, ...]:

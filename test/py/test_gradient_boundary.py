@@ -167,3 +167,57 @@ def test_a_returned_view_of_a_parameter_requires_grad_and_refuses_backward() -> 
     assert got[1].data_ptr() == state_view.data_ptr()
     with pytest.raises(ExecutionError, match="records no autograd graph"):
         (got[1].sum() * 2).backward()
+
+
+def test_freezing_the_model_after_compiling_gives_results_without_grad() -> None:
+    """``model.requires_grad_(False)`` after compiling: eager's results
+    require no grad (``.numpy()`` works), so the program's must not."""
+    backbone, _ = _backbone_and_head()
+    x = torch.randn(4, 8)
+    exe = hloalias.compile(backbone, (x,))
+    assert exe(x).requires_grad
+    backbone.requires_grad_(False)
+    result = exe(x)
+    assert result.requires_grad == backbone(x).requires_grad == False  # noqa: E712
+    result.numpy()
+    backbone.requires_grad_(True)
+    assert exe(x).requires_grad
+
+
+def test_unfreezing_after_compiling_frozen_refuses_the_backward_instead_of_no_gradient() -> None:
+    """Compiled frozen, then ``requires_grad_(True)`` to fine-tune: eager's
+    results now carry a graph to the parameters; a backward through the
+    program's must be refused, never silently give them no gradient."""
+    backbone, head = _backbone_and_head()
+    backbone.requires_grad_(False)
+    x = torch.randn(4, 8)
+    exe = hloalias.compile(backbone, (x,))
+    assert not exe(x).requires_grad
+    backbone.requires_grad_(True)
+    features = exe(x)
+    assert features.requires_grad == backbone(x).requires_grad == True  # noqa: E712
+    with pytest.raises(ExecutionError, match="records no autograd graph"):
+        head(features).sum().backward()
+    assert backbone[0].weight.grad is None
+
+
+def test_a_parameter_unfrozen_since_compiling_marks_the_outputs_only_it_reaches() -> None:
+    """Compiled with ``b`` frozen, the output only ``b`` reaches counted as
+    free of parameters; once ``b`` trains, eager's output requires grad."""
+
+    class TwoHeads(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.a(x), self.b(x)
+
+    model = TwoHeads()
+    model.b.requires_grad_(False)
+    x = torch.randn(2, 4)
+    exe = hloalias.compile(model, (x,))
+    assert [r.requires_grad for r in exe(x)] == [True, False]
+    model.b.requires_grad_(True)
+    assert [r.requires_grad for r in exe(x)] == [r.requires_grad for r in model(x)] == [True, True]

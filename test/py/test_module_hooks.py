@@ -122,3 +122,21 @@ def test_a_training_step_refuses_a_hook_registered_after_building_it() -> None:
     model.register_forward_hook(_scale)
     with pytest.raises(ExecutionError, match=r"forward hook of Sequential"):
         train(_x())
+
+
+def test_transformers_output_capturing_hooks_installed_later_do_not_refuse() -> None:
+    """transformers installs forward hooks on a model's layers the first time
+    a call asks for hidden states, and keeps them: they record only while
+    such a call runs, so a program compiled before them stays valid."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        exe = hloalias.compile(model, (ids,))
+        model(ids, output_hidden_states=True)  # installs the hooks
+        assert model.model.layers[0]._forward_hooks
+        torch.testing.assert_close(exe(ids).logits, model(ids).logits)

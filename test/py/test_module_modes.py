@@ -243,3 +243,34 @@ def test_a_forward_setting_its_own_attribute_compiles_once() -> None:
         torch.testing.assert_close(f(_x()), _x() * 2)
         torch.testing.assert_close(exe(_x()), _x() * 2)
     assert f.stats.compiles == 1
+
+
+def _tiny_llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def test_a_transformers_config_flag_set_after_compiling_is_refused_and_jit_compiles_again() -> None:
+    """``model.config.output_hidden_states = True``: eager returns the hidden
+    states; the program compiled without them returned ``None`` for them."""
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(2))
+    f = hloalias.jit(model)
+    with torch.no_grad():
+        exe = hloalias.compile(model, (ids,))
+        assert f(ids).hidden_states is None
+        model.config.output_hidden_states = True
+        with pytest.raises(ExecutionError, match=r"attribute 'output_hidden_states' of LlamaConfig \(config of LlamaForCausalLM\)"):
+            exe(ids)
+        got, want = f(ids).hidden_states, model(ids).hidden_states
+        assert got is not None and len(got) == len(want) == 3
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        model.config.output_hidden_states = False
+        assert f(ids).hidden_states is None and f.stats.hits == 1
