@@ -115,7 +115,9 @@ from hloalias.runtime.ownership import (
     torch_to_device,
 )
 from hloalias.runtime.pjrt import compile_module, device_for, memory_stats, precision_options
-from hloalias.runtime.plan import _CallConvention, _CallPlan, _describe_spec, _ProgramFacts
+from hloalias.runtime.plan import (
+    _CallConvention, _CallPlan, _describe_spec, _IndexCheck, _ProgramFacts, check_index_ranges,
+)
 from hloalias.runtime.state import (
     StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refuse_inference_state,
 )
@@ -748,6 +750,11 @@ class Executable:
         self._constant_outputs = facts.constant_outputs
         self._single_output = facts.single_output
         self._flat_outputs = facts.flat_outputs
+        #: User inputs checked against the index ranges eager accepts, before every call runs.
+        self._index_checks: tuple[_IndexCheck, ...] = tuple(
+            _IndexCheck.of(index, self._user_indices.index(index), self._names[index], ranges)
+            for index, ranges in sorted(facts.index_ranges.items())
+        )
 
     # -- introspection -----------------------------------------------------
     @property
@@ -1007,6 +1014,8 @@ class Executable:
                 and value.is_cpu and value.layout is torch.strided
             ):
                 self._check_input(index, value)
+        if self._index_checks:
+            check_index_ranges(self._index_checks, leaves)
         if self._write_pairs or self._written_in_place:
             self._check_writes(inputs)
         if self._strided_inputs:
