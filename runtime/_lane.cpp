@@ -1224,7 +1224,34 @@ PyObject* first_changed(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyLong_FromLong(-1);
 }
 
+// values_in_range(tensor, low, high) -> bool | None: whether every element
+// of a dense CPU tensor of a signed integer dtype lies in [low, high) (the
+// lane's own check of an index input's row), None for any other tensor.
+// runtime/plan.py's _IndexCheck on the Python path, once per index input per call.
+PyObject* values_in_range(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !THPVariable_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "values_in_range(tensor, low, high)");
+    return nullptr;
+  }
+  const long long low = PyLong_AsLongLong(args[1]);
+  const long long high = PyLong_AsLongLong(args[2]);
+  if ((low == -1 || high == -1) && PyErr_Occurred()) return nullptr;
+  const at::Tensor& tensor = THPVariable_Unpack(args[0]);
+  UserInput row{};
+  row.dtype = tensor.scalar_type();
+  row.low = low;
+  row.high = high;
+  if (!tensor.is_cpu() || tensor.layout() != at::kStrided || !tensor.is_contiguous() ||
+      (row.dtype != at::ScalarType::Long && row.dtype != at::ScalarType::Int && row.dtype != at::ScalarType::Short &&
+       row.dtype != at::ScalarType::Char)) {
+    Py_RETURN_NONE;
+  }
+  return PyBool_FromLong(within_range(row, tensor));
+}
+
 PyMethodDef module_methods[] = {
+    {"values_in_range", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(values_in_range)),
+     METH_FASTCALL, "values_in_range(tensor, low, high) -> bool | None: see runtime/plan.py's _IndexCheck."},
     {"first_changed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(first_changed)), METH_FASTCALL,
      "first_changed(refs, versions, pointers) -> int: see runtime/state.py's StateWatch."},
     {"wait_ready", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(wait_ready)), METH_FASTCALL,

@@ -102,7 +102,7 @@ from hloalias.runtime.execution import run_mesh, run_planned
 from hloalias.runtime.module_modes import ModuleModes
 from hloalias.runtime.carried_objects import callers_objects, carry_objects
 from hloalias.runtime.gradient_boundary import mark_without_gradient
-from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed
+from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed, native_values_in_range
 from hloalias.runtime.ownership import (
     DeviceTensor as DeviceTensor,
     _itemsize,
@@ -752,7 +752,7 @@ class Executable:
         self._flat_outputs = facts.flat_outputs
         #: User inputs checked against the index ranges eager accepts, before every call runs.
         self._index_checks: tuple[_IndexCheck, ...] = tuple(
-            _IndexCheck.of(index, self._user_indices.index(index), self._names[index], ranges)
+            _IndexCheck.of(index, self._user_indices.index(index), self._names[index], ranges, native_values_in_range())
             for index, ranges in sorted(facts.index_ranges.items())
         )
 

@@ -69,6 +69,17 @@ def native_first_changed() -> Callable[[tuple[Any, ...], tuple[int, ...], tuple[
     return getattr(_lane, "first_changed", None)
 
 
+def native_values_in_range() -> Callable[[Any, int, int], bool | None] | None:
+    """``_lane.values_in_range`` (an index input's range check, the lane's
+    own min/max pass: :class:`~hloalias.runtime.plan._IndexCheck`) where the
+    extension is built (a current build), else None (``torch.aminmax``).
+    Used on both call paths, also with ``HLOALIAS_NATIVE=0``: one check in
+    either language, run once per index input on every call."""
+    if _build_refusal() is not None:
+        return None
+    return getattr(_lane, "values_in_range", None)
+
+
 def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
     """Why ``exe`` has no native call path (words for ``explain()``), or
     None when it can have one (see :func:`_native_lane`)."""

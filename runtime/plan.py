@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -387,11 +387,17 @@ class _IndexCheck:
     low: int
     high: int
     ranges: tuple[IndexRange, ...]
+    #: The native min/max pass (``lane.native_values_in_range``: True,
+    #: False, or None for a tensor it does not read), or None: ``aminmax``.
+    within: Callable[[Any, int, int], bool | None] | None = None
 
     @staticmethod
-    def of(index: int, leaf: int, name: str, ranges: tuple[IndexRange, ...]) -> "_IndexCheck":
+    def of(
+        index: int, leaf: int, name: str, ranges: tuple[IndexRange, ...],
+        within: Callable[[Any, int, int], bool | None] | None = None,
+    ) -> "_IndexCheck":
         return _IndexCheck(
-            index, leaf, name, max(r.low for r in ranges), min(r.high for r in ranges), ranges,
+            index, leaf, name, max(r.low for r in ranges), min(r.high for r in ranges), ranges, within,
         )
 
     def check(self, value: Any) -> None:
@@ -399,6 +405,12 @@ class _IndexCheck:
         the argument's dtype and shape, or a DeviceTensor) holds an index out
         of range."""
         tensor = value.to_torch() if isinstance(value, DeviceTensor) else value
+        if self.within is not None:
+            inside = self.within(tensor, self.low, self.high)
+            if inside is True:
+                return
+            if inside is False:
+                raise self.error(tensor)
         if tensor.numel() == 0:
             return
         low, high = torch.aminmax(tensor)

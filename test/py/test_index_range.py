@@ -252,3 +252,28 @@ def test_a_replicated_position_on_a_mesh_is_checked_on_the_host() -> None:
     with pytest.raises(IndexRangeError, match=r"input 'position' holds the index 8 at position \[0\]"):
         exe(torch.randn(1, 16), torch.tensor([8]))
     torch.testing.assert_close(exe.state_dict()["k_cache"], before)
+
+
+@pytest.mark.parametrize("native_check", [True, False], ids=["values_in_range", "aminmax"])
+def test_the_python_paths_check_with_and_without_the_extension(
+    monkeypatch: pytest.MonkeyPatch, native_check: bool
+) -> None:
+    """The Python path's check uses the extension's min/max pass where it is
+    built and ``aminmax`` otherwise (and for a tensor the pass does not read:
+    non-contiguous, a DeviceTensor's view): the same answers."""
+    from hloalias.runtime import executable as executable_module, lane as lane_module
+
+    monkeypatch.setenv("HLOALIAS_NATIVE", "0")
+    if not native_check:
+        monkeypatch.setattr(executable_module, "native_values_in_range", lambda: None)
+    model = _Embed()
+    exe = hloalias.compile(model, (torch.tensor([[1, 2, 3]]),))
+    built = lane_module._build_refusal() is None
+    assert (exe._index_checks[0].within is not None) == (native_check and built)
+    strided = torch.tensor([[1, 4], [2, 10], [3, 5]]).t()  # [[1, 2, 3], [4, 10, 5]]: not contiguous
+    torch.testing.assert_close(exe(strided[:1]), model(strided[:1]).detach())
+    with pytest.raises(IndexRangeError, match=r"holds the index 10 at position \[0, 1\]"):
+        exe(strided[1:])
+    with pytest.raises(IndexRangeError, match=r"holds the index -2 at position \[0, 0\]"):
+        exe(exe.to_device(torch.tensor([[-2, 0, 0]])))
+    torch.testing.assert_close(exe(exe.to_device(torch.tensor([[9, 0, 1]]))), model(torch.tensor([[9, 0, 1]])).detach())
