@@ -277,3 +277,22 @@ def test_the_python_paths_check_with_and_without_the_extension(
     with pytest.raises(IndexRangeError, match=r"holds the index -2 at position \[0, 0\]"):
         exe(exe.to_device(torch.tensor([[-2, 0, 0]])))
     torch.testing.assert_close(exe(exe.to_device(torch.tensor([[9, 0, 1]]))), model(torch.tensor([[9, 0, 1]])).detach())
+
+
+def test_the_lane_refuses_a_malformed_range_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range row naming no input, with low above high, or twice for one input is an error when the lane is built."""
+    import dataclasses
+
+    from hloalias.runtime import lane as lane_module, plan as plan_module
+
+    if lane_module._build_refusal() is not None:
+        pytest.skip("the native call path is not built here")
+    real = plan_module._NativeSteps.of
+    for ranges in (((3, 0, 10),), ((0, 5, 4),), ((0, 0, 10), (0, 0, 10))):
+        monkeypatch.setattr(
+            plan_module._NativeSteps, "of",
+            staticmethod(lambda exe, plan, ranges=ranges: dataclasses.replace(real(exe, plan), ranges=ranges)),
+        )
+        monkeypatch.setattr(lane_module, "_NativeSteps", plan_module._NativeSteps)
+        with pytest.raises(ValueError, match="malformed range row"):
+            hloalias.compile(_Embed(), (torch.tensor([[1, 2, 3]]),))
