@@ -46,6 +46,10 @@ in :mod:`~hloalias.runtime.ownership`.  What every call guarantees:
 - Two inputs that share memory where the program writes or donates either
   are refused before anything runs (eager would let one see the other's
   update mid-program; XLA cannot).
+- An integer input whose values the program uses as indices
+  (``hloalias.index_ranges``) holding a value out of the range eager
+  accepts there is an :class:`IndexRangeError`, before anything runs
+  (XLA would clamp or drop it; docs/precision.md).
 - A call that fails leaves the module state and every caller tensor as they
   were.  Calls of executables that share module state are serialized.
 - Single-device CPU calls of the common kind (see
