@@ -388,6 +388,11 @@ def _trace(
         # true (models branch on it: transformers' is_tracing).
         stack.enter_context(private["_ignore_backend_decomps"]())
         stack.enter_context(private["_compiling_state_context"]())
+        # Each node records the aten op the program called that it comes
+        # from (``meta["original_aten"]``), as export's decomposition
+        # retrace does: index_copy_ and index_add_ decompose to index_put,
+        # and frontend/index_ranges.py reads which op eager ran.
+        stack.enter_context(torch.fx.traceback.preserve_node_meta())
         graph_module = make_fx(
             functional,
             decomposition_table=dict(python_table),

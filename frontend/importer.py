@@ -37,7 +37,7 @@ from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 from torch_mlir import ir, passmanager
 
 from hloalias import attributes as A, observe
-from hloalias.contract import ArgRecord, ResultRecord
+from hloalias.contract import ArgRecord, IndexRange, ResultRecord
 from hloalias.errors import TorchImportError
 from hloalias.legalize import legalize_tensor_constants
 from hloalias.mlir import (
@@ -57,6 +57,7 @@ from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.gradient_dependence import parameter_free_outputs
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
+from hloalias.frontend.index_ranges import index_ranges
 from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend.carried_objects import CarriedObjects, record_carried_objects
 
@@ -154,6 +155,10 @@ class ProgramSignature:
     # marks the others (views of state included).  None: not known (a
     # foreign program), every computed result is marked, no view.
     parameter_free_outputs: frozenset[int] | None = None
+    # Integer user inputs whose values index an op unchanged: argument
+    # index -> the ranges eager accepts (frontend/index_ranges.py), written
+    # to the IR contract (``hloalias.index_ranges``), which the runtime reads.
+    index_ranges: dict[int, tuple[IndexRange, ...]] = dataclasses.field(default_factory=dict)
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""
@@ -332,6 +337,12 @@ def _import_decomposed(
     _clamp_slice_bounds(exported.graph_module.graph)
     # Before torch-mlir folds or lowers: see each module's docstring.
     constant_values = _constant_values(exported)
+    # Read before index normalization rewrites the index operands.
+    ranges = index_ranges(
+        exported.graph_module.graph,
+        {spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT},
+        _user_frame,
+    )
     normalized = normalize_indices(exported.graph_module.graph, constant_values)
     if fold_constants(exported.graph_module.graph) or normalized:
         exported.graph_module.recompile()
@@ -343,6 +354,11 @@ def _import_decomposed(
     signature = dataclasses.replace(
         signature,
         state_aliases=state_aliases,
+        index_ranges={
+            argument.index: ranges[argument.name]
+            for argument in signature.arguments
+            if argument.kind == "user_input" and argument.name in ranges
+        },
         strided_inputs={
             argument.index: strided_inputs[argument.name]
             for argument in signature.arguments
@@ -1329,7 +1345,10 @@ def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
     with module.context:
         main = find_main(module)
         set_arg_attr_dicts(
-            main, [ArgRecord(kind=a.kind, name=a.name).to_attrs({}) for a in signature.arguments]
+            main, [
+                ArgRecord(kind=a.kind, name=a.name, index_ranges=signature.index_ranges.get(a.index, ())).to_attrs({})
+                for a in signature.arguments
+            ]
         )
         set_result_attr_dicts(main, [result.record.to_attrs({}) for result in signature.results])
         if signature.static_inputs:

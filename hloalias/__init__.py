@@ -24,6 +24,7 @@ from hloalias.errors import (
     DonationError,
     ExecutionError,
     HloaliasError,
+    IndexRangeError,
     IRError,
     PassError,
     PipelineError,
@@ -81,7 +82,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CompileError", "DeviceTensor", "DistributedError", "DonatedBufferError", "DonationError", "Executable",
-    "ExecutionError", "HloaliasError", "IRError", "Mesh", "PassError", "PipelineError", "Program",
+    "ExecutionError", "HloaliasError", "IndexRangeError", "IRError", "Mesh", "PassError", "PipelineError", "Program",
     "ShardingError",
     "Stage", "TorchImportError", "cache_stats", "clear_cache", "compile", "import_torch", "to_device",
     "TrainingStep", "compile_training_step",

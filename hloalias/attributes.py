@@ -54,6 +54,20 @@ On ``@main``'s arguments (``arg_attrs``):
     result that ``hloalias.mutates`` it; its views are rebuilt from the
     caller's tensor, in its dtype).
 
+``hloalias.index_ranges``  (array of dictionaries)
+    Written by the importer on an integer user input whose values reach the
+    index operand of an indexing op unchanged
+    (:mod:`hloalias.frontend.index_ranges`): one entry per range eager
+    accepts there, each with ``low`` and ``high`` (i64: every element ``v``
+    must be ``low <= v < high``), ``op`` (string: the aten op eager ran,
+    ``"aten.embedding"``) and, when known, ``where`` (string: the user's
+    source line).  XLA clamps or drops an out-of-range index where eager
+    raises: the runtime checks each call's tensor against every entry before
+    anything runs (``IndexRangeError``), on the host, on the caller's whole
+    tensor, so also on an argument with ``mhlo.sharding`` (sharded or
+    replicated).  Only on a ``user_input`` of signless integer element type
+    without ``hloalias.stored_bits_of``, with ``low <= high``.
+
 On ``@main``'s results (``res_attrs``):
 
 ``hloalias.role``  (string)
@@ -113,6 +127,7 @@ ARG_UNUSED_DONATION: Final = "hloalias.unused_donation"
 ARG_STORED_PERMUTATION: Final = "hloalias.stored_permutation"
 ARG_STORED_REVERSED: Final = "hloalias.stored_reversed"
 ARG_STORED_BITS_OF: Final = "hloalias.stored_bits_of"
+ARG_INDEX_RANGES: Final = "hloalias.index_ranges"
 RESULT_ROLE: Final = "hloalias.role"
 RESULT_OUTPUT: Final = "hloalias.output"
 RESULT_MUTATES: Final = "hloalias.mutates"

@@ -53,7 +53,7 @@ REMOVAL_REASONS = (A.REASON_VIEW, A.REASON_PASS_THROUGH, A.REASON_DUPLICATE, A.R
 # Contract attributes on arguments and results: what ``to_attrs`` owns.
 _ARG_NAMES = (
     A.ARG_KIND, A.ARG_NAME, A.ALIASING_OUTPUT, A.BUFFER_DONOR, A.ARG_DONATION, A.ARG_UNUSED_DONATION,
-    A.SHARDING, A.ARG_STORED_PERMUTATION, A.ARG_STORED_REVERSED, A.ARG_STORED_BITS_OF,
+    A.SHARDING, A.ARG_STORED_PERMUTATION, A.ARG_STORED_REVERSED, A.ARG_STORED_BITS_OF, A.ARG_INDEX_RANGES,
 )
 
 #: Float element types state may be stored as bits of (``hloalias.stored_bits_of``), with their width.
@@ -145,6 +145,49 @@ def row_major_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
 # -- records ---------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
+class IndexRange:
+    """One entry of ``hloalias.index_ranges``: every element ``v`` of the
+    argument must satisfy ``low <= v < high``, the indices eager's ``op``
+    (``"aten.embedding"``) accepts, called at ``where`` (the user's source
+    line, None when unknown)."""
+
+    low: int
+    high: int
+    op: str
+    where: str | None = None
+
+    def describe(self) -> str:
+        """``[0, 10) of aten.embedding (model.py:12 in forward: ...)``."""
+        return f"[{self.low}, {self.high}) of {self.op}" + (f" ({self.where})" if self.where else "")
+
+    @staticmethod
+    def from_attr(attr: ir.Attribute, what: str) -> IndexRange:
+        """Read one entry; IRError names ``what`` and the field."""
+        try:
+            record = ir.DictAttr(attr)
+        except ValueError:
+            raise IRError(f"{what} must be a dictionary, got {attr}") from None
+        for name in ("low", "high", "op"):
+            if name not in record:
+                raise IRError(f"{what} lacks '{name}'")
+        low = _integer(record["low"], f"{what}: 'low'")
+        high = _integer(record["high"], f"{what}: 'high'")
+        if low > high:
+            raise IRError(f"{what}: 'low' is {low}, above 'high' {high}")
+        where = _string(record["where"], f"{what}: 'where'") if "where" in record else None
+        return IndexRange(low, high, _string(record["op"], f"{what}: 'op'"), where)
+
+    def to_attr(self) -> ir.Attribute:
+        """The dictionary stored in ``hloalias.index_ranges``."""
+        entries: dict[str, ir.Attribute] = {
+            "low": _i64(self.low), "high": _i64(self.high), "op": ir.StringAttr.get(self.op),
+        }
+        if self.where is not None:
+            entries["where"] = ir.StringAttr.get(self.where)
+        return ir.DictAttr.get(entries)
+
+
+@dataclasses.dataclass(frozen=True)
 class ArgRecord:
     """What the contract says about one argument of ``@main``."""
 
@@ -159,6 +202,8 @@ class ArgRecord:
     stored_layout: StoredLayout | None = None
     # hloalias.stored_bits_of: the float element type ("bf16") whose bits the integer buffer holds
     stored_bits_of: str | None = None
+    # hloalias.index_ranges: the index ranges eager accepts for a user input's values
+    index_ranges: tuple[IndexRange, ...] = ()
 
     @property
     def overwritten(self) -> bool:
@@ -216,9 +261,21 @@ class ArgRecord:
                 raise IRError(
                     f"{what(A.ARG_STORED_BITS_OF)} is {bits_of}, expected one of {', '.join(BITS_OF_FLOAT)}"
                 )
+        index_ranges: tuple[IndexRange, ...] = ()
+        if A.ARG_INDEX_RANGES in attrs:
+            try:
+                entries = ir.ArrayAttr(attrs[A.ARG_INDEX_RANGES])
+            except ValueError:
+                raise IRError(
+                    f"{what(A.ARG_INDEX_RANGES)} must be an array of dictionaries, got {attrs[A.ARG_INDEX_RANGES]}"
+                ) from None
+            index_ranges = tuple(
+                IndexRange.from_attr(entry, f"{what(A.ARG_INDEX_RANGES)} entry {position}")
+                for position, entry in enumerate(entries)
+            )
         return ArgRecord(
             kind, opt_string(A.ARG_NAME), aliasing, donor, donation, opt_string(A.ARG_UNUSED_DONATION),
-            _sharding(opt_string(A.SHARDING)), layout, bits_of,
+            _sharding(opt_string(A.SHARDING)), layout, bits_of, index_ranges,
         )
 
     def to_attrs(self, attrs: dict[str, ir.Attribute]) -> dict[str, ir.Attribute]:
@@ -244,6 +301,8 @@ class ArgRecord:
                 out[A.ARG_STORED_REVERSED] = ir.DenseI64ArrayAttr.get(list(self.stored_layout.reversed))
         if self.stored_bits_of is not None:
             out[A.ARG_STORED_BITS_OF] = ir.TypeAttr.get(ir.Type.parse(self.stored_bits_of))
+        if self.index_ranges:
+            out[A.ARG_INDEX_RANGES] = ir.ArrayAttr.get([entry.to_attr() for entry in self.index_ranges])
         return out
 
 
@@ -547,6 +606,7 @@ class Signature:
                 raise IRError(f"{what} is {record.base}, which is {state}: a base must be kept")
         self._check_stored_permutations()
         self._check_stored_bits()
+        self._check_index_ranges()
         holders: dict[int, int] = {}
         for index, arg in enumerate(self.args):
             if arg.aliasing_output is None:
@@ -637,6 +697,28 @@ class Signature:
                         f"{what}, but its new value (result {position}) has type {self.result_types[position]}: "
                         "state and new value are stored alike"
                     )
+
+    def _check_index_ranges(self) -> None:
+        """``hloalias.index_ranges`` only on a user input of signless integer
+        element type that is not stored as bits.  Sharded or replicated
+        arguments may have them: the runtime checks the caller's whole
+        tensor on the host, before placing it."""
+        for index, arg in enumerate(self.args):
+            if not arg.index_ranges:
+                continue
+            what = f"{self.arg_what(index)}: '{A.ARG_INDEX_RANGES}'"
+            if arg.kind not in ("user_input", None):
+                raise IRError(f"{what} is on a {arg.kind}: only user inputs are checked on each call")
+            try:
+                element = ir.RankedTensorType(self.arg_types[index]).element_type
+            except ValueError:  # torch-mlir's !torch.vtensor (an import stopped at the torch dialect)
+                element = None
+            if element is not None and not (
+                isinstance(element, ir.IntegerType) and element.is_signless and element.width > 1
+            ):
+                raise IRError(f"{what} is on an argument of type {self.arg_types[index]}, expected integer elements")
+            if arg.stored_bits_of is not None:
+                raise IRError(f"{what} is on an argument stored as bits ('{A.ARG_STORED_BITS_OF}')")
 
     def write(self, main: func.FuncOp) -> None:
         """Write the records to ``main`` in canonical form, keeping any
@@ -737,7 +819,7 @@ def verify(main: func.FuncOp, *, full: bool = False) -> Signature:
 
 
 __all__ = [
-    "ArgRecord", "BITS_OF_FLOAT", "DONATION_ORIGINS", "Layout", "inverse_permutation", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord", "StoredLayout",
+    "ArgRecord", "BITS_OF_FLOAT", "DONATION_ORIGINS", "IndexRange", "Layout", "inverse_permutation", "placement_text", "REMOVAL_REASONS", "RemovedResult", "ResultRecord", "StoredLayout",
     "SIGNATURE_ATTRIBUTES", "Signature", "check_key", "read_removed_results", "row_major_strides", "verify",
     "verification_scope",
     "write_removed_results",

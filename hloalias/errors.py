@@ -50,6 +50,15 @@ class ExecutionError(HloaliasError):
     """Running a compiled program failed, or its inputs do not match."""
 
 
+class IndexRangeError(ExecutionError, IndexError):
+    """An input holds an index out of the range eager PyTorch accepts where
+    the program uses it (``nn.Embedding`` given a token id >= its vocabulary,
+    ``index_select`` a negative index): eager raises an IndexError there,
+    and XLA would clamp or drop the index.  Raised before anything runs;
+    the message names the input, the value, its position, the op and the
+    source line."""
+
+
 class ShardingError(HloaliasError):
     """A mesh or partition spec is invalid: unknown axis or tensor, a
     dimension not divisible by its axes, a mesh larger than the devices."""

@@ -19,7 +19,8 @@
 // Contract (what keeps it exact):
 // - Before the program runs nothing is changed.  Any input or state the lane
 //   does not handle (another type, dtype, shape, device, layout, lazy bit,
-//   non-contiguous memory, an input eager would refuse to write, two inputs
+//   non-contiguous memory, an input eager would refuse to write, an index
+//   input holding a value out of the range eager accepts, two inputs
 //   whose bytes overlap, no runtime buffer behind a written input, a consumed
 //   state buffer, an active dispatch or function mode) returns the `fallback`
 //   object: the caller then takes the Python path, which checks everything
@@ -78,6 +79,12 @@ struct UserInput {
   std::vector<int64_t> strides;
   int64_t nbytes;
   Py_ssize_t result;  // BACKED: the result XLA writes into its buffer
+  // An index input (runtime/plan.py's _IndexCheck): every element must lie
+  // in [low, high), else the call goes to the Python path, which raises
+  // IndexRangeError before anything runs.
+  bool ranged = false;
+  int64_t low = 0;
+  int64_t high = 0;
 };
 
 // After the program ran: is this the usual result (else the Python commit)?
@@ -108,7 +115,7 @@ struct Output {
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
 // See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
-constexpr long kAbiVersion = 6;
+constexpr long kAbiVersion = 7;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
@@ -341,6 +348,33 @@ bool matches(const UserInput& row, PyObject* object, const at::Tensor*& out) {
   return true;
 }
 
+// Whether every element of `tensor` (row-major and dense: it met its row)
+// lies in [low, high): one min/max pass.
+template <typename T>
+bool values_within(const at::Tensor& tensor, int64_t low, int64_t high) {
+  const int64_t count = tensor.numel();
+  if (count == 0) return true;
+  const T* values = static_cast<const T*>(tensor.const_data_ptr());
+  T smallest = values[0], largest = values[0];
+  for (int64_t i = 1; i < count; ++i) {
+    smallest = values[i] < smallest ? values[i] : smallest;
+    largest = values[i] > largest ? values[i] : largest;
+  }
+  return static_cast<int64_t>(smallest) >= low && static_cast<int64_t>(largest) < high;
+}
+
+// An index input's values against its row's range (integer dtypes only:
+// the constructor refuses a range on another).
+bool within_range(const UserInput& row, const at::Tensor& tensor) {
+  switch (row.dtype) {
+    case at::ScalarType::Long: return values_within<int64_t>(tensor, row.low, row.high);
+    case at::ScalarType::Int: return values_within<int32_t>(tensor, row.low, row.high);
+    case at::ScalarType::Short: return values_within<int16_t>(tensor, row.low, row.high);
+    case at::ScalarType::Char: return values_within<int8_t>(tensor, row.low, row.high);
+    default: return false;
+  }
+}
+
 PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   if ((kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) || PyTuple_GET_SIZE(args) != 1) {
     PyErr_SetString(PyExc_TypeError, "Lane takes the user inputs as one sequence");
@@ -371,7 +405,8 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       return Py_NewRef(fallback);
     }
     for (size_t j = 0; j < users.size(); ++j) {
-      if (!matches(users[j], leaf[users[j].leaf], tensors[j])) {
+      if (!matches(users[j], leaf[users[j].leaf], tensors[j]) ||
+          (users[j].ranged && !within_range(users[j], *tensors[j]))) {
         ++self->fallbacks;
         return Py_NewRef(fallback);
       }
@@ -783,22 +818,23 @@ int lane_clear(Lane* self);
 
 // Lane(exe, plan, inputs, sources, pairs, checks, commits, donated_state, outputs, kept, mode, refill,
 //      state_count, unflatten, lock, imports, backings, sweep_at, host_backing, register_backing,
-//      import_input, finish, failed, settle, fallback, watch, sync): the step tables are runtime/plan.py's
+//      import_input, finish, failed, settle, fallback, watch, sync, ranges): the step tables are runtime/plan.py's
 //      _NativeSteps (checked here for their operands' ranges); `watch` is the check of the module's
 //      tensors run while an effect-free program executes, and `sync` brings the state up to date after
-//      it found a change, or both None; see hloalias.runtime.lane._native_lane.
+//      it found a change, or both None; `ranges` holds (input row, low, high) per index input; see
+//      hloalias.runtime.lane._native_lane.
 int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   PyObject *exe, *plan, *users, *sources, *pairs, *checks, *commits, *donated, *outputs, *kept, *unflatten, *lock,
       *imports, *backings, *sweep_at, *host_backing, *register_backing, *import_input, *finish, *failed, *settle,
-      *fallback, *watch, *sync;
+      *fallback, *watch, *sync, *ranges;
   int mode, refill;
   Py_ssize_t state_count;
-  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOOOO", &exe, &plan, &PyTuple_Type, &users,
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!O!O!ipnOOO!O!O!OOOOOOOOOO!", &exe, &plan, &PyTuple_Type, &users,
                         &PyTuple_Type, &sources, &PyTuple_Type, &pairs, &PyTuple_Type, &checks, &PyTuple_Type,
                         &commits, &PyTuple_Type, &donated, &PyTuple_Type, &outputs, &PyTuple_Type, &kept,
                         &mode, &refill, &state_count, &unflatten, &lock, &PyDict_Type, &imports, &PyDict_Type, &backings, &PyList_Type,
                         &sweep_at, &host_backing, &register_backing, &import_input, &finish, &failed, &settle, &fallback,
-                        &watch, &sync)) {
+                        &watch, &sync, &PyTuple_Type, &ranges)) {
     return -1;
   }
   if (!PyType_Check(host_backing) || PyList_GET_SIZE(sweep_at) != 1 || mode < SINGLE || mode > UNFLATTEN ||
@@ -865,6 +901,20 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
     if (!dtype_of(dtype, input.dtype) || !shape_of(shape, input.shape) || !shape_of(strides, input.strides)) return -1;
     if (input.strides.size() != input.shape.size()) return malformed("input");
     self->users->push_back(std::move(input));
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ranges); ++i) {
+    Py_ssize_t row;
+    long long low, high;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(ranges, i), "nLL", &row, &low, &high)) return -1;
+    if (row < 0 || row >= user_count || low > high) return malformed("range");
+    UserInput& input = (*self->users)[static_cast<size_t>(row)];
+    if (input.ranged || (input.dtype != at::ScalarType::Long && input.dtype != at::ScalarType::Int &&
+                         input.dtype != at::ScalarType::Short && input.dtype != at::ScalarType::Char)) {
+      return malformed("range");
+    }
+    input.ranged = true;
+    input.low = low;
+    input.high = high;
   }
   const Py_ssize_t argument_count = PyTuple_GET_SIZE(sources);
   std::vector<int> state_seen(static_cast<size_t>(state_count), 0), user_seen(static_cast<size_t>(user_count), 0);
@@ -1174,7 +1224,34 @@ PyObject* first_changed(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyLong_FromLong(-1);
 }
 
+// values_in_range(tensor, low, high) -> bool | None: whether every element
+// of a dense CPU tensor of a signed integer dtype lies in [low, high) (the
+// lane's own check of an index input's row), None for any other tensor.
+// runtime/plan.py's _IndexCheck on the Python path, once per index input per call.
+PyObject* values_in_range(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !THPVariable_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "values_in_range(tensor, low, high)");
+    return nullptr;
+  }
+  const long long low = PyLong_AsLongLong(args[1]);
+  const long long high = PyLong_AsLongLong(args[2]);
+  if ((low == -1 || high == -1) && PyErr_Occurred()) return nullptr;
+  const at::Tensor& tensor = THPVariable_Unpack(args[0]);
+  UserInput row{};
+  row.dtype = tensor.scalar_type();
+  row.low = low;
+  row.high = high;
+  if (!tensor.is_cpu() || tensor.layout() != at::kStrided || !tensor.is_contiguous() ||
+      (row.dtype != at::ScalarType::Long && row.dtype != at::ScalarType::Int && row.dtype != at::ScalarType::Short &&
+       row.dtype != at::ScalarType::Char)) {
+    Py_RETURN_NONE;
+  }
+  return PyBool_FromLong(within_range(row, tensor));
+}
+
 PyMethodDef module_methods[] = {
+    {"values_in_range", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(values_in_range)),
+     METH_FASTCALL, "values_in_range(tensor, low, high) -> bool | None: see runtime/plan.py's _IndexCheck."},
     {"first_changed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(first_changed)), METH_FASTCALL,
      "first_changed(refs, versions, pointers) -> int: see runtime/state.py's StateWatch."},
     {"wait_ready", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(wait_ready)), METH_FASTCALL,

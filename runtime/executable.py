@@ -46,6 +46,10 @@ in :mod:`~hloalias.runtime.ownership`.  What every call guarantees:
 - Two inputs that share memory where the program writes or donates either
   are refused before anything runs (eager would let one see the other's
   update mid-program; XLA cannot).
+- An integer input whose values the program uses as indices
+  (``hloalias.index_ranges``) holding a value out of the range eager
+  accepts there is an :class:`IndexRangeError`, before anything runs
+  (XLA would clamp or drop it; docs/precision.md).
 - A call that fails leaves the module state and every caller tensor as they
   were.  Calls of executables that share module state are serialized.
 - Single-device CPU calls of the common kind (see
@@ -103,7 +107,7 @@ from hloalias.runtime.module_hooks import ModuleHooks
 from hloalias.runtime.module_modes import ModuleModes
 from hloalias.runtime.carried_objects import callers_objects, carry_objects
 from hloalias.runtime.gradient_boundary import mark_without_gradient
-from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed
+from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed, native_values_in_range
 from hloalias.runtime.ownership import (
     DeviceTensor as DeviceTensor,
     _itemsize,
@@ -116,7 +120,9 @@ from hloalias.runtime.ownership import (
     torch_to_device,
 )
 from hloalias.runtime.pjrt import compile_module, device_for, memory_stats, precision_options
-from hloalias.runtime.plan import _CallConvention, _CallPlan, _describe_spec, _ProgramFacts
+from hloalias.runtime.plan import (
+    _CallConvention, _CallPlan, _describe_spec, _IndexCheck, _ProgramFacts, check_index_ranges,
+)
 from hloalias.runtime.state import (
     StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refuse_inference_state,
 )
@@ -762,6 +768,11 @@ class Executable:
         self._constant_outputs = facts.constant_outputs
         self._single_output = facts.single_output
         self._flat_outputs = facts.flat_outputs
+        #: User inputs checked against the index ranges eager accepts, before every call runs.
+        self._index_checks: tuple[_IndexCheck, ...] = tuple(
+            _IndexCheck.of(index, self._user_indices.index(index), self._names[index], ranges, native_values_in_range())
+            for index, ranges in sorted(facts.index_ranges.items())
+        )
 
     # -- introspection -----------------------------------------------------
     @property
@@ -1023,6 +1034,8 @@ class Executable:
                 and value.is_cpu and value.layout is torch.strided
             ):
                 self._check_input(index, value)
+        if self._index_checks:
+            check_index_ranges(self._index_checks, leaves)
         if self._write_pairs or self._written_in_place:
             self._check_writes(inputs)
         if self._strided_inputs:

@@ -37,7 +37,7 @@ _LANE_FALLBACK = object()
 #: The interface number of the ``Lane`` this file builds (its constructor's
 #: arguments, what it reads of the plan and the executable): runtime/_lane.cpp's
 #: ``kAbiVersion``.  Bump both together.
-_LANE_ABI_VERSION = 6
+_LANE_ABI_VERSION = 7
 
 _REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
 
@@ -67,6 +67,17 @@ def native_first_changed() -> Callable[[tuple[Any, ...], tuple[int, ...], tuple[
     if _build_refusal() is not None:
         return None
     return getattr(_lane, "first_changed", None)
+
+
+def native_values_in_range() -> Callable[[Any, int, int], bool | None] | None:
+    """``_lane.values_in_range`` (an index input's range check, the lane's
+    own min/max pass: :class:`~hloalias.runtime.plan._IndexCheck`) where the
+    extension is built (a current build), else None (``torch.aminmax``).
+    Used on both call paths, also with ``HLOALIAS_NATIVE=0``: one check in
+    either language, run once per index input on every call."""
+    if _build_refusal() is not None:
+        return None
+    return getattr(_lane, "values_in_range", None)
 
 
 def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
@@ -128,6 +139,7 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
             functools.partial(execution.finish_planned, exe), functools.partial(execution.execution_failed, exe),
             functools.partial(execution.settle, exe), _LANE_FALLBACK,
             exe._state_watch.changed if exe._watch_late else None, exe._sync_from_torch if exe._watch_late else None,
+            steps.ranges,
         )
     except TypeError as error:  # a build whose Lane takes other arguments than these
         return None, f"the native call path's build does not match this runtime ({error}); {_REBUILD}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -22,10 +22,10 @@ from torch.export import ExportedProgram
 from torch_mlir import ir
 
 from hloalias import attributes as A
-from hloalias.contract import Signature, StoredLayout, row_major_strides
-from hloalias.errors import ExecutionError
+from hloalias.contract import IndexRange, Signature, StoredLayout, row_major_strides
+from hloalias.errors import ExecutionError, IndexRangeError
 from hloalias.mlir import find_main
-from hloalias.runtime.ownership import _itemsize, _numel
+from hloalias.runtime.ownership import DeviceTensor, _itemsize, _numel
 from hloalias.runtime.pjrt import SingleDeviceDispatch
 from hloalias.runtime.state import _StateSlot
 
@@ -100,6 +100,9 @@ class _ProgramFacts:
     constant_outputs: dict[str, Any]
     single_output: bool
     flat_outputs: bool
+    #: User inputs (argument index) whose values the program uses as
+    #: indices: the ranges eager accepts (``hloalias.index_ranges``).
+    index_ranges: dict[int, tuple[IndexRange, ...]] = dataclasses.field(default_factory=dict)
 
     @staticmethod
     def read(program: "Program") -> "_ProgramFacts":
@@ -192,6 +195,7 @@ class _ProgramFacts:
                 constant_outputs={A.output_key(i): v for i, v in signature.constant_outputs.items()},
                 single_output=single_output,
                 flat_outputs=single_output or out_spec == pytree.tree_structure(tuple(range(out_spec.num_leaves))),
+                index_ranges={index: arg.index_ranges for index, arg in enumerate(contract.args) if arg.index_ranges},
             )
 
 
@@ -360,6 +364,79 @@ class _ArgStep:
         object.__setattr__(
             self, "imported", self.slot is None and self.mutated is None and self.in_place is None,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class _IndexCheck:
+    """A user input whose values the program uses as indices: every call
+    checks its tensor against the ranges eager accepts
+    (``hloalias.index_ranges``, :mod:`hloalias.frontend.index_ranges`)
+    before anything runs, since XLA clamps or drops an out-of-range index
+    where eager raises.  On every call path and placement: the Python path
+    (mesh programs too: the caller's whole tensor, on the host, before it is
+    placed, so a sharded or replicated input is checked like any other) and
+    the native lane (``low``/``high`` in its input rows; a call out of range
+    is left to the Python path, which raises)."""
+
+    #: The @main argument.
+    index: int
+    #: Its position among a call's user inputs.
+    leaf: int
+    name: str
+    #: The ranges' intersection: the one comparison of the common call.
+    low: int
+    high: int
+    ranges: tuple[IndexRange, ...]
+    #: The native min/max pass (``lane.native_values_in_range``: True,
+    #: False, or None for a tensor it does not read), or None: ``aminmax``.
+    within: Callable[[Any, int, int], bool | None] | None = None
+
+    @staticmethod
+    def of(
+        index: int, leaf: int, name: str, ranges: tuple[IndexRange, ...],
+        within: Callable[[Any, int, int], bool | None] | None = None,
+    ) -> "_IndexCheck":
+        return _IndexCheck(
+            index, leaf, name, max(r.low for r in ranges), min(r.high for r in ranges), ranges, within,
+        )
+
+    def check(self, value: Any) -> None:
+        """IndexRangeError when ``value`` (a checked input: a CPU tensor of
+        the argument's dtype and shape, or a DeviceTensor) holds an index out
+        of range."""
+        tensor = value.to_torch() if isinstance(value, DeviceTensor) else value
+        if self.within is not None:
+            inside = self.within(tensor, self.low, self.high)
+            if inside is True:
+                return
+            if inside is False:
+                raise self.error(tensor)
+        if tensor.numel() == 0:
+            return
+        low, high = torch.aminmax(tensor)
+        if int(low) < self.low or int(high) >= self.high:
+            raise self.error(tensor)
+
+    def error(self, tensor: torch.Tensor) -> IndexRangeError:
+        """The error naming the first element (in row-major order) out of
+        the first range it breaks."""
+        for entry in self.ranges:
+            outside = (tensor < entry.low) | (tensor >= entry.high)
+            if bool(outside.any()):
+                position = tuple(int(i) for i in outside.nonzero()[0])
+                value = int(tensor[position]) if position else int(tensor)
+                return IndexRangeError(
+                    f"input '{self.name}' holds the index {value} at position {list(position)}, out of the range "
+                    f"{entry.describe()}: eager PyTorch raises an IndexError here, and XLA would clamp or drop "
+                    "the index (a silently wrong result); nothing ran"
+                )
+        raise AssertionError("an index out of the ranges' intersection is out of one of them")
+
+
+def check_index_ranges(checks: tuple[_IndexCheck, ...], leaves: Sequence[Any]) -> None:
+    """Each check of ``checks`` on its input among a call's ``leaves``."""
+    for check in checks:
+        check.check(leaves[check.leaf])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -601,6 +678,10 @@ class _NativeSteps:
     refill: bool
     #: State arguments (their arrays: the plan's ``state_arrays``).
     state_count: int
+    #: (input row, low, high) per index input (:class:`_IndexCheck`): its
+    #: values must lie in [low, high), else the call takes the Python path,
+    #: which raises.
+    ranges: tuple[tuple[int, int, int], ...] = ()
 
     @staticmethod
     def of(exe: "Executable", plan: "_CallPlan") -> "_NativeSteps":
@@ -643,6 +724,7 @@ class _NativeSteps:
             ),
             tuple(step.index for step in plan.kept), mode,
             len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots),
+            tuple((row_of[check.index], check.low, check.high) for check in exe._index_checks),
         )
 
 

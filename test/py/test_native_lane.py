@@ -446,6 +446,8 @@ def test_a_malformed_table_is_refused_when_the_lane_is_built(monkeypatch: pytest
         "input": lambda steps: dataclasses.replace(steps, inputs=(steps.inputs[0][:1] + (7,) + steps.inputs[0][2:],) + steps.inputs[1:]),
         "pair": lambda steps: dataclasses.replace(steps, pairs=((0, 5),)),
         "output": lambda steps: dataclasses.replace(steps, outputs=(steps.outputs[0][:3] + ((1,),) + steps.outputs[0][4:],)),
+        # An index range on a float input, and one whose low is above its high.
+        "range": lambda steps: dataclasses.replace(steps, ranges=((0, 0, 4),)),
     }
     for what, change in bad_rows.items():
         monkeypatch.setattr(plan_module._NativeSteps, "of", staticmethod(lambda exe, plan: change(real(exe, plan))))

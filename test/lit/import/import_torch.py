@@ -129,9 +129,12 @@ def update_through_view() -> None:
 # CHECK:      func.func @main(
 # CHECK-SAME:   %arg0: tensor<1x16x4xf32> {hloalias.kind = "buffer", hloalias.name = "k_cache"},
 # CHECK-SAME:   %arg1: tensor<1x2x4xf32> {hloalias.kind = "user_input", hloalias.name = "k"},
-# CHECK-SAME:   %arg2: tensor<2xi64> {hloalias.kind = "user_input", hloalias.name = "pos"})
+# The index input carries the range eager's index_copy_ accepts (checked on
+# every call before the program runs: XLA would drop an out-of-range row):
+# CHECK-SAME:   %arg2: tensor<2xi64> {hloalias.index_ranges = [{high = 16 : i64, low = 0 : i64, op = "aten.index_copy", where = "{{.*}}.py:{{[0-9]+}} in forward: self.k_cache.index_copy_(1, pos, k)"}], hloalias.kind = "user_input", hloalias.name = "pos"})
 # CHECK-SAME:   -> (tensor<1x16x4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation", hloalias.storage = "arg:0"}, tensor<1x8x4xf32> {hloalias.output = 0 : i64, hloalias.role = "user_output", hloalias.storage = "arg:0"}) {
-# A position counted from the end (-1) is made in-range first (issue 25):
+# The index_put index_copy_ decomposes to is normalized as x[:, pos] = k's
+# (issue 25), though the runtime refuses index_copy_'s negative positions:
 # CHECK:        stablehlo.compare LT, %arg2, %{{.*}}, SIGNED
 # CHECK:        %[[POS:[0-9]+]] = stablehlo.select
 # CHECK:        stablehlo.reshape %[[POS]] : (tensor<2xi64>) -> tensor<2x1xi64>

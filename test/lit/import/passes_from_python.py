@@ -127,7 +127,9 @@ def apply_to_parsed_module() -> None:
 # CHECK:      func.func @main(
 # CHECK-SAME:   %arg0: tensor<1x16x4xf32> {hloalias.donation = "inferred", hloalias.kind = "buffer", hloalias.name = "k_cache", tf.aliasing_output = 0 : i32},
 # CHECK-SAME:   %arg1: tensor<1x2x4xf32> {hloalias.donation = "explicit", hloalias.kind = "user_input", hloalias.name = "k", hloalias.unused_donation = "no free result of type tensor<1x2x4xf32>", jax.buffer_donor = true},
-# CHECK-SAME:   %arg2: tensor<2xi64> {hloalias.kind = "user_input", hloalias.name = "pos"})
+# The index input carries the range eager's index_copy_ accepts (checked on
+# every call before the program runs: XLA would drop an out-of-range row):
+# CHECK-SAME:   %arg2: tensor<2xi64> {hloalias.index_ranges = [{high = 16 : i64, low = 0 : i64, op = "aten.index_copy", where = "{{.*}}.py:{{[0-9]+}} in forward: self.k_cache.index_copy_(1, pos, k)"}], hloalias.kind = "user_input", hloalias.name = "pos"})
 # CHECK-SAME:   -> (tensor<1x16x4xf32> {hloalias.mutates = 0 : i64, hloalias.role = "mutation", hloalias.storage = "arg:0"})
 # CHECK-SAME:   attributes {hloalias.removed_results = [{base = "mutation:0", chain = ["slice [0:1:1, 0:8:1, 0:4:1]"], dtype = f32, offset = 0 : i64, reason = "view", result = "output:0", sizes = array<i64: 1, 8, 4>, strides = array<i64: 64, 4, 1>}]} {
 # CHECK:        %[[CACHE:[0-9]+]] = "stablehlo.scatter"(%arg0, %{{.*}}, %arg1)
