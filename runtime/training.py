@@ -36,6 +36,8 @@ is read by the next call, as eager's next step reads it; edit after
 ``write_back`` (an edit of a stale tensor replaces the device's newer
 value, as for parameters).  A tensor put in place of one
 (``optimizer.state[p]["exp_avg"] = t``) is not seen until ``reload()``.
+An eager ``optimizer.step()`` between calls first copies the device state
+in (a step pre-hook), so eager and compiled steps continue each other.
 
 One state store per model: every training step compiled for a model (and
 optimizer) and every executable ``hloalias.compile`` made from the model
@@ -162,7 +164,15 @@ def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimiz
                 if step is not None:
                     step._reload_optimizer()
 
+            def write_back_before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+                # An eager ``optimizer.step()`` between compiled calls
+                # updates the state the steps left, in place (the next call
+                # reads its edits); not while a step is being captured.
+                if not torch.compiler.is_compiling():
+                    write_back_first(opt)
+
             optimizer.register_state_dict_pre_hook(write_back_first)
+            optimizer.register_step_pre_hook(write_back_before_step)
             # Resuming from a checkpoint after compiling the step
             # (``optimizer.load_state_dict(ckpt)``): the device state must
             # become the loaded state, or the next step silently continues

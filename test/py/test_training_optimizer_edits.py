@@ -182,3 +182,21 @@ def test_reading_state_after_steps_equals_eager(write_back: bool) -> None:
     train.write_back()
     assert held == {id(t) for s in opt.state.values() for t in s.values()}
     _assert_equal(eager_model, eager_opt, model, opt)
+
+
+def test_an_eager_step_between_compiled_calls_continues_the_device_state() -> None:
+    """An eager ``optimizer.step()`` between calls first gets the state
+    the steps left (the optimizer's step pre-hook), updates it in place,
+    and the next call reads that.  Before: eager Adam started from empty
+    state (step 1 again) and the compiled step never saw its update."""
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    _step_fn(eager_model, eager_opt)(*batches[0])
+    train(*batches[0])
+    _step_fn(eager_model, eager_opt)(*batches[1])
+    _step_fn(model, opt)(*batches[1])  # eager, between compiled calls
+    _step_fn(eager_model, eager_opt)(*batches[2])
+    train(*batches[2])
+    train.write_back()
+    _assert_equal(eager_model, eager_opt, model, opt)
