@@ -499,6 +499,11 @@ def _optimizer_pointed_at(
             group[LR_KEY] = lr
             if "capturable" in group:
                 group["capturable"] = True
+            if group.get("foreach"):
+                # The per-tensor update (torch's default for CPU tensors):
+                # the same formula as foreach's list ops, which the importer
+                # has no lowering for (aten._foreach_add.Scalar).
+                group["foreach"] = False
         yield
     finally:
         optimizer.state.clear()

@@ -7,7 +7,9 @@ value=-clr)``, where ``clr`` is a 0-d tensor in the trace (the step count
 is a traced tensor): torch reads it on the host, which the capture
 refused before the fix; the graph now multiplies by the 0-d tensor.
 RAdam, NAdam, Adamax, Adadelta and RMSprop got their initial state built
-by the capture (before: "run one eager step first").  ASGD and Rprop
+by the capture (before: "run one eager step first").  ``foreach=True``
+was a TorchImportError (no lowering for ``aten._foreach_add.Scalar``);
+the capture traces the per-tensor update, torch's default on CPU.  ASGD and Rprop
 start from the lr of their first step, which a scheduler may still
 change after compiling: without state they are refused with a
 TrainingCaptureError naming the optimizer.
@@ -66,6 +68,10 @@ OPTIMIZERS: dict[str, Callable[[Any], O.Optimizer]] = {
     "rmsprop_momentum_centered": lambda p: O.RMSprop(p, lr=1e-2, momentum=0.5, centered=True),
     "sgd_nesterov": lambda p: O.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
     "asgd": lambda p: O.ASGD(p, lr=1e-2),
+    # foreach=True (eager runs the list ops): traced per tensor, the same formula.
+    "adam_foreach": lambda p: O.Adam(p, lr=1e-2, foreach=True),
+    "adagrad_foreach": lambda p: O.Adagrad(p, lr=1e-2, lr_decay=0.1, foreach=True),
+    "sgd_nesterov_foreach": lambda p: O.SGD(p, lr=0.1, momentum=0.9, nesterov=True, foreach=True),
     "rprop": lambda p: O.Rprop(p, lr=1e-2),
 }
 #: Optimizers whose initial state depends on the first step's lr.
