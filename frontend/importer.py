@@ -734,12 +734,16 @@ def _export_decomposed(
     module = f if isinstance(f, torch.nn.Module) else _FunctionModule.wrap(f)
     _register_transformers_caches(f)
     table = _decomposition_table_with_custom_ops()
-    with record_carried_objects(module) as carried:
+    # A write to a tensor the program closes over stops the trace before
+    # it happens; the single trace declines then, and _export names it.
+    guard = single_trace.refusing_closed_over_writes(module, _describe(f))
+    with guard, record_carried_objects(module) as carried:
         exported = single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes)
     late = late_registered_entries(table, exported.graph_module) if exported is not None else {}
     if late:
         table = {**table, **late}
-        with record_carried_objects(module) as carried:
+        guard = single_trace.refusing_closed_over_writes(module, _describe(f))
+        with guard, record_carried_objects(module) as carried:
             exported = single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes)
     if exported is not None:
         # As _export records them: a cache object the caller passes in and
@@ -754,11 +758,17 @@ def _export(
     module = f if isinstance(f, torch.nn.Module) else _FunctionModule.wrap(f)
     _register_transformers_caches(f)
     try:
-        with record_carried_objects(module) as carried:
+        # Every trace of the module refuses a write to a tensor it closes
+        # over before the write (the caller's tensor stays as it was):
+        # export would refuse the program only after tracing it.
+        guard = single_trace.refusing_closed_over_writes(module, _describe(f))
+        with guard, record_carried_objects(module) as carried:
             exported = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
         # Read back by _import_torch and export_dynamic (frontend/carried_objects.py).
         exported.hloalias_carried_objects = carried[-1] if carried else ()  # type: ignore[attr-defined]
         return exported
+    except single_trace.ClosedOverWrite:
+        raise
     except Exception as error:
         unknown = _UNKNOWN_OUTPUT_RE.search(str(error))
         if unknown is not None:

@@ -36,6 +36,8 @@ stopped half way."""
 from __future__ import annotations
 
 import contextlib
+import os
+import traceback
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,6 +47,7 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from hloalias.errors import TorchImportError
 from hloalias.frontend import fx_export, torch_internals
 
 #: Tensor methods named like in-place ops that write no tensor.
@@ -90,6 +93,96 @@ class _WriteWatch(torch.overrides.TorchFunctionMode):
             self.seen.append(getattr(func, "__name__", repr(func)))
             raise _WritesInPlace(self.seen[-1])
         return func(*args, **(kwargs or {}))
+
+
+class ClosedOverWrite(TorchImportError):
+    """The traced code writes in place to a tensor it closes over (not a
+    parameter, buffer or input of the program): refused before the write
+    (:class:`_ClosedOverWriteGuard`)."""
+
+
+_CLOSED_OVER_WRITE = (
+    "{program} writes in place ({what}) to a tensor it closes over{where}, which is not a parameter, "
+    "buffer or input of it: the compiled program would lose the write. The tensor was not changed. "
+    "Register it as a buffer of the module (module.register_buffer) or pass it as an argument."
+)
+
+
+def writes_in_place(name: str, kwargs: dict[str, Any] | None) -> bool:
+    """Whether the torch call ``name`` writes its first argument (or an
+    ``out=`` tensor) in place; unlike :func:`is_write`, addressing storage
+    (``as_strided``, ``untyped_storage``) reads."""
+    if kwargs and kwargs.get("out") is not None:
+        return True
+    if name in _IN_PLACE_DUNDERS:
+        return True
+    return name.endswith("_") and not name.startswith("__") and name not in _NOT_WRITES
+
+
+def plain_tensors_written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
+    """Whether the torch call writes a plain (real, untraced) tensor: while
+    a program is traced its parameters, buffers and inputs are fake or
+    functional tensors, so a plain one is a tensor the code closes over."""
+    if not (writes_in_place(getattr(func, "__name__", ""), kwargs) or mutable_op(func)):
+        return False
+    written = [args[0]] if args else []
+    written += [leaf for leaf in pytree.tree_leaves((kwargs or {}).get("out")) if leaf is not None]
+    return any(isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter) for t in written)
+
+
+class _ClosedOverWriteGuard(torch.overrides.TorchFunctionMode):
+    """Active while a traced module's forward runs: a write to a tensor the
+    code closes over is stopped before it happens (:class:`ClosedOverWrite`),
+    so no trace changes the caller's tensor (torch.export would refuse the
+    program only after its trace had written it, once per trace)."""
+
+    def __init__(self, program: str) -> None:
+        super().__init__()
+        self.program = program
+
+    def __torch_function__(
+        self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        if plain_tensors_written(func, args, kwargs):
+            what = getattr(func, "__name__", "") or repr(func)
+            raise ClosedOverWrite(_CLOSED_OVER_WRITE.format(program=self.program, what=what, where=_user_line()))
+        return func(*args, **(kwargs or {}))
+
+
+def _user_line() -> str:
+    """`` at file:line`` of the innermost frame outside torch and this
+    module: the user's code that called the write."""
+    torch_dir, here = os.path.dirname(torch.__file__) + os.sep, os.path.abspath(__file__)
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if path != here and not path.startswith(torch_dir):
+            return f" at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
+    return ""
+
+
+@contextlib.contextmanager
+def refusing_closed_over_writes(module: torch.nn.Module, program: str) -> Iterator[None]:
+    """:class:`_ClosedOverWriteGuard` active while ``module``'s forward runs
+    (in every trace of it inside the block)."""
+    guards: list[_ClosedOverWriteGuard] = []
+
+    def enter(*_: Any) -> None:
+        guard = _ClosedOverWriteGuard(program)
+        guard.__enter__()  # type: ignore[no-untyped-call]
+        guards.append(guard)
+
+    def leave(*_: Any) -> None:
+        if guards:
+            guards.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
+    handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        while guards:
+            guards.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
 
 def mutable_op(func: Any) -> bool:

@@ -130,9 +130,10 @@ def capture_training_step(
 
     Neither the model nor the optimizer is changed.  An optimizer without
     state yet gets its initial state here for SGD (momentum buffers of
-    zeros, exact when ``dampening == 0``), Adam and AdamW (zero moments,
-    step 0); any other optimizer must have state already (run one eager
-    step first).  Raises :class:`TrainingCaptureError`.
+    zeros, exact when ``dampening == 0``), Adam, AdamW, RAdam, NAdam,
+    Adamax, Adadelta and RMSprop (zero moments, step 0); any other
+    optimizer must have state already (Adagrad makes its own in its
+    constructor; ASGD and Rprop: run one eager step first).  Raises :class:`TrainingCaptureError`.
 
     ``stack_traces``: record each node's stack trace (what lowering errors
     quote as the user's line); off by default, as recording costs every
@@ -498,6 +499,11 @@ def _optimizer_pointed_at(
             group[LR_KEY] = lr
             if "capturable" in group:
                 group["capturable"] = True
+            if group.get("foreach"):
+                # The per-tensor update (torch's default for CPU tensors):
+                # the same formula as foreach's list ops, which the importer
+                # has no lowering for (aten._foreach_add.Scalar).
+                group["foreach"] = False
         yield
     finally:
         optimizer.state.clear()
@@ -576,18 +582,36 @@ def _fresh_state(
                 "run one eager step before compiling"
             )
         return {"momentum_buffer": torch.zeros_like(p.detach(), memory_format=torch.contiguous_format)}
-    if kind in (torch.optim.Adam, torch.optim.AdamW):
-        entries = {
-            "step": torch.tensor(0.0, dtype=torch.float32),
-            "exp_avg": torch.zeros_like(p.detach(), memory_format=torch.contiguous_format),
-            "exp_avg_sq": torch.zeros_like(p.detach(), memory_format=torch.contiguous_format),
-        }
+    # What each optimizer's ``_init_group`` creates before its first step
+    # (zeros, a step count of 0, NAdam's running product of 1).  ASGD's
+    # ``eta`` and Rprop's ``step_size`` start from the lr of the first step,
+    # which a scheduler may still change after compiling: not built here.
+    def zeros() -> torch.Tensor:
+        return torch.zeros_like(p.detach(), memory_format=torch.contiguous_format)
+
+    step = torch.tensor(0.0, dtype=torch.float32)
+    if kind in (torch.optim.Adam, torch.optim.AdamW, torch.optim.RAdam):
+        entries = {"step": step, "exp_avg": zeros(), "exp_avg_sq": zeros()}
         if group.get("amsgrad"):
-            entries["max_exp_avg_sq"] = torch.zeros_like(p.detach(), memory_format=torch.contiguous_format)
+            entries["max_exp_avg_sq"] = zeros()
+        return entries
+    if kind is torch.optim.NAdam:
+        return {"step": step, "mu_product": torch.tensor(1.0, dtype=torch.float32), "exp_avg": zeros(), "exp_avg_sq": zeros()}
+    if kind is torch.optim.Adamax:
+        return {"step": step, "exp_avg": zeros(), "exp_inf": zeros()}
+    if kind is torch.optim.Adadelta:
+        return {"step": step, "square_avg": zeros(), "acc_delta": zeros()}
+    if kind is torch.optim.RMSprop:
+        entries = {"step": step, "square_avg": zeros()}
+        if group.get("momentum", 0) > 0:
+            entries["momentum_buffer"] = zeros()
+        if group.get("centered"):
+            entries["grad_avg"] = zeros()
         return entries
     raise TrainingCaptureError(
         f"{kind.__name__} has no state for parameter {index} yet and hloalias does not know its initial "
-        "state: run one eager step before compiling (SGD, Adam and AdamW are initialized here)"
+        "state: run one eager step before compiling (SGD, Adam, AdamW, RAdam, NAdam, Adamax, Adadelta and "
+        "RMSprop are initialized here; Adagrad initializes itself)"
     )
 
 
@@ -628,6 +652,12 @@ def _scalar_alphas_to_tensors(graph_module: torch.fx.GraphModule, stack_traces: 
                     scaled.meta = dict(user.meta)
                 user.args = (user.args[0], scaled)
                 user.kwargs = {k: v for k, v in user.kwargs.items() if k != "alpha"}
+            elif _scales_by(user, node) and _floating(source):
+                # ``param.addcdiv_(grad, std, value=-clr)`` with a tensor
+                # ``clr`` (Adagrad's step-dependent rate) decomposes to
+                # ``grad * value``: the 0-d tensor itself is that operand
+                # (a 0-d tensor promotes as the Python number does).
+                user.args = (user.args[0], source)
         if node.users:
             if not stack_traces:
                 raise _HostReadUntraced()
@@ -637,6 +667,26 @@ def _scalar_alphas_to_tensors(graph_module: torch.fx.GraphModule, stack_traces: 
                 f"(.item() / float()){_last_user_frame(trace)}"
             )
         graph.erase_node(node)
+
+
+#: Arithmetic whose second operand may be a 0-d tensor in place of the number.
+_SCALED_OPS = (torch.ops.aten.mul.Tensor, torch.ops.aten.div.Tensor)
+
+
+def _scales_by(user: torch.fx.Node, scalar: torch.fx.Node) -> bool:
+    """Whether ``user`` is ``tensor * scalar`` or ``tensor / scalar`` of
+    a traced tensor by the host-read number ``scalar`` (and nothing else)."""
+    return (
+        user.op == "call_function" and user.target in _SCALED_OPS and len(user.args) == 2 and not user.kwargs
+        and user.args[1] is scalar and isinstance(user.args[0], torch.fx.Node) and user.args[0] is not scalar
+        and _floating(user.args[0])
+    )
+
+
+def _floating(node: Any) -> bool:
+    """Whether ``node``'s traced value is a floating-point tensor."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
 
 
 def _last_user_frame(stack_trace: str) -> str:

@@ -212,6 +212,31 @@ class _StateSlot:
         self.source_ptr = -1
         _AGREEMENTS[0] += 1
 
+    def stand_for(self, new: torch.Tensor) -> bool:
+        """Stand for ``new`` from now on, which holds the buffer's value
+        (the caller just copied it there, or loaded the buffer from it): a
+        training step's optimizer state whose owner (``optimizer.state``)
+        was given new tensors by ``optimizer.load_state_dict``.  Unlike
+        :meth:`follow` this is no replacement a program must refuse: the
+        slot and ``new`` agree.  False (nothing changed) where ``new``
+        cannot be watched (an inference tensor, another dtype or shape) or
+        another slot of the group stands for it already."""
+        if new.is_inference() or new.dtype != self.torch_dtype or tuple(new.shape) != self.shape:
+            return False
+        group = self._group() if self._group is not None else None
+        with group.lock if group is not None else contextlib.nullcontext():
+            if group is not None:
+                if group.existing(new, self.device) not in (None, self):
+                    return False
+                old = self.source()
+                if old is not None:
+                    group._slots.pop((id(old), self.device.platform, self.device.id), None)
+                group._slots[(id(new), self.device.platform, self.device.id)] = weakref.ref(self)
+            self.source = weakref.ref(new)
+            _slots_of(new).append(weakref.ref(self))
+            self.mark_synced()
+        return True
+
     def copy_to_source(self) -> None:
         """Copy the buffer into the module's tensor (in place) when it
         lags it and torch did not change the tensor since the two last

@@ -28,6 +28,17 @@ state), and ``model.load_state_dict``/``optimizer.load_state_dict`` set
 the device state (resuming after the step was compiled); neither for a
 step on a mesh.
 
+The optimizer's state tensors are watched as the model's are: ``write_back``
+(and ``optimizer.state_dict()``) copy the device state into the tensors
+``optimizer.state`` holds, in place (the same objects stay there), and an
+in-place edit of one between calls (``optimizer.state[p]["exp_avg"].zero_()``)
+is read by the next call, as eager's next step reads it; edit after
+``write_back`` (an edit of a stale tensor replaces the device's newer
+value, as for parameters).  A tensor put in place of one
+(``optimizer.state[p]["exp_avg"] = t``) is not seen until ``reload()``.
+An eager ``optimizer.step()`` between calls first copies the device state
+in (a step pre-hook), so eager and compiled steps continue each other.
+
 One state store per model: every training step compiled for a model (and
 optimizer) and every executable ``hloalias.compile`` made from the model
 read and update the same device buffer per tensor (the model's state
@@ -52,6 +63,7 @@ import torch.utils._pytree as pytree
 from hloalias.errors import DonationError, ExecutionError
 from hloalias.frontend.training import (
     CapturedTrainingStep,
+    StateSlot,
     TrainingCaptureError,
     capture_training_step,
 )
@@ -152,7 +164,15 @@ def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimiz
                 if step is not None:
                     step._reload_optimizer()
 
+            def write_back_before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+                # An eager ``optimizer.step()`` between compiled calls
+                # updates the state the steps left, in place (the next call
+                # reads its edits); not while a step is being captured.
+                if not torch.compiler.is_compiling():
+                    write_back_first(opt)
+
             optimizer.register_state_dict_pre_hook(write_back_first)
+            optimizer.register_step_pre_hook(write_back_before_step)
             # Resuming from a checkpoint after compiling the step
             # (``optimizer.load_state_dict(ckpt)``): the device state must
             # become the loaded state, or the next step silently continues
@@ -225,7 +245,18 @@ def _compile_step(
                 sources[slot.name] = named[slot.fqn]
             elif slot.kind == "optimizer":
                 assert slot.param_index is not None and slot.key is not None
-                sources[slot.name] = optimizer_state.setdefault((slot.param_index, slot.key), initial[slot.name])
+                # The optimizer's own tensor where it has one: its state
+                # slot watches it, so an in-place edit between calls
+                # (``optimizer.state[p]["exp_avg"].zero_()``) is read by
+                # the next call, as eager's next step would read it.
+                stored = optimizer_state.get((slot.param_index, slot.key))
+                if stored is None:
+                    held = _watchable_state(
+                        optimizer, captured.parameters[slot.param_index], slot.key, initial[slot.name]
+                    )
+                    stored = held if held is not None else initial[slot.name]
+                    optimizer_state[(slot.param_index, slot.key)] = stored
+                sources[slot.name] = stored
             else:
                 assert slot.fqn is not None
                 sources[slot.name] = store.grads.setdefault(slot.fqn, initial[slot.name])
@@ -243,6 +274,22 @@ def _compile_step(
     # optimizer holding the old one: eager would go on training that.
     executable._follows_replacements = "the optimizer of compile_training_step still holds the old tensor"
     return captured, executable
+
+
+def _watchable_state(
+    optimizer: torch.optim.Optimizer, param: torch.Tensor, key: str, like: torch.Tensor
+) -> torch.Tensor | None:
+    """``optimizer.state[param][key]`` when a state slot can stand for it
+    (a plain tensor of ``like``'s dtype and shape, with a version counter),
+    else None."""
+    held = optimizer.state.get(param, {}).get(key)
+    if (
+        isinstance(held, torch.Tensor) and type(held) is torch.Tensor and not held.is_inference()
+        and not held.requires_grad and held.device.type == "cpu"
+        and held.dtype == like.dtype and tuple(held.shape) == tuple(like.shape)
+    ):
+        return held
+    return None
 
 
 def _step_shardings(
@@ -525,16 +572,70 @@ class TrainingStep:
                 named[slot.fqn].grad = device_state[slot.name]
 
     def _write_back_optimizer(self, device_state: dict[str, torch.Tensor] | None = None) -> None:
-        """Set the optimizer's state (``optimizer.state[param][key]``) to
-        copies of the device state (read here, optimizer entries only, unless
-        ``device_state`` has them)."""
-        if device_state is None:
-            device_state = self.executable._state_values(slot.name for slot in self._slots if slot.kind == "optimizer")
-        params = self._parameters
-        for slot in self._slots:
-            if slot.kind == "optimizer":
+        """Copy the device's optimizer state (read here, optimizer entries
+        only, unless ``device_state`` has them) into the optimizer's own
+        tensors (``optimizer.state[param][key]``), in place: they stay the
+        objects the user holds, and the state slots go on watching them, so
+        an in-place edit afterwards (``exp_avg.zero_()``) is read by the
+        next call, as by eager's next step.  An entry the optimizer does
+        not hold as such a tensor (no state yet, a Python number) is set to
+        the tensor the slot stands for, which is watched from then on."""
+        with self.executable._group.lock:
+            if device_state is None:
+                device_state = self.executable._state_values(
+                    slot.name for slot in self._slots if slot.kind == "optimizer"
+                )
+            for slot in self._slots:
+                if slot.kind == "optimizer":
+                    self._write_back_entry(slot, device_state[slot.name])
+
+    def _write_back_entry(self, slot: StateSlot, value: torch.Tensor) -> None:
+        """One optimizer state entry of :meth:`_write_back_optimizer`."""
+        assert slot.param_index is not None and slot.key is not None
+        state_slot = self.executable._slots[slot.name]
+        entries = self._optimizer.state[self._parameters[slot.param_index]]
+        held = _watchable_state(self._optimizer, self._parameters[slot.param_index], slot.key, value)
+        source = state_slot.source()
+        with torch.no_grad():
+            if held is not None and held is not source:
+                # The optimizer was given new tensors since the slot last
+                # agreed with it (``optimizer.load_state_dict``): watch those.
+                held.copy_(value)
+                if state_slot.stand_for(held):
+                    self._note_source(slot, held)
+                    return
+            if source is None:
+                entries[slot.key] = value
+                return
+            source.copy_(value)
+            state_slot.mark_synced()
+            entries[slot.key] = source
+
+    def _note_source(self, slot: StateSlot, tensor: torch.Tensor) -> None:
+        """Record ``tensor`` as the one the state slot of optimizer entry
+        ``slot`` stands for (steps compiled later find the same slot)."""
+        store = self._store
+        if store is not None:
+            assert slot.param_index is not None and slot.key is not None
+            with store.lock:
+                store.optimizer_state.setdefault(self._optimizer, {})[(slot.param_index, slot.key)] = tensor
+
+    def _watch_optimizer_tensors(self) -> None:
+        """After the device's optimizer state was loaded from the
+        optimizer's own tensors: the state slots stand for those tensors
+        from now on (an in-place edit of them is read by the next call)."""
+        with self.executable._group.lock:
+            for slot in self._slots:
+                if slot.kind != "optimizer":
+                    continue
                 assert slot.param_index is not None and slot.key is not None
-                self._optimizer.state[params[slot.param_index]][slot.key] = device_state[slot.name]
+                state_slot = self.executable._slots[slot.name]
+                held = _watchable_state(
+                    self._optimizer, self._parameters[slot.param_index], slot.key,
+                    torch.empty(state_slot.shape, dtype=state_slot.torch_dtype, device="meta"),
+                )
+                if held is not None and held is not state_slot.source() and state_slot.stand_for(held):
+                    self._note_source(slot, held)
 
     def _reload_optimizer(self) -> None:
         """Set the device's optimizer state from the optimizer's own (after
@@ -553,6 +654,7 @@ class TrainingStep:
             self._set_unloaded_optimizer(message)
             raise ExecutionError(message) from None
         self._set_unloaded_optimizer(None)
+        self._watch_optimizer_tensors()
 
     def _optimizer_values(self) -> dict[str, torch.Tensor]:
         """Slot name -> the optimizer's own tensor, for every optimizer slot
@@ -595,6 +697,7 @@ class TrainingStep:
                 grad = named[slot.fqn].grad
                 values[slot.name] = grad.detach() if grad is not None else torch.zeros_like(named[slot.fqn].detach())
         self.executable.load_state_dict(values)
+        self._watch_optimizer_tensors()
 
     def _model_keys(self) -> dict[str, str]:
         """``model.state_dict()`` key -> state slot name (tied weights map

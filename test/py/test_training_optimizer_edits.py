@@ -1,0 +1,202 @@
+"""In-place edits of ``optimizer.state`` between calls of a compiled
+training step (``opt.state[p]["exp_avg"].zero_()``, a scheduler-like
+``exp_avg_sq.mul_(0.5)``): the next call reads them, as eager's next
+step does.  ``write_back()`` (and ``optimizer.state_dict()``) copy the
+device state into the optimizer's own tensors in place, so they stay the
+objects the user holds and edits of them are seen.  Before the fix the
+edits were silently lost (write_back put new tensors into
+``optimizer.state``; the device state never looked at them).
+
+Three steps with an edit after the first; parameters and optimizer state
+equal eager's to 1e-6 (rounding only)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import hloalias
+
+TOL = 1e-6
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+
+
+def _step_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    return step
+
+
+def _batches(count: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(5, 4, generator=generator), torch.randn(5, 2, generator=generator)) for _ in range(count)]
+
+
+def _edit_adam(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    first, last = list(model.parameters())[0], list(model.parameters())[-1]
+    with torch.no_grad():
+        optimizer.state[first]["exp_avg"].zero_()
+        optimizer.state[first]["exp_avg_sq"].mul_(0.5)
+        optimizer.state[last]["exp_avg"].add_(0.25)
+
+
+def _assert_equal(
+    eager_model: torch.nn.Module, eager_opt: torch.optim.Optimizer, model: torch.nn.Module, opt: torch.optim.Optimizer
+) -> None:
+    for (name, value), expected in zip(model.named_parameters(), eager_model.parameters()):
+        torch.testing.assert_close(value.detach(), expected.detach(), rtol=TOL, atol=TOL, msg=name)
+    for index, (p, eager_p) in enumerate(zip(model.parameters(), eager_model.parameters())):
+        assert opt.state[p].keys() == eager_opt.state[eager_p].keys()
+        for key, expected in eager_opt.state[eager_p].items():
+            torch.testing.assert_close(opt.state[p][key], expected, rtol=TOL, atol=TOL, msg=f"{index}.{key}")
+
+
+def _pair(make: Callable[..., torch.optim.Optimizer]) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.nn.Module, torch.optim.Optimizer]:
+    eager_model, model = _model(), _model()
+    return eager_model, make(eager_model.parameters()), model, make(model.parameters())
+
+
+ADAM = lambda p: torch.optim.Adam(p, lr=1e-2)  # noqa: E731
+
+
+def test_an_edit_after_write_back_is_read_by_the_next_call() -> None:
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    _step_fn(eager_model, eager_opt)(*batches[0])
+    train(*batches[0])
+    train.write_back()
+    first = list(model.parameters())[0]
+    held = opt.state[first]["exp_avg"]
+    _edit_adam(eager_opt, eager_model)
+    _edit_adam(opt, model)
+    for batch in batches[1:3]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    train.write_back()
+    # The same tensor object, holding the trained value.
+    assert opt.state[first]["exp_avg"] is held
+    _assert_equal(eager_model, eager_opt, model, opt)
+
+
+def test_an_edit_of_state_the_optimizer_had_at_compile_time_is_read() -> None:
+    """Warmed optimizer (state before compiling): the slots stand for its
+    tensors from the start, so an edit before the first write_back counts."""
+    make = lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True)  # noqa: E731
+    eager_model, eager_opt, model, opt = _pair(make)
+    batches = _batches()
+    for m, o in ((eager_model, eager_opt), (model, opt)):
+        _step_fn(m, o)(*batches[0])
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    _edit_adam(eager_opt, eager_model)
+    _edit_adam(opt, model)
+    for batch in batches[1:4]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    train.write_back()
+    _assert_equal(eager_model, eager_opt, model, opt)
+
+
+def test_an_edit_after_optimizer_state_dict_is_read() -> None:
+    """``optimizer.state_dict()`` copies the device state in first (no
+    write_back): into the same tensors, which are then edited."""
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    _step_fn(eager_model, eager_opt)(*batches[0])
+    train(*batches[0])
+    checkpoint = opt.state_dict()
+    first = list(model.parameters())[0]
+    assert checkpoint["state"][0]["exp_avg"] is opt.state[first]["exp_avg"]
+    _edit_adam(eager_opt, eager_model)
+    _edit_adam(opt, model)
+    for batch in batches[1:3]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    train.write_back()
+    _assert_equal(eager_model, eager_opt, model, opt)
+
+
+def test_an_edit_of_tensors_loaded_by_optimizer_load_state_dict_is_read() -> None:
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    _step_fn(eager_model, eager_opt)(*batches[0])
+    train(*batches[0])
+    saved = {k: v for k, v in eager_opt.state_dict().items()}
+    saved["state"] = {i: {k: v.clone() for k, v in s.items()} for i, s in saved["state"].items()}
+    opt.load_state_dict(saved)  # the post-hook loads the device state
+    _edit_adam(eager_opt, eager_model)
+    _edit_adam(opt, model)
+    for batch in batches[1:3]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    train.write_back()
+    _assert_equal(eager_model, eager_opt, model, opt)
+
+
+def test_sgd_momentum_buffer_scaled_between_calls() -> None:
+    make = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
+    eager_model, eager_opt, model, opt = _pair(make)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    _step_fn(eager_model, eager_opt)(*batches[0])
+    train(*batches[0])
+    train.write_back()
+    for m, o in ((eager_model, eager_opt), (model, opt)):
+        with torch.no_grad():
+            for p in m.parameters():
+                o.state[p]["momentum_buffer"].mul_(0.1)
+    for batch in batches[1:3]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    train.write_back()
+    _assert_equal(eager_model, eager_opt, model, opt)
+
+
+@pytest.mark.parametrize("write_back", [True, False], ids=["write_back", "no_edit"])
+def test_reading_state_after_steps_equals_eager(write_back: bool) -> None:
+    """Without edits, the state read after write_back equals eager's (and
+    a second write_back leaves the same objects)."""
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    for batch in batches[:3]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+        if write_back:
+            train.write_back()
+    train.write_back()
+    held = {id(t) for s in opt.state.values() for t in s.values()}
+    train.write_back()
+    assert held == {id(t) for s in opt.state.values() for t in s.values()}
+    _assert_equal(eager_model, eager_opt, model, opt)
+
+
+def test_an_eager_step_between_compiled_calls_continues_the_device_state() -> None:
+    """An eager ``optimizer.step()`` between calls first gets the state
+    the steps left (the optimizer's step pre-hook), updates it in place,
+    and the next call reads that.  Before: eager Adam started from empty
+    state (step 1 again) and the compiled step never saw its update."""
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    _step_fn(eager_model, eager_opt)(*batches[0])
+    train(*batches[0])
+    _step_fn(eager_model, eager_opt)(*batches[1])
+    _step_fn(model, opt)(*batches[1])  # eager, between compiled calls
+    _step_fn(eager_model, eager_opt)(*batches[2])
+    train(*batches[2])
+    train.write_back()
+    _assert_equal(eager_model, eager_opt, model, opt)
