@@ -220,3 +220,25 @@ def test_shardings_without_mesh_and_bad_meshes_are_errors() -> None:
         Mesh((2,), ("dp",), device_ids=(0, 99)).devices()
     with pytest.raises(ShardingError, match="must be an hloalias.Mesh"):
         hloalias.compile(model, (x,), mesh=(2, 2))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("spec", [("dp", None), (None, None)])
+def test_a_sharded_or_replicated_upload_holds_no_shard_on_the_callers_memory(platform: str, spec: tuple[str | None, ...]) -> None:
+    """jax's device_put to a sharding kept a shard on the imported buffer
+    (may_alias is not honoured there): the device copy then shared the
+    caller's memory, and the wait for PJRT to release it ran out its bound
+    on every upload.  Each shard must be a buffer of its own."""
+    model = MLP().eval()
+    x = torch.randn(8, 16)
+    mesh = Mesh((2,), ("dp",), platform=platform)
+    exe = hloalias.compile(model, (x,), mesh=mesh, shardings={"x": spec})
+    index = next(a.index for a in exe._signature.arguments if a.kind == "user_input")
+    array = exe._placement.put(x, index)
+    before = x.clone()
+    caller = range(x.data_ptr(), x.data_ptr() + x.numel() * x.element_size())
+    for shard in array.addressable_shards:
+        assert shard.data.unsafe_buffer_pointer() not in caller
+    x.add_(1)
+    for shard in array.addressable_shards:
+        rows = shard.index[0]
+        torch.testing.assert_close(torch.from_dlpack(shard.data), before[rows])
