@@ -119,15 +119,24 @@ def writes_in_place(name: str, kwargs: dict[str, Any] | None) -> bool:
     return name.endswith("_") and not name.startswith("__") and name not in _NOT_WRITES
 
 
-def plain_tensors_written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
-    """Whether the torch call writes a plain (real, untraced) tensor: while
-    a program is traced its parameters, buffers and inputs are fake or
-    functional tensors, so a plain one is a tensor the code closes over."""
+def plain_tensors_written(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, state: frozenset[int] = frozenset()
+) -> bool:
+    """Whether the torch call writes a plain (real, untraced) tensor other
+    than the module's own state (``state``: the ids of its parameters and
+    buffers): while a program is traced its parameters, buffers and inputs
+    are fake or functional tensors, so a plain one is a tensor the code
+    closes over.  A buffer reached through another object (transformers'
+    ``layer.cumulative_length``, registered as a buffer too) is still the
+    real tensor, and torch.export records its write as the buffer's."""
     if not (writes_in_place(getattr(func, "__name__", ""), kwargs) or mutable_op(func)):
         return False
     written = [args[0]] if args else []
     written += [leaf for leaf in pytree.tree_leaves((kwargs or {}).get("out")) if leaf is not None]
-    return any(isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter) for t in written)
+    return any(
+        isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter) and id(t) not in state
+        for t in written
+    )
 
 
 class _ClosedOverWriteGuard(torch.overrides.TorchFunctionMode):
@@ -136,14 +145,15 @@ class _ClosedOverWriteGuard(torch.overrides.TorchFunctionMode):
     so no trace changes the caller's tensor (torch.export would refuse the
     program only after its trace had written it, once per trace)."""
 
-    def __init__(self, program: str) -> None:
+    def __init__(self, program: str, state: frozenset[int] = frozenset()) -> None:
         super().__init__()
         self.program = program
+        self.state = state
 
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        if plain_tensors_written(func, args, kwargs):
+        if plain_tensors_written(func, args, kwargs, self.state):
             what = getattr(func, "__name__", "") or repr(func)
             raise ClosedOverWrite(_CLOSED_OVER_WRITE.format(program=self.program, what=what, where=_user_line()))
         return func(*args, **(kwargs or {}))
@@ -165,9 +175,11 @@ def refusing_closed_over_writes(module: torch.nn.Module, program: str) -> Iterat
     """:class:`_ClosedOverWriteGuard` active while ``module``'s forward runs
     (in every trace of it inside the block)."""
     guards: list[_ClosedOverWriteGuard] = []
+    # Taken before torch swaps them for traced values.
+    state = frozenset(id(t) for t in (*module.parameters(), *module.buffers()))
 
     def enter(*_: Any) -> None:
-        guard = _ClosedOverWriteGuard(program)
+        guard = _ClosedOverWriteGuard(program, state)
         guard.__enter__()  # type: ignore[no-untyped-call]
         guards.append(guard)
 

@@ -82,3 +82,30 @@ def test_reading_a_closed_over_tensor_and_writing_a_buffer_still_compile() -> No
     compiled = hloalias.compile(module, (x,))
     torch.testing.assert_close(compiled(x), x * scale + x.sum())
     assert scale.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_a_buffer_written_through_another_object_compiles_as_the_buffers_write() -> None:
+    """transformers' TorchExportableModuleWithStaticCache registers each cache
+    layer's ``cumulative_length`` as a buffer and writes it through the
+    layer object (``layer.cumulative_length.copy_(...)``): the tensor is the
+    module's own buffer, not a closure, and the write is the buffer's."""
+
+    class Layer:
+        def __init__(self) -> None:
+            self.length = torch.zeros((), dtype=torch.int64)
+
+    class Cached(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = Layer()
+            self.register_buffer("length", self.layer.length, persistent=False)
+
+        def forward(self, x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+            self.layer.length.copy_(position[0])
+            return x + 1
+
+    module, x, position = Cached(), torch.randn(2, 3), torch.tensor([5])
+    compiled = hloalias.compile(module, (x, position))
+    torch.testing.assert_close(compiled(x, position), x + 1)
+    compiled(x, torch.tensor([7]))
+    assert compiled.state_dict()["length"].item() == 7
