@@ -218,7 +218,7 @@ options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=4)
 f = lambda a, b: torch.nn.functional.linear_cross_entropy(a, b, target, reduction="sum", options=options)
 got = hloalias.compile(f, (x, w))(x, w)  # the trace itself imports MODULE
 assert MODULE in sys.modules
-assert torch.equal(got, f(x, w)), (got, f(x, w))
+torch.testing.assert_close(got, f(x, w))  # XLA sums in its own order: not bitwise
 print("OK")
 """
 
