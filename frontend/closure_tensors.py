@@ -33,12 +33,13 @@ import torch
 _MAX_DEPTH = 4
 
 
-def _code_names(code: types.CodeType) -> set[str]:
+def code_names(code: types.CodeType) -> frozenset[str]:
+    """The attribute and global names ``code`` and its nested code use."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
+            names |= code_names(const)
+    return frozenset(names)
 
 
 def _reached(f: Any, depth: int = 0) -> list[Any]:
@@ -51,15 +52,16 @@ def _reached(f: Any, depth: int = 0) -> list[Any]:
     function = getattr(f, "__func__", f)
     found: list[Any] = [] if owner is None else [owner]
     if isinstance(function, types.FunctionType):
-        found += [cell.cell_contents for cell in function.__closure__ or () if _filled(cell)]
+        found += [cell.cell_contents for cell in function.__closure__ or () if filled(cell)]
         namespace = function.__globals__
-        found += [namespace[name] for name in sorted(_code_names(function.__code__)) if name in namespace]
+        found += [namespace[name] for name in sorted(code_names(function.__code__)) if name in namespace]
         found += list(function.__defaults__ or ())
         found += list((function.__kwdefaults__ or {}).values())
     return found
 
 
-def _filled(cell: types.CellType) -> bool:
+def filled(cell: types.CellType) -> bool:
+    """Whether ``cell`` holds a value (an empty one is a name bound later)."""
     try:
         cell.cell_contents
     except ValueError:  # an empty cell: a name bound later

@@ -45,18 +45,11 @@ from typing import Any
 
 import torch
 
+from hloalias.frontend.closure_tensors import code_names, filled
+
 _MODULE_CODE = frozenset(
     id(value) for value in vars(torch.nn.Module).values() if isinstance(value, types.FunctionType)
 )
-
-
-def _code_names(code: types.CodeType) -> frozenset[str]:
-    """The attribute and global names ``code`` and its nested code use."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return frozenset(names)
 
 
 _CLASS_NAMES: dict[type, frozenset[str]] = {}
@@ -83,14 +76,14 @@ def _class_names(cls: type) -> frozenset[str]:
             code = getattr(function, "__code__", None)
             if isinstance(code, types.CodeType) and id(function) not in _MODULE_CODE:
                 members[name] = code  # a subclass's definition replaces its base's
-                any_training = any_training or "training" in _code_names(code)
+                any_training = any_training or "training" in code_names(code)
     names: set[str] = set()
     pending = ["forward"]
     while pending:
         code = members.pop(pending.pop(), None)
         if code is None:
             continue
-        used = _code_names(code)
+        used = code_names(code)
         names |= used
         pending.extend(name for name in used if name in members)
     if any_training:
@@ -140,8 +133,16 @@ class _FunctionScope:
     def __init__(self, function: types.FunctionType) -> None:
         self._function = function
         code = function.__code__
-        self._cells = dict(zip(code.co_freevars, function.__closure__ or ()))
-        self._globals = tuple(sorted(_code_names(code) & set(function.__globals__)))
+        namespace = function.__globals__
+        # Only the names holding a value recorded (plain, tensor, module):
+        # the mapping is built at every call.
+        self._globals = tuple(
+            name for name in sorted(code_names(code) & set(namespace)) if _is_plain(_token(namespace[name]))
+        )
+        self._cells = {
+            name: cell for name, cell in zip(code.co_freevars, function.__closure__ or ())
+            if filled(cell) and _is_plain(_token(cell.cell_contents))
+        }
 
     @property
     def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
@@ -196,7 +197,7 @@ def modules_run_by(f: Any) -> list[tuple[torch.nn.Module, frozenset[str]]]:
     if isinstance(f, torch.nn.Module):
         return [(f, frozenset())]
     function = getattr(f, "__func__", f)
-    names = _code_names(function.__code__) if isinstance(function, types.FunctionType) else frozenset()
+    names = code_names(function.__code__) if isinstance(function, types.FunctionType) else frozenset()
     owner = getattr(f, "__self__", None)
     if isinstance(owner, torch.nn.Module):
         return [(owner, names)]
@@ -253,7 +254,7 @@ class ModuleModes:
                     if id(module) in seen:
                         continue
                     seen.add(id(module))
-                    names = code_names = _class_names(type(module))
+                    names = class_names = _class_names(type(module))
                     if type(module).__module__.split(".")[0] in _SETTINGS_IN_CONFIG:
                         names = names & {"training"}
                     if module is root:
@@ -261,7 +262,7 @@ class ModuleModes:
                     label = f"{type(module).__name__} '{name}'" if name else type(module).__name__
                     _record(entries, module, names, label)
                     config = module.__dict__.get("config")
-                    if "config" in code_names and config is not None and not _is_plain(config) and id(config) not in seen:
+                    if "config" in class_names and config is not None and not _is_plain(config) and id(config) not in seen:
                         # A model's settings object (a transformers config):
                         # forward reads its flags (output_hidden_states,
                         # use_cache) through it; every plain one counts.
