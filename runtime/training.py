@@ -24,9 +24,9 @@ own tensors keep the values they had at compile time (or at the last
 ``write_back``/``reload``), except that an eager ``model(x)``,
 ``model.state_dict()`` and ``optimizer.state_dict()`` first copy the
 steps' device state in (eager evaluation and checkpoints never see stale
-state), and ``model.load_state_dict``/``optimizer.load_state_dict`` set
-the device state (resuming after the step was compiled); neither for a
-step on a mesh.
+state) (not for a step on a mesh), and
+``model.load_state_dict``/``optimizer.load_state_dict`` set the device
+state (resuming after the step was compiled), on a mesh too.
 
 The optimizer's state tensors are watched as the model's are: ``write_back``
 (and ``optimizer.state_dict()``) copy the device state into the tensors
@@ -124,8 +124,7 @@ def compile_training_step(
     )
     step._store = store
     step._generation = store.generation
-    if not executable._placement.spmd:
-        _checkpoint_sees_steps(store, optimizer, step)
+    _checkpoint_sees_steps(store, optimizer, step)
     return step
 
 
@@ -138,24 +137,29 @@ def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimiz
     ``state_dict()`` does for parameters and buffers (the state group's
     pre-hook, :meth:`hloalias.runtime.state._StateGroup.note_written`):
     without it a checkpoint taken without ``write_back()`` silently holds
-    the optimizer state of compile time.  One pre-hook per optimizer; a
-    step on a mesh is not registered (its state is gathered by a collective
-    every process must enter, which a hook cannot promise)."""
+    the optimizer state of compile time.  One set of hooks per optimizer.
+    The copies to the host skip a step on a mesh (its state is gathered by
+    a collective every process must enter, which a hook cannot promise);
+    the load does not (each process places its own shards of what it
+    loaded: no collective), so resuming a mesh step from
+    ``optimizer.load_state_dict`` never continues from the old state."""
     with store.lock:
         steps = store.steps_of.get(optimizer)
         if steps is None:
             steps = store.steps_of[optimizer] = weakref.WeakSet()
             found = weakref.ref(store)
 
-            def any_live_step(opt: torch.optim.Optimizer) -> "TrainingStep | None":
+            def any_live_step(opt: torch.optim.Optimizer, on_mesh: bool = True) -> "TrainingStep | None":
                 # Every step of the optimizer reads the same device state:
                 # any live one holds it all.
                 live = found()
                 registered = live.steps_of.get(opt) if live is not None else None
-                return next(iter(list(registered or ())), None)
+                return next(
+                    (s for s in list(registered or ()) if on_mesh or not s.executable._placement.spmd), None
+                )
 
             def write_back_first(opt: torch.optim.Optimizer) -> None:
-                step = any_live_step(opt)
+                step = any_live_step(opt, on_mesh=False)
                 if step is not None:
                     step._write_back_optimizer()
 
