@@ -70,7 +70,8 @@ PRIVATE_NAMES = {
 }
 
 _SplitTable = tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]
-_SPLIT_CACHE: dict[Any, _SplitTable] = {}
+#: The last split: ``{"split": (copy of its table, its _dispatcher_key(), split)}``.
+_SPLIT_CACHE: dict[str, tuple[dict[Any, Callable[..., Any]], tuple[Any, ...], _SplitTable]] = {}
 
 
 @functools.cache
@@ -95,12 +96,19 @@ def operator_registry_key(table: dict[Any, Callable[..., Any]]) -> Any:
     """What the CIA split depends on: the table's (op, decomposition) pairs,
     the C++ dispatcher's CompositeImplicitAutograd registrations, the
     ``torch.ops`` namespaces and the operators each non-aten namespace holds."""
+    return frozenset(table.items()), _dispatcher_key()
+
+
+def _dispatcher_key() -> tuple[Any, ...]:
+    """:func:`operator_registry_key` without the table: the dispatcher's
+    CompositeImplicitAutograd registrations and the ``torch.ops`` namespaces
+    with the operators each non-aten namespace holds."""
     cia_registrations = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
     namespaces = tuple(
         (name, () if name == "aten" else tuple(getattr(torch.ops, name, ())))
         for name in sorted(torch.ops._dir)
     )
-    return frozenset(table.items()), tuple(cia_registrations), namespaces
+    return tuple(cia_registrations), namespaces
 
 
 @contextlib.contextmanager
@@ -139,17 +147,24 @@ def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTab
     """``_split_decomp_table_to_cia_and_python_decomp(table)``, cached under
     :func:`operator_registry_key`: registering a custom op changes the key
     and the split is recomputed, as torch would.  Callers must not modify
-    the returned dicts."""
+    the returned dicts.
+
+    The table's part of the key is checked as a copy of the table taken
+    with the split (``copy == table``: the same pairs, what equal
+    ``frozenset(table.items())`` means), which CPython compares with the
+    hashes the dicts store: no ``OpOverload.__hash__`` call per entry
+    (a Python method; ~1,100 entries each compile)."""
     private = _private()
     assert private is not None, "split_decomposition_table needs torch's private export names"
-    key = operator_registry_key(table)
-    cached = _SPLIT_CACHE.get(key)
-    if cached is None:
-        with materialize_cia_ops_once():
-            cached = private["_split_decomp_table_to_cia_and_python_decomp"](dict(table))
-        # Keyed after the split: it materializes operators into torch.ops.
-        _SPLIT_CACHE.clear()  # one live entry: the registry only grows
-        _SPLIT_CACHE[operator_registry_key(table)] = cached
+    dispatcher = _dispatcher_key()
+    entry = _SPLIT_CACHE.get("split")  # one read: another thread may replace it
+    if entry is not None and entry[1] == dispatcher and entry[0] == table:
+        return entry[2]
+    with materialize_cia_ops_once():
+        cached = private["_split_decomp_table_to_cia_and_python_decomp"](dict(table))
+    # Keyed after the split: it materializes operators into torch.ops.
+    _SPLIT_CACHE.clear()  # one live entry: the registry only grows
+    _SPLIT_CACHE["split"] = (dict(table), _dispatcher_key(), cached)
     return cached
 
 
