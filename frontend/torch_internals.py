@@ -199,6 +199,36 @@ def _filled_keys(op: Any) -> tuple[Callable[..., Any], dict[Any, Any]]:
     return original, filled
 
 
+_PREPARED: dict[int, tuple[dict[Any, Callable[..., Any]], list[tuple[Any, Any, dict[Any, Any], Any]]]] = {}
+_PREPARED_LOCK = threading.Lock()
+
+
+def _prepared(cia_to_decomp: dict[Any, Callable[..., Any]]) -> list[tuple[Any, Any, dict[Any, Any], Any]]:
+    """Per operator of ``cia_to_decomp`` (a table the caller does not
+    modify: the cached split's): the operator, its decomposition, the
+    kernel table :func:`cia_override` installs for it when it has no Python
+    kernel of its own (its filled keys, then the CIA key), and the fake
+    rule it installs where the operator has none (a partial of its
+    original CIA decomposition: the same every time, :func:`_filled_keys`).
+    Built once per table (the last two tables are kept, with the tables
+    themselves, so that an ``id`` is never reused for another)."""
+    entry = _PREPARED.get(id(cia_to_decomp))
+    if entry is not None and entry[0] is cia_to_decomp:
+        return entry[1]
+    cia_key = torch._C.DispatchKey.CompositeImplicitAutograd
+    rows = []
+    for op, decomposition in cia_to_decomp.items():
+        original, filled = _filled_keys(op)
+        unpatched = filled.copy()
+        unpatched[cia_key] = decomposition
+        rows.append((op, decomposition, unpatched, functools.partial(_run_original_cia, original_callable=original)))
+    with _PREPARED_LOCK:
+        while len(_PREPARED) >= 2:
+            _PREPARED.pop(next(iter(_PREPARED)))
+        _PREPARED[id(cia_to_decomp)] = (cia_to_decomp, rows)
+    return rows
+
+
 @contextlib.contextmanager
 def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]:
     """Install, for the duration of the block, what torch's
@@ -232,26 +262,29 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
     # leaves, without copying either table twice.
     saved: list[tuple[Any, dict[Any, Any]]] = []
     try:
-        for op, decomposition in cia_to_decomp.items():
+        for op, decomposition, unpatched, fake_rule in _prepared(cia_to_decomp):
             kernels = op.py_kernels
-            # Taken before the CIA entry is replaced (torch's order).  An op
-            # without a Python CIA kernel gets the same partial of itself
-            # every time: its filled keys are built once (_filled_keys).
-            if cia_key in kernels and not isinstance(kernels[cia_key], torch._C.DispatchKey):
-                original = get_decomp_for_cia(op)
-                patched = dict.fromkeys(backend_keys, original)
-                patched.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
+            if not kernels:  # the usual case: no Python kernel of its own
+                patched = unpatched.copy()
             else:
-                original, filled = _filled_keys(op)
-                patched = filled.copy()
-            # Kernels already registered under a key stay (torch only fills
-            # missing keys); the CIA key is replaced.
-            patched.update(kernels)
-            patched[cia_key] = decomposition
+                # Taken before the CIA entry is replaced (torch's order).  An op
+                # without a Python CIA kernel gets the same partial of itself
+                # every time: its filled keys are built once (_filled_keys).
+                if cia_key in kernels and not isinstance(kernels[cia_key], torch._C.DispatchKey):
+                    original = get_decomp_for_cia(op)
+                    patched = dict.fromkeys(backend_keys, original)
+                    patched.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
+                    fake_rule = functools.partial(_run_original_cia, original_callable=original)
+                else:
+                    patched = _filled_keys(op)[1].copy()
+                # Kernels already registered under a key stay (torch only fills
+                # missing keys); the CIA key is replaced.
+                patched.update(kernels)
+                patched[cia_key] = decomposition
             saved.append((op, kernels))
             op.py_kernels = patched
             if op not in fake_rules:
-                fake_rules[op] = functools.partial(_run_original_cia, original_callable=original)
+                fake_rules[op] = fake_rule
             op._dispatch_cache.clear()
         yield
     finally:

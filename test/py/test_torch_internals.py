@@ -472,3 +472,33 @@ def test_late_registered_entries_of_the_shared_table_is_empty_only_without_new_e
     a = graph.placeholder("a")
     graph.output(graph.call_function(op, (a, a, a)))
     assert importer.late_registered_entries(without, torch.fx.GraphModule({}, graph)) == {op: entry}
+
+
+def test_cia_override_reads_each_operators_kernels_at_every_entry() -> None:
+    """What cia_override builds once per table (each operator's filled
+    keys) never hides the operator's state at entry: a Python kernel
+    registered between two overrides (under a key the override fills, and
+    a Python CIA kernel) is in the next override as in torch's, and a
+    kernel registered inside one override is in no later one."""
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    op = torch.ops.aten.item.default
+    table = {op: cia_to_decomp[op]}
+    with torch_internals.cia_override(table):  # builds what is built once
+        op.py_impl(torch._C.DispatchKey.PrivateUse1)(lambda *args: None)  # gone after the block
+    assert torch._C.DispatchKey.PrivateUse1 not in op.py_kernels
+    saved = dict(op.py_kernels)
+    try:
+        for key in (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CompositeImplicitAutograd):
+            op.py_impl(key)(lambda *args: None)
+            with _override_composite_implicit_decomp(table):
+                theirs = _operator_state([op])
+            with torch_internals.cia_override(table):
+                ours = _operator_state([op])
+            assert ours == theirs
+            assert torch._C.DispatchKey.PrivateUse1 not in ours[op][0]
+    finally:
+        op.py_kernels.clear()
+        op.py_kernels.update(saved)
+        op._dispatch_cache.clear()
