@@ -161,9 +161,9 @@ def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTab
     if entry is not None and entry[1] == dispatcher and entry[0] == table:
         return entry[2]
     with materialize_cia_ops_once():
-        cached = private["_split_decomp_table_to_cia_and_python_decomp"](dict(table))
+        cached: _SplitTable = private["_split_decomp_table_to_cia_and_python_decomp"](dict(table))
     # Keyed after the split: it materializes operators into torch.ops.
-    _SPLIT_CACHE.clear()  # one live entry: the registry only grows
+    # One live entry, replaced in one store: the registry only grows.
     _SPLIT_CACHE["split"] = (dict(table), _dispatcher_key(), cached)
     return cached
 
