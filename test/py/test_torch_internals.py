@@ -502,3 +502,31 @@ def test_cia_override_reads_each_operators_kernels_at_every_entry() -> None:
         op.py_kernels.clear()
         op.py_kernels.update(saved)
         op._dispatch_cache.clear()
+
+
+def test_a_compile_after_a_failed_trace_starts_from_the_same_operators() -> None:
+    """What the override builds once per table holds nothing of a trace:
+    after a compile whose forward raises inside the trace, every operator
+    is as before and the next compile is eager's."""
+
+    class Fails(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > float("-inf"):  # data-dependent: the trace stops here
+                raise RuntimeError("forward failed")
+            return x
+
+    class Seed(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x, x[0:8].view(2, 4)
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    ops = list(cia_to_decomp)
+    hloalias.compile(Seed(), (torch.randn(8),))
+    before = _operator_state(ops)
+    with pytest.raises(hloalias.HloaliasError):
+        hloalias.compile(Fails(), (torch.randn(8),))
+    assert _operator_state(ops) == before
+    x = torch.randn(8)
+    got = hloalias.compile(Seed(), (x,))(x)
+    assert torch.equal(got[0], x) and torch.equal(got[1], x[0:8].view(2, 4))
+    assert _operator_state(ops) == before
