@@ -625,7 +625,10 @@ def late_registered_entries(
     as torch's chunked ``linear_cross_entropy`` does), which the trace
     recorded undecomposed.  Empty when there are none; otherwise the
     caller traces again with them."""
-    missing = {op: entry for op, entry in _decomposition_table_with_custom_ops().items() if op not in table}
+    full = _decomposition_table_with_custom_ops()
+    if full is table:  # the shared table itself (no third-party entries): nothing can be missing
+        return {}
+    missing = {op: entry for op, entry in full.items() if op not in table}
     if not missing:
         return {}
     for graph_module in traced.modules():

@@ -70,7 +70,8 @@ PRIVATE_NAMES = {
 }
 
 _SplitTable = tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]
-_SPLIT_CACHE: dict[Any, _SplitTable] = {}
+#: The last split: ``{"split": (copy of its table, its _dispatcher_key(), split)}``.
+_SPLIT_CACHE: dict[str, tuple[dict[Any, Callable[..., Any]], tuple[Any, ...], _SplitTable]] = {}
 
 
 @functools.cache
@@ -95,12 +96,19 @@ def operator_registry_key(table: dict[Any, Callable[..., Any]]) -> Any:
     """What the CIA split depends on: the table's (op, decomposition) pairs,
     the C++ dispatcher's CompositeImplicitAutograd registrations, the
     ``torch.ops`` namespaces and the operators each non-aten namespace holds."""
+    return frozenset(table.items()), _dispatcher_key()
+
+
+def _dispatcher_key() -> tuple[Any, ...]:
+    """:func:`operator_registry_key` without the table: the dispatcher's
+    CompositeImplicitAutograd registrations and the ``torch.ops`` namespaces
+    with the operators each non-aten namespace holds."""
     cia_registrations = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
     namespaces = tuple(
         (name, () if name == "aten" else tuple(getattr(torch.ops, name, ())))
         for name in sorted(torch.ops._dir)
     )
-    return frozenset(table.items()), tuple(cia_registrations), namespaces
+    return tuple(cia_registrations), namespaces
 
 
 @contextlib.contextmanager
@@ -139,17 +147,24 @@ def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTab
     """``_split_decomp_table_to_cia_and_python_decomp(table)``, cached under
     :func:`operator_registry_key`: registering a custom op changes the key
     and the split is recomputed, as torch would.  Callers must not modify
-    the returned dicts."""
+    the returned dicts.
+
+    The table's part of the key is checked as a copy of the table taken
+    with the split (``copy == table``: the same pairs, what equal
+    ``frozenset(table.items())`` means), which CPython compares with the
+    hashes the dicts store: no ``OpOverload.__hash__`` call per entry
+    (a Python method; ~1,100 entries each compile)."""
     private = _private()
     assert private is not None, "split_decomposition_table needs torch's private export names"
-    key = operator_registry_key(table)
-    cached = _SPLIT_CACHE.get(key)
-    if cached is None:
-        with materialize_cia_ops_once():
-            cached = private["_split_decomp_table_to_cia_and_python_decomp"](dict(table))
-        # Keyed after the split: it materializes operators into torch.ops.
-        _SPLIT_CACHE.clear()  # one live entry: the registry only grows
-        _SPLIT_CACHE[operator_registry_key(table)] = cached
+    dispatcher = _dispatcher_key()
+    entry = _SPLIT_CACHE.get("split")  # one read: another thread may replace it
+    if entry is not None and entry[1] == dispatcher and entry[0] == table:
+        return entry[2]
+    with materialize_cia_ops_once():
+        cached: _SplitTable = private["_split_decomp_table_to_cia_and_python_decomp"](dict(table))
+    # Keyed after the split: it materializes operators into torch.ops.
+    # One live entry, replaced in one store: the registry only grows.
+    _SPLIT_CACHE["split"] = (dict(table), _dispatcher_key(), cached)
     return cached
 
 
@@ -182,6 +197,36 @@ def _filled_keys(op: Any) -> tuple[Callable[..., Any], dict[Any, Any]]:
     filled = dict.fromkeys(private["_BACKEND_KEYS_TO_OVERRIDE"], original)
     filled.update(dict.fromkeys(private["_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE"], _autograd_kernel(op)))
     return original, filled
+
+
+_PREPARED: dict[int, tuple[dict[Any, Callable[..., Any]], list[tuple[Any, Any, dict[Any, Any], Any]]]] = {}
+_PREPARED_LOCK = threading.Lock()
+
+
+def _prepared(cia_to_decomp: dict[Any, Callable[..., Any]]) -> list[tuple[Any, Any, dict[Any, Any], Any]]:
+    """Per operator of ``cia_to_decomp`` (a table the caller does not
+    modify: the cached split's): the operator, its decomposition, the
+    kernel table :func:`cia_override` installs for it when it has no Python
+    kernel of its own (its filled keys, then the CIA key), and the fake
+    rule it installs where the operator has none (a partial of its
+    original CIA decomposition: the same every time, :func:`_filled_keys`).
+    Built once per table (the last two tables are kept, with the tables
+    themselves, so that an ``id`` is never reused for another)."""
+    entry = _PREPARED.get(id(cia_to_decomp))
+    if entry is not None and entry[0] is cia_to_decomp:
+        return entry[1]
+    cia_key = torch._C.DispatchKey.CompositeImplicitAutograd
+    rows = []
+    for op, decomposition in cia_to_decomp.items():
+        original, filled = _filled_keys(op)
+        unpatched = filled.copy()
+        unpatched[cia_key] = decomposition
+        rows.append((op, decomposition, unpatched, functools.partial(_run_original_cia, original_callable=original)))
+    with _PREPARED_LOCK:
+        while len(_PREPARED) >= 2:
+            _PREPARED.pop(next(iter(_PREPARED)))
+        _PREPARED[id(cia_to_decomp)] = (cia_to_decomp, rows)
+    return rows
 
 
 @contextlib.contextmanager
@@ -217,26 +262,29 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
     # leaves, without copying either table twice.
     saved: list[tuple[Any, dict[Any, Any]]] = []
     try:
-        for op, decomposition in cia_to_decomp.items():
+        for op, decomposition, unpatched, fake_rule in _prepared(cia_to_decomp):
             kernels = op.py_kernels
-            # Taken before the CIA entry is replaced (torch's order).  An op
-            # without a Python CIA kernel gets the same partial of itself
-            # every time: its filled keys are built once (_filled_keys).
-            if cia_key in kernels and not isinstance(kernels[cia_key], torch._C.DispatchKey):
-                original = get_decomp_for_cia(op)
-                patched = dict.fromkeys(backend_keys, original)
-                patched.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
+            if not kernels:  # the usual case: no Python kernel of its own
+                patched = unpatched.copy()
             else:
-                original, filled = _filled_keys(op)
-                patched = filled.copy()
-            # Kernels already registered under a key stay (torch only fills
-            # missing keys); the CIA key is replaced.
-            patched.update(kernels)
-            patched[cia_key] = decomposition
+                # Taken before the CIA entry is replaced (torch's order).  An op
+                # without a Python CIA kernel gets the same partial of itself
+                # every time: its filled keys are built once (_filled_keys).
+                if cia_key in kernels and not isinstance(kernels[cia_key], torch._C.DispatchKey):
+                    original = get_decomp_for_cia(op)
+                    patched = dict.fromkeys(backend_keys, original)
+                    patched.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
+                    fake_rule = functools.partial(_run_original_cia, original_callable=original)
+                else:
+                    patched = _filled_keys(op)[1].copy()
+                # Kernels already registered under a key stay (torch only fills
+                # missing keys); the CIA key is replaced.
+                patched.update(kernels)
+                patched[cia_key] = decomposition
             saved.append((op, kernels))
             op.py_kernels = patched
             if op not in fake_rules:
-                fake_rules[op] = functools.partial(_run_original_cia, original_callable=original)
+                fake_rules[op] = fake_rule
             op._dispatch_cache.clear()
         yield
     finally:

@@ -404,3 +404,129 @@ def test_lazy_exported_programs_builds_lazy_modules_and_restores_torch() -> None
         with torch_internals.lazy_exported_programs():
             raise RuntimeError("inside")
     assert exported_program._create_graph_module_for_export is original
+
+
+def _split_of(table: dict[Any, Callable[..., Any]]) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    cia_to_decomp, python_table = torch_internals.split_decomposition_table(table)
+    return dict(cia_to_decomp), dict(python_table)
+
+
+def test_split_cache_follows_every_change_of_the_table() -> None:
+    """The cached split is reused only for a table with the same pairs:
+    a replaced decomposition (same keys, same length), a removed entry and
+    the same dict object changed in place each give torch's split of the
+    table as it is now."""
+    from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+    table = dict(importer._decomposition_table())
+    python_op = next(op for op in table if op.name() == "aten::addmm")
+    cia_op = torch.ops.aten.linear.default  # CompositeImplicitAutograd
+    _split_of(table)
+
+    def replacement(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("never called")
+
+    replaced = {**table, python_op: replacement}
+    assert _split_of(replaced) == _split_decomp_table_to_cia_and_python_decomp(dict(replaced))
+    assert _split_of(replaced)[1][python_op] is replacement
+    with_cia = {**table, cia_op: replacement}
+    assert _split_of(with_cia)[0][cia_op] is replacement
+    removed = {op: fn for op, fn in table.items() if op is not python_op}
+    assert python_op not in _split_of(removed)[1]
+    _split_of(table)
+    table[python_op] = replacement  # the same object as last time, changed in place
+    assert _split_of(table)[1][python_op] is replacement
+
+
+def test_split_cache_follows_a_new_composite_implicit_operator() -> None:
+    """An operator registered with a CompositeImplicitAutograd kernel after
+    a split is in the next split's CIA table, as torch's own split has it."""
+    table = importer._decomposition_table()
+    _split_of(table)
+    library = torch.library.Library("hloalias_split_cache_test", "DEF")
+    try:
+        library.define("twice(Tensor x) -> Tensor")
+        library.impl("twice", lambda x: x + x, "CompositeImplicitAutograd")
+        op = torch.ops.hloalias_split_cache_test.twice.default
+        cia_to_decomp, python_table = _split_of(table)
+        assert op in cia_to_decomp and op not in python_table
+    finally:
+        library._destroy()
+
+
+def test_late_registered_entries_of_the_shared_table_is_empty_only_without_new_entries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared table has nothing missing from itself; a custom entry
+    that appears after the trace's table was taken is reported."""
+    shared = importer._decomposition_table()
+    traced = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    assert importer.late_registered_entries(shared, traced) == {}
+    from hloalias.frontend import decompositions
+
+    op = torch.ops.aten.addmm.default
+    entry = shared.get(op)
+    monkeypatch.setattr(decompositions, "custom_op_decompositions", lambda: {op: entry})
+    without = {k: v for k, v in shared.items() if k is not op}
+    graph = torch.fx.Graph()
+    a = graph.placeholder("a")
+    graph.output(graph.call_function(op, (a, a, a)))
+    assert importer.late_registered_entries(without, torch.fx.GraphModule({}, graph)) == {op: entry}
+
+
+def test_cia_override_reads_each_operators_kernels_at_every_entry() -> None:
+    """What cia_override builds once per table (each operator's filled
+    keys) never hides the operator's state at entry: a Python kernel
+    registered between two overrides (under a key the override fills, and
+    a Python CIA kernel) is in the next override as in torch's, and a
+    kernel registered inside one override is in no later one."""
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    op = torch.ops.aten.item.default
+    table = {op: cia_to_decomp[op]}
+    with torch_internals.cia_override(table):  # builds what is built once
+        op.py_impl(torch._C.DispatchKey.PrivateUse1)(lambda *args: None)  # gone after the block
+    assert torch._C.DispatchKey.PrivateUse1 not in op.py_kernels
+    saved = dict(op.py_kernels)
+    try:
+        for key in (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CompositeImplicitAutograd):
+            op.py_impl(key)(lambda *args: None)
+            with _override_composite_implicit_decomp(table):
+                theirs = _operator_state([op])
+            with torch_internals.cia_override(table):
+                ours = _operator_state([op])
+            assert ours == theirs
+            assert torch._C.DispatchKey.PrivateUse1 not in ours[op][0]
+    finally:
+        op.py_kernels.clear()
+        op.py_kernels.update(saved)
+        op._dispatch_cache.clear()
+
+
+def test_a_compile_after_a_failed_trace_starts_from_the_same_operators() -> None:
+    """What the override builds once per table holds nothing of a trace:
+    after a compile whose forward raises inside the trace, every operator
+    is as before and the next compile is eager's."""
+
+    class Fails(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > float("-inf"):  # data-dependent: the trace stops here
+                raise RuntimeError("forward failed")
+            return x
+
+    class Seed(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x, x[0:8].view(2, 4)
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    ops = list(cia_to_decomp)
+    hloalias.compile(Seed(), (torch.randn(8),))
+    before = _operator_state(ops)
+    with pytest.raises(hloalias.HloaliasError):
+        hloalias.compile(Fails(), (torch.randn(8),))
+    assert _operator_state(ops) == before
+    x = torch.randn(8)
+    got = hloalias.compile(Seed(), (x,))(x)
+    assert torch.equal(got[0], x) and torch.equal(got[1], x[0:8].view(2, 4))
+    assert _operator_state(ops) == before
