@@ -39,8 +39,12 @@ def _native_extensions() -> tuple[list, dict]:
                 print(f"hloalias: WARNING: the native call path (runtime/_lane.cpp) did not build ({error}); "
                       "hloalias installs without it and every call takes the Python path", file=sys.stderr)
 
+    # -g0: no DWARF (Python's CFLAGS ask for -g): the library is ~0.2 MB
+    # instead of ~5.6 MB, which every process reads and hashes for the
+    # program cache's key (runtime/source_key.py) before its first compile.
+    # Symbols stay (backtraces still name functions).
     extension = CppExtension(
-        "hloalias.runtime._lane", ["runtime/_lane.cpp"], extra_compile_args=["-O2", "-std=c++17"],
+        "hloalias.runtime._lane", ["runtime/_lane.cpp"], extra_compile_args=["-O2", "-std=c++17", "-g0"],
     )
     return [extension], {"build_ext": OptionalBuild.with_options(use_ninja=False)}
 

@@ -23,7 +23,8 @@ kernel tables directly, with the per-operator callables built once, and
 lets torch do (c) with an empty CIA table (torch's own override is then a
 no-op).  The first split in a process (and building torch-mlir's table)
 materializes torch's CIA operators once instead of once per ``torch.ops``
-namespace (:func:`materialize_cia_ops_once`).
+namespace, and walks the registered operators for the preservable CIA set
+once for both (:func:`materialize_cia_ops_once`).
 
 :func:`export_decomposed` is ``torch.export.export`` followed by
 :func:`decompose` in one trace: torch's post-dispatch export (what
@@ -52,6 +53,7 @@ from torch.export import ExportedProgram
 # Private names used (module -> names); pinned by the test.
 PRIVATE_NAMES = {
     "torch.export.exported_program": (
+        "_collect_all_valid_cia_ops",
         "_split_decomp_table_to_cia_and_python_decomp",
         "_decompose_exported_program",
         "_disable_prexisiting_fake_mode",
@@ -60,8 +62,9 @@ PRIVATE_NAMES = {
         "_BACKEND_KEYS_TO_OVERRIDE",
         "_create_graph_module_for_export",
     ),
+    "torch.export.decomp_utils": ("_collect_all_valid_cia_ops",),
     "torch._export.utils": (
-        "_get_decomp_for_cia", "_materialize_cpp_cia_ops", "_compiling_state_context", "placeholder_naming_pass",
+        "_collect_all_valid_cia_ops", "_get_decomp_for_cia", "_materialize_cpp_cia_ops", "_compiling_state_context", "placeholder_naming_pass",
     ),
     "torch._higher_order_ops.utils": ("autograd_not_implemented",),
     "torch._subclasses.fake_impls": ("op_implementations_dict", "op_implementations_checks", "_deregister_op_impl"),
@@ -70,8 +73,13 @@ PRIVATE_NAMES = {
 }
 
 _SplitTable = tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]
-#: The last split: ``{"split": (copy of its table, its _dispatcher_key(), split)}``.
+#: The last split: ``{"split": (copy of its table, its registry_key(), split)}``.
 _SPLIT_CACHE: dict[str, tuple[dict[Any, Callable[..., Any]], tuple[Any, ...], _SplitTable]] = {}
+#: torch's preservable CIA operators under the :func:`registry_key` they were
+#: collected at (one entry: the registry only grows).
+_CIA_OPS_CACHE: dict[Any, frozenset[Any]] = {}
+#: The modules that call ``_collect_all_valid_cia_ops`` by a name of their own.
+_CIA_COLLECTORS = ("torch._export.utils", "torch.export.exported_program", "torch.export.decomp_utils")
 
 
 @functools.cache
@@ -92,17 +100,12 @@ def _private() -> dict[str, Any] | None:
     return found
 
 
-def operator_registry_key(table: dict[Any, Callable[..., Any]]) -> Any:
-    """What the CIA split depends on: the table's (op, decomposition) pairs,
-    the C++ dispatcher's CompositeImplicitAutograd registrations, the
-    ``torch.ops`` namespaces and the operators each non-aten namespace holds."""
-    return frozenset(table.items()), _dispatcher_key()
-
-
-def _dispatcher_key() -> tuple[Any, ...]:
-    """:func:`operator_registry_key` without the table: the dispatcher's
-    CompositeImplicitAutograd registrations and the ``torch.ops`` namespaces
-    with the operators each non-aten namespace holds."""
+def registry_key() -> tuple[Any, Any]:
+    """What torch's set of preservable CIA operators
+    (``_collect_all_valid_cia_ops``) depends on: the C++ dispatcher's
+    CompositeImplicitAutograd registrations, the ``torch.ops`` namespaces
+    and the operators each non-aten namespace holds (torch caches the aten
+    namespace's part itself, unkeyed)."""
     cia_registrations = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
     namespaces = tuple(
         (name, () if name == "aten" else tuple(getattr(torch.ops, name, ())))
@@ -120,12 +123,26 @@ def materialize_cia_ops_once() -> Iterator[None]:
     decompositions) calls it once per ``torch.ops`` namespace (~56), and
     each call fetches every CompositeImplicitAutograd registration from the
     dispatcher and ``getattr``s it into ``torch.ops``: idempotent, so once
-    is the same (~0.1-0.2 s of a cold compile).  Without the private name
-    the block changes nothing."""
+    is the same (~0.1-0.2 s of a cold compile).
+
+    ``_collect_all_valid_cia_ops`` (the walk over every registered operator
+    that both make, ~10-20 ms each) is answered from the set collected by
+    an earlier block while :func:`registry_key` is unchanged: the key
+    holds what the walk reads that can change (the split cache,
+    :func:`split_decomposition_table`, relies on the same key), and it is
+    taken after a walk, which materializes operators into ``torch.ops``.
+    Each caller gets its own copy.  Without the private names the block
+    changes nothing."""
+    import importlib
+
     import torch._export.utils as export_utils
 
     original = getattr(export_utils, "_materialize_cpp_cia_ops", None)
-    if original is None:
+    collectors = [importlib.import_module(name) for name in _CIA_COLLECTORS]
+    original_collect = getattr(export_utils, "_collect_all_valid_cia_ops", None)
+    if original is None or original_collect is None or not all(
+        getattr(module, "_collect_all_valid_cia_ops", None) is original_collect for module in collectors
+    ):
         yield
         return
     done = False
@@ -136,16 +153,28 @@ def materialize_cia_ops_once() -> Iterator[None]:
             original()
             done = True
 
+    def collect_once() -> set[Any]:
+        cached = _CIA_OPS_CACHE.get(registry_key())
+        if cached is None:
+            cached = frozenset(original_collect())
+            _CIA_OPS_CACHE.clear()
+            _CIA_OPS_CACHE[registry_key()] = cached
+        return set(cached)
+
     export_utils._materialize_cpp_cia_ops = materialize_once
+    for module in collectors:
+        module._collect_all_valid_cia_ops = collect_once  # type: ignore[attr-defined]
     try:
         yield
     finally:
         export_utils._materialize_cpp_cia_ops = original
+        for module in collectors:
+            module._collect_all_valid_cia_ops = original_collect  # type: ignore[attr-defined]
 
 
 def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTable:
     """``_split_decomp_table_to_cia_and_python_decomp(table)``, cached under
-    :func:`operator_registry_key`: registering a custom op changes the key
+    :func:`registry_key` and the table: registering a custom op changes the key
     and the split is recomputed, as torch would.  Callers must not modify
     the returned dicts.
 
@@ -156,7 +185,7 @@ def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTab
     (a Python method; ~1,100 entries each compile)."""
     private = _private()
     assert private is not None, "split_decomposition_table needs torch's private export names"
-    dispatcher = _dispatcher_key()
+    dispatcher = registry_key()
     entry = _SPLIT_CACHE.get("split")  # one read: another thread may replace it
     if entry is not None and entry[1] == dispatcher and entry[0] == table:
         return entry[2]
@@ -164,7 +193,7 @@ def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTab
         cached: _SplitTable = private["_split_decomp_table_to_cia_and_python_decomp"](dict(table))
     # Keyed after the split: it materializes operators into torch.ops.
     # One live entry, replaced in one store: the registry only grows.
-    _SPLIT_CACHE["split"] = (dict(table), _dispatcher_key(), cached)
+    _SPLIT_CACHE["split"] = (dict(table), registry_key(), cached)
     return cached
 
 

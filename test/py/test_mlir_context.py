@@ -5,6 +5,9 @@ context)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from torch_mlir import ir
 
 from hloalias.mlir import new_context, parse_module
@@ -36,3 +39,20 @@ def test_registered_dialects_load_when_the_parser_meets_them() -> None:
         module.operation.verify()
     assert "linalg.transpose" in str(module)
     assert isinstance(module, ir.Module)
+
+
+def test_new_context_loads_dialects_without_importing_their_python_op_modules() -> None:
+    # Loading a dialect through ``context.dialects[name]`` (what
+    # ``load_on_create_dialects`` does) also imports its generated Python
+    # op module; hloalias builds no op through arith's.  A fresh process:
+    # this one may have imported it for another test.
+    code = (
+        "import sys\n"
+        "from hloalias.mlir import new_context\n"
+        "context = new_context()\n"
+        "assert context.is_dialect_loaded('arith') and context.is_dialect_loaded('func')\n"
+        "print('torch_mlir.dialects.arith' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"

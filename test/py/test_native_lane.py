@@ -36,6 +36,42 @@ def test_the_native_call_path_is_built_where_required() -> None:
     assert lane_module._build_refusal() is None
 
 
+def _elf_section_names(path: str) -> set[str]:
+    """Section names of a 64-bit little-endian ELF file (the header fields
+    of the ELF specification; no tool needed)."""
+    import struct
+
+    with open(path, "rb") as handle:
+        data = handle.read()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, f"{path} is not a 64-bit LE ELF file"
+    section_offset, = struct.unpack_from("<Q", data, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+
+    def header(index: int) -> tuple[int, int]:  # (sh_name, sh_offset)
+        base = section_offset + index * entry_size
+        name, = struct.unpack_from("<I", data, base)
+        offset, = struct.unpack_from("<Q", data, base + 0x18)
+        return name, offset
+
+    names_offset = header(names_index)[1]
+    found = set()
+    for index in range(count):
+        start = names_offset + header(index)[0]
+        found.add(data[start:data.index(b"\0", start)].decode())
+    return found
+
+
+def test_the_native_library_is_built_without_debug_info() -> None:
+    # Every process reads and hashes the library for the program cache's
+    # key (runtime/source_key.py) before its first compile: DWARF made it
+    # ~25x larger than its code.
+    from hloalias.runtime import _lane as native
+
+    sections = _elf_section_names(native.__file__)
+    assert ".text" in sections
+    assert not {name for name in sections if name.startswith(".debug_")}, sorted(sections)
+
+
 def kv_update(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     cache[:, 2].copy_(new)
     return new * 2

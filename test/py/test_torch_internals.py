@@ -96,6 +96,7 @@ def test_materializing_cia_ops_once_gives_torchs_split() -> None:
         theirs = _split_decomp_table_to_cia_and_python_decomp(dict(table))
         assert len(calls) > 1  # torch's own walk: once per namespace
         calls.clear()
+        torch_internals._CIA_OPS_CACHE.clear()  # the block walks (not a shared earlier walk)
         with torch_internals.materialize_cia_ops_once():
             ours = _split_decomp_table_to_cia_and_python_decomp(dict(table))
         assert len(calls) == 1
@@ -103,6 +104,54 @@ def test_materializing_cia_ops_once_gives_torchs_split() -> None:
     finally:
         export_utils._materialize_cpp_cia_ops = original
     assert ours[0] == theirs[0] and ours[1] == theirs[1]
+
+
+def test_the_cia_walk_is_shared_until_the_operator_registry_changes() -> None:
+    """Building torch-mlir's table and splitting it each walk every
+    registered operator for the preservable CIA set; inside
+    ``materialize_cia_ops_once`` the second walk is answered from the
+    first while the registry is unchanged, with torch's result, and a new
+    CIA operator makes the next block walk again and find it."""
+    import torch._export.utils as export_utils
+    from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+    torch_internals._private()  # its imports register operators: done before counting
+    original = export_utils._collect_all_valid_cia_ops
+    modules = [importlib.import_module(name) for name in torch_internals._CIA_COLLECTORS]
+    walks = []
+
+    def counted() -> set[Any]:
+        walks.append(1)
+        result: set[Any] = original()
+        return result
+
+    table = dict(importer._decomposition_table())
+    theirs = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+    torch_internals._CIA_OPS_CACHE.clear()
+    for module in modules:
+        module._collect_all_valid_cia_ops = counted
+    library = torch.library.Library("hloalias_test_walk", "DEF")  # noqa: TOR901
+    try:
+        with torch_internals.materialize_cia_ops_once():
+            first = export_utils._collect_all_valid_cia_ops()
+            first.clear()  # a caller's copy: the shared set is not touched
+        with torch_internals.materialize_cia_ops_once():
+            ours = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+        assert len(walks) == 1
+        assert ours[0] == theirs[0] and ours[1] == theirs[1]
+        library.define("twice(Tensor x) -> Tensor")
+        library.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+        with torch_internals.materialize_cia_ops_once():
+            again = export_utils._collect_all_valid_cia_ops()
+        assert len(walks) == 2
+        assert torch.ops.hloalias_test_walk.twice.default in again
+        assert all(module._collect_all_valid_cia_ops is counted for module in modules)  # restored
+    finally:
+        for module in modules:
+            module._collect_all_valid_cia_ops = original
+        library._destroy()
+        torch_internals._CIA_OPS_CACHE.clear()
+        torch_internals._SPLIT_CACHE.clear()
 
 
 def _describe(kernel: Any) -> Any:
