@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
+from torch.fx.node import map_aggregate
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -235,7 +236,19 @@ def _check_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
 def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ExportedProgram:
     """``dynamic.exported`` with every dimension fixed to the inputs' sizes
     (see the module docstring): a new graph, the program's signature,
-    state and constants shared."""
+    state and constants shared.
+
+    Runs with torch functions' overrides off: no user code runs here, only
+    the graph's aten ops on fake tensors, and a torch function mode around
+    the compile (``compile``'s refusal of training calls while it exports,
+    runtime/executable.py, or the caller's own) would be entered for every
+    op and size query of the propagation, for nothing.  Torch dispatch (the
+    fake mode) is unaffected."""
+    with torch._C.DisableTorchFunction():
+        return _specialize(dynamic, args, kwargs)
+
+
+def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ExportedProgram:
     _check_inputs(args, kwargs)
     exported = dynamic.exported
     leaves = pytree.tree_leaves((args, kwargs))
@@ -270,10 +283,13 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
                 raise NotSpecializable(f"input '{node.name}' is not a tensor")
             with fake_mode:
                 if source is not None:
-                    value = torch.empty_strided(source.shape, source.stride(), dtype=source.dtype)
+                    value = torch.empty_strided(
+                        source.shape, source.stride(), dtype=source.dtype, device=source.device
+                    )
                 else:  # state: static shapes
                     value = torch.empty_strided(
-                        [int(s) for s in old.shape], [int(s) for s in old.stride()], dtype=old.dtype
+                        [int(s) for s in old.shape], [int(s) for s in old.stride()], dtype=old.dtype,
+                        device=old.device,
                     )
             new = new_graph.placeholder(node.name, type_expr=node.type)
             new.name = node.name  # as the signature names it (FX renames builtins: "input")
@@ -281,8 +297,8 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
             env[node], values[node] = new, value
         elif node.op == "call_function":
             target = node.target
-            fake_args = pytree.tree_map(value_of, node.args)
-            fake_kwargs = pytree.tree_map(value_of, node.kwargs)
+            fake_args = map_aggregate(node.args, value_of)
+            fake_kwargs = map_aggregate(node.kwargs, value_of)
             if target in _ASSERTS:
                 if target is torch.ops.aten._assert_scalar.default and not bool(fake_args[0]):
                     raise NotSpecializable(f"the program asserts {node.args[1:]!r} for these sizes")
@@ -302,8 +318,8 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
             except Exception as error:  # an op's own check of these sizes (torch raises many types)
                 raise NotSpecializable(f"{target} fails for these sizes: {error}") from error
             new = new_graph.create_node(
-                "call_function", target, pytree.tree_map(new_arg, node.args),
-                pytree.tree_map(new_arg, node.kwargs), name=node.name,
+                "call_function", target, map_aggregate(node.args, new_arg),
+                map_aggregate(node.kwargs, new_arg), name=node.name,
             )
             new.name = node.name
             new.meta = _meta(node, value)
@@ -317,7 +333,7 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
                 # The signature names a symbolic output there; a static
                 # export has a constant in its place (a signature of its own).
                 raise NotSpecializable(f"the program returns sizes ({', '.join(returned_sizes)})")
-            new_graph.output(pytree.tree_map(new_arg, node.args[0]))
+            new_graph.output(map_aggregate(node.args[0], new_arg))
         else:
             raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")
     return ExportedProgram(  # builds the one GraphModule of the new graph
