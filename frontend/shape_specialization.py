@@ -75,6 +75,9 @@ class DynamicExport:
     #: decomposition retrace) took as true: sympy booleans over the symbols
     #: of the user inputs' shapes (module docstring)
     guards: tuple[Any, ...] = ()
+    #: the outputs that are sizes, not tensors (:func:`_returned_sizes`):
+    #: no size is specializable then, known from the export alone
+    returned_sizes: tuple[str, ...] = ()
 
 
 _SHAPE_VALUES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
@@ -131,7 +134,21 @@ def _export_dynamic(
     # After the decomposition: its retrace shares the export's shape
     # environment, and a decomposition may branch on sizes too.
     guards = _trace_guards(exported)
-    return DynamicExport(exported, state_aliases, eager_storage, dynamic_dims, carried, guards)
+    return DynamicExport(
+        exported, state_aliases, eager_storage, dynamic_dims, carried, guards, tuple(_returned_sizes(exported))
+    )
+
+
+def _returned_sizes(exported: ExportedProgram) -> list[str]:
+    """The outputs of ``exported`` that are shape values (a sliding-window
+    cache's length), not tensors: :func:`specialize` evaluates such a node
+    to a number, and the signature names a symbolic output there."""
+    output = exported.graph_module.graph.output_node()
+    return [
+        value.name for value in pytree.tree_leaves(output.args[0])
+        if isinstance(value, torch.fx.Node) and value.op == "call_function"
+        and isinstance(value.meta.get("val"), _SHAPE_VALUES) and not isinstance(value.meta.get("val"), torch.Tensor)
+    ]
 
 
 def _input_symbols(exported: ExportedProgram) -> tuple[Any, set[Any]]:

@@ -185,3 +185,28 @@ def test_torch_compile_with_dynamic_sizes_takes_each_branch(dynamic: bool | None
             assert torch.equal(compiled(x), model(x)), f"wrong branch for length {length}"
     finally:
         torch._dynamo.reset()
+
+
+def test_a_program_returning_a_size_is_refused_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a program returns a size is known from its dynamic export:
+    no later length propagates the graph only to be refused at its
+    output; every length is imported as it is, equal to eager."""
+    from hloalias.runtime import shape_family as family_module
+
+    attempts: list[int] = []
+    real = family_module.import_specialized
+
+    def counted(*args: object, **kwargs: object) -> object:
+        attempts.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(family_module, "import_specialized", counted)
+    model = _tiny_mistral()
+    for length in (6, 12, 9, 10):
+        ids = torch.randint(0, 64, (1, length))
+        exe = hloalias.compile(model, (ids,))
+        torch.testing.assert_close(exe(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+    stats = shape_family.shape_family_stats()
+    assert attempts == []
+    assert (stats.exported, stats.specialized, stats.fallbacks) == (1, 0, 3), stats.reasons
+    assert all("returns sizes" in reason for reason in stats.reasons)
