@@ -89,19 +89,31 @@ _ASSERTS = {
 
 
 def export_dynamic(
-    f: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any], dynamic_dims: Sequence[frozenset[int]]
+    f: torch.nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    dynamic_dims: Sequence[frozenset[int]],
+    *,
+    refuse_returned_sizes: bool = False,
 ) -> DynamicExport:
     """Export ``f`` on ``(args, kwargs)`` with ``dynamic_dims[i]`` of the
     ``i``-th tensor leaf dynamic, and decompose it; raises
     :class:`NotSpecializable` where the result could not be specialized
     soundly later (module docstring), :class:`TorchImportError` where
-    export fails."""
+    export fails.  A program that returns sizes is never specializable
+    (:attr:`DynamicExport.returned_sizes`); ``refuse_returned_sizes``
+    refuses it from the export, before the decomposition retrace (the
+    signature, and so which outputs are sizes, is the export's)."""
     with tracing():
-        return _export_dynamic(f, tuple(args), dict(kwargs), tuple(dynamic_dims))
+        return _export_dynamic(f, tuple(args), dict(kwargs), tuple(dynamic_dims), refuse_returned_sizes)
 
 
 def _export_dynamic(
-    f: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_dims: tuple[frozenset[int], ...]
+    f: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dynamic_dims: tuple[frozenset[int], ...],
+    refuse_returned_sizes: bool,
 ) -> DynamicExport:
     _check_inputs(args, kwargs)
     leaves = pytree.tree_leaves((args, kwargs))
@@ -114,6 +126,9 @@ def _export_dynamic(
         shapes[leaf] = {d: torch.export.Dim.DYNAMIC for d in dims}
     importer._check_strided_inputs(args, kwargs)
     exported = importer._export(f, args, kwargs, shapes.dynamic_shapes(f, args, kwargs))  # type: ignore[no-untyped-call]
+    returned = _returned_sizes(exported)
+    if returned and refuse_returned_sizes:
+        raise NotSpecializable(f"the program returns sizes ({', '.join(returned)})")
     carried = importer.carried_objects_of(exported)
     importer._check_strided_outputs(exported)
     exported, state_aliases = importer._merge_aliased_state(exported, owned=True)

@@ -167,19 +167,13 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
             for old, new in zip(family.sizes, sizes)
         )
         try:
-            family.dynamic = export_dynamic(f, args, kwargs, changed)
+            family.dynamic = export_dynamic(f, args, kwargs, changed, refuse_returned_sizes=True)
         except TorchImportError as error:  # the model does not export with these dimensions dynamic
             family.refused = f"dynamic export: {str(error).splitlines()[0]}"
             _fallback(family.refused)
             return import_torch(f, args, kwargs)
         with _LOCK:
             _STATS.exported += 1
-        if family.dynamic.returned_sizes:
-            # specialize would refuse every size, after propagating the
-            # whole graph to its output: the family is refused once.
-            family.refused = f"the program returns sizes ({', '.join(family.dynamic.returned_sizes)})"
-            _fallback(family.refused)
-            return import_torch(f, args, kwargs)
     try:
         program = import_specialized(family.dynamic, f, args, kwargs, Stage.STABLEHLO)
     except NotSpecializable as error:
