@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
+from torch.fx.node import map_aggregate
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -74,6 +75,9 @@ class DynamicExport:
     #: decomposition retrace) took as true: sympy booleans over the symbols
     #: of the user inputs' shapes (module docstring)
     guards: tuple[Any, ...] = ()
+    #: the outputs that are sizes, not tensors (:func:`_returned_sizes`):
+    #: no size is specializable then, known from the export alone
+    returned_sizes: tuple[str, ...] = ()
 
 
 _SHAPE_VALUES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
@@ -85,19 +89,31 @@ _ASSERTS = {
 
 
 def export_dynamic(
-    f: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any], dynamic_dims: Sequence[frozenset[int]]
+    f: torch.nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    dynamic_dims: Sequence[frozenset[int]],
+    *,
+    refuse_returned_sizes: bool = False,
 ) -> DynamicExport:
     """Export ``f`` on ``(args, kwargs)`` with ``dynamic_dims[i]`` of the
     ``i``-th tensor leaf dynamic, and decompose it; raises
     :class:`NotSpecializable` where the result could not be specialized
     soundly later (module docstring), :class:`TorchImportError` where
-    export fails."""
+    export fails.  A program that returns sizes is never specializable
+    (:attr:`DynamicExport.returned_sizes`); ``refuse_returned_sizes``
+    refuses it from the export, before the decomposition retrace (the
+    signature, and so which outputs are sizes, is the export's)."""
     with tracing():
-        return _export_dynamic(f, tuple(args), dict(kwargs), tuple(dynamic_dims))
+        return _export_dynamic(f, tuple(args), dict(kwargs), tuple(dynamic_dims), refuse_returned_sizes)
 
 
 def _export_dynamic(
-    f: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_dims: tuple[frozenset[int], ...]
+    f: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dynamic_dims: tuple[frozenset[int], ...],
+    refuse_returned_sizes: bool,
 ) -> DynamicExport:
     _check_inputs(args, kwargs)
     leaves = pytree.tree_leaves((args, kwargs))
@@ -110,6 +126,9 @@ def _export_dynamic(
         shapes[leaf] = {d: torch.export.Dim.DYNAMIC for d in dims}
     importer._check_strided_inputs(args, kwargs)
     exported = importer._export(f, args, kwargs, shapes.dynamic_shapes(f, args, kwargs))  # type: ignore[no-untyped-call]
+    returned = _returned_sizes(exported)
+    if returned and refuse_returned_sizes:
+        raise NotSpecializable(f"the program returns sizes ({', '.join(returned)})")
     carried = importer.carried_objects_of(exported)
     importer._check_strided_outputs(exported)
     exported, state_aliases = importer._merge_aliased_state(exported, owned=True)
@@ -130,7 +149,21 @@ def _export_dynamic(
     # After the decomposition: its retrace shares the export's shape
     # environment, and a decomposition may branch on sizes too.
     guards = _trace_guards(exported)
-    return DynamicExport(exported, state_aliases, eager_storage, dynamic_dims, carried, guards)
+    return DynamicExport(
+        exported, state_aliases, eager_storage, dynamic_dims, carried, guards, tuple(_returned_sizes(exported))
+    )
+
+
+def _returned_sizes(exported: ExportedProgram) -> list[str]:
+    """The outputs of ``exported`` that are shape values (a sliding-window
+    cache's length), not tensors: :func:`specialize` evaluates such a node
+    to a number, and the signature names a symbolic output there."""
+    output = exported.graph_module.graph.output_node()
+    return [
+        value.name for value in pytree.tree_leaves(output.args[0])
+        if isinstance(value, torch.fx.Node) and value.op == "call_function"
+        and isinstance(value.meta.get("val"), _SHAPE_VALUES) and not isinstance(value.meta.get("val"), torch.Tensor)
+    ]
 
 
 def _input_symbols(exported: ExportedProgram) -> tuple[Any, set[Any]]:
@@ -235,7 +268,19 @@ def _check_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
 def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ExportedProgram:
     """``dynamic.exported`` with every dimension fixed to the inputs' sizes
     (see the module docstring): a new graph, the program's signature,
-    state and constants shared."""
+    state and constants shared.
+
+    Runs with torch functions' overrides off: no user code runs here, only
+    the graph's aten ops on fake tensors, and a torch function mode around
+    the compile (``compile``'s refusal of training calls while it exports,
+    runtime/executable.py, or the caller's own) would be entered for every
+    op and size query of the propagation, for nothing.  Torch dispatch (the
+    fake mode) is unaffected."""
+    with torch._C.DisableTorchFunction():
+        return _specialize(dynamic, args, kwargs)
+
+
+def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ExportedProgram:
     _check_inputs(args, kwargs)
     exported = dynamic.exported
     leaves = pytree.tree_leaves((args, kwargs))
@@ -270,10 +315,13 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
                 raise NotSpecializable(f"input '{node.name}' is not a tensor")
             with fake_mode:
                 if source is not None:
-                    value = torch.empty_strided(source.shape, source.stride(), dtype=source.dtype)
+                    value = torch.empty_strided(
+                        source.shape, source.stride(), dtype=source.dtype, device=source.device
+                    )
                 else:  # state: static shapes
                     value = torch.empty_strided(
-                        [int(s) for s in old.shape], [int(s) for s in old.stride()], dtype=old.dtype
+                        [int(s) for s in old.shape], [int(s) for s in old.stride()], dtype=old.dtype,
+                        device=old.device,
                     )
             new = new_graph.placeholder(node.name, type_expr=node.type)
             new.name = node.name  # as the signature names it (FX renames builtins: "input")
@@ -281,8 +329,8 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
             env[node], values[node] = new, value
         elif node.op == "call_function":
             target = node.target
-            fake_args = pytree.tree_map(value_of, node.args)
-            fake_kwargs = pytree.tree_map(value_of, node.kwargs)
+            fake_args = map_aggregate(node.args, value_of)
+            fake_kwargs = map_aggregate(node.kwargs, value_of)
             if target in _ASSERTS:
                 if target is torch.ops.aten._assert_scalar.default and not bool(fake_args[0]):
                     raise NotSpecializable(f"the program asserts {node.args[1:]!r} for these sizes")
@@ -302,8 +350,8 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
             except Exception as error:  # an op's own check of these sizes (torch raises many types)
                 raise NotSpecializable(f"{target} fails for these sizes: {error}") from error
             new = new_graph.create_node(
-                "call_function", target, pytree.tree_map(new_arg, node.args),
-                pytree.tree_map(new_arg, node.kwargs), name=node.name,
+                "call_function", target, map_aggregate(node.args, new_arg),
+                map_aggregate(node.kwargs, new_arg), name=node.name,
             )
             new.name = node.name
             new.meta = _meta(node, value)
@@ -317,7 +365,7 @@ def specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str, 
                 # The signature names a symbolic output there; a static
                 # export has a constant in its place (a signature of its own).
                 raise NotSpecializable(f"the program returns sizes ({', '.join(returned_sizes)})")
-            new_graph.output(pytree.tree_map(new_arg, node.args[0]))
+            new_graph.output(map_aggregate(node.args[0], new_arg))
         else:
             raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")
     return ExportedProgram(  # builds the one GraphModule of the new graph

@@ -167,7 +167,7 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
             for old, new in zip(family.sizes, sizes)
         )
         try:
-            family.dynamic = export_dynamic(f, args, kwargs, changed)
+            family.dynamic = export_dynamic(f, args, kwargs, changed, refuse_returned_sizes=True)
         except TorchImportError as error:  # the model does not export with these dimensions dynamic
             family.refused = f"dynamic export: {str(error).splitlines()[0]}"
             _fallback(family.refused)

@@ -192,3 +192,37 @@ def test_a_collected_module_takes_its_family_and_state_with_it() -> None:
     gc.collect()
     assert len(shape_family._FAMILIES) == 0
     assert weight() is None
+
+
+class _CountingMode(torch.overrides.TorchFunctionMode):
+    """Counts the torch calls it sees (and runs them unchanged)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_specialization_runs_no_torch_call_through_the_callers_modes() -> None:
+    # compile exports under a torch function mode (its refusal of training
+    # calls); the fake propagation of a specialization runs no user code and
+    # goes around such modes, with the same program as a fresh export.
+    torch.manual_seed(0)
+    model = Mixer().eval()
+    dynamic = export_dynamic(model, (_ids(8),), {}, [frozenset({1})])
+    from hloalias.frontend.importer import Stage
+    from hloalias.frontend.shape_specialization import import_specialized
+
+    for length in (3, 17):
+        ids = _ids(length)
+        with _CountingMode() as mode:
+            specialize(dynamic, (ids,), {})
+        assert mode.calls == 0
+        with _CountingMode():
+            specialized = import_specialized(dynamic, model, (ids,), {}, Stage.STABLEHLO)
+        fresh = import_torch(model, (_ids(length),))
+        assert specialized.text == fresh.text
+        assert specialized.signature == fresh.signature

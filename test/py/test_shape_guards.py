@@ -168,7 +168,8 @@ def test_a_program_returning_a_size_falls_back() -> None:
         exe = hloalias.compile(model, (ids,))
         torch.testing.assert_close(exe(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
     stats = shape_family.shape_family_stats()
-    assert (stats.exported, stats.specialized, stats.fallbacks) == (1, 0, 1), stats.reasons
+    # Refused from the dynamic export itself (no decomposed export made).
+    assert (stats.exported, stats.specialized, stats.fallbacks) == (0, 0, 1), stats.reasons
     assert "returns sizes" in stats.reasons[-1]
 
 
@@ -185,3 +186,38 @@ def test_torch_compile_with_dynamic_sizes_takes_each_branch(dynamic: bool | None
             assert torch.equal(compiled(x), model(x)), f"wrong branch for length {length}"
     finally:
         torch._dynamo.reset()
+
+
+def test_a_program_returning_a_size_is_refused_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a program returns a size is known from its dynamic export,
+    before the decomposition retrace: the export is not decomposed, no
+    later length propagates the graph only to be refused at its output,
+    and every length is imported as it is, equal to eager."""
+    from hloalias.frontend import shape_specialization
+    from hloalias.runtime import shape_family as family_module
+
+    attempts: list[int] = []
+    real = family_module.import_specialized
+
+    def counted(*args: object, **kwargs: object) -> object:
+        attempts.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    decomposed: list[int] = []
+    real_guards = shape_specialization._trace_guards
+
+    def guards_after_decomposing(exported: Any) -> Any:
+        decomposed.append(1)
+        return real_guards(exported)
+
+    monkeypatch.setattr(family_module, "import_specialized", counted)
+    monkeypatch.setattr(shape_specialization, "_trace_guards", guards_after_decomposing)
+    model = _tiny_mistral()
+    for length in (6, 12, 9, 10):
+        ids = torch.randint(0, 64, (1, length))
+        exe = hloalias.compile(model, (ids,))
+        torch.testing.assert_close(exe(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+    stats = shape_family.shape_family_stats()
+    assert attempts == [] and decomposed == []
+    assert (stats.exported, stats.specialized, stats.fallbacks) == (0, 0, 3), stats.reasons
+    assert all("returns sizes" in reason for reason in stats.reasons)
