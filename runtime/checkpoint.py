@@ -199,3 +199,8 @@ def load(target: Any, directory: str | os.PathLike[str]) -> None:
             f"checkpoint '{os.fspath(directory)}' has no value for state {', '.join(repr(m) for m in missing)}"
         )
     executable.load_state_dict({name: values[name] for name in executable._slots if name in values})
+    if isinstance(target, TrainingStep):
+        # The device holds the checkpoint; the model's and optimizer's own
+        # tensors do not (eager code first gets it, or is refused on a
+        # mesh across processes).
+        target._host_lags = True

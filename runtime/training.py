@@ -24,7 +24,8 @@ own tensors keep the values they had at compile time (or at the last
 ``write_back``/``reload``), except that an eager ``model(x)``,
 ``model.state_dict()`` and ``optimizer.state_dict()`` first copy the
 steps' device state in (eager evaluation and checkpoints never see stale
-state) (not for a step on a mesh), and
+state; on a mesh across processes, where the copy is a collective, they
+are refused until ``write_back`` in every process), and
 ``model.load_state_dict``/``optimizer.load_state_dict`` set the device
 state (resuming after the step was compiled), on a mesh too.
 
@@ -51,10 +52,11 @@ and clear them: a step compiled before recompiles itself on its next call."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -72,6 +74,7 @@ from hloalias.frontend.training import _initial_optimizer_state as optimizer_sta
 from hloalias.frontend.training import _lr_value as lr_of
 from hloalias.runtime.executable import DeviceTensor, Executable, compile
 from hloalias.runtime.sharding import Mesh
+from hloalias.runtime.state import _SYNC_HOOK, _tracing
 
 #: The default pipeline, then ``order-in-place-updates``: weights the
 #: backward reads for input gradients are updated in place without a copy.
@@ -159,6 +162,10 @@ def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimiz
                 )
 
             def write_back_first(opt: torch.optim.Optimizer) -> None:
+                live = found()
+                if not getattr(_READING_STRUCTURE, "active", False):
+                    for mesh_step in _mesh_steps(live.steps_of.get(opt) if live is not None else None):
+                        mesh_step._before_eager_read("optimizer.state_dict()")
                 step = any_live_step(opt, on_mesh=False)
                 if step is not None:
                     step._write_back_optimizer()
@@ -173,6 +180,9 @@ def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimiz
                 # updates the state the steps left, in place (the next call
                 # reads its edits); not while a step is being captured.
                 if not torch.compiler.is_compiling():
+                    live = found()
+                    for mesh_step in _mesh_steps(live.steps_of.get(opt) if live is not None else None):
+                        mesh_step._before_eager_read("an eager optimizer.step()")
                     write_back_first(opt)
 
             optimizer.register_state_dict_pre_hook(write_back_first)
@@ -183,6 +193,69 @@ def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimiz
             # from the old moments and step counts.
             optimizer.register_load_state_dict_post_hook(reload_after_load)
         steps.add(step)
+        if step.executable._placement.spmd and not store.mesh_hooks:
+            _mesh_steps_see_eager_reads(store, step._model)
+
+
+#: Set while hloalias reads a model's state-dict keys and tensors or an
+#: optimizer's param groups (not state values): the mesh steps' hooks then
+#: copy nothing in and refuse nothing.
+_READING_STRUCTURE = threading.local()
+
+
+@contextlib.contextmanager
+def _reading_structure() -> Iterator[None]:
+    _READING_STRUCTURE.active = True
+    try:
+        yield
+    finally:
+        _READING_STRUCTURE.active = False
+
+
+def _state_dict_entries(model: torch.nn.Module) -> dict[str, Any]:
+    """``model.state_dict(keep_vars=True)``, for its keys and tensor objects."""
+    with _reading_structure():
+        return model.state_dict(keep_vars=True)
+
+
+def _mesh_steps(steps: "weakref.WeakSet[TrainingStep] | None") -> list["TrainingStep"]:
+    return [step for step in list(steps or ()) if step.executable._placement.spmd]
+
+
+def _mesh_steps_see_eager_reads(store: "_TrainingStore", model: torch.nn.Module) -> None:
+    """A step on a mesh keeps its state in an executable of its own (no
+    state group of the model, whose hooks copy the device state in before
+    eager code reads it).  Before the model's eager forward and its
+    ``state_dict()``, every mesh step of the model that ran since the host
+    last agreed with it does so itself (:meth:`TrainingStep._before_eager_read`),
+    as the optimizer's hooks (:func:`_checkpoint_sees_steps`) do for the
+    optimizer: an evaluation or an eager step between compiled steps never
+    reads the state from before them."""
+    found = weakref.ref(store)
+
+    def before_eager_read(what: str) -> None:
+        live = found()
+        if live is None:
+            return
+        for steps in list(live.steps_of.values()):
+            for mesh_step in _mesh_steps(steps):
+                mesh_step._before_eager_read(what)
+
+    def before_forward(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        if not _tracing(args, kwargs):
+            before_eager_read(f"an eager forward of {type(module).__name__}")
+
+    def before_state_dict(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
+        if not _tracing() and not getattr(_READING_STRUCTURE, "active", False):
+            before_eager_read(f"{type(module).__name__}.state_dict()")
+
+    # Not part of the program: the caches' keys and the hook checks skip them.
+    setattr(before_forward, _SYNC_HOOK, True)
+    setattr(before_state_dict, _SYNC_HOOK, True)
+    store.mesh_hooks = (
+        model.register_forward_pre_hook(before_forward, with_kwargs=True),
+        model.register_state_dict_pre_hook(before_state_dict),  # type: ignore[no-untyped-call]
+    )
 
 
 class _TrainingStore:
@@ -209,6 +282,8 @@ class _TrainingStore:
         self.steps_of: "weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.WeakSet[TrainingStep]]" = (
             weakref.WeakKeyDictionary()
         )
+        #: the model's hooks for its steps on a mesh (:func:`_mesh_steps_see_eager_reads`)
+        self.mesh_hooks: tuple[Any, ...] = ()
 
 
 _STORES: "weakref.WeakKeyDictionary[torch.nn.Module, _TrainingStore]" = weakref.WeakKeyDictionary()
@@ -374,6 +449,9 @@ class TrainingStep:
         #: Why the optimizer's state could not be loaded onto the device
         #: (:meth:`_reload_optimizer`); calls refuse to run until it can.
         self._unloaded_optimizer: str | None = None
+        #: A call ran since the model's and optimizer's tensors last got the
+        #: device state (read by :meth:`_before_eager_read`, steps on a mesh).
+        self._host_lags = False
 
     def _trainable_now(self) -> tuple[bool, ...]:
         return tuple(bool(p.requires_grad) for p in self._model.parameters())
@@ -415,7 +493,25 @@ class TrainingStep:
                 f"the batch does not have the structure the step was compiled for: "
                 f"expected {self._batch_spec}, got {spec}"
             )
-        return self.executable(*self._lr_inputs(), *leaves)  # type: ignore[no-any-return]
+        loss = self.executable(*self._lr_inputs(), *leaves)
+        self._host_lags = True
+        return loss  # type: ignore[no-any-return]
+
+    def _before_eager_read(self, what: str) -> None:
+        """Eager code is about to read the model or the optimizer (``what``)
+        after calls of this step on a mesh: copy the device state in first
+        (:meth:`write_back`; one process holds every device, so no
+        collective).  On a mesh across processes the copy is a collective
+        every process must enter, which a hook cannot promise: refuse, so
+        the eager code never runs on the state from before the calls."""
+        if not self._host_lags:
+            return
+        if self.executable._placement.multiprocess:
+            raise ExecutionError(
+                f"{what} after calls of a training step on a mesh across processes would read the state "
+                "from before them: call train.write_back() in every process first"
+            )
+        self.write_back()
 
     def _lr_inputs(self) -> list[torch.Tensor]:
         groups = self._optimizer.param_groups
@@ -484,7 +580,8 @@ class TrainingStep:
             if slot.kind == "optimizer":
                 assert slot.param_index is not None and slot.key is not None
                 optimizer_state.setdefault(slot.param_index, {})[slot.key] = device_state[slot.name]
-        groups = copy.deepcopy(self._optimizer.state_dict()["param_groups"])
+        with _reading_structure():
+            groups = copy.deepcopy(self._optimizer.state_dict()["param_groups"])
         state: dict[str, Any] = {"model": model_state, "optimizer": {"state": optimizer_state, "param_groups": groups}}
         grads = {slot.fqn: device_state[slot.name] for slot in self._slots if slot.kind == "grad"}
         if grads:
@@ -504,7 +601,7 @@ class TrainingStep:
         values: dict[str, torch.Tensor] = {}
         model_state = state["model"]
         model_keys = self._model_keys()
-        _refuse_unexpected("'model'", model_state, list(self._model.state_dict(keep_vars=True)))
+        _refuse_unexpected("'model'", model_state, list(_state_dict_entries(self._model)))
         for key, name in model_keys.items():
             if key not in model_state:
                 raise ExecutionError(f"load_state_dict: model state '{key}' is missing")
@@ -539,6 +636,7 @@ class TrainingStep:
                 f"{len(self._optimizer.param_groups)}"
             )
         self.executable.load_state_dict(values)
+        self._host_lags = True  # the device holds what was loaded, the model and optimizer do not
         if groups is not None:
             for group, saved in zip(self._optimizer.param_groups, groups):
                 group.update({k: v for k, v in saved.items() if k != "params"})
@@ -561,6 +659,7 @@ class TrainingStep:
         ``model.state_dict()`` and ``optimizer.state_dict()`` see it."""
         device_state = self.executable.state_dict()
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
+        self._host_lags = False
         self._write_back_optimizer(device_state)
         with torch.no_grad():
             for slot in self._slots:
@@ -701,6 +800,7 @@ class TrainingStep:
                 grad = named[slot.fqn].grad
                 values[slot.name] = grad.detach() if grad is not None else torch.zeros_like(named[slot.fqn].detach())
         self.executable.load_state_dict(values)
+        self._host_lags = False
         self._watch_optimizer_tensors()
 
     def _model_keys(self) -> dict[str, str]:
@@ -712,7 +812,7 @@ class TrainingStep:
             if slot.kind in ("param", "buffer") and slot.fqn is not None:  # not a kept gradient's
                 slot_of[id(named[slot.fqn])] = slot.name
         keys = {}
-        for key, value in self._model.state_dict(keep_vars=True).items():
+        for key, value in _state_dict_entries(self._model).items():
             if id(value) in slot_of:
                 keys[key] = slot_of[id(value)]
         return keys

@@ -296,3 +296,51 @@ def test_resuming_a_mesh_training_step_from_load_state_dict_sets_the_device_stat
     for index, entries in eager_optimizer.state_dict()["state"].items():
         for key, value in entries.items():
             torch.testing.assert_close(state["optimizer"]["state"][index][key], value)
+
+
+def test_eager_code_between_mesh_training_steps_reads_their_state(platform: str) -> None:
+    """An eager ``optimizer.step()``, an evaluation ``model(x)`` and
+    ``state_dict()`` between calls of a training step on a mesh read the
+    state those calls left, as with one device.  They read the compile-time
+    state: an eager step between compiled ones then replaced the device's
+    progress (parameters off by ~4e-2 after four steps)."""
+    generator = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator)) for _ in range(4)]
+    eager_model, _, eager_step = _adam_trainer()
+    model, optimizer, step = _adam_trainer()
+    mesh = Mesh((2,), ("dp",), platform=platform)
+    train = hloalias.compile_training_step(step, model, optimizer, batches[0], mesh=mesh, shardings={0: ("dp", None)})
+    for index, (x, y) in enumerate(batches):
+        if index == 2:
+            step(x, y)  # eager: forward, backward, optimizer.step()
+        else:
+            train(x, y)
+        eager_step(x, y)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), eager_model(x))
+    for name, value in eager_model.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value)
+        torch.testing.assert_close(train.state_dict()["model"][name], value)
+
+
+def test_eager_read_after_mesh_steps_across_processes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Across processes the copy to the host is a collective a hook cannot
+    promise every process enters: eager code after calls is refused, naming
+    what to do, until ``train.write_back()``."""
+    model, optimizer, step = _adam_trainer()
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    train = hloalias.compile_training_step(step, model, optimizer, (x, y), mesh=Mesh((2,), ("dp",)), shardings={0: ("dp", None)})
+    monkeypatch.setattr(train.executable._placement, "multiprocess", True)
+    model(x)  # no call yet: the host holds the state
+    train(x, y)
+    before = [p.detach().clone() for p in model.parameters()]
+    for eager in (lambda: model(x), model.state_dict, optimizer.state_dict, lambda: step(x, y)):
+        with pytest.raises(hloalias.ExecutionError, match="train.write_back\\(\\) in every process"):
+            eager()
+    for parameter, value in zip(model.parameters(), before):
+        torch.testing.assert_close(parameter.detach(), value)
+    monkeypatch.setattr(train.executable._placement, "multiprocess", False)
+    train.write_back()
+    monkeypatch.setattr(train.executable._placement, "multiprocess", True)
+    model(x)
+    optimizer.state_dict()
