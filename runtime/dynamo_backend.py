@@ -33,7 +33,10 @@ What dynamo hands a backend, and what is done with it:
   so a call with new shapes compiles once more and is cached.  When dynamo
   marks a dimension dynamic (the second shape it sees, by default) it
   passes the size as an int input: the Jit specializes on its value, one
-  executable per size, under one dynamo graph.  Guards and graph breaks are
+  executable per size, under one dynamo graph.  With ``dynamic=True``
+  dynamo also passes the Python floats the code reads (``Dropout.p``) as
+  0-d tensors the graph reads with ``.item()``: they are passed as numbers,
+  one executable per value (:func:`_numbers_as_inputs`).  Guards and graph breaks are
   dynamo's; each subgraph between breaks is a graph of its own here.
 
 :func:`compiled_graphs` lists the graphs compiled so far (live ones);
@@ -89,6 +92,8 @@ class CompiledGraph:
     def __init__(self, graph: torch.fx.GraphModule, kind: str, number: int, options: dict[str, Any], boxed: bool = False) -> None:
         self.kind = kind
         self.number = number
+        #: Inputs the graph only reads as Python numbers (``.item()``), passed as such.
+        self.scalar_positions = _numbers_as_inputs(graph) if not boxed else frozenset()
         self.code = graph.code
         self.jit = (_AotJit if boxed else Jit)(
             graph, pipeline=options.get("pipeline"), device=options.get("device"),
@@ -103,6 +108,10 @@ class CompiledGraph:
         return self.jit.stats
 
     def __call__(self, *args: Any) -> Any:
+        if self.scalar_positions:
+            # The 0-d tensors dynamo made of Python numbers: their values
+            # (each distinct value its own executable, as sizes).
+            args = tuple(a.item() if i in self.scalar_positions else a for i, a in enumerate(args))
         # A module tensor that executables of hloalias.compile/jit of the
         # same module updated on the device holds a stale value until it is
         # brought up to date (what eager would read).
@@ -118,6 +127,33 @@ class CompiledGraph:
     def explain(self) -> str:
         """The graph's kind and number, then its Jit's report."""
         return f"dynamo graph {self.number} ({self.kind})\n" + self.jit.explain()
+
+
+def _numbers_as_inputs(graph: torch.fx.GraphModule) -> frozenset[int]:
+    """With ``dynamic=True`` dynamo passes a Python float the code reads
+    (``Dropout.p``, ``self.scale``) as a 0-d tensor input that the graph
+    turns back into a number (``.item()``): ``torch.export`` would trace
+    that as a data-dependent value, which no XLA program can hold.  Each
+    such input whose every use is ``.item()`` becomes a number input
+    instead (the ``.item()`` calls are removed from ``graph``, in place),
+    which the Jit specializes on, as on sizes: a new value compiles once
+    more, never runs the old value's program.  Returns their positions."""
+    positions = set()
+    placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
+    for position, node in enumerate(placeholders):
+        example = node.meta.get("example_value")
+        if not isinstance(example, torch.Tensor) or example.dim() != 0 or not node.users:
+            continue
+        uses = list(node.users)
+        if not all(use.op == "call_method" and use.target == "item" and use.args == (node,) and not use.kwargs for use in uses):
+            continue
+        for use in uses:
+            use.replace_all_uses_with(node)
+            graph.graph.erase_node(use)
+        positions.add(position)
+    if positions:
+        graph.recompile()
+    return frozenset(positions)
 
 
 _GRAPHS: "weakref.WeakValueDictionary[int, CompiledGraph]" = weakref.WeakValueDictionary()

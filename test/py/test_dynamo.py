@@ -282,3 +282,47 @@ def test_training_with_batch_norm_statistics_equals_eager() -> None:
     for (name, ours), theirs in zip(model.state_dict().items(), eager.state_dict().values(), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6, msg=name)
     assert int(model[1].num_batches_tracked) == 3
+
+
+class _ScaledDropout(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+        self.drop = torch.nn.Dropout(0.1)
+        self.scale = 0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.lin(x)) * self.scale
+
+
+def test_dynamic_true_passes_python_floats_as_numbers_and_follows_their_values() -> None:
+    """``dynamic=True`` makes dynamo pass the floats a forward reads
+    (``Dropout.p``, ``self.scale``) as 0-d tensor inputs turned back into
+    numbers by ``.item()``: ``torch.export`` refused that as a data-dependent
+    value (every HF model with dropout failed).  They are numbers here, one
+    executable per value, so a changed value (dynamo does not recompile for
+    it) runs its own program."""
+    model = _ScaledDropout().eval()
+    before = dynamo_backend.compiled_graphs()
+    compiled = torch.compile(model, backend="hloalias", dynamic=True)
+    with torch.no_grad():
+        for rows, scale in ((3, 0.5), (5, 0.5), (5, 2.0), (7, -1.5), (3, 0.5)):
+            model.scale = scale
+            x = torch.randn(rows, 4)
+            torch.testing.assert_close(compiled(x), model(x))
+    (graph,) = _new_graphs(before)
+    assert len(graph.scalar_positions) == 2
+    assert graph.stats.compiles == 4  # (3, 0.5), (5, 0.5), (5, 2.0), (7, -1.5); then a hit
+
+
+def test_dynamic_true_generate_of_a_transformers_gpt2_equals_eager() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.generation_config.pad_token_id = 0
+    ids = torch.randint(0, 64, (2, 5))
+    expected = model.generate(ids, max_new_tokens=4, do_sample=False)
+    model.forward = torch.compile(model.forward, backend="hloalias", dynamic=True)
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).tolist() == expected.tolist()
