@@ -74,7 +74,7 @@ from hloalias.frontend.training import _initial_optimizer_state as optimizer_sta
 from hloalias.frontend.training import _lr_value as lr_of
 from hloalias.runtime.executable import DeviceTensor, Executable, compile
 from hloalias.runtime.sharding import Mesh
-from hloalias.runtime.state import _SYNC_HOOK, _tracing
+from hloalias.runtime.state import _SYNC_HOOK, _tracing, bring_up_to_date
 
 #: The default pipeline, then ``order-in-place-updates``: weights the
 #: backward reads for input gradients are updated in place without a copy.
@@ -493,9 +493,32 @@ class TrainingStep:
                 f"the batch does not have the structure the step was compiled for: "
                 f"expected {self._batch_spec}, got {spec}"
             )
+        self._read_other_steps_state()
         loss = self.executable(*self._lr_inputs(), *leaves)
         self._host_lags = True
         return loss  # type: ignore[no-any-return]
+
+    def _read_other_steps_state(self) -> None:
+        """Two steps of one model (another batch shape, an accumulation
+        variant) continue each other's progress.  Steps on one device share
+        the model's state group; a step on a mesh keeps its state in an
+        executable of its own.  So before this call, every other mesh step
+        of the model that ran since the host last agreed with it copies its
+        state in (:meth:`_before_eager_read`), and a mesh step first brings
+        the model's and optimizer's tensors up to date with what
+        single-device programs left (:func:`bring_up_to_date`); the call
+        then reads them as edits."""
+        store = self._store
+        if store is not None:
+            for steps in list(store.steps_of.values()):
+                for other in _mesh_steps(steps):
+                    if other is not self:
+                        other._before_eager_read("a call of another training step of the model")
+        if self.executable._placement.spmd:
+            tensors: list[Any] = [*self._model.parameters(), *self._model.buffers()]
+            for entries in self._optimizer.state.values():
+                tensors.extend(v for v in entries.values() if isinstance(v, torch.Tensor))
+            bring_up_to_date(tensors)
 
     def _before_eager_read(self, what: str) -> None:
         """Eager code is about to read the model or the optimizer (``what``)
@@ -511,7 +534,7 @@ class TrainingStep:
                 f"{what} after calls of a training step on a mesh across processes would read the state "
                 "from before them: call train.write_back() in every process first"
             )
-        self.write_back()
+        self._write_back()
 
     def _lr_inputs(self) -> list[torch.Tensor]:
         groups = self._optimizer.param_groups
@@ -571,6 +594,7 @@ class TrainingStep:
         """Host copies: ``{"model": model.state_dict()-shaped,
         "optimizer": optimizer.state_dict()-shaped}``; loadable into this
         step, into the torch model and optimizer, or saved with ``torch.save``."""
+        self._read_other_steps_state()
         device_state = self.executable.state_dict()
         model_state: dict[str, torch.Tensor] = {}
         for key, name in self._model_keys().items():
@@ -657,6 +681,11 @@ class TrainingStep:
         """Copy the device state into the model's parameters and buffers
         (in place), kept gradients (``.grad``) and the optimizer's state, so that eager code,
         ``model.state_dict()`` and ``optimizer.state_dict()`` see it."""
+        self._read_other_steps_state()
+        self._write_back()
+
+    def _write_back(self) -> None:
+        """:meth:`write_back` of this step's own device state."""
         device_state = self.executable.state_dict()
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
         self._host_lags = False
