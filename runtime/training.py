@@ -161,14 +161,17 @@ def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimiz
                     (s for s in list(registered or ()) if on_mesh or not s.executable._placement.spmd), None
                 )
 
-            def write_back_first(opt: torch.optim.Optimizer) -> None:
+            def write_back_for(opt: torch.optim.Optimizer, what: str) -> None:
+                # Eager code (``what``) reads the optimizer's state next.
                 live = found()
-                if not getattr(_READING_STRUCTURE, "active", False):
-                    for mesh_step in _mesh_steps(live.steps_of.get(opt) if live is not None else None):
-                        mesh_step._before_eager_read("optimizer.state_dict()")
+                if live is not None and not getattr(_READING_STRUCTURE, "active", False):
+                    live.mesh_steps_before_eager_read(what, optimizer=opt)
                 step = any_live_step(opt, on_mesh=False)
                 if step is not None:
                     step._write_back_optimizer()
+
+            def write_back_first(opt: torch.optim.Optimizer) -> None:
+                write_back_for(opt, "optimizer.state_dict()")
 
             def reload_after_load(opt: torch.optim.Optimizer) -> None:
                 step = any_live_step(opt)
@@ -180,10 +183,7 @@ def _checkpoint_sees_steps(store: _TrainingStore, optimizer: torch.optim.Optimiz
                 # updates the state the steps left, in place (the next call
                 # reads its edits); not while a step is being captured.
                 if not torch.compiler.is_compiling():
-                    live = found()
-                    for mesh_step in _mesh_steps(live.steps_of.get(opt) if live is not None else None):
-                        mesh_step._before_eager_read("an eager optimizer.step()")
-                    write_back_first(opt)
+                    write_back_for(opt, "an eager optimizer.step()")
 
             optimizer.register_state_dict_pre_hook(write_back_first)
             optimizer.register_step_pre_hook(write_back_before_step)
@@ -218,10 +218,6 @@ def _state_dict_entries(model: torch.nn.Module) -> dict[str, Any]:
         return model.state_dict(keep_vars=True)
 
 
-def _mesh_steps(steps: "weakref.WeakSet[TrainingStep] | None") -> list["TrainingStep"]:
-    return [step for step in list(steps or ()) if step.executable._placement.spmd]
-
-
 def _mesh_steps_see_eager_reads(store: "_TrainingStore", model: torch.nn.Module) -> None:
     """A step on a mesh keeps its state in an executable of its own (no
     state group of the model, whose hooks copy the device state in before
@@ -235,11 +231,8 @@ def _mesh_steps_see_eager_reads(store: "_TrainingStore", model: torch.nn.Module)
 
     def before_eager_read(what: str) -> None:
         live = found()
-        if live is None:
-            return
-        for steps in list(live.steps_of.values()):
-            for mesh_step in _mesh_steps(steps):
-                mesh_step._before_eager_read(what)
+        if live is not None:
+            live.mesh_steps_before_eager_read(what)
 
     def before_forward(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if not _tracing(args, kwargs):
@@ -284,6 +277,20 @@ class _TrainingStore:
         )
         #: the model's hooks for its steps on a mesh (:func:`_mesh_steps_see_eager_reads`)
         self.mesh_hooks: tuple[Any, ...] = ()
+
+    def mesh_steps_before_eager_read(
+        self, what: str, optimizer: torch.optim.Optimizer | None = None, caller: "TrainingStep | None" = None
+    ) -> None:
+        """Eager code or another step (``what``) reads the model's or the
+        optimizer's tensors next: every live step on a mesh (of
+        ``optimizer`` only, when given; not ``caller``) that ran since the
+        host last agreed with it copies its state in, or refuses
+        (:meth:`TrainingStep._before_eager_read`)."""
+        groups = [self.steps_of.get(optimizer)] if optimizer is not None else list(self.steps_of.values())
+        for steps in groups:
+            for step in list(steps or ()):
+                if step is not caller and step.executable._placement.spmd:
+                    step._before_eager_read(what)
 
 
 _STORES: "weakref.WeakKeyDictionary[torch.nn.Module, _TrainingStore]" = weakref.WeakKeyDictionary()
@@ -508,12 +515,8 @@ class TrainingStep:
         the model's and optimizer's tensors up to date with what
         single-device programs left (:func:`bring_up_to_date`); the call
         then reads them as edits."""
-        store = self._store
-        if store is not None:
-            for steps in list(store.steps_of.values()):
-                for other in _mesh_steps(steps):
-                    if other is not self:
-                        other._before_eager_read("a call of another training step of the model")
+        if self._store is not None:
+            self._store.mesh_steps_before_eager_read("a call of another training step of the model", caller=self)
         if self.executable._placement.spmd:
             tensors: list[Any] = [*self._model.parameters(), *self._model.buffers()]
             for entries in self._optimizer.state.values():

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import hloalias
+from distributed import worker
 from hloalias import Mesh, ShardingError
 
 PLATFORMS = ["cpu", "gpu"]
@@ -246,20 +247,6 @@ def test_a_sharded_or_replicated_upload_holds_no_shard_on_the_callers_memory(pla
         torch.testing.assert_close(torch.from_dlpack(shard.data), before[rows])
 
 
-def _adam_trainer() -> tuple[MLP, torch.optim.Optimizer, Any]:
-    model = MLP()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
-
-    return model, optimizer, step
-
-
 @pytest.mark.parametrize("checkpoint_after", [0, 2])
 def test_resuming_a_mesh_training_step_from_load_state_dict_sets_the_device_state(
     platform: str, checkpoint_after: int
@@ -273,14 +260,14 @@ def test_resuming_a_mesh_training_step_from_load_state_dict_sets_the_device_stat
     batches = [(torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator)) for _ in range(5)]
     # The checkpoint: eager training for `checkpoint_after` steps (an empty
     # optimizer state for 0), then two more eager steps as the reference.
-    eager_model, eager_optimizer, eager_step = _adam_trainer()
+    eager_model, eager_optimizer, eager_step = worker.trainer()
     for x, y in batches[:checkpoint_after]:
         eager_step(x, y)
     model_checkpoint = copy.deepcopy(eager_model.state_dict())
     optimizer_checkpoint = copy.deepcopy(eager_optimizer.state_dict())
     expected = [eager_step(x, y).item() for x, y in batches[3:5]]
 
-    model, optimizer, step = _adam_trainer()
+    model, optimizer, step = worker.trainer()
     mesh = Mesh((2,), ("dp",), platform=platform)
     train = hloalias.compile_training_step(step, model, optimizer, batches[0], mesh=mesh, shardings={0: ("dp", None)})
     for x, y in batches[:3]:
@@ -306,8 +293,8 @@ def test_eager_code_between_mesh_training_steps_reads_their_state(platform: str)
     progress (parameters off by ~4e-2 after four steps)."""
     generator = torch.Generator().manual_seed(5)
     batches = [(torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator)) for _ in range(4)]
-    eager_model, _, eager_step = _adam_trainer()
-    model, optimizer, step = _adam_trainer()
+    eager_model, _, eager_step = worker.trainer()
+    model, optimizer, step = worker.trainer()
     mesh = Mesh((2,), ("dp",), platform=platform)
     train = hloalias.compile_training_step(step, model, optimizer, batches[0], mesh=mesh, shardings={0: ("dp", None)})
     for index, (x, y) in enumerate(batches):
@@ -327,7 +314,7 @@ def test_eager_read_after_mesh_steps_across_processes_is_refused(monkeypatch: py
     """Across processes the copy to the host is a collective a hook cannot
     promise every process enters: eager code after calls is refused, naming
     what to do, until ``train.write_back()``."""
-    model, optimizer, step = _adam_trainer()
+    model, optimizer, step = worker.trainer()
     x, y = torch.randn(8, 16), torch.randn(8, 16)
     train = hloalias.compile_training_step(step, model, optimizer, (x, y), mesh=Mesh((2,), ("dp",)), shardings={0: ("dp", None)})
     monkeypatch.setattr(train.executable._placement, "multiprocess", True)
@@ -355,8 +342,8 @@ def test_two_training_steps_of_one_model_with_a_mesh_continue_each_other(platfor
     generator = torch.Generator().manual_seed(3)
     big = [(torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator)) for _ in range(3)]
     small = [(torch.randn(4, 16, generator=generator), torch.randn(4, 16, generator=generator)) for _ in range(3)]
-    eager_model, eager_optimizer, eager_step = _adam_trainer()
-    model, optimizer, step = _adam_trainer()
+    eager_model, eager_optimizer, eager_step = worker.trainer()
+    model, optimizer, step = worker.trainer()
     mesh = Mesh((2,), ("dp",), platform=platform)
     first = hloalias.compile_training_step(step, model, optimizer, big[0], mesh=mesh, shardings={0: ("dp", None)})
     other: dict[str, Any] = {"mesh": {"mesh": mesh, "shardings": {0: ("dp", None)}}, "one device": {}}[second]
