@@ -691,7 +691,6 @@ class TrainingStep:
         """:meth:`write_back` of this step's own device state."""
         device_state = self.executable.state_dict()
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
-        self._host_lags = False
         self._write_back_optimizer(device_state)
         with torch.no_grad():
             for slot in self._slots:
@@ -705,6 +704,9 @@ class TrainingStep:
             if slot.kind == "grad":
                 assert slot.fqn is not None
                 named[slot.fqn].grad = device_state[slot.name]
+        # Only once every tensor has it: a write-back cut short (Ctrl-C, an
+        # error) is done again before the next eager read.
+        self._host_lags = False
 
     def _write_back_optimizer(self, device_state: dict[str, torch.Tensor] | None = None) -> None:
         """Copy the device's optimizer state (read here, optimizer entries

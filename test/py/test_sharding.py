@@ -360,3 +360,25 @@ def test_two_training_steps_of_one_model_with_a_mesh_continue_each_other(platfor
                 torch.testing.assert_close(state["optimizer"]["state"][index][key], value)
     for name, value in eager_model.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], value)
+
+
+def test_a_mesh_write_back_cut_short_is_done_again_before_the_next_eager_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during the copy of a mesh step's state to the host (before an
+    eager forward): the next eager read copies it again, not the torn host."""
+    model, optimizer, step = worker.trainer()
+    eager_model, _, eager_step = worker.trainer()
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    train = hloalias.compile_training_step(step, model, optimizer, (x, y), mesh=Mesh((2,), ("dp",)), shardings={0: ("dp", None)})
+    train(x, y)
+    eager_step(x, y)
+    original = type(train)._write_back_optimizer
+
+    def interrupted(self: Any, device_state: Any = None) -> None:
+        monkeypatch.setattr(type(train), "_write_back_optimizer", original)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(train), "_write_back_optimizer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model(x)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), eager_model(x))
