@@ -78,6 +78,9 @@ def local_shards(target: Any) -> dict[str, list[dict[str, Any]]]:
     executable = _executable(target)
     shards: dict[str, list[dict[str, Any]]] = {}
     with executable._group.lock:
+        # A tensor torch changed since the last call is the newest value
+        # (the next call would read it), as for state_dict().
+        executable._sync_from_torch()
         for name, slot in _unique_state(executable).items():
             array = executable._slot_array(name)
             entries: list[dict[str, Any]] = []
@@ -103,6 +106,10 @@ def save(target: Any, directory: str | os.PathLike[str]) -> None:
     """Write ``target``'s device state to ``directory`` (see the module
     docstring); every process of the run calls it."""
     executable = _executable(target)
+    if isinstance(target, TrainingStep):
+        # Another step of the same model on a mesh may have run since this
+        # one: its state is the model's newest (as for train.state_dict()).
+        target._read_other_steps_state()
     path = os.fspath(directory)
     os.makedirs(path, exist_ok=True)
     rank, count = distributed.process_index(), distributed.process_count()

@@ -382,3 +382,49 @@ def test_a_mesh_write_back_cut_short_is_done_again_before_the_next_eager_read(mo
         model(x)
     with torch.no_grad():
         torch.testing.assert_close(model(x), eager_model(x))
+
+
+def test_a_checkpoint_of_a_mesh_step_holds_what_another_step_of_the_model_did_since(
+    platform: str, tmp_path: Any
+) -> None:
+    """``hloalias.checkpoint.save`` of a mesh step after another step of the
+    same model ran: the checkpoint holds the model's newest state, as
+    ``train.state_dict()`` does.  It wrote the saved step's own executable
+    (one step behind: the other step's call was lost on resume)."""
+    generator = torch.Generator().manual_seed(5)
+    big = [(torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator)) for _ in range(2)]
+    small = [(torch.randn(4, 16, generator=generator), torch.randn(4, 16, generator=generator)) for _ in range(2)]
+    eager_model, eager_optimizer, eager_step = worker.trainer()
+    model, optimizer, step = worker.trainer()
+    mesh = Mesh((2,), ("dp",), platform=platform)
+    first = hloalias.compile_training_step(step, model, optimizer, big[0], mesh=mesh, shardings={0: ("dp", None)})
+    then = hloalias.compile_training_step(step, model, optimizer, small[0], mesh=mesh, shardings={0: ("dp", None)})
+    for index in range(2):
+        for train, batch in ((first, big[index]), (then, small[index])):
+            torch.testing.assert_close(train(*batch), eager_step(*batch))
+    hloalias.checkpoint.save(first, tmp_path / "ckpt")
+    resumed_model, resumed_optimizer, resumed_step = worker.trainer()
+    resumed = hloalias.compile_training_step(
+        resumed_step, resumed_model, resumed_optimizer, big[0], mesh=mesh, shardings={0: ("dp", None)}
+    )
+    hloalias.checkpoint.load(resumed, tmp_path / "ckpt")
+    state = resumed.state_dict()
+    for name, value in eager_model.state_dict().items():
+        torch.testing.assert_close(state["model"][name], value)
+    for index, entries in eager_optimizer.state_dict()["state"].items():
+        for key, value in entries.items():
+            torch.testing.assert_close(state["optimizer"]["state"][index][key], value)
+
+
+def test_a_checkpoint_holds_a_module_tensor_torch_changed_since_the_last_call(tmp_path: Any) -> None:
+    """``m.weight.mul_(2)`` in torch after a call, then
+    ``hloalias.checkpoint.save``: the next call would read the edit, so the
+    checkpoint holds it (it held the device's value from before)."""
+    model = torch.nn.Linear(4, 4)
+    exe = hloalias.compile(model, (torch.randn(2, 4),))
+    exe(torch.randn(2, 4))
+    with torch.no_grad():
+        model.weight.mul_(2)
+    hloalias.checkpoint.save(exe, tmp_path / "ckpt")
+    saved = hloalias.checkpoint.read(tmp_path / "ckpt")
+    torch.testing.assert_close(saved["weight"], model.weight.detach())
