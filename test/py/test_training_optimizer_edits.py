@@ -12,6 +12,7 @@ equal eager's to 1e-6 (rounding only)."""
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 
 import pytest
@@ -200,3 +201,81 @@ def test_an_eager_step_between_compiled_calls_continues_the_device_state() -> No
     train(*batches[2])
     train.write_back()
     _assert_equal(eager_model, eager_opt, model, opt)
+
+
+def _replace_state(edit: str, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    first = list(model.parameters())[0]
+    if edit == "clear":
+        optimizer.state.clear()
+    elif edit == "new_state_dict_object":
+        optimizer.state = collections.defaultdict(dict)
+    elif edit == "one_parameter_afresh":
+        optimizer.state[first] = {}
+    elif edit == "one_entry":
+        optimizer.state[first]["exp_avg"] = torch.full_like(first, 0.125)
+    elif edit == "step_count":
+        optimizer.state[first]["step"] = torch.tensor(1.0)
+
+
+@pytest.mark.parametrize(
+    "edit", ["clear", "new_state_dict_object", "one_parameter_afresh", "one_entry", "step_count"]
+)
+@pytest.mark.parametrize("write_back_first", [False, True], ids=["lagging", "written_back"])
+def test_state_eager_code_replaced_between_calls_is_read(edit: str, write_back_first: bool) -> None:
+    """Eager code puts new state in place of the optimizer's between calls
+    (resetting Adam's moments, ``optimizer.state.clear()`` for a warm
+    restart): the next call starts from it, as eager's next step does, and
+    the entries nobody replaced go on from the device.  Before, only
+    in-place edits were read: calls went on from the old moments and step
+    counts (and ``optimizer.state`` was empty after calls, so
+    ``opt.state[p]["exp_avg"]`` raised KeyError where eager has it)."""
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    for batch in batches[:2]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    if write_back_first:
+        train.write_back()
+    _replace_state(edit, eager_opt, eager_model)
+    _replace_state(edit, opt, model)
+    for batch in batches[2:4]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    train.write_back()
+    _assert_equal(eager_model, eager_opt, model, opt)
+
+
+def test_state_the_step_cannot_take_is_refused_and_nothing_changes() -> None:
+    """A replaced entry of another shape: ExecutionError naming it, and the
+    device state is what the calls left (a later fix of the entry runs on)."""
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    for batch in batches[:2]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    train.write_back()
+    first = list(model.parameters())[0]
+    held = opt.state[first]["exp_avg"]
+    opt.state[first]["exp_avg"] = torch.zeros(7)
+    with pytest.raises(hloalias.ExecutionError, match=r"optimizer.state\['exp_avg'\] of parameter 0"):
+        train(*batches[2])
+    opt.state[first]["exp_avg"] = held
+    for batch in batches[2:4]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    train.write_back()
+    _assert_equal(eager_model, eager_opt, model, opt)
+
+
+def test_optimizer_state_holds_every_entry_after_calls_as_eager() -> None:
+    """After compiled calls ``optimizer.state`` has the keys eager's has
+    (their values are the last copied ones until write_back)."""
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches()
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    _step_fn(eager_model, eager_opt)(*batches[0])
+    train(*batches[0])
+    for p, eager_p in zip(model.parameters(), eager_model.parameters()):
+        assert opt.state[p].keys() == eager_opt.state[eager_p].keys()
