@@ -824,8 +824,35 @@ def custom_op_decompositions() -> dict[Any, Callable[..., Any]]:
     return table
 
 
+def roll(x: torch.Tensor, shifts: int | Sequence[int], dims: int | Sequence[int] = ()) -> torch.Tensor:
+    """``torch.roll`` as two slices and a concatenation per dimension, with
+    each shift taken modulo its dimension's size first: torch-mlir's own
+    lowering concatenates an empty slice for a shift of 0 or of a multiple
+    of the size, and slices out of range for a shift beyond it (a
+    StableHLO verifier error where eager returns the rolled tensor)."""
+    shift_list = [shifts] if isinstance(shifts, int) else list(shifts)
+    dim_list = [dims] if isinstance(dims, int) else list(dims)
+    if not dim_list:
+        if len(shift_list) != 1:
+            raise RuntimeError(f"roll: shifts {shift_list} with no dims (one shift rolls the flattened tensor)")
+        return roll(x.flatten(), shift_list, [0]).view(x.shape)
+    if len(shift_list) != len(dim_list):
+        raise RuntimeError(f"roll: {len(shift_list)} shifts for {len(dim_list)} dims")
+    result = x
+    for shift, dim in zip(shift_list, dim_list):
+        dim = _canonical(dim, x.dim())
+        size = x.shape[dim]
+        if size == 0:
+            continue
+        step = shift % size
+        if step:
+            result = torch.cat([result.narrow(dim, size - step, step), result.narrow(dim, 0, size - step)], dim)
+    return result.clone() if result is x else result
+
+
 def _own_entries() -> dict[Any, Callable[..., Any]]:
     return {
+        aten.roll.default: roll,
         aten.cumprod.default: cumprod,
         aten.argmax.default: argmax,
         aten.argmin.default: argmin,

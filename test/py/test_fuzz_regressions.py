@@ -90,6 +90,16 @@ REGRESSIONS = {
         ["v0 = x0 + ((x0.bfloat16() * x1.bfloat16() + x0.bfloat16()) * -1.0).float()"], ["v0"], ["v0"],
         [X0_3x4, TensorSpec("x1", (3, 4), "float32")],
     ),
+    # Session 41's generator with roll added (seed 5531, 400 examples):
+    # torch-mlir's roll lowering concatenated an empty slice for a shift of
+    # 0 (and of a multiple of the size) and sliced out of range beyond it,
+    # a StableHLO verifier error where eager rolls.  Fixed by hloalias's
+    # roll decomposition (shifts modulo the size).
+    "roll_by_zero": _program(["v0 = x0.roll(0, 0)"], ["v0"], ["v0"], [TensorSpec("x0", (6,), "float32")]),
+    "roll_by_the_size_and_beyond": _program(
+        ["v0 = x0.roll(4, -1)", "v1 = x0.roll(-7, 1)", "v2 = x0.roll(3, 0)"], ["v0", "v1", "v2"],
+        ["v0", "v1", "v2"], [X0_3x4],
+    ),
 }
 
 
