@@ -12,6 +12,8 @@ an op list:
   ``view(torch.int32)`` on f32 (and ``view(torch.float32)`` on i32),
   ``contiguous``;
 - computations: ``v + c``, ``v * c``, ``v + w``, ``v.neg()``, ``v.clone()``,
+  ``flip``, ``roll``, ``torch.cat``, ``sum``/``cumsum``/``amax`` over a
+  dimension counted from either end, ``torch.where`` on a comparison,
   advanced indexing with indices counted from the end (a list, or a
   tensor XLA sees only at run time), arithmetic on ``full_like`` bool and
   integer constants that is folded at import (``True + True``, ``-7 // 3``,
@@ -525,7 +527,9 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     kinds = ["add", "clone", "as_strided"] + (["mul", "neg", "add_tensor", "bf16_chain"] if is_float else [])
     kinds += ["constant_arithmetic"]
     if sim.dim() >= 1:
-        kinds += ["negative_index_list", "negative_index_tensor"]
+        kinds += ["negative_index_list", "negative_index_tensor", "flip", "roll", "cat"]
+        if is_float:
+            kinds += ["sum_dim", "cumsum", "amax", "where"]
     kind = draw(st.sampled_from(kinds))
     if kind == "as_strided":
         return draw(_draw_as_strided(builder, operand))
@@ -551,6 +555,37 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
             index = f"(torch.tensor({positions!r}) + {name}.reshape(-1)[:1].float().mul(0).long())"
         result = sim[(slice(None),) * dim + (torch.tensor(positions),)]
         builder.emit_compute(f"{name}{_index_text(dim, index)}", result, [operand])
+    elif kind in ("flip", "roll", "cat", "sum_dim", "cumsum", "amax"):
+        # What models write around their views: new tensors from a
+        # dimension counted from either end (exact: the data are small
+        # odd quarters, so sums and prefix sums round nowhere).
+        dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
+        if kind == "flip":
+            builder.emit_compute(f"{name}.flip({dim})", sim.flip(dim), [operand])
+        elif kind == "roll":
+            shift = draw(st.integers(-3, 3))
+            builder.emit_compute(f"{name}.roll({shift}, {dim})", sim.roll(shift, dim), [operand])
+        elif kind == "cat":
+            step = 1.0 if is_float else 1048576  # int data stay the bits of normal floats
+            builder.emit_compute(f"torch.cat([{name}, {name} + {step!r}], {dim})",
+                                 torch.cat([sim, sim + step], dim), [operand])
+        elif kind == "sum_dim":
+            keep = draw(st.booleans())
+            builder.emit_compute(f"{name}.sum({dim}, keepdim={keep})", sim.sum(dim, keepdim=keep), [operand])
+        elif kind == "cumsum":
+            builder.emit_compute(f"{name}.cumsum({dim})", sim.cumsum(dim), [operand])
+        else:
+            keep = draw(st.booleans())
+            builder.emit_compute(f"{name}.amax({dim}, keepdim={keep})", sim.amax(dim, keepdim=keep), [operand])
+    elif kind == "where":
+        partners = [
+            v for v in builder.values.values()
+            if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype and builder.usable(v)
+        ]
+        other = draw(st.sampled_from(partners))
+        threshold = draw(st.sampled_from(F32_ADD_CONSTANTS))
+        builder.emit_compute(f"torch.where({name} > {threshold!r}, {name}, {other.name})",
+                             torch.where(sim > threshold, sim, other.sim), [operand, other])
     elif kind == "constant_arithmetic":
         constant = draw(_constant_expression(name))
         value = eval(constant, {"torch": torch, name: sim})  # noqa: S307 - our own generated text
