@@ -73,6 +73,7 @@ TORCH_DECOMPOSED = (
     "permute_copy",
     "unbind_copy",
     "unfold_copy",
+    "upsample_nearest2d",
     "view_copy",
 )
 
@@ -850,9 +851,74 @@ def roll(x: torch.Tensor, shifts: int | Sequence[int], dims: int | Sequence[int]
     return result.clone() if result is x else result
 
 
+def _scalar_operand(value: float | int | bool, x: torch.Tensor) -> torch.Tensor:
+    """A Python number as the 0-d tensor a ``.Tensor`` overload takes in
+    place of it beside ``x``: a 0-d operand promotes as a number does
+    within its kind, and the widest dtype of the kind keeps the number's
+    value (the op computes in the result's dtype).  A float beside an
+    integer tensor makes the default dtype's result, as the number does."""
+    if isinstance(value, bool):
+        return torch.scalar_tensor(value, dtype=torch.bool)
+    if isinstance(value, int):
+        return torch.scalar_tensor(value, dtype=torch.int64)
+    if not (x.is_floating_point() or x.is_complex()):
+        return torch.scalar_tensor(value, dtype=torch.get_default_dtype())
+    return torch.scalar_tensor(value, dtype=torch.float64)
+
+
+def fmod(x: torch.Tensor, other: torch.Tensor) -> Any:
+    """C's ``fmod``, exact, for floats: the remainder of the magnitudes
+    (StableHLO's ``remainder``, which is exact and, for non-negative
+    operands, what ``torch.remainder`` lowers to alone) with the dividend's
+    sign.  torch-mlir lowers ``fmod`` as ``x - trunc(x / y) * y``, which
+    rounds (``fmod(-2.5, 0.1)`` gave 1.4e-16 for eager's -0.1).  Integers
+    keep torch-mlir's lowering (exact)."""
+    dtype = torch.result_type(x, other)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    x, other = x.to(dtype), other.to(dtype)
+    return torch.copysign(aten.remainder.Tensor(x.abs(), other.abs()), x)
+
+
+def fmod_scalar(x: torch.Tensor, other: float | int | bool) -> Any:
+    """``fmod`` by a number, as ``fmod.Tensor`` (the scalar overload does
+    not lower)."""
+    return aten.fmod.Tensor(x, _scalar_operand(other, x))
+
+
+def right_shift_scalar(x: torch.Tensor, other: int) -> Any:
+    """``x >> n`` as ``bitwise_right_shift.Tensor`` (the scalar overloads do
+    not lower)."""
+    return aten.bitwise_right_shift.Tensor(x, _scalar_operand(other, x).to(x.dtype))
+
+
+def left_shift_scalar(x: torch.Tensor, other: int) -> Any:
+    """``x << n`` as ``bitwise_left_shift.Tensor``."""
+    return aten.bitwise_left_shift.Tensor(x, _scalar_operand(other, x).to(x.dtype))
+
+
+def searchsorted(
+    sorted_sequence: torch.Tensor, values: torch.Tensor, *, out_int32: bool = False, right: bool = False,
+    side: str | None = None, sorter: torch.Tensor | None = None,
+) -> Any:
+    """``searchsorted`` in one sorted 1-D sequence is ``bucketize`` of the
+    values by it (which lowers); batched sequences and ``sorter`` keep the
+    op (a refusal naming it)."""
+    if sorted_sequence.dim() != 1 or sorter is not None:
+        return NotImplemented
+    return aten.bucketize.Tensor(values, sorted_sequence, out_int32=out_int32, right=right or side == "right")
+
+
 def _own_entries() -> dict[Any, Callable[..., Any]]:
     return {
         aten.roll.default: roll,
+        aten.fmod.Tensor: fmod,
+        aten.fmod.Scalar: fmod_scalar,
+        aten.__rshift__.Scalar: right_shift_scalar,
+        aten.bitwise_right_shift.Tensor_Scalar: right_shift_scalar,
+        aten.__lshift__.Scalar: left_shift_scalar,
+        aten.bitwise_left_shift.Tensor_Scalar: left_shift_scalar,
+        aten.searchsorted.Tensor: searchsorted,
         aten.cumprod.default: cumprod,
         aten.argmax.default: argmax,
         aten.argmin.default: argmin,

@@ -249,3 +249,76 @@ def test_chunked_linear_cross_entropy_and_resize_as() -> None:
 @pytest.mark.parametrize("name", ["nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d"])
 def test_random_pools_are_excluded_with_a_reason(name: str) -> None:
     assert "random" in opinfo_sweep.EXCLUDED[name]
+
+
+def _bit_equal(f: Any, *inputs: torch.Tensor) -> None:
+    """Compiled equals eager in dtype, shape, values and the sign of zero
+    (NaN where eager has NaN)."""
+    expected = f(*[t.clone() for t in inputs])
+    actual = hloalias.compile(f, [t.clone() for t in inputs])(*[t.clone() for t in inputs])
+    assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape)
+    nan = expected.isnan() if expected.is_floating_point() else torch.zeros_like(expected, dtype=torch.bool)
+    assert torch.equal(actual.isnan() if actual.is_floating_point() else nan, nan)
+    assert torch.equal(actual[~nan], expected[~nan])
+    if expected.is_floating_point():
+        assert torch.equal(actual[~nan].signbit(), expected[~nan].signbit())
+
+
+_DIVIDENDS = [-2.5, 2.5, -7.0, 1.0, 1.0, 5.0, -0.0, 1e30, math.inf, math.nan, 0.3, -1e-20]
+_DIVISORS = [0.1, -0.75, 3.0, -0.0, 0.0, math.inf, 2.5, -2.5, 1e-30, 7.0, 0.1, 3.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_fmod_is_exact(dtype: torch.dtype) -> None:
+    """torch-mlir lowers fmod as ``x - trunc(x / y) * y``, which rounds:
+    ``fmod(-2.5, 0.1)`` gave 1.4e-16 where eager gives -0.1 (silently).
+    hloalias's decomposition is exact: signs of zero, infinities and NaN
+    as eager's too; a number divisor (``fmod.Scalar``, which did not lower)
+    and an integer tensor by a float number promote as eager does."""
+    x, y = torch.tensor(_DIVIDENDS, dtype=dtype), torch.tensor(_DIVISORS, dtype=dtype)
+    _bit_equal(torch.fmod, x, y)
+    _bit_equal(lambda x: x.fmod(0.1), x)
+    _bit_equal(lambda x: torch.fmod(x, -0.75), x)
+
+
+def test_fmod_and_shifts_by_numbers_of_integer_tensors() -> None:
+    """``fmod.Scalar`` and the scalar shifts (``i >> 1``, ``i << 3``,
+    ``torch.bitwise_right_shift(i, 2)``) did not lower."""
+    i = torch.arange(-12, 12)
+    for tensor in (i, i.to(torch.int32), (i + 12).to(torch.uint8)):
+        _bit_equal(lambda t: t.fmod(5), tensor)
+        _bit_equal(lambda t: t.fmod(-3), tensor)
+        _bit_equal(lambda t: t.fmod(1.5), tensor)  # the default float dtype, as eager
+        _bit_equal(lambda t: t >> 1, tensor)
+        _bit_equal(lambda t: t << 3, tensor)
+        _bit_equal(lambda t: torch.bitwise_right_shift(t, 2), tensor)
+        _bit_equal(lambda t: torch.bitwise_left_shift(t, 2), tensor)
+
+
+def test_searchsorted_in_one_sequence() -> None:
+    """``searchsorted`` in a 1-D sequence (bucketize by it) did not lower;
+    both sides, int32 results."""
+    boundaries = torch.tensor([-1.0, 0.0, 0.0, 1.0, 2.5])
+    x = torch.tensor([[-2.0, -1.0, 0.0], [0.5, 1.0, 3.0]])
+    _bit_equal(lambda t: torch.searchsorted(boundaries, t), x)
+    _bit_equal(lambda t: torch.searchsorted(boundaries, t, right=True), x)
+    _bit_equal(lambda t: torch.searchsorted(boundaries, t, side="right", out_int32=True), x)
+
+
+@pytest.mark.parametrize(
+    "resize",
+    [
+        lambda t: torch.nn.functional.interpolate(t, scale_factor=2, mode="nearest"),
+        lambda t: torch.nn.functional.interpolate(t, scale_factor=(1.5, 0.7), mode="nearest"),
+        lambda t: torch.nn.functional.interpolate(t, size=(9, 4)),
+        torch.nn.Upsample(scale_factor=2),
+    ],
+    ids=["scale_2", "fractional_scales", "size", "Upsample"],
+)
+def test_nearest_upsampling_in_2d(resize: Any) -> None:
+    """2-D nearest resizing (``F.interpolate``'s and ``nn.Upsample``'s
+    default mode: UNet and FPN upsampling) did not lower: torch-mlir turned
+    ``upsample_nearest2d.vec`` into an op its StableHLO lowering lacks."""
+    images = torch.randn(2, 3, 5, 7, generator=torch.Generator().manual_seed(0))
+    _bit_equal(resize, images)
+    _bit_equal(resize, images.to(memory_format=torch.channels_last))
