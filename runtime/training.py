@@ -514,9 +514,10 @@ class TrainingStep:
                 f"the batch does not have the structure the step was compiled for: "
                 f"expected {self._batch_spec}, got {spec}"
             )
-        if not self._optimizer_entries_current():
-            self._adopt_replaced_optimizer_entries()
         self._read_other_steps_state()
+        # After the other steps' state came in: their write-back keeps a
+        # replaced entry (the newest value) and copies into the rest.
+        self._adopt_replaced_optimizer_entries()
         loss = self.executable(*self._lr_inputs(), *leaves)
         self._host_lags = True
         return loss  # type: ignore[no-any-return]
@@ -705,6 +706,9 @@ class TrainingStep:
 
     def _write_back(self) -> None:
         """:meth:`write_back` of this step's own device state."""
+        # A replaced optimizer entry is the newest value: the device takes
+        # it, rather than the copy overwriting it.
+        self._adopt_replaced_optimizer_entries()
         device_state = self.executable.state_dict()
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
         self._write_back_optimizer(device_state)
@@ -735,6 +739,7 @@ class TrainingStep:
         the tensor the slot stands for, which is watched from then on."""
         with self.executable._group.lock:
             if device_state is None:
+                self._adopt_replaced_optimizer_entries()
                 device_state = self.executable._state_values(
                     slot.name for slot in self._slots if slot.kind == "optimizer"
                 )
@@ -824,6 +829,12 @@ class TrainingStep:
         return True
 
     def _adopt_replaced_optimizer_entries(self) -> None:
+        """:meth:`_load_replaced_optimizer_entries` where an entry of
+        ``optimizer.state`` was replaced (one identity check per entry)."""
+        if not self._optimizer_entries_current():
+            self._load_replaced_optimizer_entries()
+
+    def _load_replaced_optimizer_entries(self) -> None:
         """Eager's next step reads what ``optimizer.state`` holds now: load
         every entry eager code replaced onto the device (a parameter whose
         state was cleared starts afresh, as eager's ``_init_group`` starts

@@ -279,3 +279,35 @@ def test_optimizer_state_holds_every_entry_after_calls_as_eager() -> None:
     train(*batches[0])
     for p, eager_p in zip(model.parameters(), eager_model.parameters()):
         assert opt.state[p].keys() == eager_opt.state[eager_p].keys()
+
+
+@pytest.mark.parametrize("then", ["optimizer_state_dict", "eager_step", "write_back"])
+def test_a_replaced_entry_survives_the_copies_to_the_host(then: str) -> None:
+    """An entry replaced between calls, then a copy of the device state to
+    the host (``optimizer.state_dict()``'s hook, an eager step's hook,
+    ``write_back()``): the replacement is the newest value, so the device
+    takes it and the copy keeps it.  The copies overwrote it with the
+    device's older value (the replacement was lost)."""
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches(5)
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    for batch in batches[:2]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    for m, o in ((eager_model, eager_opt), (model, opt)):
+        first = list(m.parameters())[0]
+        o.state[first]["exp_avg"] = torch.full_like(first, 0.001)
+    first = list(model.parameters())[0]
+    if then == "optimizer_state_dict":
+        torch.testing.assert_close(opt.state_dict()["state"][0]["exp_avg"], torch.full_like(first, 0.001))
+    elif then == "eager_step":
+        _step_fn(eager_model, eager_opt)(*batches[2])
+        _step_fn(model, opt)(*batches[2])
+    else:
+        train.write_back()
+        torch.testing.assert_close(opt.state[first]["exp_avg"], torch.full_like(first, 0.001))
+    for batch in batches[3:5]:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+    train.write_back()
+    _assert_equal(eager_model, eager_opt, model, opt)
