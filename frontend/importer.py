@@ -1374,13 +1374,16 @@ def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
 def _lower(
     module: ir.Module, pipeline: str, target: str, locate: Callable[[str], str | None]
 ) -> None:
-    before = print_module(module, debug_info=True)
+    # The module as the pipeline got it, for the repro of a failure: a
+    # copy, printed only then (the text of every lowered module cost more
+    # than the copy).
+    before = module.operation.clone()
     with module.context:
         module.context.emit_error_diagnostics = False
         try:
             passmanager.PassManager.parse(pipeline).run(module.operation)
         except ir.MLIRError as error:
-            path = write_repro(before, "import")
+            path = write_repro(print_module(before, debug_info=True), "import")
             culprit = _unlowered_op(module)
             if culprit is not None:
                 where = locate(culprit.removeprefix("torch.aten."))

@@ -36,6 +36,7 @@ the graph before decomposing it with shapes as literals (``copy_`` conversions, 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -368,16 +369,51 @@ def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str,
             new_graph.output(map_aggregate(node.args[0], new_arg))
         else:
             raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")
-    return ExportedProgram(  # builds the one GraphModule of the new graph
-        root=exported.graph_module,
-        graph=new_graph,
-        graph_signature=exported.graph_signature,
-        state_dict=exported.state_dict,
-        range_constraints={},
-        module_call_graph=exported.module_call_graph,
-        example_inputs=(args, kwargs),
-        constants=exported.constants,
-    )
+    return _program_of(exported, new_graph, (args, kwargs))
+
+
+#: The attributes of an ``ExportedProgram`` that :func:`_program_of` sets
+#: on its copy; a torch whose ``ExportedProgram`` lacks one of them gets the
+#: constructor instead.
+_PROGRAM_FIELDS = frozenset(("_graph_module", "_range_constraints", "_example_inputs", "_guards_code"))
+
+
+def _program_of(
+    exported: ExportedProgram, graph: torch.fx.Graph, example_inputs: tuple[tuple[Any, ...], dict[str, Any]]
+) -> ExportedProgram:
+    """``exported`` with ``graph`` (its specialization: the same nodes,
+    names, signature, state and constants, concrete sizes) in a lazily
+    compiled GraphModule, without range constraints or guards.
+
+    Not the constructor: it generates the GraphModule's Python code, which
+    nothing of the import runs (the importer reads the graph), and every
+    ``recompile`` after a rewrite of the graph (``_import_decomposed``)
+    would generate it again; a ``_LazyGraphModule`` generates it on first
+    use.  The constructor's checks of the graph against the signature were
+    made on ``exported``, whose graph this one copies node for node; its
+    common-getitem pass ran there too."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    if not _PROGRAM_FIELDS <= vars(exported).keys():
+        return ExportedProgram(
+            root=exported.graph_module,
+            graph=graph,
+            graph_signature=exported.graph_signature,
+            state_dict=exported.state_dict,
+            range_constraints={},
+            module_call_graph=exported.module_call_graph,
+            example_inputs=example_inputs,
+            constants=exported.constants,
+        )
+    graph._codegen = torch.fx.graph.CodeGen()  # a flat graph, as the constructor makes it
+    module = _LazyGraphModule(exported.graph_module, graph)
+    module.meta.update(exported.graph_module.meta)
+    program = copy.copy(exported)
+    program._graph_module = module
+    program._range_constraints = {}
+    program._example_inputs = example_inputs
+    program._guards_code = []  # the guards' code of no shape environment (the constructor's)
+    return program
 
 
 def _bind_symbols(placeholders: list[torch.fx.Node], concrete: dict[str, torch.Tensor]) -> dict[Any, int]:
