@@ -308,13 +308,16 @@ def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str,
     def value_of(argument: Any) -> Any:
         return values[argument] if isinstance(argument, torch.fx.Node) else argument
 
-    for node in graph.nodes:
-        old = node.meta.get("val")
-        if node.op == "placeholder":
-            source = concrete.get(node.name)
-            if not isinstance(old, torch.Tensor):
-                raise NotSpecializable(f"input '{node.name}' is not a tensor")
-            with fake_mode:
+    # One entry into the fake mode for the whole graph (each entry and exit
+    # costs about what a cached op does); a shape computation's ops (sizes
+    # of fake tensors, integer arithmetic) give the same values in it.
+    with fake_mode:
+        for node in graph.nodes:
+            old = node.meta.get("val")
+            if node.op == "placeholder":
+                source = concrete.get(node.name)
+                if not isinstance(old, torch.Tensor):
+                    raise NotSpecializable(f"input '{node.name}' is not a tensor")
                 if source is not None:
                     value = torch.empty_strided(
                         source.shape, source.stride(), dtype=source.dtype, device=source.device
@@ -324,51 +327,52 @@ def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str,
                         [int(s) for s in old.shape], [int(s) for s in old.stride()], dtype=old.dtype,
                         device=old.device,
                     )
-            new = new_graph.placeholder(node.name, type_expr=node.type)
-            new.name = node.name  # as the signature names it (FX renames builtins: "input")
-            new.meta = _meta(node, value)
-            env[node], values[node] = new, value
-        elif node.op == "call_function":
-            target = node.target
-            fake_args = map_aggregate(node.args, value_of)
-            fake_kwargs = map_aggregate(node.kwargs, value_of)
-            if target in _ASSERTS:
-                if target is torch.ops.aten._assert_scalar.default and not bool(fake_args[0]):
-                    raise NotSpecializable(f"the program asserts {node.args[1:]!r} for these sizes")
-                continue
-            if not isinstance(target, torch._ops.OpOverload) and getattr(target, "__module__", None) not in (
-                "_operator", "operator", "torch", "math", "torch.fx.experimental.sym_node"
-            ):
-                raise NotSpecializable(f"the graph calls {target!r}, which is not an operator")
-            try:
-                if isinstance(old, _SHAPE_VALUES) and not isinstance(old, torch.Tensor):
-                    # A shape computation: its value for these sizes.
-                    value = target(*fake_args, **fake_kwargs)
-                    env[node], values[node] = value, value
+                new = new_graph.placeholder(node.name, type_expr=node.type)
+                new.name = node.name  # as the signature names it (FX renames builtins: "input")
+                env[node], values[node] = new, value
+            elif node.op == "call_function":
+                target = node.target
+                fake_args = map_aggregate(node.args, value_of)
+                fake_kwargs = map_aggregate(node.kwargs, value_of)
+                if target in _ASSERTS:
+                    if target is torch.ops.aten._assert_scalar.default and not bool(fake_args[0]):
+                        raise NotSpecializable(f"the program asserts {node.args[1:]!r} for these sizes")
                     continue
-                with fake_mode:
+                if not isinstance(target, torch._ops.OpOverload) and getattr(target, "__module__", None) not in (
+                    "_operator", "operator", "torch", "math", "torch.fx.experimental.sym_node"
+                ):
+                    raise NotSpecializable(f"the graph calls {target!r}, which is not an operator")
+                try:
+                    if isinstance(old, _SHAPE_VALUES) and not isinstance(old, torch.Tensor):
+                        # A shape computation: its value for these sizes.
+                        value = target(*fake_args, **fake_kwargs)
+                        env[node], values[node] = value, value
+                        continue
                     value = target(*fake_args, **fake_kwargs)
-            except Exception as error:  # an op's own check of these sizes (torch raises many types)
-                raise NotSpecializable(f"{target} fails for these sizes: {error}") from error
-            new = new_graph.create_node(
-                "call_function", target, map_aggregate(node.args, new_arg),
-                map_aggregate(node.kwargs, new_arg), name=node.name,
-            )
-            new.name = node.name
-            new.meta = _meta(node, value)
-            env[node], values[node] = new, value
-        elif node.op == "output":
-            returned_sizes = [
-                value.name for value in pytree.tree_leaves(node.args[0])
-                if isinstance(value, torch.fx.Node) and not isinstance(env[value], torch.fx.Node)
-            ]
-            if returned_sizes:
-                # The signature names a symbolic output there; a static
-                # export has a constant in its place (a signature of its own).
-                raise NotSpecializable(f"the program returns sizes ({', '.join(returned_sizes)})")
-            new_graph.output(map_aggregate(node.args[0], new_arg))
-        else:
-            raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")
+                except Exception as error:  # an op's own check of these sizes (torch raises many types)
+                    raise NotSpecializable(f"{target} fails for these sizes: {error}") from error
+                new = new_graph.create_node(
+                    "call_function", target, map_aggregate(node.args, new_arg),
+                    map_aggregate(node.kwargs, new_arg), name=node.name,
+                )
+                new.name = node.name
+                env[node], values[node] = new, value
+            elif node.op == "output":
+                returned_sizes = [
+                    value.name for value in pytree.tree_leaves(node.args[0])
+                    if isinstance(value, torch.fx.Node) and not isinstance(env[value], torch.fx.Node)
+                ]
+                if returned_sizes:
+                    # The signature names a symbolic output there; a static
+                    # export has a constant in its place (a signature of its own).
+                    raise NotSpecializable(f"the program returns sizes ({', '.join(returned_sizes)})")
+                new_graph.output(map_aggregate(node.args[0], new_arg))
+            else:
+                raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")
+    metadata: dict[Any, Any] = {}  # the tensor metadata of equal tensors is equal
+    for node, new in env.items():
+        if isinstance(new, torch.fx.Node):
+            new.meta = _meta(node, values[node], metadata)
     return _program_of(exported, new_graph, (args, kwargs))
 
 
@@ -442,13 +446,21 @@ def _bind_symbols(placeholders: list[torch.fx.Node], concrete: dict[str, torch.T
     return bindings
 
 
-def _meta(node: torch.fx.Node, value: Any) -> dict[str, Any]:
+def _meta(node: torch.fx.Node, value: Any, metadata: dict[Any, Any]) -> dict[str, Any]:
     """``node``'s meta with the value (and tensor metadata) of the concrete
-    shapes."""
+    shapes; ``metadata`` holds the tensor metadata computed so far, by what
+    it is a function of (for a tensor that is not quantized: sizes,
+    strides, dtype, whether it requires grad)."""
     meta = dict(node.meta)
     meta["val"] = value
     meta.pop("tensor_meta", None)
     if isinstance(value, torch.Tensor):
-        meta["tensor_meta"] = _extract_tensor_metadata(value)
+        if value.is_quantized:
+            meta["tensor_meta"] = _extract_tensor_metadata(value)
+        else:
+            key = (tuple(value.shape), value.stride(), value.dtype, value.requires_grad)
+            found = metadata.get(key)
+            if found is None:
+                found = metadata[key] = _extract_tensor_metadata(value)
+            meta["tensor_meta"] = found
     return meta
-

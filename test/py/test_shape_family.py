@@ -221,8 +221,11 @@ def test_specialization_runs_no_torch_call_through_the_callers_modes() -> None:
         with _CountingMode() as mode:
             specialize(dynamic, (ids,), {})
         assert mode.calls == 0
-        with _CountingMode():
+        with _CountingMode() as mode:
             specialized = import_specialized(dynamic, model, (ids,), {}, Stage.STABLEHLO)
+        # Nor does the import after it (graph rewrites, the FX import's
+        # metadata queries, constant folding): no user code runs there.
+        assert mode.calls == 0
         fresh = import_torch(model, (_ids(length),))
         assert specialized.text == fresh.text
         assert specialized.signature == fresh.signature
