@@ -325,7 +325,34 @@ def _import_decomposed(
     report, where the graph's nodes do not record them (the single trace);
     by default they are read from the graph.
     :mod:`hloalias.frontend.shape_specialization` enters here with a
-    program specialized from one exported with dynamic dimensions."""
+    program specialized from one exported with dynamic dimensions.
+
+    Runs with torch functions' overrides off: no user code runs here (but
+    the failure path's search for a source line, which traces the model
+    again with them on), only graph rewrites, metadata queries on fake
+    tensors and the ops of constant folding; a torch function mode around
+    the import (``compile``'s refusal of training calls,
+    runtime/executable.py, or the caller's own) would be entered for each
+    of them, for nothing."""
+    with torch._C.DisableTorchFunction():
+        return _import_graph(
+            f, args, kwargs, exported, state_aliases, eager_storage, strided_before, stage, user_ops=user_ops
+        )
+
+
+def _import_graph(
+    f: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    exported: ExportedProgram,
+    state_aliases: dict[str, str],
+    eager_storage: list[str | None] | None,
+    strided_before: dict[str, tuple[tuple[int, ...], int | None]],
+    stage: Stage,
+    *,
+    user_ops: Callable[[], list[str]] | None = None,
+) -> Program:
+    """:func:`_import_decomposed`, with torch functions' overrides off."""
     exported = remove_error_checks(exported)
     from hloalias.frontend.decompositions import prepare_graph
 
@@ -383,7 +410,8 @@ def _import_decomposed(
     _annotate(module, signature)
 
     def locate(aten_name: str) -> str | None:
-        return _source_line(f, tuple(args), kwargs, aten_name)
+        with torch._C._EnableTorchFunction():  # it runs the model's code
+            return _source_line(f, tuple(args), kwargs, aten_name)
 
     # A crash in torch-mlir's native code must not end this process:
     # frontend/crash_guard.py says when the lowering runs in a child.
@@ -1374,13 +1402,16 @@ def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
 def _lower(
     module: ir.Module, pipeline: str, target: str, locate: Callable[[str], str | None]
 ) -> None:
-    before = print_module(module, debug_info=True)
+    # The module as the pipeline got it, for the repro of a failure: a
+    # copy, printed only then (the text of every lowered module cost more
+    # than the copy).
+    before = module.operation.clone()
     with module.context:
         module.context.emit_error_diagnostics = False
         try:
             passmanager.PassManager.parse(pipeline).run(module.operation)
         except ir.MLIRError as error:
-            path = write_repro(before, "import")
+            path = write_repro(print_module(before, debug_info=True), "import")
             culprit = _unlowered_op(module)
             if culprit is not None:
                 where = locate(culprit.removeprefix("torch.aten."))

@@ -36,6 +36,7 @@ the graph before decomposing it with shapes as literals (``copy_`` conversions, 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -307,13 +308,16 @@ def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str,
     def value_of(argument: Any) -> Any:
         return values[argument] if isinstance(argument, torch.fx.Node) else argument
 
-    for node in graph.nodes:
-        old = node.meta.get("val")
-        if node.op == "placeholder":
-            source = concrete.get(node.name)
-            if not isinstance(old, torch.Tensor):
-                raise NotSpecializable(f"input '{node.name}' is not a tensor")
-            with fake_mode:
+    # One entry into the fake mode for the whole graph (each entry and exit
+    # costs about what a cached op does); a shape computation's ops (sizes
+    # of fake tensors, integer arithmetic) give the same values in it.
+    with fake_mode:
+        for node in graph.nodes:
+            old = node.meta.get("val")
+            if node.op == "placeholder":
+                source = concrete.get(node.name)
+                if not isinstance(old, torch.Tensor):
+                    raise NotSpecializable(f"input '{node.name}' is not a tensor")
                 if source is not None:
                     value = torch.empty_strided(
                         source.shape, source.stride(), dtype=source.dtype, device=source.device
@@ -323,61 +327,97 @@ def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str,
                         [int(s) for s in old.shape], [int(s) for s in old.stride()], dtype=old.dtype,
                         device=old.device,
                     )
-            new = new_graph.placeholder(node.name, type_expr=node.type)
-            new.name = node.name  # as the signature names it (FX renames builtins: "input")
-            new.meta = _meta(node, value)
-            env[node], values[node] = new, value
-        elif node.op == "call_function":
-            target = node.target
-            fake_args = map_aggregate(node.args, value_of)
-            fake_kwargs = map_aggregate(node.kwargs, value_of)
-            if target in _ASSERTS:
-                if target is torch.ops.aten._assert_scalar.default and not bool(fake_args[0]):
-                    raise NotSpecializable(f"the program asserts {node.args[1:]!r} for these sizes")
-                continue
-            if not isinstance(target, torch._ops.OpOverload) and getattr(target, "__module__", None) not in (
-                "_operator", "operator", "torch", "math", "torch.fx.experimental.sym_node"
-            ):
-                raise NotSpecializable(f"the graph calls {target!r}, which is not an operator")
-            try:
-                if isinstance(old, _SHAPE_VALUES) and not isinstance(old, torch.Tensor):
-                    # A shape computation: its value for these sizes.
-                    value = target(*fake_args, **fake_kwargs)
-                    env[node], values[node] = value, value
+                new = new_graph.placeholder(node.name, type_expr=node.type)
+                new.name = node.name  # as the signature names it (FX renames builtins: "input")
+                env[node], values[node] = new, value
+            elif node.op == "call_function":
+                target = node.target
+                fake_args = map_aggregate(node.args, value_of)
+                fake_kwargs = map_aggregate(node.kwargs, value_of)
+                if target in _ASSERTS:
+                    if target is torch.ops.aten._assert_scalar.default and not bool(fake_args[0]):
+                        raise NotSpecializable(f"the program asserts {node.args[1:]!r} for these sizes")
                     continue
-                with fake_mode:
+                if not isinstance(target, torch._ops.OpOverload) and getattr(target, "__module__", None) not in (
+                    "_operator", "operator", "torch", "math", "torch.fx.experimental.sym_node"
+                ):
+                    raise NotSpecializable(f"the graph calls {target!r}, which is not an operator")
+                try:
+                    if isinstance(old, _SHAPE_VALUES) and not isinstance(old, torch.Tensor):
+                        # A shape computation: its value for these sizes.
+                        value = target(*fake_args, **fake_kwargs)
+                        env[node], values[node] = value, value
+                        continue
                     value = target(*fake_args, **fake_kwargs)
-            except Exception as error:  # an op's own check of these sizes (torch raises many types)
-                raise NotSpecializable(f"{target} fails for these sizes: {error}") from error
-            new = new_graph.create_node(
-                "call_function", target, map_aggregate(node.args, new_arg),
-                map_aggregate(node.kwargs, new_arg), name=node.name,
-            )
-            new.name = node.name
-            new.meta = _meta(node, value)
-            env[node], values[node] = new, value
-        elif node.op == "output":
-            returned_sizes = [
-                value.name for value in pytree.tree_leaves(node.args[0])
-                if isinstance(value, torch.fx.Node) and not isinstance(env[value], torch.fx.Node)
-            ]
-            if returned_sizes:
-                # The signature names a symbolic output there; a static
-                # export has a constant in its place (a signature of its own).
-                raise NotSpecializable(f"the program returns sizes ({', '.join(returned_sizes)})")
-            new_graph.output(map_aggregate(node.args[0], new_arg))
-        else:
-            raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")
-    return ExportedProgram(  # builds the one GraphModule of the new graph
-        root=exported.graph_module,
-        graph=new_graph,
-        graph_signature=exported.graph_signature,
-        state_dict=exported.state_dict,
-        range_constraints={},
-        module_call_graph=exported.module_call_graph,
-        example_inputs=(args, kwargs),
-        constants=exported.constants,
-    )
+                except Exception as error:  # an op's own check of these sizes (torch raises many types)
+                    raise NotSpecializable(f"{target} fails for these sizes: {error}") from error
+                new = new_graph.create_node(
+                    "call_function", target, map_aggregate(node.args, new_arg),
+                    map_aggregate(node.kwargs, new_arg), name=node.name,
+                )
+                new.name = node.name
+                env[node], values[node] = new, value
+            elif node.op == "output":
+                returned_sizes = [
+                    value.name for value in pytree.tree_leaves(node.args[0])
+                    if isinstance(value, torch.fx.Node) and not isinstance(env[value], torch.fx.Node)
+                ]
+                if returned_sizes:
+                    # The signature names a symbolic output there; a static
+                    # export has a constant in its place (a signature of its own).
+                    raise NotSpecializable(f"the program returns sizes ({', '.join(returned_sizes)})")
+                new_graph.output(map_aggregate(node.args[0], new_arg))
+            else:
+                raise NotSpecializable(f"the graph has a {node.op} node ({node.target})")
+    metadata: dict[Any, Any] = {}  # the tensor metadata of equal tensors is equal
+    for node, new in env.items():
+        if isinstance(new, torch.fx.Node):
+            new.meta = _meta(node, values[node], metadata)
+    return _program_of(exported, new_graph, (args, kwargs))
+
+
+#: The attributes of an ``ExportedProgram`` that :func:`_program_of` sets
+#: on its copy; a torch whose ``ExportedProgram`` lacks one of them gets the
+#: constructor instead.
+_PROGRAM_FIELDS = frozenset(("_graph_module", "_range_constraints", "_example_inputs", "_guards_code"))
+
+
+def _program_of(
+    exported: ExportedProgram, graph: torch.fx.Graph, example_inputs: tuple[tuple[Any, ...], dict[str, Any]]
+) -> ExportedProgram:
+    """``exported`` with ``graph`` (its specialization: the same nodes,
+    names, signature, state and constants, concrete sizes) in a lazily
+    compiled GraphModule, without range constraints or guards.
+
+    Not the constructor: it generates the GraphModule's Python code, which
+    nothing of the import runs (the importer reads the graph), and every
+    ``recompile`` after a rewrite of the graph (``_import_decomposed``)
+    would generate it again; a ``_LazyGraphModule`` generates it on first
+    use.  The constructor's checks of the graph against the signature were
+    made on ``exported``, whose graph this one copies node for node; its
+    common-getitem pass ran there too."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    if not _PROGRAM_FIELDS <= vars(exported).keys():
+        return ExportedProgram(
+            root=exported.graph_module,
+            graph=graph,
+            graph_signature=exported.graph_signature,
+            state_dict=exported.state_dict,
+            range_constraints={},
+            module_call_graph=exported.module_call_graph,
+            example_inputs=example_inputs,
+            constants=exported.constants,
+        )
+    graph._codegen = torch.fx.graph.CodeGen()  # a flat graph, as the constructor makes it
+    module = _LazyGraphModule(exported.graph_module, graph)
+    module.meta.update(exported.graph_module.meta)
+    program = copy.copy(exported)
+    program._graph_module = module
+    program._range_constraints = {}
+    program._example_inputs = example_inputs
+    program._guards_code = []  # the guards' code of no shape environment (the constructor's)
+    return program
 
 
 def _bind_symbols(placeholders: list[torch.fx.Node], concrete: dict[str, torch.Tensor]) -> dict[Any, int]:
@@ -406,13 +446,21 @@ def _bind_symbols(placeholders: list[torch.fx.Node], concrete: dict[str, torch.T
     return bindings
 
 
-def _meta(node: torch.fx.Node, value: Any) -> dict[str, Any]:
+def _meta(node: torch.fx.Node, value: Any, metadata: dict[Any, Any]) -> dict[str, Any]:
     """``node``'s meta with the value (and tensor metadata) of the concrete
-    shapes."""
+    shapes; ``metadata`` holds the tensor metadata computed so far, by what
+    it is a function of (for a tensor that is not quantized: sizes,
+    strides, dtype, whether it requires grad)."""
     meta = dict(node.meta)
     meta["val"] = value
     meta.pop("tensor_meta", None)
     if isinstance(value, torch.Tensor):
-        meta["tensor_meta"] = _extract_tensor_metadata(value)
+        if value.is_quantized:
+            meta["tensor_meta"] = _extract_tensor_metadata(value)
+        else:
+            key = (tuple(value.shape), value.stride(), value.dtype, value.requires_grad)
+            found = metadata.get(key)
+            if found is None:
+                found = metadata[key] = _extract_tensor_metadata(value)
+            meta["tensor_meta"] = found
     return meta
-

@@ -142,3 +142,23 @@ def test_a_crash_in_xla_compile_is_a_compile_error_and_the_caller_lives(
     assert caught.value.repro_path and os.path.exists(caught.value.repro_path)
     monkeypatch.setattr(pjrt, "XLA_PROBE_STAGE", "hloalias.isolation:compile_xla")
     torch.testing.assert_close(hloalias.compile(lambda t: torch.tanh(t) * 3.0, (x,))(x), torch.tanh(x) * 3.0)
+
+
+def test_a_failing_lowering_writes_the_module_the_pipeline_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The repro is the module before the failing pipeline (with locations),
+    # not what the pipeline left of it: replaying it fails the same way.
+    _no_caches(monkeypatch)
+    monkeypatch.setenv("HLOALIAS_ISOLATE_COMPILE", "0")
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return torch.poisson(x.abs()) + 1.0
+
+    with pytest.raises(hloalias.TorchImportError) as caught:
+        hloalias.compile(program, (torch.randn(3),))
+    # The source line is found by tracing the model again, with torch
+    # functions' overrides on (the import around it runs with them off).
+    assert "test_crash_guard.py" in str(caught.value).splitlines()[0]
+    assert caught.value.repro_path is not None
+    with open(caught.value.repro_path) as handle:
+        text = handle.read()
+    assert "torch.aten.poisson" in text and "func.func @main" in text and "loc(" in text

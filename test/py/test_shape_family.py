@@ -221,8 +221,44 @@ def test_specialization_runs_no_torch_call_through_the_callers_modes() -> None:
         with _CountingMode() as mode:
             specialize(dynamic, (ids,), {})
         assert mode.calls == 0
-        with _CountingMode():
+        with _CountingMode() as mode:
             specialized = import_specialized(dynamic, model, (ids,), {}, Stage.STABLEHLO)
+        # Nor does the import after it (graph rewrites, the FX import's
+        # metadata queries, constant folding): no user code runs there.
+        assert mode.calls == 0
         fresh = import_torch(model, (_ids(length),))
         assert specialized.text == fresh.text
         assert specialized.signature == fresh.signature
+
+
+def test_specialization_generates_no_python_code_and_the_program_still_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The importer reads the specialized graph, never runs its GraphModule:
+    # the module's Python code is generated on first use only (a lazy
+    # GraphModule), not at the specialization nor at each recompile of the
+    # import's graph rewrites.  Code generations are counted, not timed.
+    torch.manual_seed(0)
+    model = Mixer().eval()
+    dynamic = export_dynamic(model, (_ids(8),), {}, [frozenset({1})])
+    from hloalias.frontend.importer import Stage
+    from hloalias.frontend.shape_specialization import import_specialized
+
+    generated = []
+    python_code = torch.fx.Graph.python_code
+
+    def counting(self: torch.fx.Graph, *args: object, **kwargs: object) -> object:
+        generated.append(self)
+        return python_code(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fx.Graph, "python_code", counting)
+    program = import_specialized(dynamic, model, (_ids(5),), {}, Stage.STABLEHLO)
+    assert generated == []
+    assert program.text == import_torch(model, (_ids(5),)).text
+    generated.clear()  # the fresh export's own
+    # On first use the code is there: the specialized program runs as the
+    # model does on those sizes.
+    exported = specialize(dynamic, (_ids(6),), {})
+    assert generated == []
+    torch.testing.assert_close(exported.module()(_ids(6)), model(_ids(6)))
+    assert exported.range_constraints == {}
