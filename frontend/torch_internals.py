@@ -200,7 +200,7 @@ def materialize_cia_ops_once() -> Iterator[None]:
     export_utils._materialize_cpp_cia_ops = materialize_once
     for module in collectors:
         module._collect_all_valid_cia_ops = collect_once  # type: ignore[attr-defined]
-    if reorder:
+    if reorder and original_preservable is not None:
         preservable = _cia_first_preservable(
             export_utils._check_valid_to_preserve, export_utils._is_cia_op, original_preservable)
         for module in checkers:
