@@ -24,7 +24,8 @@ lets torch do (c) with an empty CIA table (torch's own override is then a
 no-op).  The first split in a process (and building torch-mlir's table)
 materializes torch's CIA operators once instead of once per ``torch.ops``
 namespace, and walks the registered operators for the preservable CIA set
-once for both (:func:`materialize_cia_ops_once`).
+once for both, asking each operator the cheaper of torch's two
+preservability tests first (:func:`materialize_cia_ops_once`).
 
 :func:`export_decomposed` is ``torch.export.export`` followed by
 :func:`decompose` in one trace: torch's post-dispatch export (what
@@ -54,6 +55,7 @@ from torch.export import ExportedProgram
 PRIVATE_NAMES = {
     "torch.export.exported_program": (
         "_collect_all_valid_cia_ops",
+        "_is_preservable_cia_op",
         "_split_decomp_table_to_cia_and_python_decomp",
         "_decompose_exported_program",
         "_disable_prexisiting_fake_mode",
@@ -65,6 +67,7 @@ PRIVATE_NAMES = {
     "torch.export.decomp_utils": ("_collect_all_valid_cia_ops",),
     "torch._export.utils": (
         "_collect_all_valid_cia_ops", "_get_decomp_for_cia", "_materialize_cpp_cia_ops", "_compiling_state_context", "placeholder_naming_pass",
+        "_is_preservable_cia_op", "_is_cia_op", "_check_valid_to_preserve",
     ),
     "torch._higher_order_ops.utils": ("autograd_not_implemented",),
     "torch._subclasses.fake_impls": ("op_implementations_dict", "op_implementations_checks", "_deregister_op_impl"),
@@ -80,6 +83,30 @@ _SPLIT_CACHE: dict[str, tuple[dict[Any, Callable[..., Any]], tuple[Any, ...], _S
 _CIA_OPS_CACHE: dict[Any, frozenset[Any]] = {}
 #: The modules that call ``_collect_all_valid_cia_ops`` by a name of their own.
 _CIA_COLLECTORS = ("torch._export.utils", "torch.export.exported_program", "torch.export.decomp_utils")
+#: The modules that call ``_is_preservable_cia_op`` by a name of their own
+#: (the walk of each namespace and the split).
+_PRESERVABLE_CHECKERS = ("torch._export.utils", "torch.export.exported_program")
+
+
+def _cia_first_preservable(check_valid: Callable[[Any], bool], is_cia: Callable[[Any], bool],
+                           original: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """torch's ``_is_preservable_cia_op`` (``_check_valid_to_preserve(op)
+    and _is_cia_op(op)``) with its two tests in the other order: both only
+    read the operator (pinned by the test), so the answer is the same, and
+    most operators asked (every operator of every namespace in a walk, and
+    the ~600 Python decompositions of a table in a split) are not CIA, which
+    one dispatcher lookup says, while ``_check_valid_to_preserve`` reads
+    the operator's tags and schema arguments first (~5 ms a cold compile).
+    An object ``_is_cia_op`` cannot read is asked torch's way."""
+
+    def preservable(op: Any) -> bool:
+        try:
+            cia = is_cia(op)
+        except Exception:  # not an operator _is_cia_op reads: torch's order
+            return original(op)
+        return bool(cia) and check_valid(op)
+
+    return preservable
 
 
 @functools.cache
@@ -131,8 +158,10 @@ def materialize_cia_ops_once() -> Iterator[None]:
     holds what the walk reads that can change (the split cache,
     :func:`split_decomposition_table`, relies on the same key), and it is
     taken after a walk, which materializes operators into ``torch.ops``.
-    Each caller gets its own copy.  Without the private names the block
-    changes nothing."""
+    Each caller gets its own copy.  ``_is_preservable_cia_op``, which the
+    walks and the split ask of each operator, is answered with its two
+    tests in the cheaper order (:func:`_cia_first_preservable`).  Without
+    the private names the block changes nothing."""
     import importlib
 
     import torch._export.utils as export_utils
@@ -161,15 +190,30 @@ def materialize_cia_ops_once() -> Iterator[None]:
             _CIA_OPS_CACHE[registry_key()] = cached
         return set(cached)
 
+    checkers = [importlib.import_module(name) for name in _PRESERVABLE_CHECKERS]
+    original_preservable = getattr(export_utils, "_is_preservable_cia_op", None)
+    reorder = (
+        original_preservable is not None
+        and all(getattr(module, "_is_preservable_cia_op", None) is original_preservable for module in checkers)
+        and hasattr(export_utils, "_check_valid_to_preserve") and hasattr(export_utils, "_is_cia_op")
+    )
     export_utils._materialize_cpp_cia_ops = materialize_once
     for module in collectors:
         module._collect_all_valid_cia_ops = collect_once  # type: ignore[attr-defined]
+    if reorder and original_preservable is not None:
+        preservable = _cia_first_preservable(
+            export_utils._check_valid_to_preserve, export_utils._is_cia_op, original_preservable)
+        for module in checkers:
+            module._is_preservable_cia_op = preservable  # type: ignore[attr-defined]
     try:
         yield
     finally:
         export_utils._materialize_cpp_cia_ops = original
         for module in collectors:
             module._collect_all_valid_cia_ops = original_collect  # type: ignore[attr-defined]
+        if reorder:
+            for module in checkers:
+                module._is_preservable_cia_op = original_preservable  # type: ignore[attr-defined]
 
 
 def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTable:
@@ -223,9 +267,22 @@ def _filled_keys(op: Any) -> tuple[Callable[..., Any], dict[Any, Any]]:
     private = _private()
     assert private is not None
     original: Callable[..., Any] = private["_get_decomp_for_cia"](op)
-    filled = dict.fromkeys(private["_BACKEND_KEYS_TO_OVERRIDE"], original)
-    filled.update(dict.fromkeys(private["_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE"], _autograd_kernel(op)))
+    backend_keys, autograd_keys = _override_keys()
+    filled = dict.fromkeys(backend_keys, original)
+    filled.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
     return original, filled
+
+
+@functools.cache
+def _override_keys() -> tuple[dict[Any, None], dict[Any, None]]:
+    """torch's backend and autograd keys to override, as dicts:
+    ``dict.fromkeys(a_dict, value)`` reuses the hashes the dict stores,
+    where a list's keys (pybind enums) are hashed again for every operator
+    (~2 ms of a cold compile's ~500 operators).  Same keys, same order."""
+    private = _private()
+    assert private is not None
+    return (dict.fromkeys(private["_BACKEND_KEYS_TO_OVERRIDE"]),
+            dict.fromkeys(private["_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE"]))
 
 
 _PREPARED: dict[int, tuple[dict[Any, Callable[..., Any]], list[tuple[Any, Any, dict[Any, Any], Any]]]] = {}
@@ -280,8 +337,7 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
     private = _private()
     assert private is not None, "cia_override needs torch's private export names"
     # Dicts, not lists: dict.fromkeys(a_dict) reuses the stored key hashes.
-    autograd_keys = dict.fromkeys(private["_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE"])
-    backend_keys = dict.fromkeys(private["_BACKEND_KEYS_TO_OVERRIDE"])
+    backend_keys, autograd_keys = _override_keys()
     get_decomp_for_cia = private["_get_decomp_for_cia"]
     fake_rules = private["op_implementations_dict"]
     deregister_fake_rule = private["_deregister_op_impl"]

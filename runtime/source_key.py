@@ -59,6 +59,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 import sysconfig
 import types
@@ -143,11 +144,60 @@ def _distribution_version(top: str) -> str:
     if top == "hloalias":
         return own_code_digest()
     names = {"torch_mlir": "torch-mlir", "huggingface_hub": "huggingface-hub"}
+    name = names.get(top, top)
+    found = _version_beside(sys.modules.get(top), name)
+    if found is not None:
+        return found
     try:
-        return importlib.metadata.version(names.get(top, top))
+        return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         module = sys.modules.get(top)
         return str(getattr(module, "__version__", "unknown"))
+
+
+def _version_beside(module: Any, name: str) -> str | None:
+    """The ``Version`` field of distribution ``name``'s ``.dist-info``
+    folder beside the imported ``module`` (the folder a wheel installs it
+    in), read from the METADATA file's header lines; None when there is no
+    single such folder (an editable install, an egg), and the caller asks
+    ``importlib.metadata``.  That finds the same field, but its first call
+    in a process indexes every folder on ``sys.path`` and it parses the
+    whole METADATA file (~5 ms of a cold compile); this is one directory
+    listing and a few lines.  It is the version of the code that runs:
+    where two copies are installed, the one imported."""
+    if module is None:
+        return None
+    locations = list(getattr(module, "__path__", None) or ())  # a package, namespace packages too
+    if not locations and getattr(module, "__file__", None):
+        locations = [os.path.dirname(module.__file__)]
+    wanted = _normalized_distribution(name)
+    folders = {os.path.dirname(os.path.abspath(location)) for location in locations}
+    matches = []
+    for folder in sorted(folders):
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        matches += [os.path.join(folder, entry) for entry in entries if entry.endswith(".dist-info")
+                    and _normalized_distribution(entry[:-len(".dist-info")].split("-")[0]) == wanted]
+    if len(matches) != 1:
+        return None
+    try:
+        with open(os.path.join(matches[0], "METADATA"), encoding="utf-8") as handle:
+            for line in handle:
+                if not line.strip():  # the end of the header lines
+                    break
+                if line.startswith("Version:"):
+                    return line[len("Version:"):].strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _normalized_distribution(name: str) -> str:
+    """A distribution name as wheels spell it in folder names (PEP 503's
+    normalization, ``_`` for the separators)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 @functools.cache

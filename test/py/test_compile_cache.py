@@ -575,6 +575,70 @@ def test_the_source_key_changes_with_hloalias_own_code(monkeypatch: pytest.Monke
     assert _key(module, x) == key
 
 
+def _install_fake_library(root: str, version: str) -> None:
+    """``keyedlib`` as a wheel installs it: the package and its
+    ``.dist-info`` folder side by side (METADATA with a long body, as real
+    ones have)."""
+    os.makedirs(os.path.join(root, "keyedlib"), exist_ok=True)
+    with open(os.path.join(root, "keyedlib", "__init__.py"), "w") as handle:
+        handle.write("def scale(t):\n    return t * 2\n")
+    for entry in os.listdir(root):
+        if entry.endswith(".dist-info"):
+            for name in os.listdir(os.path.join(root, entry)):
+                os.remove(os.path.join(root, entry, name))
+            os.rmdir(os.path.join(root, entry))
+    info = os.path.join(root, f"keyedlib-{version}.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as handle:
+        handle.write(f"Metadata-Version: 2.1\nName: keyedlib\nVersion: {version}\nSummary: s\n\n"
+                     "Version: 9.9 (the body, not a header)\n")
+
+
+def test_the_source_key_changes_with_a_library_version(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library function the program calls is keyed by its name and the
+    library's installed version (read beside the imported package, without
+    parsing its metadata: ``importlib.metadata``'s ``version`` is never
+    asked when the ``.dist-info`` folder is there)."""
+    import importlib.metadata
+
+    root = str(tmp_path)
+    _install_fake_library(root, "1.0")
+    monkeypatch.syspath_prepend(root)
+    monkeypatch.setattr(source_key, "_LIBRARIES", source_key._LIBRARIES | {"keyedlib"})
+    import keyedlib  # type: ignore[import-not-found]
+
+    def unread(*args: object) -> str:
+        raise AssertionError("importlib.metadata.version was called")
+
+    monkeypatch.setattr(importlib.metadata, "version", unread)
+
+    def forward(t: torch.Tensor) -> torch.Tensor:
+        return keyedlib.scale(t)
+
+    x = torch.randn(3)
+    try:
+        source_key._distribution_version.cache_clear()
+        assert source_key._distribution_version("keyedlib") == "1.0"
+        key = _key(forward, x)
+        assert _key(forward, x) == key
+        _install_fake_library(root, "1.1")
+        source_key._distribution_version.cache_clear()
+        assert source_key._distribution_version("keyedlib") == "1.1"
+        assert _key(forward, x) != key
+    finally:
+        source_key._distribution_version.cache_clear()
+        sys.modules.pop("keyedlib", None)
+
+
+def test_library_versions_equal_the_installed_metadata() -> None:
+    import importlib.metadata
+
+    source_key._distribution_version.cache_clear()
+    names = {"torch_mlir": "torch-mlir"}
+    for top in ("torch", "torch_mlir", "jax", "jaxlib", "numpy"):
+        assert source_key._distribution_version(top) == importlib.metadata.version(names.get(top, top)), top
+
+
 def test_the_source_key_sees_tied_weights_and_closures() -> None:
     class Tied(torch.nn.Module):
         def __init__(self, tie: bool) -> None:

@@ -122,6 +122,25 @@ def test_option_spellings() -> None:
     assert AliasDonatedBuffers.from_options("donate=a,b,7").donate == ("a", "b", "7")
 
 
+def test_a_pass_built_without_options_reads_no_annotation() -> None:
+    """Only a given option's type is looked up: a pass built as the default
+    pipeline builds its passes (no options) never evaluates its class's
+    annotations, which ``typing.get_type_hints`` does for all of them."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Unread(ModulePass[None]):
+        name = "unread-annotations"
+        width: NoSuchType = 1  # type: ignore[name-defined]  # noqa: F821  (never evaluated)
+        flag: bool = False
+
+        def apply(self, module: object) -> None:
+            return None
+
+    assert Unread.from_options("") == Unread()
+    with pytest.raises(NameError):  # an option given: its type is read, as before
+        Unread.from_options("flag=true")
+
+
 @pytest.mark.parametrize(
     ("pass_type", "option_text", "culprit"),
     [

@@ -50,6 +50,16 @@ _PINNED_SOURCES = {
         "1d09a99ea79bd377c8f0acc97247545fc7c769103e4e94cad6e72370598fd615",
     ("torch._ops", "OperatorBase.py_impl"):
         "8173bd205b783783cda935e5b6590b730162bf3224538ae039576a75fc40ec0b",
+    # The two tests _cia_first_preservable asks in the other order: both
+    # must only read the operator.
+    ("torch._export.utils", "_is_preservable_cia_op"):
+        "00d78e92c3d6d9f6e4493fa6341691476ee05fa5259ed4e7210991da48eb2778",
+    ("torch._export.utils", "_is_cia_op"):
+        "4588c37719fb83563868426a4d95664f3d23d1d5811fd140ddc45c1a9b1f0c87",
+    ("torch._export.utils", "_check_valid_to_preserve"):
+        "a225772212a823aad71b5599a0c6eaa06f409bb3574d2ff79868bc2600b362ab",
+    ("torch._decomp", "_should_decompose_because_unsafe_op"):
+        "f106d112e31ab4596ed9519a3ae21da3125a7d265db93432b08361a0708330d5",
 }
 
 
@@ -152,6 +162,34 @@ def test_the_cia_walk_is_shared_until_the_operator_registry_changes() -> None:
         library._destroy()
         torch_internals._CIA_OPS_CACHE.clear()
         torch_internals._SPLIT_CACHE.clear()
+
+
+def test_the_cia_walk_and_split_ask_the_cheaper_test_first_with_torchs_answers() -> None:
+    """Inside ``materialize_cia_ops_once`` the walks and the split ask
+    ``_is_preservable_cia_op`` with its two tests in the cheaper order:
+    the same answer as torch's for every operator of every namespace and
+    every key of the table, and torch's function back after the block."""
+    import torch._export.utils as export_utils
+    import torch.export.exported_program as exported_program
+
+    original = export_utils._is_preservable_cia_op
+    table = importer._decomposition_table()
+    ops = set(table)
+    for namespace_name in list(torch.ops._dir):
+        namespace = getattr(torch.ops, namespace_name)
+        for name in list(namespace):
+            packet = getattr(namespace, name)
+            for overload in getattr(packet, "op_overloads", lambda: [])():
+                ops.add(overload)
+    assert len(ops) > 2000
+    with torch_internals.materialize_cia_ops_once():
+        ours = export_utils._is_preservable_cia_op
+        assert ours is not original and exported_program._is_preservable_cia_op is ours
+        differing = [op for op in ops if ours(op) != original(op)]
+    assert not differing
+    assert sum(original(op) for op in ops) > 400
+    assert export_utils._is_preservable_cia_op is original
+    assert exported_program._is_preservable_cia_op is original
 
 
 def _describe(kernel: Any) -> Any:
