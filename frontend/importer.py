@@ -27,7 +27,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch.export import ExportedProgram
@@ -306,6 +306,23 @@ def _import_torch(
     return with_carried_objects(program, carried)
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _torch_functions_off(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``function`` run with torch functions' overrides off
+    (``torch._C.DisableTorchFunction``)."""
+
+    @functools.wraps(function)
+    def off(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with torch._C.DisableTorchFunction():
+            return function(*args, **kwargs)
+
+    return off
+
+
+@_torch_functions_off
 def _import_decomposed(
     f: Any,
     args: Sequence[Any],
@@ -334,25 +351,6 @@ def _import_decomposed(
     the import (``compile``'s refusal of training calls,
     runtime/executable.py, or the caller's own) would be entered for each
     of them, for nothing."""
-    with torch._C.DisableTorchFunction():
-        return _import_graph(
-            f, args, kwargs, exported, state_aliases, eager_storage, strided_before, stage, user_ops=user_ops
-        )
-
-
-def _import_graph(
-    f: Any,
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-    exported: ExportedProgram,
-    state_aliases: dict[str, str],
-    eager_storage: list[str | None] | None,
-    strided_before: dict[str, tuple[tuple[int, ...], int | None]],
-    stage: Stage,
-    *,
-    user_ops: Callable[[], list[str]] | None = None,
-) -> Program:
-    """:func:`_import_decomposed`, with torch functions' overrides off."""
     exported = remove_error_checks(exported)
     from hloalias.frontend.decompositions import prepare_graph
 

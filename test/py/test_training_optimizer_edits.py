@@ -71,6 +71,16 @@ def _pair(make: Callable[..., torch.optim.Optimizer]) -> tuple[torch.nn.Module, 
 ADAM = lambda p: torch.optim.Adam(p, lr=1e-2)  # noqa: E731
 
 
+def _both_step(
+    train: Callable[..., torch.Tensor], eager_model: torch.nn.Module, eager_opt: torch.optim.Optimizer,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    """The eager step and the compiled one on each batch."""
+    for batch in batches:
+        _step_fn(eager_model, eager_opt)(*batch)
+        train(*batch)
+
+
 def test_an_edit_after_write_back_is_read_by_the_next_call() -> None:
     eager_model, eager_opt, model, opt = _pair(ADAM)
     batches = _batches()
@@ -232,16 +242,12 @@ def test_state_eager_code_replaced_between_calls_is_read(edit: str, write_back_f
     eager_model, eager_opt, model, opt = _pair(ADAM)
     batches = _batches()
     train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
-    for batch in batches[:2]:
-        _step_fn(eager_model, eager_opt)(*batch)
-        train(*batch)
+    _both_step(train, eager_model, eager_opt, batches[:2])
     if write_back_first:
         train.write_back()
     _replace_state(edit, eager_opt, eager_model)
     _replace_state(edit, opt, model)
-    for batch in batches[2:4]:
-        _step_fn(eager_model, eager_opt)(*batch)
-        train(*batch)
+    _both_step(train, eager_model, eager_opt, batches[2:4])
     train.write_back()
     _assert_equal(eager_model, eager_opt, model, opt)
 
@@ -252,9 +258,7 @@ def test_state_the_step_cannot_take_is_refused_and_nothing_changes() -> None:
     eager_model, eager_opt, model, opt = _pair(ADAM)
     batches = _batches()
     train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
-    for batch in batches[:2]:
-        _step_fn(eager_model, eager_opt)(*batch)
-        train(*batch)
+    _both_step(train, eager_model, eager_opt, batches[:2])
     train.write_back()
     first = list(model.parameters())[0]
     held = opt.state[first]["exp_avg"]
@@ -262,9 +266,7 @@ def test_state_the_step_cannot_take_is_refused_and_nothing_changes() -> None:
     with pytest.raises(hloalias.ExecutionError, match=r"optimizer.state\['exp_avg'\] of parameter 0"):
         train(*batches[2])
     opt.state[first]["exp_avg"] = held
-    for batch in batches[2:4]:
-        _step_fn(eager_model, eager_opt)(*batch)
-        train(*batch)
+    _both_step(train, eager_model, eager_opt, batches[2:4])
     train.write_back()
     _assert_equal(eager_model, eager_opt, model, opt)
 
@@ -275,8 +277,7 @@ def test_optimizer_state_holds_every_entry_after_calls_as_eager() -> None:
     eager_model, eager_opt, model, opt = _pair(ADAM)
     batches = _batches()
     train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
-    _step_fn(eager_model, eager_opt)(*batches[0])
-    train(*batches[0])
+    _both_step(train, eager_model, eager_opt, batches[:1])
     for p, eager_p in zip(model.parameters(), eager_model.parameters()):
         assert opt.state[p].keys() == eager_opt.state[eager_p].keys()
 
@@ -291,9 +292,7 @@ def test_a_replaced_entry_survives_the_copies_to_the_host(then: str) -> None:
     eager_model, eager_opt, model, opt = _pair(ADAM)
     batches = _batches(5)
     train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
-    for batch in batches[:2]:
-        _step_fn(eager_model, eager_opt)(*batch)
-        train(*batch)
+    _both_step(train, eager_model, eager_opt, batches[:2])
     for m, o in ((eager_model, eager_opt), (model, opt)):
         first = list(m.parameters())[0]
         o.state[first]["exp_avg"] = torch.full_like(first, 0.001)
@@ -306,8 +305,6 @@ def test_a_replaced_entry_survives_the_copies_to_the_host(then: str) -> None:
     else:
         train.write_back()
         torch.testing.assert_close(opt.state[first]["exp_avg"], torch.full_like(first, 0.001))
-    for batch in batches[3:5]:
-        _step_fn(eager_model, eager_opt)(*batch)
-        train(*batch)
+    _both_step(train, eager_model, eager_opt, batches[3:5])
     train.write_back()
     _assert_equal(eager_model, eager_opt, model, opt)
