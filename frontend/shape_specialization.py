@@ -125,6 +125,9 @@ def _export_dynamic(
             raise NotSpecializable("a dynamic dimension has size 0 or 1 in the example")
         shapes[leaf] = {d: torch.export.Dim.DYNAMIC for d in dims}
     importer._check_strided_inputs(args, kwargs)
+    single = importer._export_decomposed(f, args, kwargs, dynamic_dims=dynamic_dims)
+    if single is not None:
+        return _from_single_trace(single, dynamic_dims)
     exported = importer._export(f, args, kwargs, shapes.dynamic_shapes(f, args, kwargs))  # type: ignore[no-untyped-call]
     returned = _returned_sizes(exported)
     if returned and refuse_returned_sizes:
@@ -151,6 +154,23 @@ def _export_dynamic(
     guards = _trace_guards(exported)
     return DynamicExport(
         exported, state_aliases, eager_storage, dynamic_dims, carried, guards, tuple(_returned_sizes(exported))
+    )
+
+
+def _from_single_trace(exported: ExportedProgram, dynamic_dims: tuple[frozenset[int], ...]) -> DynamicExport:
+    """The dynamic export from one symbolic ``make_fx`` trace, decomposed
+    (:func:`hloalias.frontend.importer._export_decomposed` with
+    ``dynamic_dims``): the importer reads what it reads from a static
+    single trace (``_import_torch``: no eager storages, no training-IR
+    rewrites: the trace declined programs that need them).  Its guards are
+    the trace's shape environment's, as for the two traces; it returns no
+    size (the trace declined non-tensor outputs)."""
+    carried = importer.carried_objects_of(exported)
+    importer._check_strided_outputs(exported)
+    exported, state_aliases = importer._merge_aliased_state(exported, owned=True)
+    guards = _trace_guards(exported)
+    return DynamicExport(
+        exported, state_aliases, None, dynamic_dims, carried, guards, tuple(_returned_sizes(exported))
     )
 
 
