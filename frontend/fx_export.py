@@ -55,6 +55,20 @@ exports (same program, same errors):
   composite kernel) and the trace raises nothing (data-dependent control flow and
   the like are refused by ``torch.export`` with its message).
 
+With ``dynamic_dims`` (a shape family's dynamic export,
+:func:`hloalias.frontend.shape_specialization.export_dynamic`) the trace is
+symbolic in the named dimensions of the tensor inputs: fake inputs of one
+shape environment as ``torch.export`` makes them for ``Dim.DYNAMIC`` (the
+state static), the branches the code took on sizes left as that
+environment's guards and the symbols' ranges as the program's
+``range_constraints``.  It also takes what ``torch.export`` takes there
+and the static trace leaves to it: outputs that are registered pytree
+nodes (a transformers cache; no size in the tree) and tensors made in
+``forward`` (``torch.tensor([])``), lifted as constants named as export's
+``lift_constants_pass`` names them.  It declines a size the code fixed,
+data-dependent sizes, a module's tensor attribute read as a constant, and
+every case above (``test/py/test_dynamic_single_trace.py``).
+
 ``test/py/test_fx_export.py`` compares the program with
 ``torch.export`` + ``run_decompositions`` (graph, signature, names, trees,
 state) across the kinds above, and with the importer's two traces for
@@ -99,12 +113,26 @@ def _plain_tree(tree: Any, traced: bool = False) -> bool:
     return False
 
 
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 def _flat_tree(tree: Any) -> bool:
     """Whether ``tree`` flattens (``torch.utils._pytree``, with the nodes
     registered: a transformers cache, once the importer registered it) to
     tensors and primitives: the outputs ``torch.export`` takes, flattened
-    the same way."""
-    return all(isinstance(leaf, (torch.Tensor, *_PRIMITIVES)) for leaf in pytree.tree_leaves(tree))
+    the same way.  For a symbolic trace, whose tree serves every size: no
+    size in a leaf or in a node's context (a cache that records its
+    length)."""
+    leaves, spec = pytree.tree_flatten(tree)
+    if not all(isinstance(leaf, (torch.Tensor, *_PRIMITIVES)) for leaf in leaves):
+        return False
+    pending = [spec]
+    while pending:
+        node = pending.pop()
+        if any(isinstance(value, _SYMBOLIC) for value in pytree.tree_leaves(node.context)):
+            return False
+        pending.extend(node.children())
+    return True
 
 
 def _state_shares_memory(tensors: list[torch.Tensor]) -> bool:
@@ -557,12 +585,16 @@ def _constant_owners(module: torch.nn.Module) -> Iterator[None]:
             node.meta[_OWNER] = running[-1] if running else ""
         return node
 
+    wrapped = "create_node" in vars(tracer)  # by _forward_stack_traces, which deletes its own
     handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave, always_call=True)]
     tracer.create_node = recording  # type: ignore[method-assign]
     try:
         yield
     finally:
-        tracer.create_node = create_node  # type: ignore[method-assign]
+        if wrapped:
+            tracer.create_node = create_node  # type: ignore[method-assign]
+        else:
+            del tracer.create_node
         for handle in handles:
             handle.remove()
 
@@ -757,7 +789,7 @@ def _symbolic_inputs(
     for position, (tensor, dims) in enumerate(zip(users, dynamic_dims)):
         if any(tensor.shape[d] < 2 for d in dims):
             raise _NotPlain("a dynamic size of 0 or 1")
-        context = StatelessSymbolicContext(
+        context: Any = StatelessSymbolicContext(
             dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(tensor.dim())],
             constraint_sizes=[None] * tensor.dim(),
         )

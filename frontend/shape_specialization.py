@@ -1,10 +1,14 @@
 """One export, many shapes: a program exported once with dynamic
 dimensions, specialized to each call signature's sizes.
 
-:func:`export_dynamic` runs ``torch.export`` with the named dimensions of
-the user's tensor inputs dynamic (``Dim.DYNAMIC``: torch keeps each one
+:func:`export_dynamic` traces the program once with the named dimensions
+of the user's tensor inputs dynamic (``Dim.DYNAMIC``: torch keeps each one
 symbolic unless the model's code fixes it) and the importer's
-decompositions, once.  :func:`import_specialized` turns that decomposed,
+decompositions: one symbolic ``make_fx`` trace where it can tell the
+program (:func:`hloalias.frontend.fx_export.exported_from_trace` with
+``dynamic_dims``, the programs the importer's single trace takes:
+:mod:`hloalias.frontend.single_trace`), else ``torch.export`` and the
+decomposition retrace.  :func:`import_specialized` turns that decomposed,
 symbolic program into the static program ``torch.export`` would give for
 concrete inputs, without tracing the model again: every shape computation
 of the graph (``sym_size`` and the integer arithmetic on it, the range

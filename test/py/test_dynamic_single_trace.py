@@ -197,12 +197,33 @@ class ReturnsSize(torch.nn.Module):
         return x * 2, x.shape[1]
 
 
+class Sized:
+    """An output object that keeps a length in its pytree context (as a
+    cache may): one tree cannot serve every size."""
+
+    def __init__(self, values: torch.Tensor, length: Any) -> None:
+        self.values = values
+        self.length = length
+
+
+torch.utils._pytree.register_pytree_node(
+    Sized, lambda sized: ([sized.values], sized.length), lambda leaves, length: Sized(leaves[0], length),
+    serialized_type_name=f"{__name__}.Sized",
+)
+
+
+class ReturnsSized(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> Sized:
+        return Sized(x * 2, x.shape[1])
+
+
 @pytest.mark.parametrize(("model", "x", "dims"), [
     (FixedView(), torch.randn(16), frozenset({0})),  # the code fixes the size
     (DataDependent(), torch.randn(2, 6), frozenset({1})),  # data-dependent sizes
     (AttributeConstant(), torch.randn(4, 3), frozenset({0})),  # a tensor attribute
     (ReturnsSize(), torch.randn(2, 6), frozenset({1})),  # a size output
-], ids=["fixed", "data-dependent", "attribute constant", "returns a size"])
+    (ReturnsSized(), torch.randn(2, 6), frozenset({1})),  # a size in the output tree
+], ids=["fixed", "data-dependent", "attribute constant", "returns a size", "size in the output tree"])
 def test_programs_the_one_trace_cannot_tell_are_declined(model: torch.nn.Module, x: torch.Tensor,
                                                        dims: frozenset[int]) -> None:
     table = importer._decomposition_table_with_custom_ops()
