@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import os
 import sys
 import traceback
@@ -398,7 +399,7 @@ def _trace(
             wrapped = [FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t for t in flat]
             if isinstance(mode, _CheckedFunctionalMode):
                 mode.leaves = {_storage(t) for t in wrapped if isinstance(t, torch.Tensor) and t.requires_grad}
-            with _forward_stack_traces() if _FAST_STACK_TRACES else contextlib.nullcontext(), \
+            with _forward_stack_traces(dynamic_dims is None) if _FAST_STACK_TRACES else contextlib.nullcontext(), \
                     _constant_owners(module) if dynamic_dims is not None else contextlib.nullcontext():
                 outputs = flat_forward(*wrapped)
             if mode._tokens:
@@ -512,11 +513,15 @@ def _forward_frames(skipped: Any) -> traceback.StackSummary:
 
 
 @contextlib.contextmanager
-def _forward_stack_traces() -> Iterator[None]:
+def _forward_stack_traces(shape_nodes: bool = True) -> Iterator[None]:
     """Within the block, each node the ``make_fx`` trace creates records the
     stack trace ``record_stack_traces=True`` would give it, from
     :func:`_forward_frames` (placeholders, made before, record none: the
-    program drops theirs)."""
+    program drops theirs).  Without ``shape_nodes``, the nodes of size
+    arithmetic (:func:`_shape_node`) record none: a symbolic trace makes
+    thousands (every size computation of every op's meta function, most
+    dead), each a walk of the Python stack, and a specialization evaluates
+    them to numbers (no node of the specialized program comes from one)."""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
     from torch.fx.experimental.symbolic_shapes import uninteresting_files
 
@@ -530,7 +535,7 @@ def _forward_stack_traces() -> Iterator[None]:
 
     def recording(*args: Any, **kwargs: Any) -> torch.fx.Node:
         node: torch.fx.Node = create_node(*args, **kwargs)
-        if not node.stack_trace:
+        if not node.stack_trace and (shape_nodes or not _shape_node(node)):
             summary = _forward_frames(skipped)
             if summary:
                 node.stack_trace = "".join(summary.format()).strip()
@@ -541,6 +546,23 @@ def _forward_stack_traces() -> Iterator[None]:
         yield
     finally:
         del tracer.create_node
+
+
+_SIZE_QUERIES = frozenset({
+    torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+    torch.ops.aten.sym_storage_offset.default,
+})
+
+
+def _shape_node(node: torch.fx.Node) -> bool:
+    """Whether ``node`` computes a size, not a tensor: a size query of a
+    tensor, or arithmetic on sizes (a Python operator or ``torch.sym_*``
+    function as target: a symbolic trace's only targets that are no
+    operator, save ``getitem`` of an operator's tuple result)."""
+    target = node.target
+    if node.op != "call_function" or target is operator.getitem:
+        return False
+    return target in _SIZE_QUERIES or not isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator))
 
 
 #: Node meta key: the qualified name of the module whose forward made a

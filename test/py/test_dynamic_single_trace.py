@@ -240,3 +240,20 @@ def test_a_declined_program_is_exported_by_the_two_traces(monkeypatch: pytest.Mo
     stats = shape_family.shape_family_stats()
     assert (stats.exported, stats.specialized, stats.fallbacks) == (1, 2, 0), stats.reasons
     assert counted.calls.count("decompose") == 1  # the dynamic export's retrace
+
+
+def test_the_size_arithmetic_of_the_one_trace_records_no_stack_traces() -> None:
+    """A symbolic trace makes a node for every size computation; their
+    stack traces would cost a walk of the Python stack each and serve
+    nothing (a specialization evaluates them to numbers).  The tensor ops
+    keep theirs: the specialized program's nodes quote the user's line."""
+    model = Mixer().eval()
+    dynamic = export_dynamic(model, (_ids(8),), {}, [frozenset({1})])
+    nodes = [node for node in dynamic.exported.graph.nodes if node.op == "call_function"]
+    sizes = [node for node in nodes if fx_export._shape_node(node)]
+    assert sizes  # ids.shape[0] and the reshape's sizes
+    assert all(not node.stack_trace for node in sizes)
+    tensors = [node for node in nodes if not fx_export._shape_node(node)]
+    assert tensors and all("forward" in (node.stack_trace or "") for node in tensors)
+    specialized = specialize(dynamic, (_ids(5),), {})
+    assert all(node.stack_trace for node in specialized.graph.nodes if node.op == "call_function")
