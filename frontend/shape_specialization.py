@@ -75,8 +75,8 @@ class DynamicExport:
     dynamic_dims: tuple[frozenset[int], ...]
     #: input objects the program returns as themselves (frontend/carried_objects.py)
     carried_objects: CarriedObjects = ()
-    #: the conditions on the size symbols that the trace (export and the
-    #: decomposition retrace) took as true: sympy booleans over the symbols
+    #: the conditions on the size symbols that the trace (the one symbolic
+    #: trace, or export and the decomposition retrace) took as true: sympy booleans over the symbols
     #: of the user inputs' shapes (module docstring)
     guards: tuple[Any, ...] = ()
     #: the outputs that are sizes, not tensors (:func:`_returned_sizes`):
