@@ -81,6 +81,7 @@ import dataclasses
 import operator
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -587,15 +588,20 @@ def _constant_owners(module: torch.nn.Module) -> Iterator[None]:
     names = {id(submodule): name for name, submodule in module.named_modules()}
     running: list[str] = []
     pushed: list[bool] = []
+    # The hooks are process-wide: module calls of other threads (an eager
+    # forward beside the trace) are not the trace's.
+    tracing_thread = threading.get_ident()
 
     def enter(called: torch.nn.Module, *_: Any) -> None:
+        if threading.get_ident() != tracing_thread:
+            return
         name = names.get(id(called))
         pushed.append(name is not None)
         if name is not None:
             running.append(name)
 
     def leave(*_: Any) -> None:
-        if pushed and pushed.pop():
+        if threading.get_ident() == tracing_thread and pushed and pushed.pop():
             running.pop()
 
     tracer = mode.tracer

@@ -8,6 +8,7 @@ the two traces as before.  Counted, never timed."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -257,3 +258,51 @@ def test_the_size_arithmetic_of_the_one_trace_records_no_stack_traces() -> None:
     assert tensors and all("forward" in (node.stack_trace or "") for node in tensors)
     specialized = specialize(dynamic, (_ids(5),), {})
     assert all(node.stack_trace for node in specialized.graph.nodes if node.op == "call_function")
+
+
+class _Waiting(torch.nn.Module):
+    """A submodule that, called from another thread, waits inside its
+    forward until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.entered.set()
+        self.release.wait(timeout=30)
+        return x  # no op: make_fx's module-call patch is process-wide too
+
+
+class _CalledBesideTheTrace(torch.nn.Module):
+    """Its forward makes a constant while another thread is inside the
+    forward of one of its submodules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = _Waiting()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.block.entered.clear()
+        self.block.release.clear()
+        beside = threading.Thread(target=self.block, args=(torch.ones(2),))
+        beside.start()
+        self.block.entered.wait(timeout=30)
+        try:
+            return x * torch.tensor([1.0, 2.0])
+        finally:
+            self.block.release.set()
+            beside.join()
+
+
+def test_a_lifted_constant_is_named_after_the_traced_thread_s_module() -> None:
+    """The module that made a constant is read from process-wide module
+    hooks: another thread's call of a submodule, eager beside the trace,
+    does not name it (torch.export names it after the root here)."""
+    table = importer._decomposition_table_with_custom_ops()
+    with tracing():
+        exported = fx_export.exported_from_trace(
+            _CalledBesideTheTrace(), (torch.randn(5, 2),), {}, table, dynamic_dims=(frozenset({0}),))
+    assert exported is not None
+    assert list(exported.constants) == ["lifted_tensor_0"]
