@@ -365,7 +365,7 @@ def _trace(
     dynamic_dims: Sequence[frozenset[int]] | None = None,
 ) -> _Traced | None:
     from torch._dispatch.python import enable_python_dispatcher
-    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.proxy_tensor import make_fx, maybe_enable_thunkify
     from torch.nn.utils.stateless import _reparametrize_module
 
     flat_inputs, in_spec = pytree.tree_flatten((args, kwargs))
@@ -401,7 +401,13 @@ def _trace(
             if isinstance(mode, _CheckedFunctionalMode):
                 mode.leaves = {_storage(t) for t in wrapped if isinstance(t, torch.Tensor) and t.requires_grad}
             with _forward_stack_traces(dynamic_dims is None) if _FAST_STACK_TRACES else contextlib.nullcontext(), \
-                    _constant_owners(module) if dynamic_dims is not None else contextlib.nullcontext():
+                    _constant_owners(module) if dynamic_dims is not None else contextlib.nullcontext(), \
+                    maybe_enable_thunkify() if dynamic_dims is not None else contextlib.nullcontext():
+                # Symbolic: the size arithmetic of every op's meta function
+                # (thousands of operations for a small Llama) becomes a node
+                # only where the graph uses it, as in AOT autograd's
+                # functionalization; a chain too deep to force fails the
+                # trace, and the two traces take the program.
                 outputs = flat_forward(*wrapped)
             if mode._tokens:
                 raise _NotPlain("effect tokens")
@@ -519,10 +525,9 @@ def _forward_stack_traces(shape_nodes: bool = True) -> Iterator[None]:
     stack trace ``record_stack_traces=True`` would give it, from
     :func:`_forward_frames` (placeholders, made before, record none: the
     program drops theirs).  Without ``shape_nodes``, the nodes of size
-    arithmetic (:func:`_shape_node`) record none: a symbolic trace makes
-    thousands (every size computation of every op's meta function, most
-    dead), each a walk of the Python stack, and a specialization evaluates
-    them to numbers (no node of the specialized program comes from one)."""
+    arithmetic (:func:`_shape_node`) record none: each would be a walk of
+    the Python stack, and a specialization evaluates them to numbers (no
+    node of the specialized program comes from one)."""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
     from torch.fx.experimental.symbolic_shapes import uninteresting_files
 

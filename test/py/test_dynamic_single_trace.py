@@ -306,3 +306,24 @@ def test_a_lifted_constant_is_named_after_the_traced_thread_s_module() -> None:
             _CalledBesideTheTrace(), (torch.randn(5, 2),), {}, table, dynamic_dims=(frozenset({0}),))
     assert exported is not None
     assert list(exported.constants) == ["lifted_tensor_0"]
+
+
+def test_the_one_trace_makes_nodes_only_for_the_size_arithmetic_it_keeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every meta function's size computation (contiguity, strides,
+    broadcasting) is symbolic in a dynamic trace; traced as it runs, each
+    would be a node (most of them dead, dropped at the end).  The trace
+    records them lazily, as AOT autograd's functionalization does: only
+    those the graph uses become nodes."""
+    created: list[torch.fx.Node] = []
+    create_node = torch.fx.Graph.create_node
+
+    def counting(self: torch.fx.Graph, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = create_node(self, *args, **kwargs)
+        created.append(node)
+        return node
+
+    monkeypatch.setattr(torch.fx.Graph, "create_node", counting)
+    dynamic = export_dynamic(Mixer().eval(), (_ids(8),), {}, [frozenset({1})])
+    kept = [node for node in dynamic.exported.graph.nodes if fx_export._shape_node(node)]
+    made = [node for node in created if fx_export._shape_node(node)]
+    assert kept and len(made) <= 3 * len(kept), (len(made), len(kept))
