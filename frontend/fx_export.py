@@ -55,6 +55,20 @@ exports (same program, same errors):
   composite kernel) and the trace raises nothing (data-dependent control flow and
   the like are refused by ``torch.export`` with its message).
 
+With ``dynamic_dims`` (a shape family's dynamic export,
+:func:`hloalias.frontend.shape_specialization.export_dynamic`) the trace is
+symbolic in the named dimensions of the tensor inputs: fake inputs of one
+shape environment as ``torch.export`` makes them for ``Dim.DYNAMIC`` (the
+state static), the branches the code took on sizes left as that
+environment's guards and the symbols' ranges as the program's
+``range_constraints``.  It also takes what ``torch.export`` takes there
+and the static trace leaves to it: outputs that are registered pytree
+nodes (a transformers cache; no size in the tree) and tensors made in
+``forward`` (``torch.tensor([])``), lifted as constants named as export's
+``lift_constants_pass`` names them.  It declines a size the code fixed,
+data-dependent sizes, a module's tensor attribute read as a constant, and
+every case above (``test/py/test_dynamic_single_trace.py``).
+
 ``test/py/test_fx_export.py`` compares the program with
 ``torch.export`` + ``run_decompositions`` (graph, signature, names, trees,
 state) across the kinds above, and with the importer's two traces for
@@ -64,8 +78,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -97,6 +113,28 @@ def _plain_tree(tree: Any, traced: bool = False) -> bool:
     if isinstance(tree, dict) and (type(tree) is dict or type(tree) in pytree.SUPPORTED_NODES):
         return all(isinstance(key, str) for key in tree) and all(_plain_tree(item, traced) for item in tree.values())
     return False
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _flat_tree(tree: Any) -> bool:
+    """Whether ``tree`` flattens (``torch.utils._pytree``, with the nodes
+    registered: a transformers cache, once the importer registered it) to
+    tensors and primitives: the outputs ``torch.export`` takes, flattened
+    the same way.  For a symbolic trace, whose tree serves every size: no
+    size in a leaf or in a node's context (a cache that records its
+    length)."""
+    leaves, spec = pytree.tree_flatten(tree)
+    if not all(isinstance(leaf, (torch.Tensor, *_PRIMITIVES)) for leaf in leaves):
+        return False
+    pending = [spec]
+    while pending:
+        node = pending.pop()
+        if any(isinstance(value, _SYMBOLIC) for value in pytree.tree_leaves(node.context)):
+            return False
+        pending.extend(node.children())
+    return True
 
 
 def _state_shares_memory(tensors: list[torch.Tensor]) -> bool:
@@ -269,15 +307,21 @@ def exported_from_trace(
     kwargs: dict[str, Any],
     table: dict[Any, Callable[..., Any]],
     mutations: bool = False,
+    dynamic_dims: Sequence[frozenset[int]] | None = None,
 ) -> ExportedProgram | None:
     """The decomposed program of ``module`` on ``args``/``kwargs`` from one
     ``make_fx`` trace, or None where ``torch.export`` must decide (module
     docstring).  With ``mutations``, a program that writes its parameters,
     buffers or tensor inputs in place is taken too (its code sees the
     caller's grad mode, as in export's training IR); without, it is
-    declined.  Never raises for a program it does not take."""
+    declined.  With ``dynamic_dims`` (per flat input leaf, all tensors, the
+    dimensions to keep symbolic) the trace is symbolic in those dimensions
+    (:func:`_symbolic_inputs`; not with ``mutations``).  Never raises for a
+    program it does not take."""
     private = torch_internals._private()
     if private is None or not _plain_tree((args, kwargs)):
+        return None
+    if dynamic_dims is not None and mutations:
         return None
     parameters = dict(module.named_parameters(remove_duplicate=False))
     buffers = dict(module.named_buffers(remove_duplicate=False))
@@ -286,7 +330,7 @@ def exported_from_trace(
     if _state_shares_memory([*parameters.values(), *buffers.values()]):
         return None
     try:
-        traced = _trace(module, args, kwargs, parameters, buffers, table, mutations)
+        traced = _trace(module, args, kwargs, parameters, buffers, table, mutations, dynamic_dims)
     except Exception:  # _NotPlain, or anything the trace raised: export names it
         return None
     if traced is None:
@@ -295,7 +339,8 @@ def exported_from_trace(
     if traced.mutated and _state_shares_memory([*parameters.values(), *buffers.values(), *tensors]):
         return None  # a write through inputs that share memory: export's error or its aliasing rules
     try:
-        return _program(module, args, kwargs, parameters, buffers, traced)
+        ranges = None if dynamic_dims is None else _symbolic_ranges(traced.graph_module, len(parameters) + len(buffers))
+        return _program(module, args, kwargs, parameters, buffers, traced, ranges)
     except _NotPlain:
         return None
 
@@ -317,9 +362,10 @@ def _trace(
     buffers: dict[str, torch.Tensor],
     table: dict[Any, Callable[..., Any]],
     mutations: bool = False,
+    dynamic_dims: Sequence[frozenset[int]] | None = None,
 ) -> _Traced | None:
     from torch._dispatch.python import enable_python_dispatcher
-    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.proxy_tensor import make_fx, maybe_enable_thunkify
     from torch.nn.utils.stateless import _reparametrize_module
 
     flat_inputs, in_spec = pytree.tree_flatten((args, kwargs))
@@ -337,7 +383,7 @@ def _trace(
         with _reparametrize_module(module, state, tie_weights=True, strict=True, stack_weights=True), watch, \
                 _user_grad_mode(watch) if mutations else contextlib.nullcontext():
             result = module(*call_args, **call_kwargs)
-        if not _plain_tree(result, traced=True):
+        if not (_plain_tree(result, traced=True) if dynamic_dims is None else _flat_tree(result)):
             raise _NotPlain("output")
         leaves, spec = pytree.tree_flatten(result)
         out_specs.append(spec)
@@ -354,7 +400,14 @@ def _trace(
             wrapped = [FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t for t in flat]
             if isinstance(mode, _CheckedFunctionalMode):
                 mode.leaves = {_storage(t) for t in wrapped if isinstance(t, torch.Tensor) and t.requires_grad}
-            with _forward_stack_traces() if _FAST_STACK_TRACES else contextlib.nullcontext():
+            with _forward_stack_traces(dynamic_dims is None) if _FAST_STACK_TRACES else contextlib.nullcontext(), \
+                    _constant_owners(module) if dynamic_dims is not None else contextlib.nullcontext(), \
+                    maybe_enable_thunkify() if dynamic_dims is not None else contextlib.nullcontext():
+                # Symbolic: the size arithmetic of every op's meta function
+                # (thousands of operations for a small Llama) becomes a node
+                # only where the graph uses it, as in AOT autograd's
+                # functionalization; a chain too deep to force fails the
+                # trace, and the two traces take the program.
                 outputs = flat_forward(*wrapped)
             if mode._tokens:
                 raise _NotPlain("effect tokens")
@@ -375,6 +428,8 @@ def _trace(
     assert private is not None
     cia_to_decomp, python_table = torch_internals.split_decomposition_table(table)
     flat = [*parameters.values(), *buffers.values(), *flat_inputs]
+    if dynamic_dims is not None:
+        flat = _symbolic_inputs(flat, state_count, dynamic_dims)
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_internals.cia_override(cia_to_decomp))
         # The override's kernels are Python kernels: only the Python
@@ -396,7 +451,7 @@ def _trace(
         graph_module = make_fx(
             functional,
             decomposition_table=dict(python_table),
-            tracing_mode="fake",
+            tracing_mode="fake" if dynamic_dims is None else "symbolic",
             record_stack_traces=not _FAST_STACK_TRACES,
             _allow_non_fake_inputs=True,
         )(*flat)
@@ -465,11 +520,14 @@ def _forward_frames(skipped: Any) -> traceback.StackSummary:
 
 
 @contextlib.contextmanager
-def _forward_stack_traces() -> Iterator[None]:
+def _forward_stack_traces(shape_nodes: bool = True) -> Iterator[None]:
     """Within the block, each node the ``make_fx`` trace creates records the
     stack trace ``record_stack_traces=True`` would give it, from
     :func:`_forward_frames` (placeholders, made before, record none: the
-    program drops theirs)."""
+    program drops theirs).  Without ``shape_nodes``, the nodes of size
+    arithmetic (:func:`_shape_node`) record none: each would be a walk of
+    the Python stack, and a specialization evaluates them to numbers (no
+    node of the specialized program comes from one)."""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
     from torch.fx.experimental.symbolic_shapes import uninteresting_files
 
@@ -483,7 +541,7 @@ def _forward_stack_traces() -> Iterator[None]:
 
     def recording(*args: Any, **kwargs: Any) -> torch.fx.Node:
         node: torch.fx.Node = create_node(*args, **kwargs)
-        if not node.stack_trace:
+        if not node.stack_trace and (shape_nodes or not _shape_node(node)):
             summary = _forward_frames(skipped)
             if summary:
                 node.stack_trace = "".join(summary.format()).strip()
@@ -494,6 +552,130 @@ def _forward_stack_traces() -> Iterator[None]:
         yield
     finally:
         del tracer.create_node
+
+
+_SIZE_QUERIES = frozenset({
+    torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+    torch.ops.aten.sym_storage_offset.default,
+})
+
+
+def _shape_node(node: torch.fx.Node) -> bool:
+    """Whether ``node`` computes a size, not a tensor: a size query of a
+    tensor, or arithmetic on sizes (a Python operator or ``torch.sym_*``
+    function as target: a symbolic trace's only targets that are no
+    operator, save ``getitem`` of an operator's tuple result)."""
+    target = node.target
+    if node.op != "call_function" or target is operator.getitem:
+        return False
+    return target in _SIZE_QUERIES or not isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator))
+
+
+#: Node meta key: the qualified name of the module whose forward made a
+#: ``get_attr`` node (a tensor constant made in ``forward``).
+_OWNER = "hloalias_constant_owner"
+
+
+@contextlib.contextmanager
+def _constant_owners(module: torch.nn.Module) -> Iterator[None]:
+    """Within the block, each ``get_attr`` node the ``make_fx`` trace
+    creates (a tensor the code makes, ``torch.tensor([])``) records in
+    ``meta[_OWNER]`` the qualified name of the innermost submodule of
+    ``module`` whose ``forward`` runs: ``torch.export`` names the lifted
+    constant after it (:func:`_lift_constants`)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+    mode = get_proxy_mode()
+    if mode is None:
+        yield
+        return
+    names = {id(submodule): name for name, submodule in module.named_modules()}
+    running: list[str] = []
+    pushed: list[bool] = []
+    # The hooks are process-wide: module calls of other threads (an eager
+    # forward beside the trace) are not the trace's.
+    tracing_thread = threading.get_ident()
+
+    def enter(called: torch.nn.Module, *_: Any) -> None:
+        if threading.get_ident() != tracing_thread:
+            return
+        name = names.get(id(called))
+        pushed.append(name is not None)
+        if name is not None:
+            running.append(name)
+
+    def leave(*_: Any) -> None:
+        if threading.get_ident() == tracing_thread and pushed and pushed.pop():
+            running.pop()
+
+    tracer = mode.tracer
+    create_node = tracer.create_node
+
+    def recording(kind: str, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node: torch.fx.Node = create_node(kind, *args, **kwargs)
+        if kind == "get_attr":
+            node.meta[_OWNER] = running[-1] if running else ""
+        return node
+
+    wrapped = "create_node" in vars(tracer)  # by _forward_stack_traces, which deletes its own
+    handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave, always_call=True)]
+    tracer.create_node = recording  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if wrapped:
+            tracer.create_node = create_node  # type: ignore[method-assign]
+        else:
+            del tracer.create_node
+        for handle in handles:
+            handle.remove()
+
+
+def _lift_constants(
+    graph_module: torch.fx.GraphModule, module: torch.nn.Module, first_user_input: torch.fx.Node | None
+) -> list[tuple[torch.fx.Node, str, torch.Tensor]]:
+    """Turn each tensor constant the trace made (``get_attr`` of a tensor
+    the code created in ``forward``) into a placeholder, inserted before
+    ``first_user_input`` (after the state, where ``torch.export``'s
+    ``lift_constants_pass`` puts them: the order of a static import's
+    arguments), named as that pass names
+    it: ``lifted_tensor_<n>`` in graph order, under the qualified name of
+    the module that made it.  One placeholder per tensor object.  Returns
+    ``(placeholder, qualified name, tensor)``; declines
+    (:class:`_NotPlain`) a constant that is a module's tensor attribute
+    (export keeps that attribute's own name) or has no recorded owner."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    attributes = {
+        id(value) for submodule in module.modules() for value in vars(submodule).values()
+        if isinstance(value, torch.Tensor)
+    }
+    graph = graph_module.graph
+    anchor = first_user_input or next(
+        (node for node in graph.nodes if node.op != "placeholder"), None
+    )
+    lifted: dict[int, tuple[torch.fx.Node, str, torch.Tensor]] = {}
+    for node in list(graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = getattr(graph_module, str(node.target), None)
+        if not isinstance(value, torch.Tensor) or id(value) in attributes or _OWNER not in node.meta:
+            raise _NotPlain("tensor constant")
+        if id(value) not in lifted:
+            name = f"lifted_tensor_{len(lifted)}"
+            owner = node.meta[_OWNER]
+            with graph.inserting_before(anchor):
+                placeholder = graph.placeholder(name)
+            with unset_fake_temporarily():
+                real = value.detach() if isinstance(value, torch.nn.Parameter) else value
+            placeholder.meta["val"] = node.meta.get("val")
+            lifted[id(value)] = (placeholder, f"{owner}.{name}" if owner else name, real)
+        node.replace_all_uses_with(lifted[id(value)][0])
+        graph.erase_node(node)
+        if hasattr(graph_module, str(node.target)):
+            delattr(graph_module, str(node.target))
+    return list(lifted.values())
 
 
 def _storage(tensor: torch.Tensor) -> Any:
@@ -509,6 +691,7 @@ def _program(
     parameters: dict[str, torch.nn.Parameter],
     buffers: dict[str, torch.Tensor],
     traced: _Traced,
+    range_constraints: dict[Any, Any] | None = None,
 ) -> ExportedProgram:
     from torch._export.utils import placeholder_naming_pass
     from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
@@ -522,12 +705,17 @@ def _program(
         if node.target is torch.ops.aten._assert_tensor_metadata.default and not node.users:
             graph.erase_node(node)
     graph.eliminate_dead_code()  # as AOT autograd does for export's graph
+    lifted: list[tuple[torch.fx.Node, str, torch.Tensor]] = []
     if any(node.op == "get_attr" for node in graph.nodes):
-        raise _NotPlain("tensor constant")  # export lifts it (and names it)
+        if range_constraints is None:
+            raise _NotPlain("tensor constant")  # export lifts it (and names it)
+        users = [node for node in graph.nodes if node.op == "placeholder"][len(parameters) + len(buffers):]
+        lifted = _lift_constants(graph_module, module, users[0] if users else None)
+    lifted_nodes = {node for node, _, _ in lifted}
     if any(_random(node) for node in graph.nodes):
         raise _NotPlain("random op")  # export keeps native_dropout where this trace decomposes it
     flat_inputs, in_spec = pytree.tree_flatten((args, kwargs))
-    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    placeholders = [node for node in graph.nodes if node.op == "placeholder" and node not in lifted_nodes]
     if len(placeholders) != len(parameters) + len(buffers) + len(flat_inputs):
         raise _NotPlain("placeholders")
     non_persistent = _non_persistent_buffers(module)
@@ -538,6 +726,8 @@ def _program(
         input_specs.append(
             InputSpec(InputKind.BUFFER, TensorArgument(node.name), name, persistent=name not in non_persistent)
         )
+    for node, target, _ in lifted:
+        input_specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name), target))
     for node, value in zip(placeholders[len(parameters) + len(buffers):], flat_inputs):
         if isinstance(value, torch.Tensor):
             argument: Any = TensorArgument(node.name)
@@ -545,7 +735,7 @@ def _program(
             node.meta["val"] = value
             argument = ConstantArgument(node.name, value)
         input_specs.append(InputSpec(InputKind.USER_INPUT, argument, None))
-    for node in placeholders:
+    for node in [*placeholders, *lifted_nodes]:
         node.meta.pop("stack_trace", None)
         node.meta.pop("nn_module_stack", None)
         if "val" not in node.meta:
@@ -586,7 +776,8 @@ def _program(
     # A plain graph: the flat inputs and outputs are the program's.
     graph._codegen = torch.fx.graph.CodeGen()
     signature = ExportGraphSignature(input_specs, output_specs)
-    constants: dict[str, Any] = {name: buffers[name] for name in buffers if name in non_persistent}
+    constants: dict[str, Any] = {target: tensor for _, target, tensor in lifted}
+    constants.update({name: buffers[name] for name in buffers if name in non_persistent})
     placeholder_naming_pass(
         graph_module, signature, module, args, kwargs, {**parameters, **buffers}, constants
     )
@@ -601,12 +792,79 @@ def _program(
         graph=graph,
         graph_signature=signature,
         state_dict=state_dict,
-        range_constraints={},
+        range_constraints=dict(range_constraints or {}),
         module_call_graph=[ModuleCallEntry("", call)],
         example_inputs=(args, kwargs),
         constants=constants,
     )
     return exported
+
+
+def _symbolic_inputs(
+    flat: list[Any], state_count: int, dynamic_dims: Sequence[frozenset[int]]
+) -> list[Any]:
+    """``flat`` (parameters and buffers, then the user inputs' leaves) as
+    fake tensors of one fake mode with a shape environment, as
+    ``torch.export`` makes them for ``Dim.DYNAMIC`` dimensions (its
+    ``make_fake_inputs``): the state with static shapes, the
+    ``dynamic_dims[i]`` of the ``i``-th user input symbolic (a dynamic
+    size of 0 or 1 would be specialized: refused)."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    users = flat[state_count:]
+    if len(users) != len(dynamic_dims) or not all(isinstance(value, torch.Tensor) for value in users):
+        raise _NotPlain("dynamic inputs")
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv(tracked_fakes=[], trace_asserts=True),
+                               allow_non_fake_inputs=True, export=True)
+    fakes: list[Any] = [fake_mode.from_tensor(tensor, static_shapes=True) for tensor in flat[:state_count]]
+    for position, (tensor, dims) in enumerate(zip(users, dynamic_dims)):
+        if any(tensor.shape[d] < 2 for d in dims):
+            raise _NotPlain("a dynamic size of 0 or 1")
+        context: Any = StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(tensor.dim())],
+            constraint_sizes=[None] * tensor.dim(),
+        )
+        fakes.append(fake_mode.from_tensor(tensor, source=ConstantSource(f"input{position}"),
+                                           symbolic_context=context))
+    return fakes
+
+
+def _symbolic_ranges(graph_module: torch.fx.GraphModule, state_count: int) -> dict[Any, Any]:
+    """The value range of each size symbol of the user inputs after a
+    symbolic trace (the program's ``range_constraints``).  Declines
+    (:class:`_NotPlain`) where the graph is not a program of those symbols
+    alone: a size the code fixed (``torch.export`` refuses or specializes
+    it), or data-dependent sizes (unbacked symbols, whose checks
+    ``torch.export`` inserts into the graph as nodes)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    placeholders = [node for node in graph_module.graph.nodes if node.op == "placeholder"]
+    shape_env = None
+    symbols: set[Any] = set()
+    for node in placeholders[state_count:]:
+        value = node.meta.get("val")
+        for size in getattr(value, "shape", ()):
+            if isinstance(size, torch.SymInt):
+                # ``expr`` has the shape environment's replacements applied:
+                # a size the code fixed is a number here, and one found
+                # equal to another is that one's symbol (as export writes
+                # them into its placeholders; specialize binds the symbol
+                # once and refuses two values for it).
+                if not size.node.expr.is_Symbol:
+                    raise _NotPlain("the code fixed a dynamic size, or made it an expression")
+                shape_env = size.node.shape_env
+                symbols.add(size.node.expr)
+    if shape_env is None:
+        return {}
+    for node in graph_module.graph.nodes:
+        if free_unbacked_symbols(node.meta.get("val")):
+            raise _NotPlain("data-dependent sizes")
+    if any(free_unbacked_symbols(ra.expr) for asserts in shape_env.deferred_runtime_asserts.values()
+           for ra in asserts):
+        raise _NotPlain("data-dependent sizes")
+    return {symbol: shape_env.var_to_range[symbol] for symbol in symbols}
 
 
 def _forward_arg_names(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str] | None:

@@ -755,11 +755,12 @@ def _training_ir_ops(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
 
 
 def _export_decomposed(
-    f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any = None
+    f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any = None, dynamic_dims: Any = None
 ) -> ExportedProgram | None:
     """:func:`_export` and :func:`decompose` with the importer's table in
     one trace, or None where the program needs the training IR
-    (:mod:`hloalias.frontend.single_trace`)."""
+    (:mod:`hloalias.frontend.single_trace`); ``dynamic_dims`` as
+    :func:`hloalias.frontend.single_trace.export_decomposed` takes them."""
     module = f if isinstance(f, torch.nn.Module) else _FunctionModule.wrap(f)
     _register_transformers_caches(f)
     table = _decomposition_table_with_custom_ops()
@@ -767,13 +768,13 @@ def _export_decomposed(
     # it happens; the single trace declines then, and _export names it.
     guard = single_trace.refusing_closed_over_writes(module, _describe(f))
     with guard, record_carried_objects(module) as carried:
-        exported = single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes)
+        exported = single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes, dynamic_dims)
     late = late_registered_entries(table, exported.graph_module) if exported is not None else {}
     if late:
         table = {**table, **late}
         guard = single_trace.refusing_closed_over_writes(module, _describe(f))
         with guard, record_carried_objects(module) as carried:
-            exported = single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes)
+            exported = single_trace.export_decomposed(module, args, kwargs, table, dynamic_shapes, dynamic_dims)
     if exported is not None:
         # As _export records them: a cache object the caller passes in and
         # gets back is updated by the runtime (frontend/carried_objects.py).

@@ -1,10 +1,14 @@
 """One export, many shapes: a program exported once with dynamic
 dimensions, specialized to each call signature's sizes.
 
-:func:`export_dynamic` runs ``torch.export`` with the named dimensions of
-the user's tensor inputs dynamic (``Dim.DYNAMIC``: torch keeps each one
+:func:`export_dynamic` traces the program once with the named dimensions
+of the user's tensor inputs dynamic (``Dim.DYNAMIC``: torch keeps each one
 symbolic unless the model's code fixes it) and the importer's
-decompositions, once.  :func:`import_specialized` turns that decomposed,
+decompositions: one symbolic ``make_fx`` trace where it can tell the
+program (:func:`hloalias.frontend.fx_export.exported_from_trace` with
+``dynamic_dims``, the programs the importer's single trace takes:
+:mod:`hloalias.frontend.single_trace`), else ``torch.export`` and the
+decomposition retrace.  :func:`import_specialized` turns that decomposed,
 symbolic program into the static program ``torch.export`` would give for
 concrete inputs, without tracing the model again: every shape computation
 of the graph (``sym_size`` and the integer arithmetic on it, the range
@@ -72,8 +76,8 @@ class DynamicExport:
     dynamic_dims: tuple[frozenset[int], ...]
     #: input objects the program returns as themselves (frontend/carried_objects.py)
     carried_objects: CarriedObjects = ()
-    #: the conditions on the size symbols that the trace (export and the
-    #: decomposition retrace) took as true: sympy booleans over the symbols
+    #: the conditions on the size symbols that the trace (the one symbolic
+    #: trace, or export and the decomposition retrace) took as true: sympy booleans over the symbols
     #: of the user inputs' shapes (module docstring)
     guards: tuple[Any, ...] = ()
     #: the outputs that are sizes, not tensors (:func:`_returned_sizes`):
@@ -126,6 +130,9 @@ def _export_dynamic(
             raise NotSpecializable("a dynamic dimension has size 0 or 1 in the example")
         shapes[leaf] = {d: torch.export.Dim.DYNAMIC for d in dims}
     importer._check_strided_inputs(args, kwargs)
+    single = importer._export_decomposed(f, args, kwargs, dynamic_dims=dynamic_dims)
+    if single is not None:
+        return _from_single_trace(single, dynamic_dims)
     exported = importer._export(f, args, kwargs, shapes.dynamic_shapes(f, args, kwargs))  # type: ignore[no-untyped-call]
     returned = _returned_sizes(exported)
     if returned and refuse_returned_sizes:
@@ -152,6 +159,23 @@ def _export_dynamic(
     guards = _trace_guards(exported)
     return DynamicExport(
         exported, state_aliases, eager_storage, dynamic_dims, carried, guards, tuple(_returned_sizes(exported))
+    )
+
+
+def _from_single_trace(exported: ExportedProgram, dynamic_dims: tuple[frozenset[int], ...]) -> DynamicExport:
+    """The dynamic export from one symbolic ``make_fx`` trace, decomposed
+    (:func:`hloalias.frontend.importer._export_decomposed` with
+    ``dynamic_dims``): the importer reads what it reads from a static
+    single trace (``_import_torch``: no eager storages, no training-IR
+    rewrites: the trace declined programs that need them).  Its guards are
+    the trace's shape environment's, as for the two traces; it returns no
+    size (the trace declined non-tensor outputs)."""
+    carried = importer.carried_objects_of(exported)
+    importer._check_strided_outputs(exported)
+    exported, state_aliases = importer._merge_aliased_state(exported, owned=True)
+    guards = _trace_guards(exported)
+    return DynamicExport(
+        exported, state_aliases, None, dynamic_dims, carried, guards, tuple(_returned_sizes(exported))
     )
 
 

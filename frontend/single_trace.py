@@ -279,18 +279,29 @@ def export_decomposed(
     kwargs: dict[str, Any],
     table: dict[Any, Callable[..., Any]],
     dynamic_shapes: Any = None,
+    dynamic_dims: Any = None,
 ) -> ExportedProgram | None:
     """The decomposed program of ``module`` on ``args``/``kwargs`` (with
     ``torch.export``'s ``dynamic_shapes``) from one trace, or None when the
-    program needs the training IR or the trace fails (module docstring)."""
-    if may_write_in_place(module):
+    program needs the training IR or the trace fails (module docstring).
+    With ``dynamic_dims`` (per flat input leaf, the dimensions to keep
+    symbolic: :func:`hloalias.frontend.shape_specialization.export_dynamic`)
+    only the one ``make_fx`` trace is tried, symbolic in those dimensions
+    (:func:`hloalias.frontend.fx_export.exported_from_trace`); where it
+    declines, None."""
+    if dynamic_dims is not None:
+        if may_write_in_place(module):
+            return None
+    elif may_write_in_place(module):
         return _export_writing(module, args, kwargs, table, dynamic_shapes)
     try:
         with _watching(module) as writes:
             exported = None
-            if dynamic_shapes is None:
+            if dynamic_dims is not None:
+                exported = fx_export.exported_from_trace(module, args, kwargs, table, dynamic_dims=dynamic_dims)
+            elif dynamic_shapes is None:
                 exported = fx_export.exported_from_trace(module, args, kwargs, table)
-            if exported is None and not writes:
+            if exported is None and not writes and dynamic_dims is None:
                 exported = torch_internals.export_decomposed(module, args, kwargs, table, dynamic_shapes)
     except Exception:  # _WritesInPlace, or any failure: the two-trace path names it
         return None
