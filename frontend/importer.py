@@ -272,6 +272,7 @@ def _import_torch(
     observe.finish(mark)
     exported, state_aliases = _merge_aliased_state(exported, owned=exported is not f)
     if not isinstance(f, ExportedProgram):
+        _masked_fill_in_place_keeps_layout(exported)
         _pin_eager_copies(exported)
         _explicit_copy_conversions(exported)
     eager_storage = _eager_output_storage(exported)
@@ -1136,6 +1137,50 @@ def _storage_classes(
 
 
 _COPY_OR_VIEW_OPS = ("contiguous", "reshape", "flatten")
+
+
+def _masked_fill_in_place_keeps_layout(exported: ExportedProgram) -> bool:
+    """Write ``t.masked_fill_(mask, v)`` of a ``t`` that is not laid out
+    row-major (a transposed view of an input) as ``t.copy_(t.masked_fill(mask,
+    v))``, in the training IR.  Functionalization replays the in-place
+    write as the out-of-place op, whose result torch lays out row-major
+    whatever ``t``'s layout, and derives the written base's new value from
+    it: the base then had the view's inverse strides, so a later
+    ``x.as_strided`` read the wrong elements (silently) and
+    ``x.reshape(-1)`` failed to replay.  ``copy`` keeps ``t``'s layout,
+    as eager's in-place write does.  True where a node was rewritten."""
+    from torch._guards import detect_fake_mode
+
+    graph = exported.graph_module.graph
+    functional = {
+        torch.ops.aten.masked_fill_.Scalar: torch.ops.aten.masked_fill.Scalar,
+        torch.ops.aten.masked_fill_.Tensor: torch.ops.aten.masked_fill.Tensor,
+    }
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in functional:
+            continue
+        target = node.args[0]
+        value = target.meta.get("val") if isinstance(target, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.is_contiguous():
+            continue
+        fake_mode = detect_fake_mode([value])
+        if fake_mode is None:
+            continue
+        with fake_mode:
+            filled_value = functional[node.target](
+                *[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in node.args]
+            )
+        with graph.inserting_before(node):
+            filled = graph.call_function(functional[node.target], node.args, dict(node.kwargs))
+        filled.meta = {**node.meta, "val": filled_value}
+        node.target = torch.ops.aten.copy_.default
+        node.args = (target, filled)
+        node.kwargs = {}
+        changed = True
+    if changed:
+        exported.graph_module.recompile()
+    return changed
 
 
 def _pin_eager_copies(exported: ExportedProgram) -> bool:

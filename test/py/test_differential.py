@@ -427,15 +427,6 @@ KNOWN_BUGS = {
         ["v0 = x0 + 1.0", "v1 = v0[0:2]", "v2 = v0[1:3]"], ["v1", "v2"], ["v0", "v0"],
         [TensorSpec("x0", (3, 4), "float32")],
     ),
-    # scripts/fuzz.sh, seed 1796177662: torch's own run_decompositions fails
-    # (plain torch.export reproduces it): masked_fill_ through a transposed
-    # view leaves the functional new value of x1 with the view's strides,
-    # and replaying the earlier x1.view(2, 6) on it raises.  hloalias
-    # raises TorchImportError; not steered around by the generator.
-    "masked_fill_through_a_transpose_then_a_view_of_the_base": _program(
-        ["v0 = x1.view(2, 6)", "x1.transpose(0, 1).masked_fill_(x1.transpose(0, 1) > 0, 1.5)"], ["v0"], ["x1"],
-        [TensorSpec("x1", (2, 3, 2), "float32")],
-    ),
 }
 
 
@@ -444,9 +435,6 @@ _UNRETURNED = "hloalias limitation: views of an intermediate that is not returne
 KNOWN_BUG_REASONS = {
     "view_of_filled_input_is_a_copy": _COPIED,
     "overlapping_views_of_unreturned_intermediate": _UNRETURNED,
-    "masked_fill_through_a_transpose_then_a_view_of_the_base": (
-        "torch bug: run_decompositions cannot replay a view of a base that masked_fill_ wrote through a transpose"
-    ),
 }
 
 
