@@ -61,6 +61,23 @@ def fresh_cache() -> Iterator[None]:
     hloalias.clear_cache()
 
 
+@pytest.fixture
+def fresh_shape_families(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Shape families on, the program cache off, and every in-process
+    cache of compiled programs, exports and families empty before and
+    after (the shape-family tests count exports and specializations)."""
+    from hloalias.runtime import export_cache, shape_family
+
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
+    monkeypatch.delenv("HLOALIAS_SHAPE_FAMILY", raising=False)
+    hloalias.clear_cache()
+    export_cache.clear_export_cache()
+    shape_family.clear_shape_families()
+    yield
+    shape_family.clear_shape_families()
+    hloalias.clear_cache()
+
+
 def _compile_text_for_memory(module_text: str) -> MemoryStats:
     """Compile final StableHLO ``module_text`` on the CPU PJRT client and
     return XLA's memory figures (what ``hloalias-opt --xla-compile`` prints)."""

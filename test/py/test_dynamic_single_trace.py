@@ -9,7 +9,6 @@ the two traces as before.  Counted, never timed."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,19 +24,11 @@ from hloalias.frontend.shape_specialization import (
     specialize,
 )
 from hloalias.frontend.tracing_lock import tracing
-from hloalias.runtime import export_cache, shape_family
+from hloalias.runtime import shape_family
+from test_shape_guards import Parity
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
-    monkeypatch.delenv("HLOALIAS_SHAPE_FAMILY", raising=False)
-    hloalias.clear_cache()
-    export_cache.clear_export_cache()
-    shape_family.clear_shape_families()
-    yield
-    shape_family.clear_shape_families()
-    hloalias.clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_shape_families")
 
 
 class _Counted:
@@ -136,13 +127,6 @@ def test_a_llama_compiled_at_new_lengths_equals_eager(monkeypatch: pytest.Monkey
     stats = shape_family.shape_family_stats()
     assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (1, 1, 3, 0), stats.reasons
     assert "decompose" not in counted.calls
-
-
-class Parity(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] % 2 == 0:
-            return x * 2
-        return x + 1
 
 
 class LongerThan(torch.nn.Module):

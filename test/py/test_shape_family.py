@@ -6,8 +6,6 @@ through the family's counters, never timed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -17,16 +15,7 @@ from hloalias.frontend.shape_specialization import NotSpecializable, export_dyna
 from hloalias.runtime import export_cache, shape_family
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
-    monkeypatch.delenv("HLOALIAS_SHAPE_FAMILY", raising=False)
-    hloalias.clear_cache()
-    export_cache.clear_export_cache()
-    shape_family.clear_shape_families()
-    yield
-    shape_family.clear_shape_families()
-    hloalias.clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_shape_families")
 
 
 class Mixer(torch.nn.Module):

@@ -10,7 +10,7 @@ dynamo's guards: checked here too."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,19 +18,10 @@ import torch
 
 import hloalias
 from hloalias.frontend.shape_specialization import NotSpecializable, export_dynamic, specialize
-from hloalias.runtime import export_cache, shape_family
+from hloalias.runtime import shape_family
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
-    monkeypatch.delenv("HLOALIAS_SHAPE_FAMILY", raising=False)
-    hloalias.clear_cache()
-    export_cache.clear_export_cache()
-    shape_family.clear_shape_families()
-    yield
-    shape_family.clear_shape_families()
-    hloalias.clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_shape_families")
 
 
 class Parity(torch.nn.Module):
