@@ -47,6 +47,18 @@ class MLP(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
+def _assert_state_equals_eager(
+    state: dict[str, Any], eager_model: torch.nn.Module, eager_optimizer: torch.optim.Optimizer
+) -> None:
+    """A training step's ``state_dict()`` holds eager's parameters, buffers
+    and optimizer state."""
+    for name, value in eager_model.state_dict().items():
+        torch.testing.assert_close(state["model"][name], value)
+    for index, entries in eager_optimizer.state_dict()["state"].items():
+        for key, value in entries.items():
+            torch.testing.assert_close(state["optimizer"]["state"][index][key], value)
+
+
 @pytest.mark.parametrize("devices", [2, 4])
 def test_data_parallel_mlp_equals_eager(platform: str, devices: int) -> None:
     if _device_count(platform) < devices:
@@ -277,12 +289,7 @@ def test_resuming_a_mesh_training_step_from_load_state_dict_sets_the_device_stat
     losses = [train(x, y).item() for x, y in batches[3:5]]
 
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected))
-    state = train.state_dict()
-    for name, value in eager_model.state_dict().items():
-        torch.testing.assert_close(state["model"][name], value)
-    for index, entries in eager_optimizer.state_dict()["state"].items():
-        for key, value in entries.items():
-            torch.testing.assert_close(state["optimizer"]["state"][index][key], value)
+    _assert_state_equals_eager(train.state_dict(), eager_model, eager_optimizer)
 
 
 def test_eager_code_between_mesh_training_steps_reads_their_state(platform: str) -> None:
@@ -352,12 +359,7 @@ def test_two_training_steps_of_one_model_with_a_mesh_continue_each_other(platfor
         for train, batch in ((first, big[index]), (then, small[index])):
             torch.testing.assert_close(train(*batch), eager_step(*batch))
     for train in (first, then):
-        state = train.state_dict()
-        for name, value in eager_model.state_dict().items():
-            torch.testing.assert_close(state["model"][name], value)
-        for index, entries in eager_optimizer.state_dict()["state"].items():
-            for key, value in entries.items():
-                torch.testing.assert_close(state["optimizer"]["state"][index][key], value)
+        _assert_state_equals_eager(train.state_dict(), eager_model, eager_optimizer)
     for name, value in eager_model.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], value)
 
@@ -408,12 +410,7 @@ def test_a_checkpoint_of_a_mesh_step_holds_what_another_step_of_the_model_did_si
         resumed_step, resumed_model, resumed_optimizer, big[0], mesh=mesh, shardings={0: ("dp", None)}
     )
     hloalias.checkpoint.load(resumed, tmp_path / "ckpt")
-    state = resumed.state_dict()
-    for name, value in eager_model.state_dict().items():
-        torch.testing.assert_close(state["model"][name], value)
-    for index, entries in eager_optimizer.state_dict()["state"].items():
-        for key, value in entries.items():
-            torch.testing.assert_close(state["optimizer"]["state"][index][key], value)
+    _assert_state_equals_eager(resumed.state_dict(), eager_model, eager_optimizer)
 
 
 def test_a_checkpoint_holds_a_module_tensor_torch_changed_since_the_last_call(tmp_path: Any) -> None:
