@@ -543,13 +543,14 @@ def _frozen(value: Any) -> Any:
 
 
 def _initial_optimizer_state(
-    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], indices: Sequence[int] | None = None
 ) -> list[dict[str, torch.Tensor]]:
     """Per-parameter optimizer state as tensors (copies), created where the
-    optimizer has none yet and the first step equals a step from zeros."""
+    optimizer has none yet and the first step equals a step from zeros.
+    Errors name ``params[i]`` as parameter ``indices[i]`` (default ``i``)."""
     states: list[dict[str, torch.Tensor]] = []
     group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
-    for index, p in enumerate(params):
+    for index, p in zip(range(len(params)) if indices is None else indices, params):
         existing = optimizer.state.get(p, {})
         group = group_of[id(p)]
         if existing:

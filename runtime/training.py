@@ -69,7 +69,6 @@ from hloalias.frontend.training import (
     TrainingCaptureError,
     capture_training_step,
 )
-from hloalias.frontend.training import _fresh_state as fresh_optimizer_state
 from hloalias.frontend.training import _hyperparameters as hyperparameters_of
 from hloalias.frontend.training import _initial_optimizer_state as optimizer_state_of
 from hloalias.frontend.training import _lr_value as lr_of
@@ -455,7 +454,7 @@ class TrainingStep:
         #: Which parameters were trainable at capture: a frozen one gets no
         #: gradient and no update, as in eager (frontend/training.py).
         self._trainable = self._trainable_now()
-        self._optimizer_entry_names = self._entry_names()
+        self._optimizer_entry_slots = self._entry_slots()
         #: Why the optimizer's state could not be loaded onto the device
         #: (:meth:`_reload_optimizer`); calls refuse to run until it can.
         self._unloaded_optimizer: str | None = None
@@ -475,14 +474,14 @@ class TrainingStep:
         self._parameters = captured.parameters
         self._slots = captured.slots
         self._trainable = self._trainable_now()
-        self._optimizer_entry_names = self._entry_names()
+        self._optimizer_entry_slots = self._entry_slots()
         self._publish_optimizer_entries()
 
-    def _entry_names(self) -> tuple[tuple[torch.Tensor, str, str], ...]:
-        """(parameter, optimizer state key, state slot name) of every
-        optimizer state slot: what :meth:`_optimizer_entries_current` checks."""
+    def _entry_slots(self) -> tuple[tuple[torch.Tensor, StateSlot, str], ...]:
+        """(parameter, slot, state key) of every optimizer state slot: the
+        entries :meth:`_replaced_optimizer_entries` checks."""
         return tuple(
-            (self._parameters[slot.param_index], slot.key, slot.name)
+            (self._parameters[slot.param_index], slot, slot.key)
             for slot in self._slots
             if slot.kind == "optimizer" and slot.param_index is not None and slot.key is not None
         )
@@ -801,95 +800,75 @@ class TrainingStep:
         compiling: the state the first call starts from, as eager's first
         step creates it).  From then on each entry is the slot's tensor
         until eager code puts another in its place, which
-        :meth:`_optimizer_entries_current` notices."""
+        :meth:`_replaced_optimizer_entries` notices."""
         with self.executable._group.lock:
-            for slot in self._slots:
-                if slot.kind != "optimizer":
-                    continue
-                assert slot.param_index is not None and slot.key is not None
+            for param, slot, key in self._optimizer_entry_slots:
                 source = self.executable._slots[slot.name].source()
-                if source is None:
-                    continue
-                entries = self._optimizer.state[self._parameters[slot.param_index]]
-                if entries.get(slot.key) is not source:
-                    entries[slot.key] = source
+                if source is not None:
+                    entries = self._optimizer.state.setdefault(param, {})
+                    if entries.get(key) is not source:
+                        entries[key] = source
 
-    def _optimizer_entries_current(self) -> bool:
-        """Whether ``optimizer.state`` still holds, for every optimizer state
-        slot, the tensor the slot stands for (in-place edits of those are
-        read by the slots themselves).  False after eager code replaced the
-        state: ``optimizer.state.clear()``, ``optimizer.state[p] = {}``,
-        ``optimizer.state[p]["exp_avg"] = t``, a new ``optimizer.state``."""
+    def _replaced_optimizer_entries(self) -> list[StateSlot]:
+        """The optimizer state slots whose entry of ``optimizer.state`` is no
+        longer the tensor the slot stands for (in-place edits of those the
+        slots read themselves): eager code replaced it, or the parameter's
+        state (``optimizer.state[p] = {}``), or all of it
+        (``optimizer.state.clear()``, a new ``optimizer.state``).  One
+        identity check per entry."""
         state = self._optimizer.state
         slots = self.executable._slots
-        for param, key, name in self._optimizer_entry_names:
+        replaced = []
+        for param, slot, key in self._optimizer_entry_slots:
             entries = state.get(param)
-            if entries is None or entries.get(key) is not slots[name].source():
-                return False
-        return True
+            if entries is None or entries.get(key) is not slots[slot.name].source():
+                replaced.append(slot)
+        return replaced
 
     def _adopt_replaced_optimizer_entries(self) -> None:
-        """:meth:`_load_replaced_optimizer_entries` where an entry of
-        ``optimizer.state`` was replaced (one identity check per entry)."""
-        if not self._optimizer_entries_current():
-            self._load_replaced_optimizer_entries()
-
-    def _load_replaced_optimizer_entries(self) -> None:
         """Eager's next step reads what ``optimizer.state`` holds now: load
         every entry eager code replaced onto the device (a parameter whose
         state was cleared starts afresh, as eager's ``_init_group`` starts
         it), leaving the other entries as the calls left them on the device
-        (their host tensors may lag).  An entry the step cannot take (another
-        shape or dtype, a missing key of a parameter that has state) is an
-        ExecutionError before anything changes."""
-        slots = self.executable._slots
-        changed: dict[int, list[StateSlot]] = {}
-        state = self._optimizer.state
-        for slot in self._slots:
-            if slot.kind != "optimizer":
-                continue
-            assert slot.param_index is not None and slot.key is not None
-            entries = state.get(self._parameters[slot.param_index])
-            if entries is None or entries.get(slot.key) is not slots[slot.name].source():
-                changed.setdefault(slot.param_index, []).append(slot)
-        group_of = {id(p): group for group in self._optimizer.param_groups for p in group["params"]}
+        (their host tensors may lag), and watch the new tensors.  An entry
+        the step cannot take (another shape or dtype, a missing key of a
+        parameter that has state, a number) is an ExecutionError before
+        anything changes."""
+        replaced = self._replaced_optimizer_entries()
+        if not replaced:
+            return
+        indices = sorted({slot.param_index for slot in replaced if slot.param_index is not None})
+        try:
+            held = optimizer_state_of(self._optimizer, [self._parameters[i] for i in indices], indices)
+        except TrainingCaptureError as error:
+            raise ExecutionError(f"optimizer.state: {error}") from None
+        state_of = dict(zip(indices, held))
         values: dict[str, torch.Tensor] = {}
-        for index, replaced in changed.items():
-            param = self._parameters[index]
-            entries = state.get(param) or {}
-            if not entries:
-                entries = fresh_optimizer_state(self._optimizer, group_of[id(param)], param, index)
-            for slot in replaced:
-                assert slot.key is not None
-                value = entries.get(slot.key)
-                if value is None:
-                    raise ExecutionError(
-                        f"optimizer.state of parameter {index} has no '{slot.key}' (eager's step would fail): "
-                        "set it, clear the parameter's state, or load_state_dict"
-                    )
-                if not isinstance(value, torch.Tensor):
-                    if slot.key != "step":
-                        raise ExecutionError(
-                            f"optimizer.state['{slot.key}'] of parameter {index} is {type(value).__name__}, not a tensor"
-                        )
-                    value = torch.tensor(float(value), dtype=torch.float32)
-                values[slot.name] = self._checked(value, slot.name, f"optimizer.state['{slot.key}'] of parameter {index}")
+        for slot in replaced:
+            assert slot.param_index is not None and slot.key is not None
+            entries = state_of[slot.param_index]
+            if slot.key not in entries:
+                raise ExecutionError(
+                    f"optimizer.state of parameter {slot.param_index} has no '{slot.key}' (eager's step would "
+                    "fail): set it, clear the parameter's state, or load_state_dict"
+                )
+            values[slot.name] = self._checked(
+                entries[slot.key], slot.name, f"optimizer.state['{slot.key}'] of parameter {slot.param_index}"
+            )
         self.executable.load_state_dict(values)
-        with torch.no_grad():
-            for index, replaced in changed.items():
-                entries = state[self._parameters[index]]
-                for slot in replaced:
-                    assert slot.key is not None
-                    value = values[slot.name]
-                    state_slot = slots[slot.name]
-                    if not (isinstance(entries.get(slot.key), torch.Tensor) and entries[slot.key] is value
-                            and state_slot.stand_for(value)):
-                        # Not a tensor a slot can watch (a number, one
-                        # another slot watches): the optimizer gets a copy.
-                        value = value.detach().clone()
-                        state_slot.stand_for(value)
-                        entries[slot.key] = value
-                    self._note_source(slot, value)
+        for slot in replaced:
+            assert slot.param_index is not None and slot.key is not None
+            param = self._parameters[slot.param_index]
+            state_slot = self.executable._slots[slot.name]
+            watched = _watchable_state(self._optimizer, param, slot.key, values[slot.name])
+            if watched is None or not state_slot.stand_for(watched):
+                # No tensor a slot can watch there (the parameter starts
+                # afresh, a number, one another slot watches): the
+                # optimizer gets the loaded value.
+                watched = values[slot.name]
+                state_slot.stand_for(watched)
+                self._optimizer.state.setdefault(param, {})[slot.key] = watched
+            self._note_source(slot, watched)
 
     def _reload_optimizer(self) -> None:
         """Set the device's optimizer state from the optimizer's own (after
