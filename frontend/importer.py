@@ -1139,7 +1139,7 @@ def _storage_classes(
 _COPY_OR_VIEW_OPS = ("contiguous", "reshape", "flatten")
 
 
-def _masked_fill_in_place_keeps_layout(exported: ExportedProgram) -> bool:
+def _masked_fill_in_place_keeps_layout(exported: ExportedProgram) -> None:
     """Write ``t.masked_fill_(mask, v)`` of a ``t`` that is not laid out
     row-major (a transposed view of an input) as ``t.copy_(t.masked_fill(mask,
     v))``, in the training IR.  Functionalization replays the in-place
@@ -1148,7 +1148,7 @@ def _masked_fill_in_place_keeps_layout(exported: ExportedProgram) -> bool:
     it: the base then had the view's inverse strides, so a later
     ``x.as_strided`` read the wrong elements (silently) and
     ``x.reshape(-1)`` failed to replay.  ``copy`` keeps ``t``'s layout,
-    as eager's in-place write does.  True where a node was rewritten."""
+    as eager's in-place write does."""
     from torch._guards import detect_fake_mode
 
     graph = exported.graph_module.graph
@@ -1180,7 +1180,6 @@ def _masked_fill_in_place_keeps_layout(exported: ExportedProgram) -> bool:
         changed = True
     if changed:
         exported.graph_module.recompile()
-    return changed
 
 
 def _pin_eager_copies(exported: ExportedProgram) -> bool:
