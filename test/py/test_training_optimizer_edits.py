@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -306,5 +307,35 @@ def test_a_replaced_entry_survives_the_copies_to_the_host(then: str) -> None:
         train.write_back()
         torch.testing.assert_close(opt.state[first]["exp_avg"], torch.full_like(first, 0.001))
     _both_step(train, eager_model, eager_opt, batches[3:5])
+    train.write_back()
+    _assert_equal(eager_model, eager_opt, model, opt)
+
+
+@pytest.mark.parametrize("where", ["loading", "watching"])
+def test_a_replaced_entry_is_read_after_a_call_interrupted_while_adopting_it(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a call loads a replaced entry onto the device, or after
+    the load but before the slot watches the new tensor: nothing ran, and
+    the next call adopts the replacement (again) and equals eager."""
+    eager_model, eager_opt, model, opt = _pair(ADAM)
+    batches = _batches(4)
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    _both_step(train, eager_model, eager_opt, batches[:2])
+    for m, o in ((eager_model, eager_opt), (model, opt)):
+        first = list(m.parameters())[0]
+        o.state[first]["exp_avg"] = torch.full_like(first, 0.001)
+    owner: Any = type(train.executable) if where == "loading" else type(train)
+    name = "load_state_dict" if where == "loading" else "_note_source"
+    original = getattr(owner, name)
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        monkeypatch.setattr(owner, name, original)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(owner, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(*batches[2])
+    _both_step(train, eager_model, eager_opt, batches[2:4])
     train.write_back()
     _assert_equal(eager_model, eager_opt, model, opt)
