@@ -391,6 +391,14 @@ def unfold(x: torch.Tensor, dimension: int, size: int, step: int) -> torch.Tenso
         return x.reshape(1)
     dim = _canonical(dimension, x.dim())
     windows = (x.shape[dim] - size) // step + 1
+    if 0 < size <= step and windows * step <= x.shape[dim]:
+        # Windows that do not overlap, as slice and reshape: views the
+        # runtime rebuilds as views of ``x`` (eliminate-view-results).
+        shape = [*x.shape[:dim], windows, step, *x.shape[dim + 1 :]]
+        spans = x.narrow(dim, 0, windows * step).reshape(shape)
+        return spans.narrow(dim + 1, 0, size).movedim(dim + 1, -1)
+    if size == 1:  # one element every ``step``: a strided slice
+        return x[(slice(None),) * dim + (slice(0, None, step),)].unsqueeze(-1)
     positions = (torch.arange(windows, dtype=torch.int64) * step).unsqueeze(1) + torch.arange(size, dtype=torch.int64)
     picked = x.index_select(dim, positions.reshape(-1))
     shape = list(x.shape)

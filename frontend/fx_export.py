@@ -170,6 +170,8 @@ def _mutated(functional: torch.Tensor) -> bool:
 
 #: Calls that address or replace a tensor's storage: the training IR keeps
 #: them for the importer (importer._strided_inputs), which this trace cannot.
+#: With writes, ``unfold`` too: the importer checks writes through its windows
+#: in the training IR (importer._refuse_lossy_unfold_writes).
 _STORAGE_CALLS = frozenset({"as_strided", "as_strided_", "as_strided_scatter", "set_", "resize_", "resize_as_",
                             "untyped_storage", "data_ptr", "storage_offset_"})
 #: Calls the importer pins as clones in the training IR where they copy in
@@ -199,7 +201,7 @@ class _Watch(torch.overrides.TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if "dropout" in name:
             raise _NotPlain("dropout")
-        if self.mutations and (name in _STORAGE_CALLS or name.startswith("as_strided")):
+        if self.mutations and (name in _STORAGE_CALLS or name.startswith("as_strided") or name == "unfold"):
             raise _NotPlain(name)
         if func is torch._C._set_grad_enabled and args:
             self.grad_enabled = bool(args[0])

@@ -272,6 +272,7 @@ def _import_torch(
     observe.finish(mark)
     exported, state_aliases = _merge_aliased_state(exported, owned=exported is not f)
     if not isinstance(f, ExportedProgram):
+        _refuse_lossy_unfold_writes(exported)
         _masked_fill_in_place_keeps_layout(exported)
         _pin_eager_copies(exported)
         _explicit_copy_conversions(exported)
@@ -1180,6 +1181,70 @@ def _masked_fill_in_place_keeps_layout(exported: ExportedProgram) -> None:
         changed = True
     if changed:
         exported.graph_module.recompile()
+
+
+_UNFOLD = torch.ops.aten.unfold.default
+
+
+def writes_through_unfold(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The ``unfold`` nodes of a graph with eager's in-place ops (the
+    training IR) whose result, or a view of it, an op writes in place."""
+    found: list[torch.fx.Node] = []
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for position, argument in enumerate(schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            written = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+            step = written if isinstance(written, torch.fx.Node) else None
+            while step is not None and step.target is not _UNFOLD:
+                step = _storage_operand(step)
+            if step is not None and step not in found:
+                found.append(step)
+    return found
+
+
+def unfold_covers(length: int, size: int, step: int) -> bool:
+    """Whether ``unfold(dim, size, step)`` of a dimension of ``length``
+    tiles it: every element in exactly one window."""
+    return size == step and size > 0 and length % size == 0
+
+
+def lossy_unfold_write_message(dim: int, size: int, step: int, length: int, where: str | None) -> str:
+    """Why a write through windows that do not tile their dimension is
+    refused: functionalization (torch.export's, torch.compile's, the
+    training capture's) rebuilds the unfolded tensor from the written
+    windows with ``unfold_backward``, which sets every element no window
+    covers to 0 where eager keeps it (pytorch/pytorch#198102)."""
+    how = "overlap" if size > step else "leave elements of the dimension uncovered"
+    return (
+        f"the program writes in place through `unfold({dim}, {size}, {step})` of a tensor of size "
+        f"{length} in that dimension" + (f" at {where}" if where else "") + f", whose windows {how}: "
+        "functionalization (torch.export, torch.compile) rebuilds the tensor from the windows with "
+        "unfold_backward, which would set every element no window covers to 0 where eager keeps it "
+        "(pytorch/pytorch#198102). Write through slices of the tensor instead, or write to a "
+        "`.clone()` of the unfolded windows"
+    )
+
+
+def _refuse_lossy_unfold_writes(exported: ExportedProgram) -> None:
+    """An in-place write through ``x.unfold(dim, size, step)`` whose windows
+    do not tile ``x``'s dimension (gaps, ``step > size``; a tail no window
+    reaches; overlap, ``size > step``) is a TorchImportError naming the op
+    (:func:`lossy_unfold_write_message`); windows that tile it rebuild
+    ``x`` exactly and are kept."""
+    for node in writes_through_unfold(exported.graph_module.graph):
+        base = node.args[0]
+        base_value = base.meta.get("val") if isinstance(base, torch.fx.Node) else None
+        if not isinstance(base_value, torch.Tensor):
+            continue
+        dim, size, step = (a for a in node.args[1:4] if isinstance(a, int))
+        length = base_value.shape[dim] if base_value.dim() else 1
+        if not unfold_covers(length, size, step):
+            where = _user_frame(node.meta.get("stack_trace") or "")
+            raise TorchImportError(lossy_unfold_write_message(dim, size, step, length, where))
 
 
 def _pin_eager_copies(exported: ExportedProgram) -> bool:

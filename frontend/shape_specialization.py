@@ -140,6 +140,9 @@ def _export_dynamic(
     carried = importer.carried_objects_of(exported)
     importer._check_strided_outputs(exported)
     exported, state_aliases = importer._merge_aliased_state(exported, owned=True)
+    if importer.writes_through_unfold(exported.graph_module.graph):
+        # Whether the windows cover their dimension depends on its size.
+        raise NotSpecializable("the program writes through an unfold view")
     importer._masked_fill_in_place_keeps_layout(exported)
     importer._pin_eager_copies(exported)
     # This rewrite writes shapes into the graph as literals: a program

@@ -66,7 +66,12 @@ from hloalias.errors import TorchImportError
 from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend import single_trace
 from hloalias.frontend.backward_decompositions import capture_decompositions
-from hloalias.frontend.importer import _decomposition_table_with_custom_ops, late_registered_entries
+from hloalias.frontend.importer import (
+    _decomposition_table_with_custom_ops,
+    late_registered_entries,
+    lossy_unfold_write_message,
+    unfold_covers,
+)
 from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
 from hloalias.frontend.optimizer_replay import ReplayRefused, expand_replayed_updates, replayed_updates
 from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules
@@ -379,6 +384,14 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
     one is stopped before it happens (the caller's tensor stays as it was;
     the compiled step could not keep the write)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: Views (by id, with the tensor kept alive) of ``unfold`` windows
+        #: that do not tile their dimension, and the refusal a write to
+        #: one of them gets: functionalization would zero what no window
+        #: covers (importer.lossy_unfold_write_message).
+        self.lossy_windows: dict[int, tuple[torch.Tensor, str]] = {}
+
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
@@ -388,7 +401,36 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
             written += [leaf for leaf in pytree.tree_leaves((kwargs or {}).get("out")) if leaf is not None]
             if any(isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter) for t in written):
                 raise TrainingCaptureError(_CLOSED_OVER_WRITE.format(what=name or repr(func)))
-        return func(*args, **(kwargs or {}))
+            for tensor in written:
+                refusal = self.lossy_windows.get(id(tensor))
+                if refusal is not None and refusal[0] is tensor:
+                    raise TrainingCaptureError(refusal[1])
+        result = func(*args, **(kwargs or {}))
+        if name == "unfold" and args and isinstance(args[0], torch.Tensor) and isinstance(result, torch.Tensor):
+            self._note_unfold(args, kwargs or {}, result)
+        elif self.lossy_windows:
+            self._note_views(args, result)
+        return result
+
+    def _note_unfold(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: torch.Tensor) -> None:
+        bound = inspect.signature(lambda dimension, size, step: None).bind(*args[1:], **kwargs)
+        dim, size, step = (int(bound.arguments[k]) for k in ("dimension", "size", "step"))
+        base = args[0]
+        length = int(base.shape[dim]) if base.dim() else 1
+        if not unfold_covers(length, size, step):
+            where = _user_frame_of_stack()
+            self.lossy_windows[id(result)] = (result, lossy_unfold_write_message(dim, size, step, length, where))
+
+    def _note_views(self, args: tuple[Any, ...], result: Any) -> None:
+        """A view of lossy windows (``u[:, 0]``, ``u.t()``) inherits their refusal."""
+        sources = [self.lossy_windows.get(id(a)) for a in args if isinstance(a, torch.Tensor)]
+        refusals = [entry[1] for entry, a in zip(sources, [a for a in args if isinstance(a, torch.Tensor)])
+                    if entry is not None and entry[0] is a]
+        if not refusals:
+            return
+        for leaf in pytree.tree_leaves(result):
+            if isinstance(leaf, torch.Tensor) and leaf._is_view():
+                self.lossy_windows[id(leaf)] = (leaf, refusals[0])
 
 
 def _refuse_closed_over_writes(graph_module: torch.fx.GraphModule) -> None:
@@ -421,6 +463,17 @@ def _describe_trace_failure(error: BaseException) -> str:
         + (f" at {where}" if where else "")
         + f"\n  torch: {message}"
     )
+
+
+def _user_frame_of_stack() -> str | None:
+    """The innermost frame of the user's code on the current stack, as
+    :func:`_user_frame` names it."""
+    torch_root, here = os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(torch_root) and not path.startswith(here) and "site-packages" not in path:
+            return f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
+    return None
 
 
 def _user_frame(error: BaseException) -> str | None:

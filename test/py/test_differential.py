@@ -427,12 +427,23 @@ KNOWN_BUGS = {
         ["v0 = x0 + 1.0", "v1 = v0[0:2]", "v2 = v0[1:3]"], ["v1", "v2"], ["v0", "v0"],
         [TensorSpec("x0", (3, 4), "float32")],
     ),
+    # unfold with overlapping windows is lowered as a gather: the windows
+    # come back as a new tensor, not as eager's view of x.
+    "overlapping_unfold_view_is_a_copy": _program(
+        ["v0 = x0.unfold(0, 3, 1)"], ["v0"], ["x0"], [TensorSpec("x0", (5, 2), "float32")],
+    ),
+    "diagonal_of_non_adjacent_dims_is_a_copy": _program(
+        ["v0 = x0.diagonal(0, 0, 2)"], ["v0"], ["x0"], [TensorSpec("x0", (2, 3, 2), "float32")],
+    ),
 }
 
 
 _COPIED = "hloalias bug: a view of a constant-folded update comes back as a copy"
 _UNRETURNED = "hloalias limitation: views of an intermediate that is not returned do not share its storage"
+_WINDOWS = "hloalias limitation: overlapping unfold windows come back as a copy"
 KNOWN_BUG_REASONS = {
+    "overlapping_unfold_view_is_a_copy": _WINDOWS,
+    "diagonal_of_non_adjacent_dims_is_a_copy": "hloalias limitation: a diagonal of dimensions that are not adjacent comes back as a copy",
     "view_of_filled_input_is_a_copy": _COPIED,
     "overlapping_views_of_unreturned_intermediate": _UNRETURNED,
 }

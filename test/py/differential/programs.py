@@ -7,11 +7,15 @@ an op list:
 
 - views: slices with steps, open-ended and negative slices (``x[1:]``,
   ``x[:-1]``, ``x[-2:]``, ``x[1::2]``), ``narrow``, integer indexing and
-  ``select``, ``view``/``reshape``,
+  ``select``, ``x[..., i]``, ``x[None]``, a piece of ``split``/``chunk``/
+  ``unbind``, ``unfold``, ``diagonal`` (dimensions and offsets of either
+  sign), ``movedim``, ``mT``, ``view``/``reshape``,
   ``transpose``/``t``/``permute``, ``expand``, ``unsqueeze``/``squeeze``,
   ``view(torch.int32)`` on f32 (and ``view(torch.float32)`` on i32),
   ``contiguous``;
 - computations: ``v + c``, ``v * c``, ``v + w``, ``v.neg()``, ``v.clone()``,
+  ``abs``, ``clamp``, ``torch.maximum``, ``torch.stack``, ``repeat``,
+  ``torch.gather`` (repeated positions),
   ``flip``, ``roll``, ``torch.cat``, ``sum``/``cumsum``/``amax`` over a
   dimension counted from either end, ``torch.where`` on a comparison,
   advanced indexing with indices counted from the end (a list, or a
@@ -23,10 +27,13 @@ an op list:
   a returned ``as_strided`` view and a write through one are refused by
   hloalias (``test_as_strided.py``);
 - in-place updates of inputs, of the buffer, of intermediates and through
-  views of any of them: ``add_``, ``mul_``, ``copy_`` (also from the other
-  dtype: ``buf.copy_(x_int32)``), ``fill_``,
+  views of any of them: ``add_``, ``sub_``, ``mul_``, ``div_``, ``clamp_``,
+  ``zero_``, ``copy_`` (also from the other dtype: ``buf.copy_(x_int32)``),
+  ``fill_``, ``scatter_``, ``index_add_`` (repeated positions),
   ``masked_fill_``, ``index_put_``, ``index_copy_`` and slice assignment
-  (``x[1:] = c``, ``x[:, ::2] = y``);
+  (``x[1:] = c``, ``x[:, ::2] = y``), except through ``unfold`` windows that
+  do not tile their dimension (hloalias refuses those: torch's
+  functionalization would zero what no window covers);
 
 and it returns a tuple mixing views of inputs, of the buffer and of
 computed values, inputs unchanged and the same tensor more than once.
@@ -51,8 +58,14 @@ A storage a converting ``copy_`` wrote is only returned afterwards (its
 values are exact as stored, but arithmetic on them would round, and float
 views of truncated integers are denormals).
 
-Three known hloalias bugs (the strict xfail ``KNOWN_BUGS`` of
+Known hloalias bugs (the strict xfail ``KNOWN_BUGS`` of
 ``test_differential.py``) make some programs fail whatever else they do:
+
+- a returned view through ``unfold`` windows that overlap (``x.unfold(0,
+  3, 1)``) or whose whole steps do not fit the dimension comes back as a
+  copy: values right, sharing lost (the lowering gathers; no slice,
+  reshape or transpose of ``x`` holds those windows), and so does a
+  ``diagonal`` of dimensions that are not adjacent and in order;
 
 - a view of a tensor whose value depends on no input (``fill_``, and
   arithmetic on that) is folded into a constant of its own and comes back
@@ -264,6 +277,14 @@ class _Value:
     sim: torch.Tensor  # eager stand-in with the call-time layout
     storage: int  # key into _Builder.storages
     view_root: str
+    #: A view of ``unfold`` windows that do not tile their dimension:
+    #: hloalias refuses writes through it (importer._refuse_lossy_unfold_writes).
+    lossy_windows: bool = False
+    #: A view of ``unfold`` windows that overlap (``size > step``) or whose
+    #: whole steps do not fit the dimension (the lowering gathers them), or
+    #: of a ``diagonal`` of dimensions that are not adjacent and in order
+    #: in a row-major operand: a copy.
+    copied_windows: bool = False
 
 
 def _layout(t: torch.Tensor) -> tuple[Any, ...]:
@@ -315,12 +336,17 @@ class _Builder:
         )
 
     # -- emitting -------------------------------------------------------------
-    def emit_view(self, operand: _Value, expression: str, sim: torch.Tensor) -> None:
+    def emit_view(
+        self, operand: _Value, expression: str, sim: torch.Tensor, lossy: bool = False, copied: bool = False
+    ) -> None:
         """``name = expression``, a view op (eager may copy: reshape, contiguous)."""
         name = self.fresh_name()
         self.body.append(f"{name} = {expression}")
         if sim.untyped_storage().data_ptr() == operand.sim.untyped_storage().data_ptr():
-            self.values[name] = _Value(name, sim, operand.storage, operand.view_root)
+            self.values[name] = _Value(
+                name, sim, operand.storage, operand.view_root, operand.lossy_windows or lossy,
+                operand.copied_windows or copied,
+            )
             return
         # Eager copied (a storage of its own); the view root stays, since
         # the functional program cannot tell this copy from a view.
@@ -400,7 +426,51 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
         kinds[:0] = ["slice", "slice", "open_slice", "open_slice", "narrow"]
     if ndim >= 1:
         kinds.insert(0, "select_method")
+        kinds += ["ellipsis", "none_index"]
+    if any(size >= 2 for size in shape):
+        kinds += ["split", "unfold"]
+    if ndim >= 2:
+        kinds += ["diagonal", "movedim", "mT"]
     kind = draw(st.sampled_from(kinds))
+    if kind == "split":  # one piece of split / chunk / unbind: views, the last one maybe shorter
+        dim = draw(st.sampled_from([d for d, size in enumerate(shape) if size >= 2]))
+        form = draw(st.sampled_from(("split", "chunk", "unbind")))
+        if form == "unbind":
+            pieces, call = sim.unbind(dim), f"unbind({dim})"
+        else:
+            count = draw(st.integers(1, shape[dim] - 1))
+            pieces = sim.split(count, dim) if form == "split" else sim.chunk(count + 1, dim)
+            call = f"split({count}, {dim})" if form == "split" else f"chunk({count + 1}, {dim})"
+        item = draw(st.integers(-len(pieces), len(pieces) - 1))
+        return f"{name}.{call}[{item}]", pieces[item], kind
+    if kind == "unfold":  # sliding windows: overlapping views of one storage
+        dim = draw(st.sampled_from([d for d, size in enumerate(shape) if size >= 2]))
+        size = draw(st.integers(1, shape[dim]))
+        step = draw(st.integers(1, 2))
+        tiles = size == step and shape[dim] % size == 0
+        windows = (shape[dim] - size) // step + 1
+        # frontend/decompositions.unfold: slices and reshapes (a view) where
+        # the windows do not overlap and whole steps fit; else a gather.
+        sliced = size <= step and (windows * step <= shape[dim] or size == 1)
+        kind = "unfold" if tiles else "lossy_unfold" if sliced else "copied_unfold"
+        return f"{name}.unfold({dim}, {size}, {step})", sim.unfold(dim, size, step), kind
+    if kind == "diagonal":
+        first, second = draw(st.lists(st.integers(-ndim, ndim - 1), min_size=2, max_size=2, unique_by=lambda d: d % ndim))
+        offset = draw(st.integers(-1, 1))
+        adjacent = first % ndim + 1 == second % ndim
+        kind = "diagonal_adjacent" if adjacent else "diagonal"
+        return f"{name}.diagonal({offset}, {first}, {second})", sim.diagonal(offset, first, second), kind
+    if kind == "movedim":
+        source = draw(st.integers(-ndim, ndim - 1))
+        destination = draw(st.integers(-ndim, ndim - 1))
+        return f"{name}.movedim({source}, {destination})", sim.movedim(source, destination), kind
+    if kind == "mT":
+        return f"{name}.mT", sim.mT, kind
+    if kind == "ellipsis":  # x[..., i] counts from the last dimension
+        item = draw(st.integers(-shape[-1], shape[-1] - 1))
+        return f"{name}[..., {item}]", sim[..., item], kind
+    if kind == "none_index":
+        return f"{name}[None]", sim[None], kind
     if kind == "open_slice":
         dim = draw(st.sampled_from([d for d, size in enumerate(shape) if size >= 2]))
         size = shape[dim]
@@ -479,7 +549,13 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
 @st.composite
 def _draw_view(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     expression, sim, kind = draw(_view_expression(operand))
-    builder.emit_view(operand, expression, sim)
+    copied = kind == "copied_unfold"
+    if kind.startswith("diagonal"):
+        # frontend/decompositions.diagonal moves the two dimensions last and
+        # merges them: a view of a row-major operand when they are adjacent
+        # and in order, else a copy (known bug, see _without_known_bugs).
+        copied = kind != "diagonal_adjacent" or operand.name != operand.view_root or not operand.sim.is_contiguous()
+    builder.emit_view(operand, expression, sim, lossy=kind in ("lossy_unfold", "copied_unfold"), copied=copied)
     return True
 
 
@@ -527,9 +603,9 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     kinds = ["add", "clone", "as_strided"] + (["mul", "neg", "add_tensor", "bf16_chain"] if is_float else [])
     kinds += ["constant_arithmetic"]
     if sim.dim() >= 1:
-        kinds += ["negative_index_list", "negative_index_tensor", "flip", "roll", "cat"]
+        kinds += ["negative_index_list", "negative_index_tensor", "flip", "roll", "cat", "stack", "repeat", "gather"]
         if is_float:
-            kinds += ["sum_dim", "cumsum", "amax", "where"]
+            kinds += ["sum_dim", "cumsum", "amax", "where", "clamp", "abs", "maximum"]
     kind = draw(st.sampled_from(kinds))
     if kind == "as_strided":
         return draw(_draw_as_strided(builder, operand))
@@ -577,6 +653,41 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
         else:
             keep = draw(st.booleans())
             builder.emit_compute(f"{name}.amax({dim}, keepdim={keep})", sim.amax(dim, keepdim=keep), [operand])
+    elif kind == "stack":
+        dim = draw(st.integers(-sim.dim() - 1, sim.dim()))
+        step = 1.0 if is_float else 1048576
+        builder.emit_compute(f"torch.stack([{name}, {name} + {step!r}], {dim})",
+                             torch.stack([sim, sim + step], dim), [operand])
+    elif kind == "repeat":
+        counts = [draw(st.integers(1, 2)) for _ in range(sim.dim() + draw(st.integers(0, 1)))]
+        builder.emit_compute(f"{name}.repeat({', '.join(map(str, counts))})", sim.repeat(*counts), [operand])
+    elif kind == "gather":
+        # torch.gather with an index that picks positions along ``dim`` (some
+        # repeated) in every slice: the same positions, broadcast.
+        dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
+        size = sim.shape[dim]
+        positions = draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=size + 1))
+        column = [1] * sim.dim()
+        column[dim] = len(positions)
+        full = list(sim.shape)
+        full[dim] = len(positions)
+        index = torch.tensor(positions).reshape(column).expand(full)
+        expression = (
+            f"torch.gather({name}, {dim}, "
+            f"torch.tensor({positions!r}).reshape({tuple(column)!r}).expand({tuple(full)!r}))"
+        )
+        builder.emit_compute(expression, torch.gather(sim, dim, index), [operand])
+    elif kind == "clamp":
+        builder.emit_compute(f"{name}.clamp(-1.0, 2.0)", sim.clamp(-1.0, 2.0), [operand])
+    elif kind == "abs":
+        builder.emit_compute(f"{name}.abs()", sim.abs(), [operand])
+    elif kind == "maximum":
+        partners = [
+            v for v in builder.values.values()
+            if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype and builder.usable(v)
+        ]
+        other = draw(st.sampled_from(partners))
+        builder.emit_compute(f"torch.maximum({name}, {other.name})", torch.maximum(sim, other.sim), [operand, other])
     elif kind == "where":
         partners = [
             v for v in builder.values.values()
@@ -669,16 +780,20 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
         expression, sim, view_kind = draw(_view_expression(target))
         if sim.untyped_storage().data_ptr() != target.sim.untyped_storage().data_ptr():
             return False  # eager copied: the update would go nowhere
-        target = _Value(expression, sim, target.storage, target.view_root)
+        lossy = target.lossy_windows or view_kind in ("lossy_unfold", "copied_unfold")
+        target = _Value(expression, sim, target.storage, target.view_root, lossy)
         subscript = view_kind in ("slice", "select")
+    if target.lossy_windows:
+        return False  # hloalias refuses it: functionalization would zero what no window covers
     sim = target.sim
     name = target.name
     if any(stride == 0 and size > 1 for size, stride in zip(sim.shape, sim.stride())):
         return False  # eager refuses in-place writes to expanded tensors
     is_float = sim.dtype == torch.float32
-    kinds = ["add", "fill", "copy", "masked_fill"] + (["mul"] if is_float else [])
+    # (sub_ of int data could take a float bit pattern to a denormal)
+    kinds = ["add", "fill", "copy", "masked_fill", "zero"] + (["mul", "sub", "clamp", "div"] if is_float else [])
     if sim.dim() >= 1:
-        kinds += ["index_put", "index_copy"]
+        kinds += ["index_put", "index_copy", "scatter"] + (["index_add"] if is_float else [])
     if subscript:
         kinds += ["setitem"] * 4
     if any(
@@ -740,6 +855,46 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
         constant = draw(st.sampled_from(F32_MUL_CONSTANTS))
         sim.mul_(constant)
         builder.emit_inplace(target, f"{name}.mul_({constant!r})", "mul")
+        return True
+    if kind == "sub":
+        constant = draw(st.sampled_from(F32_ADD_CONSTANTS))
+        sim.sub_(constant)
+        builder.emit_inplace(target, f"{name}.sub_({constant!r})", "add")
+        return True
+    if kind == "div":
+        constant = draw(st.sampled_from((2.0, -4.0)))
+        sim.div_(constant)
+        builder.emit_inplace(target, f"{name}.div_({constant!r})", "mul")
+        return True
+    if kind == "clamp":
+        sim.clamp_(-1.0, 2.0)
+        builder.emit_inplace(target, f"{name}.clamp_(-1.0, 2.0)", "mul")
+        return True
+    if kind == "zero":
+        sim.zero_()
+        builder.emit_inplace(target, f"{name}.zero_()", "fill")
+        return True
+    if kind == "index_add":  # repeated positions add twice (exact: small dyadic sums)
+        dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
+        positions = draw(st.lists(st.integers(0, sim.shape[dim] - 1), min_size=1, max_size=sim.shape[dim] + 1))
+        constant = draw(st.sampled_from(F32_ADD_CONSTANTS))
+        source_shape = list(sim.shape)
+        source_shape[dim] = len(positions)
+        sim.index_add_(dim, torch.tensor(positions), torch.full(source_shape, constant))
+        statement = (
+            f"{name}.index_add_({dim}, torch.tensor({positions!r}), torch.full({tuple(source_shape)!r}, {constant!r}))"
+        )
+        builder.emit_inplace(target, statement, "add")
+        return True
+    if kind == "scatter":  # one position along ``dim`` in every slice gets a constant
+        dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
+        position = draw(st.integers(0, sim.shape[dim] - 1))
+        constant = draw(st.sampled_from(fills))
+        index_shape = list(sim.shape)
+        index_shape[dim] = 1
+        sim.scatter_(dim, torch.full(index_shape, position), constant)
+        statement = f"{name}.scatter_({dim}, torch.full({tuple(index_shape)!r}, {position}), {constant!r})"
+        builder.emit_inplace(target, statement, "index_put")
         return True
     if kind == "fill":
         constant = draw(st.sampled_from(F32_FILL_CONSTANTS if is_float else I32_FILL_CONSTANTS))
@@ -835,6 +990,10 @@ def _without_known_bugs(builder: _Builder, returns: list[str]) -> list[str]:
         # A view of a constant (an input that fill_ overwrote, say) is
         # folded into a constant of its own and comes back as a copy.
         if storage.constant and builder.is_view(value):
+            continue
+        # A view of unfold windows the lowering gathers, or a diagonal it
+        # cannot slice from a merged dimension, comes back as a copy.
+        if value.copied_windows:
             continue
         # Views of an intermediate come back as separate device results
         # unless the intermediate itself is returned.  Equal views are one
