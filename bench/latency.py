@@ -113,14 +113,7 @@ def _instrument(timer: StageTimer) -> None:
     executable.print_module = timer.wrap("print_and_key", executable.print_module)
     executable.module_cache_key = timer.wrap("print_and_key", executable.module_cache_key)
     pjrt.prepare_for_xla = timer.wrap("prepare_for_xla", pjrt.prepare_for_xla)
-    stablehlo = pjrt._stablehlo
-
-    class TimedStablehlo:
-        def __getattr__(self, name: str) -> Any:
-            value = getattr(stablehlo, name)
-            return timer.wrap("serialize", value) if name == "serialize_portable_artifact_str" else value
-
-    pjrt._stablehlo = TimedStablehlo()
+    pjrt._xla_input = timer.wrap("serialize", pjrt._xla_input)  # the portable artifact, however it is made
     disk_cache._count_compile = timer.wrap("xla_compile", disk_cache._count_compile)
     disk_cache._read = timer.wrap("disk_load", disk_cache._read)  # also inside program_cache
     disk_cache._write = timer.wrap("disk_load", disk_cache._write)

@@ -1096,11 +1096,12 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
                     )
                 )
     results = _storage_classes(placeholders, results, graph_values)
+    call_spec = exported.call_spec  # read once: torch builds a NamedTuple class on every read
     return ProgramSignature(
         tuple(arguments),
         tuple(results),
-        exported.call_spec.in_spec,
-        exported.call_spec.out_spec,
+        call_spec.in_spec,
+        call_spec.out_spec,
         constant_outputs,
         static_inputs,
         parameter_free_outputs=parameter_free,

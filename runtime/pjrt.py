@@ -188,7 +188,8 @@ def compile_module(
     (the placement's, for Shardy) rewrites the text XLA gets and may adjust
     ``options`` before either keys the cache.  ``context``: the MLIR context
     of the module ``module_text`` was printed from, to parse it in
-    (:func:`prepare_for_xla`)."""
+    (:func:`prepare_for_xla`) and to parse the prepared text in for the
+    portable artifact (:func:`_xla_input`)."""
     if not allow_stored_state and A.MODULE_STATE_FORM in module_text:
         prepare_for_xla(module_text)  # raises its CompileError, naming the attribute
     try:
@@ -204,10 +205,10 @@ def compile_module(
         if len({d.process_index for d in targets}) > 1:
             # Each process's executable drives its own devices: not one
             # cache entry for all (runtime/distributed.py).
-            return device.client.compile_and_load(_xla_input(stripped), device_list, options)
+            return device.client.compile_and_load(_xla_input(stripped, context), device_list, options)
         return disk_cache.load_or_compile(
             stripped, options, device,
-            lambda: _probe_then_compile(device, stripped, device_list, options, len(targets) == 1),
+            lambda: _probe_then_compile(device, stripped, device_list, options, len(targets) == 1, context),
             lambda payload: device.client.deserialize_executable(payload, device_list, options),
             device_count=len(targets),
         )
@@ -237,12 +238,15 @@ def _initialize_lapack() -> None:
 XLA_PROBE_STAGE = "hloalias.isolation:compile_xla"
 
 
-def _probe_then_compile(device: Any, stripped: str, device_list: Any, options: Any, single_device: bool) -> Any:
+def _probe_then_compile(
+    device: Any, stripped: str, device_list: Any, options: Any, single_device: bool, context: ir.Context | None = None
+) -> Any:
     """XLA's compile; with ``HLOALIAS_ISOLATE_COMPILE`` set (and one CPU
     device) first in a child process (:mod:`hloalias.isolation`), so that
     a crash inside XLA is a :class:`CompileError` and not the end of this
     process (docs/refusals.md).  A failure in the child without a crash is
-    left to the compile in process, which reports it as always."""
+    left to the compile in process, which reports it as always.
+    ``context``: where :func:`_xla_input` parses ``stripped``."""
     if single_device and device.platform == "cpu" and config.flag("HLOALIAS_ISOLATE_COMPILE"):
         payload = isolation.compile_xla_payload(stripped, options.SerializeAsString())
         try:
@@ -257,17 +261,28 @@ def _probe_then_compile(device: Any, stripped: str, device_list: Any, options: A
                 f"  hloalias-opt {path} --xla-compile\nchild's stderr (tail):\n{crash.stderr_tail[-800:]}",
                 repro_path=path,
             ) from None
-    return device.client.compile_and_load(_xla_input(stripped), device_list, options)
+    return device.client.compile_and_load(_xla_input(stripped, context), device_list, options)
 
 
-def _xla_input(stripped: str) -> str | bytes:
+def _xla_input(stripped: str, context: ir.Context | None = None) -> str | bytes:
     """What XLA compiles for ``stripped``, made only when XLA compiles (a
     disk-cache hit skips it): the portable artifact, or the text itself
     for a module with ``chlo`` ops (``compile_stablehlo`` keeps JAX's),
-    which have no portable form."""
+    which have no portable form.
+
+    With ``context`` (the program's, where :func:`prepare_for_xla` parsed
+    its text) the artifact is serialized from ``stripped`` parsed there;
+    without, ``serialize_portable_artifact_str`` parses it in a context of
+    its own, which it creates and loads the StableHLO dialects into for
+    each call.  Both parse the same text, so the artifact is the same
+    bytes, locations included (``test_contract.py``)."""
     if "chlo." in stripped or "sdy." in stripped:  # jaxlib's dialects: as text
         return stripped
-    return _stablehlo.serialize_portable_artifact_str(stripped, target_stablehlo_version())  # type: ignore[no-any-return]
+    version = target_stablehlo_version()
+    if context is None:
+        return _stablehlo.serialize_portable_artifact_str(stripped, version)  # type: ignore[no-any-return]
+    # Serializing rewrites the module into VHLO in place: a module of its own.
+    return _stablehlo.serialize_portable_artifact(parse_module(stripped, context), version)  # type: ignore[no-any-return]
 
 
 def memory_stats(loaded: Any) -> MemoryStats:

@@ -134,28 +134,46 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
     """The program of ``f`` on ``(args, kwargs)``: from the module's family
     when it has one for these sizes, else ``import_torch`` (see the module
     docstring)."""
-    key = _family_key(f, args, kwargs) if enabled() else None
-    if key is None:
+    if not enabled() or not isinstance(f, torch.nn.Module):  # only a module has a family
         return import_torch(f, args, kwargs)
-    sizes = tuple(tuple(leaf.shape) for leaf in pytree.tree_leaves((args, kwargs)))
+    # A family is found only under its own module: for a module without
+    # one (every first compile of a module object) no key can find one, so
+    # the key (the program-cache key's printing, milliseconds for a large
+    # model) is taken once, after the import.
     with _LOCK:
-        family = _FAMILIES.get(key)
-        if family is not None and family.reference() is not f:
-            family = None
-        if family is not None:
-            _FAMILIES.move_to_end(key)
+        known = any(family.reference() is f for family in _FAMILIES.values())
+    key = _family_key(f, args, kwargs) if known else None
+    if known and key is None:
+        return import_torch(f, args, kwargs)
+    leaves = pytree.tree_leaves((args, kwargs))
+    # Taken before the import, as the family records them (None: an input
+    # that is not a tensor, which has no key either).
+    tensors = all(isinstance(leaf, torch.Tensor) for leaf in leaves)
+    sizes = tuple(tuple(leaf.shape) for leaf in leaves) if tensors else None
+    family = None
+    if key is not None:
+        with _LOCK:
+            family = _FAMILIES.get(key)
+            if family is not None and family.reference() is not f:
+                family = None
+            if family is not None:
+                _FAMILIES.move_to_end(key)
     if family is None:
         program = import_torch(f, args, kwargs)
-        # Keyed again after the import: a model may set attributes on its
-        # first forward (transformers records its modules' output names),
-        # and later compiles see it that way.
+        # Keyed after the import: a model may set attributes on its first
+        # forward (transformers records its modules' output names), and
+        # later compiles see it that way.  No key (inputs that are not
+        # contiguous tensors or share memory, no sound key): no family.
         key = _family_key(f, args, kwargs) or key
+        if key is None or sizes is None:
+            return program
         with _LOCK:
             _STATS.first += 1
             _FAMILIES[key] = _Family(weakref.ref(f, _forget), sizes)
             while len(_FAMILIES) > MAX_FAMILIES:
                 _FAMILIES.popitem(last=False)
         return program
+    assert key is not None and sizes is not None  # found under a key: every input is a tensor
     if family.refused is not None:
         _fallback(family.refused)
         return import_torch(f, args, kwargs)

@@ -333,6 +333,56 @@ def test_xla_input_is_the_same_parsed_in_the_programs_context(monkeypatch: pytes
         assert original(text, allow_stored_state=True, context=context) == original(text, allow_stored_state=True)
 
 
+
+def test_xla_artifact_is_serialized_in_the_programs_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile`` serializes the portable artifact from the prepared text
+    parsed in the program's own context, not through
+    ``serialize_portable_artifact_str`` (which creates a context for each
+    call): the bytes are those that function gives, locations included."""
+    from hloalias.runtime import pjrt
+
+    made: list[tuple[str, Any, str | bytes]] = []
+    original = pjrt._xla_input
+
+    def spy(stripped: str, *context: Any) -> str | bytes:
+        result = original(stripped, *context)
+        made.append((stripped, context[0] if context else None, result))
+        return result
+
+    by_text: list[str] = []
+    stablehlo = pjrt._stablehlo
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            value = getattr(stablehlo, name)
+            if name != "serialize_portable_artifact_str":
+                return value
+
+            def counted(text: str, version: str) -> bytes:
+                by_text.append(text)
+                return value(text, version)  # type: ignore[no-any-return]
+
+            return counted
+
+    monkeypatch.setattr(pjrt, "_xla_input", spy)
+    monkeypatch.setattr(pjrt, "_stablehlo", Counting())
+    monkeypatch.setenv("HLOALIAS_CACHE", "0")
+    programs = [
+        (lambda x: (x, x[0:8].view(2, 4)), (torch.randn(8),)),
+        (lambda x: x.as_strided((2, 2), (1, 2), 1) * 3, (torch.randn(3, 4),)),
+        (lambda x: torch.erf(x).to(torch.bfloat16).sum(0), (torch.randn(4, 8),)),
+        (torch.nn.Linear(8, 4), (torch.randn(2, 8),)),
+    ]
+    for fn, args in programs:
+        hloalias.clear_cache()
+        hloalias.compile(fn, args)
+    assert len(made) == len(programs)
+    assert by_text == []
+    version = pjrt.target_stablehlo_version()
+    for stripped, context, artifact in made:
+        assert context is not None
+        assert artifact == stablehlo.serialize_portable_artifact_str(stripped, version)
+
 def test_as_strided_compiles_and_matches_eager() -> None:
     """``as_strided`` lowers to a gather with dense_resource index constants;
     they are inlined before serialization (was: CompileError)."""

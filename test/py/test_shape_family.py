@@ -124,6 +124,45 @@ def test_a_changed_attribute_is_a_new_family() -> None:
     assert shape_family.shape_family_stats().first == 2
 
 
+
+def test_a_new_module_is_keyed_once_and_its_family_still_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first compile of a module object takes its family key once,
+    after the import (before it, no key can find a family for a module
+    that has none); a later compile of the module keys it once, before,
+    to find its family, and new lengths are specialized from it."""
+    keyed: list[object] = []
+    original = shape_family._family_key
+
+    def counting(f: object, *args: object) -> str | None:
+        keyed.append(f)
+        return original(f, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shape_family, "_family_key", counting)
+    torch.manual_seed(0)
+    first, second = Mixer().eval(), Mixer().eval()
+    second.scale = 3.0  # another key: one family per key
+    hloalias.compile(first, (_ids(8),))
+    assert keyed == [first]
+    hloalias.compile(second, (_ids(8),))
+    assert keyed == [first, second]
+    keyed.clear()
+    for length in (12, 5):
+        exe = hloalias.compile(first, (_ids(length),))
+        torch.testing.assert_close(exe(_ids(length)), first(_ids(length)))
+    assert keyed == [first, first]
+    stats = shape_family.shape_family_stats()
+    assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (2, 1, 2, 0)
+
+
+def test_a_function_has_no_family() -> None:
+    """Only modules have families: a function's new sizes take the usual
+    import, and nothing is recorded for it."""
+    for length in (4, 6):
+        x = torch.randn(length)
+        torch.testing.assert_close(hloalias.compile(lambda t: t * 2, (x,))(x), x * 2)
+    stats = shape_family.shape_family_stats()
+    assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (0, 0, 0, 0)
+
 def test_a_replaced_parameter_is_not_served_by_the_old_export() -> None:
     torch.manual_seed(0)
     model = Mixer().eval()
