@@ -684,14 +684,14 @@ class TrainingStep:
             for group, saved in zip(self._optimizer.param_groups, groups):
                 group.update({k: v for k, v in saved.items() if k != "params"})
 
-    def _checked(self, value: Any, slot_name: str, what: str) -> Any:
+    def _checked(self, value: Any, slot_name: str, what: str, source: str = "load_state_dict") -> Any:
         """``value`` if its dtype and shape are the slot's; an error naming
-        ``what`` (the user's key) otherwise."""
+        ``what`` (the user's key) and where it came from otherwise."""
         expected = self._slot_types.get(slot_name)
         got = getattr(value, "dtype", None), tuple(getattr(value, "shape", ()))
         if expected is not None and isinstance(value, torch.Tensor) and got != expected:
             raise ExecutionError(
-                f"load_state_dict: {what} is {got[0]} {list(got[1])}, the step was compiled for "
+                f"{source}: {what} is {got[0]} {list(got[1])}, the step was compiled for "
                 f"{expected[0]} {list(expected[1])}"
             )
         return value
@@ -853,7 +853,8 @@ class TrainingStep:
                     "fail): set it, clear the parameter's state, or load_state_dict"
                 )
             values[slot.name] = self._checked(
-                entries[slot.key], slot.name, f"optimizer.state['{slot.key}'] of parameter {slot.param_index}"
+                entries[slot.key], slot.name, f"optimizer.state['{slot.key}'] of parameter {slot.param_index}",
+                source="a replaced optimizer state entry",
             )
         self.executable.load_state_dict(values)
         for slot in replaced:
