@@ -864,6 +864,11 @@ class Executable:
         )
         lines.extend(self._host_copy_lines())
         lines.append(self._call_path_line())
+        if self._rng_key is not None:
+            lines.append(
+                f"random ops: drawn from argument {self._rng_key} ('rng_key'), a key each call takes from "
+                "torch's default generator (torch.manual_seed reproduces them)"
+            )
         lines.append(self.program_cache)
         lines.extend(self._placement.describe(self.memory_stats_per_device))
         return "\n".join(lines)

@@ -62,8 +62,11 @@ def test_manual_seed_reproduces_draws_across_fresh_compiles(call_path: str) -> N
     x = torch.randn(32, 64)
     first = _fresh_compile(model, x)
     assert (first._lane is not None) == (call_path == "native"), first._python_only_reason
+    assert "random ops: drawn from argument 3 ('rng_key')" in first.explain()
     torch.manual_seed(1)
     a1, a2 = first(x), first(x)
+    torch.manual_seed(1)
+    assert torch.equal(first(x), a1)  # the same executable, seeded again
     second = _fresh_compile(model, x)
     torch.manual_seed(1)
     b1, b2 = second(x), second(x)
@@ -172,7 +175,7 @@ def test_the_key_cannot_be_sharded() -> None:
     def drop(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.dropout(x, 0.5, training=True)
 
-    with pytest.raises(hloalias.ShardingError, match="rng_key"):
+    with pytest.raises(hloalias.ShardingError, match="'rng_key', the key the program's random ops draw from"):
         hloalias.compile(drop, (torch.ones(8, 4),), mesh=Mesh((2,), ("dp",), platform="cpu"),
                          shardings={"rng_key": ("dp",)})
 
