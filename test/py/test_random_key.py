@@ -126,28 +126,42 @@ def test_uniform_and_normal_draws_have_their_distribution(dtype: torch.dtype) ->
     assert uniform.unique().numel() > min(2 ** {torch.float16: 10, torch.bfloat16: 7}.get(dtype, 16) // 2, 1000)
 
 
+def _train_dropped(seed: int, mesh: Mesh | None = None) -> list[float]:
+    """Four steps of a model with dropout after ``torch.manual_seed(seed)``."""
+    model = _Dropped(p=0.5, width=16).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    generator = torch.Generator().manual_seed(7)
+    batch = (torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator))
+    shardings = {0: ("dp", None), 1: ("dp", None)} if mesh is not None else None
+    train = hloalias.compile_training_step(step, model, optimizer, batch, mesh=mesh, shardings=shardings)
+    torch.manual_seed(seed)
+    return [float(train(*batch)) for _ in range(4)]
+
+
 def test_training_step_with_dropout_reproduces_under_manual_seed() -> None:
-    def run(seed: int) -> list[float]:
-        model = _Dropped(p=0.5, width=16).train()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-
-        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            return loss
-
-        generator = torch.Generator().manual_seed(7)
-        batch = (torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator))
-        train = hloalias.compile_training_step(step, model, optimizer, batch)
-        torch.manual_seed(seed)
-        return [float(train(*batch)) for _ in range(4)]
-
-    first = run(1)
-    assert run(1) == first
-    assert run(2) != first
+    first = _train_dropped(1)
+    assert _train_dropped(1) == first
+    assert _train_dropped(2) != first
     assert len(set(first)) == len(first)  # each step draws its own masks
+
+
+def test_training_step_on_a_mesh_draws_as_on_one_device() -> None:
+    if len(__import__("jax").devices("cpu")) < 2:
+        pytest.skip("fewer than 2 cpu devices")
+    mesh = Mesh((2,), ("dp",), platform="cpu")
+    first = _train_dropped(1, mesh)
+    assert _train_dropped(1, mesh) == first
+    assert _train_dropped(2, mesh) != first
+    # The same masks as one device's: the losses differ by the all-reduce's rounding only.
+    torch.testing.assert_close(torch.tensor(first), torch.tensor(_train_dropped(1)), rtol=1e-5, atol=1e-6)
 
 
 def test_mesh_draws_follow_the_seed_and_match_one_device() -> None:
