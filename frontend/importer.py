@@ -51,7 +51,7 @@ from hloalias.mlir import (
     walk_ops,
 )
 from hloalias.repro import write_repro
-from hloalias.frontend import crash_guard, jax_lowerings, single_trace, torch_internals
+from hloalias.frontend import crash_guard, jax_lowerings, random_key, single_trace, torch_internals
 from hloalias.frontend.closure_tensors import with_sources
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.gradient_dependence import parameter_free_outputs
@@ -440,6 +440,9 @@ def _import_decomposed(
             with observe.stage("JAX lowerings"):
                 jax_lowerings.splice(module)
         legalize_tensor_constants(module)
+        if random_key.thread_rng_key(module):  # frontend/random_key.py
+            key = ArgumentInfo(len(signature.arguments), random_key.KEY_KIND, random_key.KEY_NAME)
+            signature = dataclasses.replace(signature, arguments=(*signature.arguments, key))
     _annotate(module, signature)
     program = Program(module, stage, signature, state)
     program.verify()

@@ -24,7 +24,8 @@ are written in aten ops it lowers:
 - random ops: ``normal`` (every overload) as ``mean + std * randn``,
   ``randint_like`` as ``low + floor(rand * (high - low))``, ``multinomial``
   by inverse-CDF sampling (with replacement) or the Gumbel top-k trick
-  (without): each draws from XLA's generator, not eager's, so the sweep
+  (without): each draws from the key torch's generator gives each call
+  (:mod:`hloalias.frontend.random_key`), not eager's bits, so the sweep
   compares their dtypes and shapes (values differ by construction).
 
 A decomposition returns ``NotImplemented`` for arguments it does not

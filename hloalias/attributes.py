@@ -8,7 +8,12 @@ On ``@main``'s arguments (``arg_attrs``):
 
 ``hloalias.kind``  (string)
     What the argument is: ``"parameter"``, ``"buffer"``, ``"constant"`` (a
-    lifted tensor constant) or ``"user_input"``.
+    lifted tensor constant), ``"user_input"`` or ``"rng_key"``: the key
+    random ops draw from (``tensor<2xi64>``, the last argument, at most
+    one; :mod:`hloalias.frontend.random_key`), which the runtime passes on
+    every call, drawn from torch's default generator.  Never donated,
+    aliased, mutated, stored permuted or as bits, range-checked, a rebuilt
+    view's base, or placed other than replicated.
 ``hloalias.name``  (string)
     Fully qualified name: ``"layer.weight"`` for state, the placeholder name
     (the Python argument name) for a user input.
@@ -146,7 +151,7 @@ ALIASING_OUTPUT: Final = "tf.aliasing_output"
 BUFFER_DONOR: Final = "jax.buffer_donor"
 SHARDING: Final = "mhlo.sharding"
 
-ARG_KINDS: Final = ("parameter", "buffer", "constant", "user_input")
+ARG_KINDS: Final = ("parameter", "buffer", "constant", "user_input", "rng_key")
 ROLE_USER_OUTPUT: Final = "user_output"
 ROLE_MUTATION: Final = "mutation"
 

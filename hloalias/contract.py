@@ -48,6 +48,9 @@ from hloalias.mlir import (
 )
 
 DONATION_ORIGINS = ("inferred", "explicit", "both")
+#: ``hloalias.kind`` of the key random ops draw from, and its type (hloalias/attributes.py).
+RNG_KEY_KIND = "rng_key"
+RNG_KEY_TYPE = "tensor<2xi64>"
 REMOVAL_REASONS = (A.REASON_VIEW, A.REASON_PASS_THROUGH, A.REASON_DUPLICATE, A.REASON_DEAD)
 
 # Contract attributes on arguments and results: what ``to_attrs`` owns.
@@ -607,6 +610,7 @@ class Signature:
         self._check_stored_permutations()
         self._check_stored_bits()
         self._check_index_ranges()
+        self._check_rng_key()
         holders: dict[int, int] = {}
         for index, arg in enumerate(self.args):
             if arg.aliasing_output is None:
@@ -719,6 +723,33 @@ class Signature:
                 raise IRError(f"{what} is on an argument of type {self.arg_types[index]}, expected integer elements")
             if arg.stored_bits_of is not None:
                 raise IRError(f"{what} is on an argument stored as bits ('{A.ARG_STORED_BITS_OF}')")
+
+    def _check_rng_key(self) -> None:
+        """An ``rng_key`` argument (:mod:`hloalias.frontend.random_key`) is
+        the last, the only one, of type ``tensor<2xi64>``, and only read:
+        the runtime passes a fresh key on every call, so nothing may write,
+        donate, re-store or check it, rebuild a view of it, or split it."""
+        keys = [index for index, arg in enumerate(self.args) if arg.kind == RNG_KEY_KIND]
+        if not keys:
+            return
+        index = keys[-1]
+        what = f"{self.arg_what(index)}: '{A.ARG_KIND}' = '{RNG_KEY_KIND}'"
+        if len(keys) > 1:
+            raise IRError(f"{what}, but {self.arg_what(keys[0])} is one too: @main has one key")
+        if index != len(self.args) - 1:
+            raise IRError(f"{what} is not @main's last argument")
+        if str(self.arg_types[index]) != RNG_KEY_TYPE:
+            raise IRError(f"{what} has type {self.arg_types[index]}, expected {RNG_KEY_TYPE}")
+        arg = self.args[index]
+        mutated = any(result.mutates == index for result in self.results)
+        if arg.overwritten or mutated or arg.stored_layout is not None or arg.stored_bits_of is not None:
+            raise IRError(f"{what} is written, donated or stored in another form: a key is only read")
+        if arg.index_ranges:
+            raise IRError(f"{what} has '{A.ARG_INDEX_RANGES}': only user inputs are checked on each call")
+        if any(record.base == A.arg_key(index) for record in self.removed):
+            raise IRError(f"{what} is the base of a rebuilt view")
+        if arg.sharding is not None and arg.sharding != "{replicated}":
+            raise IRError(f"{what} has sharding {arg.sharding}: every device draws from the whole key")
 
     def write(self, main: func.FuncOp) -> None:
         """Write the records to ``main`` in canonical form, keeping any

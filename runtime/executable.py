@@ -619,13 +619,13 @@ class Executable:
         self._read_final_module(program)
         self._convention = convention or _CallConvention(
             None,
-            tuple((self._names[i], None) for i in self._user_indices),
+            tuple((self._names[i], None) for i in self._user_indices[:self._caller_inputs]),
             (),
         )
         #: The number of positional tensors a call may pass as they are
         #: (a flat signature without keywords); -1 when there is none.
         self._positional_arity = (
-            len(self._user_indices) if self._flat_inputs and not self._convention.keywords else -1
+            self._caller_inputs if self._flat_inputs and not self._convention.keywords else -1
         )
         self._group = state_group or _StateGroup()
         state_index = {a.name: a.index for a in program.signature.arguments}
@@ -760,6 +760,10 @@ class Executable:
         self._arg_types = facts.arg_types
         self._names = facts.names
         self._user_indices = facts.user_indices
+        #: The key random ops draw from (the last of ``_user_indices``), or
+        #: None; how many user inputs a call passes (the others).
+        self._rng_key = facts.rng_key
+        self._caller_inputs = facts.caller_inputs
         self._arg_plan = facts.arg_plan
         self._mutation_keys = facts.mutation_keys
         self._flat_inputs = facts.flat_inputs
@@ -860,6 +864,11 @@ class Executable:
         )
         lines.extend(self._host_copy_lines())
         lines.append(self._call_path_line())
+        if self._rng_key is not None:
+            lines.append(
+                f"random ops: drawn from argument {self._rng_key} ('rng_key'), a key each call takes from "
+                "torch's default generator (torch.manual_seed reproduces them)"
+            )
         lines.append(self.program_cache)
         lines.extend(self._placement.describe(self.memory_stats_per_device))
         return "\n".join(lines)
@@ -1016,6 +1025,11 @@ class Executable:
             self._check_hooks()
         if _any_autocast():
             self._refuse_autocast()
+        if self._rng_key is not None:
+            # One more read-only input on every path: a fresh key from torch's
+            # default generator, which advances (manual_seed reproduces a run,
+            # successive calls draw differently).
+            leaves = [*leaves, draw_rng_key()]
         if self._watched and not self._watch_late and self._state_watch.changed():
             self._sync_from_torch()
         if self._lane is not None:
@@ -1325,6 +1339,12 @@ class _CarryingExecutable(Executable):
 
 
 _NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing
+
+
+def draw_rng_key() -> torch.Tensor:
+    """A key for a program's random ops (frontend/random_key.py): two
+    int64 words drawn from torch's default CPU generator, advancing it."""
+    return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64)
 
 
 def _trainable_now(exe: Executable) -> frozenset[int]:

@@ -22,7 +22,7 @@ from torch.export import ExportedProgram
 from torch_mlir import ir
 
 from hloalias import attributes as A
-from hloalias.contract import IndexRange, Signature, StoredLayout, row_major_strides
+from hloalias.contract import RNG_KEY_KIND, IndexRange, Signature, StoredLayout, row_major_strides
 from hloalias.errors import ExecutionError, IndexRangeError
 from hloalias.mlir import find_main
 from hloalias.runtime.ownership import DeviceTensor, _itemsize, _numel
@@ -103,6 +103,17 @@ class _ProgramFacts:
     #: User inputs (argument index) whose values the program uses as
     #: indices: the ranges eager accepts (``hloalias.index_ranges``).
     index_ranges: dict[int, tuple[IndexRange, ...]] = dataclasses.field(default_factory=dict)
+    #: The argument random ops draw from (``hloalias.kind = "rng_key"``,
+    #: frontend/random_key.py), or None.  It is the last of
+    #: :attr:`user_indices`: every call path takes it as one more read-only
+    #: user input, which ``Executable.__call__`` appends to the caller's,
+    #: drawn from torch's default generator.
+    rng_key: int | None = None
+
+    @property
+    def caller_inputs(self) -> int:
+        """How many user inputs a call passes (the key is not one)."""
+        return len(self.user_indices) - (self.rng_key is not None)
 
     @staticmethod
     def read(program: "Program") -> "_ProgramFacts":
@@ -138,6 +149,8 @@ class _ProgramFacts:
             result_keys = list(contract.keys)
             arguments = signature.arguments
             user_indices = signature.user_input_indices()
+            keys = [index for index, arg in enumerate(contract.args) if arg.kind == RNG_KEY_KIND]
+            rng_key = keys[0] if keys else None  # one, the last argument: verified
             in_spec = signature.in_spec
             out_spec = signature.out_spec
             keyword_leaves: tuple[str, ...] | None = None
@@ -184,8 +197,8 @@ class _ProgramFacts:
                 result_dtypes=[_TORCH_DTYPES.get(str(ir.RankedTensorType(t).element_type)) for t in function_type.results],
                 arg_types=arg_types,
                 names=[a.name for a in arguments],
-                user_indices=user_indices,
-                arg_plan=[(a.index, None if a.kind == "user_input" else a.name) for a in arguments],
+                user_indices=user_indices + ([rng_key] if rng_key is not None else []),
+                arg_plan=[(a.index, None if a.kind in ("user_input", RNG_KEY_KIND) else a.name) for a in arguments],
                 mutation_keys=[
                     A.mutation_key(a.index) if A.mutation_key(a.index) in result_keys else None for a in arguments
                 ],
@@ -196,6 +209,7 @@ class _ProgramFacts:
                 single_output=single_output,
                 flat_outputs=single_output or out_spec == pytree.tree_structure(tuple(range(out_spec.num_leaves))),
                 index_ranges={index: arg.index_ranges for index, arg in enumerate(contract.args) if arg.index_ranges},
+                rng_key=rng_key,
             )
 
 

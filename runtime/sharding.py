@@ -30,7 +30,7 @@ import torch
 from jax.sharding import NamedSharding, PartitionSpec
 from torch_mlir import ir
 
-from hloalias.contract import Signature
+from hloalias.contract import RNG_KEY_KIND, Signature
 from hloalias.errors import ShardingError
 from hloalias.mlir import element_bits, find_main
 from hloalias.runtime import distributed, shardy
@@ -330,6 +330,11 @@ def plan_shardings(
             raise ShardingError(f"shardings keys are tensor names or input positions, got {key!r}")
         if index in requested:
             raise ShardingError(f"'{arguments[index].name}' is given two shardings")
+        if arguments[index].kind == RNG_KEY_KIND:
+            raise ShardingError(
+                f"shardings names '{key}', the key the program's random ops draw from: it is replicated "
+                "(every device draws from the whole key)"
+            )
         requested[index] = spec
 
     module = program.torch_mlir_module

@@ -20,8 +20,9 @@ on them.  :func:`run_case` classifies what happens:
   eigen vectors: signs, phases) are compared by those parts, per op
   (:data:`NON_UNIQUE`);
 - ``excluded``: values differ from eager's for an op whose values cannot
-  match, with the reason in :data:`EXCLUDED` (random ops: OpInfo seeds
-  eager's generator, which XLA's is not; ops with unspecified values):
+  match, with the reason in :data:`EXCLUDED` (random ops: both follow
+  OpInfo's torch seed, but XLA's THREE_FRY draws other bits than eager's
+  generator; ops with unspecified values):
   compared by dtype and shape only (an excluded op whose sample is
   deterministic, as dropout with ``training=False``, must match and is a
   ``pass``);
@@ -90,7 +91,7 @@ for _name in UNSPECIFIED:
 #: Ops whose pooling regions are drawn at random (test_op_coverage.py
 #: compares them with eager given the same samples).
 for _name in ("nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d"):
-    EXCLUDED[_name] = "random pooling regions: drawn from XLA's generator, not eager's"
+    EXCLUDED[_name] = "random pooling regions: drawn by XLA's THREE_FRY, not eager's generator"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -154,8 +154,9 @@ def test_antialiased_bilinear_resizing() -> None:
 
 
 def test_random_ops_draw_from_their_distributions() -> None:
-    """XLA's generator is not eager's: compared by distribution (bounds
-    far outside sampling noise at these sizes)."""
+    """XLA's THREE_FRY bits are not eager's (both follow torch's seed):
+    compared by distribution (bounds far outside sampling noise at these
+    sizes)."""
     mean, std = torch.full((20000,), 2.0), torch.full((20000,), 3.0)
     probabilities = torch.tensor([[0.1, 0.0, 0.6, 0.3]])
 

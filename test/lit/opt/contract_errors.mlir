@@ -79,7 +79,7 @@ func.func @main(%arg0: tensor<8xf32> {tf.aliasing_output = "zero"}) -> tensor<8x
 
 // -----
 
-// CHECK-NEXT: contract_errors.mlir:83:1: error: argument 0: 'hloalias.kind' is 'weights', expected one of parameter, buffer, constant, user_input
+// CHECK-NEXT: contract_errors.mlir:83:1: error: argument 0: 'hloalias.kind' is 'weights', expected one of parameter, buffer, constant, user_input, rng_key
 func.func @main(%arg0: tensor<8xf32> {hloalias.kind = "weights"}) -> tensor<8xf32> {
   return %arg0 : tensor<8xf32>
 }
@@ -98,4 +98,26 @@ func.func @main(%arg0: tensor<8xf32> {tf.aliasing_output = true}) -> tensor<8xf3
 // CHECK-NEXT: contract_errors.mlir:99:1: error: result 0 of @main: 'hloalias.output' must be an integer, got the boolean false
 func.func @main(%arg0: tensor<8xf32>) -> (tensor<8xf32> {hloalias.output = false}) {
   return %arg0 : tensor<8xf32>
+}
+
+// -----
+
+// The key random ops draw from (frontend/random_key.py): tensor<2xi64>, last, only read.
+// CHECK-NEXT: contract_errors.mlir:107:1: error: argument 1 ('rng_key'): 'hloalias.kind' = 'rng_key' has type tensor<2xi32>, expected tensor<2xi64>
+func.func @main(%arg0: tensor<8xf32>, %arg1: tensor<2xi32> {hloalias.kind = "rng_key", hloalias.name = "rng_key"}) -> tensor<8xf32> {
+  return %arg0 : tensor<8xf32>
+}
+
+// -----
+
+// CHECK-NEXT: contract_errors.mlir:114:1: error: argument 0 ('rng_key'): 'hloalias.kind' = 'rng_key' is not @main's last argument
+func.func @main(%arg0: tensor<2xi64> {hloalias.kind = "rng_key", hloalias.name = "rng_key"}, %arg1: tensor<8xf32>) -> tensor<8xf32> {
+  return %arg1 : tensor<8xf32>
+}
+
+// -----
+
+// CHECK-NEXT: contract_errors.mlir:121:1: error: argument 1 ('rng_key'): 'hloalias.kind' = 'rng_key' is written, donated or stored in another form: a key is only read
+func.func @main(%arg0: tensor<8xf32>, %arg1: tensor<2xi64> {hloalias.kind = "rng_key", hloalias.name = "rng_key", tf.aliasing_output = 0 : i32}) -> tensor<2xi64> {
+  return %arg1 : tensor<2xi64>
 }

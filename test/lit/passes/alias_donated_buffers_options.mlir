@@ -84,5 +84,5 @@ func.func @main(%arg0: tensor<8xf32> {hloalias.kind = "parameter", hloalias.name
 // ERR-TWICE-NOT: module
 
 // ERR-KIND-NOT: Traceback
-// ERR-KIND: alias_donated_buffers_options.mlir:{{[0-9]+}}:1: error: alias-donated-buffers: exclude-kinds has unknown kind 'weights' (kinds: parameter, buffer, constant, user_input)
+// ERR-KIND: alias_donated_buffers_options.mlir:{{[0-9]+}}:1: error: alias-donated-buffers: exclude-kinds has unknown kind 'weights' (kinds: parameter, buffer, constant, user_input, rng_key)
 // ERR-KIND-NOT: module
