@@ -308,6 +308,7 @@ def exported_from_trace(
     table: dict[Any, Callable[..., Any]],
     mutations: bool = False,
     dynamic_dims: Sequence[frozenset[int]] | None = None,
+    declined: list[str] | None = None,
 ) -> ExportedProgram | None:
     """The decomposed program of ``module`` on ``args``/``kwargs`` from one
     ``make_fx`` trace, or None where ``torch.export`` must decide (module
@@ -317,31 +318,46 @@ def exported_from_trace(
     declined.  With ``dynamic_dims`` (per flat input leaf, all tensors, the
     dimensions to keep symbolic) the trace is symbolic in those dimensions
     (:func:`_symbolic_inputs`; not with ``mutations``).  Never raises for a
-    program it does not take."""
+    program it does not take; ``declined`` (when given) gets the reason."""
+    why = declined if declined is not None else []
     private = torch_internals._private()
-    if private is None or not _plain_tree((args, kwargs)):
+    if private is None:
+        why.append("torch's private export internals are missing")
+        return None
+    if not _plain_tree((args, kwargs)):
+        why.append("inputs: not tuples, lists and dicts of dense tensors and primitives")
         return None
     if dynamic_dims is not None and mutations:
+        why.append("dynamic dimensions with mutations")
         return None
     parameters = dict(module.named_parameters(remove_duplicate=False))
     buffers = dict(module.named_buffers(remove_duplicate=False))
     if not _plain_tree(list(parameters.values()) + list(buffers.values())):
+        why.append("state: a parameter or buffer that is not a dense tensor")
         return None
     if _state_shares_memory([*parameters.values(), *buffers.values()]):
+        why.append("state tensors share memory (tied weights)")
         return None
     try:
         traced = _trace(module, args, kwargs, parameters, buffers, table, mutations, dynamic_dims)
-    except Exception:  # _NotPlain, or anything the trace raised: export names it
+    except _NotPlain as error:
+        why.append(str(error))
+        return None
+    except Exception as error:  # anything the trace raised: export names it
+        why.append(f"the trace raised {type(error).__name__}: {str(error)[:200]}")
         return None
     if traced is None:
+        why.append("the module's forward ran more than once")
         return None
     tensors = [value for value in pytree.tree_leaves((args, kwargs)) if isinstance(value, torch.Tensor)]
     if traced.mutated and _state_shares_memory([*parameters.values(), *buffers.values(), *tensors]):
-        return None  # a write through inputs that share memory: export's error or its aliasing rules
+        why.append("a write through inputs that share memory")
+        return None  # export's error or its aliasing rules
     try:
         ranges = None if dynamic_dims is None else _symbolic_ranges(traced.graph_module, len(parameters) + len(buffers))
         return _program(module, args, kwargs, parameters, buffers, traced, ranges)
-    except _NotPlain:
+    except _NotPlain as error:
+        why.append(str(error))
         return None
 
 
@@ -383,8 +399,8 @@ def _trace(
         with _reparametrize_module(module, state, tie_weights=True, strict=True, stack_weights=True), watch, \
                 _user_grad_mode(watch) if mutations else contextlib.nullcontext():
             result = module(*call_args, **call_kwargs)
-        if not (_plain_tree(result, traced=True) if dynamic_dims is None else _flat_tree(result)):
-            raise _NotPlain("output")
+        if not (_plain_tree(result, traced=True) and dynamic_dims is None or _flat_tree(result)):
+            raise _NotPlain(f"output: a {type(result).__name__} the trace cannot flatten")
         leaves, spec = pytree.tree_flatten(result)
         out_specs.append(spec)
         return tuple(leaves)
@@ -401,7 +417,7 @@ def _trace(
             if isinstance(mode, _CheckedFunctionalMode):
                 mode.leaves = {_storage(t) for t in wrapped if isinstance(t, torch.Tensor) and t.requires_grad}
             with _forward_stack_traces(dynamic_dims is None) if _FAST_STACK_TRACES else contextlib.nullcontext(), \
-                    _constant_owners(module) if dynamic_dims is not None else contextlib.nullcontext(), \
+                    _constant_owners(module), \
                     maybe_enable_thunkify() if dynamic_dims is not None else contextlib.nullcontext():
                 # Symbolic: the size arithmetic of every op's meta function
                 # (thousands of operations for a small Llama) becomes a node
@@ -707,8 +723,6 @@ def _program(
     graph.eliminate_dead_code()  # as AOT autograd does for export's graph
     lifted: list[tuple[torch.fx.Node, str, torch.Tensor]] = []
     if any(node.op == "get_attr" for node in graph.nodes):
-        if range_constraints is None:
-            raise _NotPlain("tensor constant")  # export lifts it (and names it)
         users = [node for node in graph.nodes if node.op == "placeholder"][len(parameters) + len(buffers):]
         lifted = _lift_constants(graph_module, module, users[0] if users else None)
     lifted_nodes = {node for node, _, _ in lifted}

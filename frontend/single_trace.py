@@ -36,7 +36,9 @@ stopped half way."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import threading
 import traceback
 import types
 from collections.abc import Callable, Iterator
@@ -293,25 +295,70 @@ def export_decomposed(
         if may_write_in_place(module):
             return None
     elif may_write_in_place(module):
-        return _export_writing(module, args, kwargs, table, dynamic_shapes)
+        exported = _export_writing(module, args, kwargs, table, dynamic_shapes)
+        if dynamic_shapes is None:
+            _count("make_fx" if exported is not None else "training_ir", "the writing trace declined")
+        return exported
+    declined: list[str] = []
+    traced_once = False
     try:
         with _watching(module) as writes:
             exported = None
             if dynamic_dims is not None:
                 exported = fx_export.exported_from_trace(module, args, kwargs, table, dynamic_dims=dynamic_dims)
             elif dynamic_shapes is None:
-                exported = fx_export.exported_from_trace(module, args, kwargs, table)
+                exported = fx_export.exported_from_trace(module, args, kwargs, table, declined=declined)
+                traced_once = exported is not None
             if exported is None and not writes and dynamic_dims is None:
                 exported = torch_internals.export_decomposed(module, args, kwargs, table, dynamic_shapes)
     except Exception:  # _WritesInPlace, or any failure: the two-trace path names it
-        return None
+        exported = None
     if writes or exported is None or _holds_as_strided(exported):
-        return None
-    if any(spec.kind in _MUTATIONS for spec in exported.graph_signature.output_specs):
-        return None
-    if not _bake_static_inputs(exported):
-        return None
+        exported = None
+    elif any(spec.kind in _MUTATIONS for spec in exported.graph_signature.output_specs):
+        exported = None
+    elif not _bake_static_inputs(exported):
+        exported = None
+    if dynamic_dims is None and dynamic_shapes is None:
+        reason = f"writes in place ({writes[0]})" if writes else (declined[0] if declined else "")
+        _count("training_ir" if exported is None else "make_fx" if traced_once else "post_dispatch", reason)
     return exported
+
+
+@dataclasses.dataclass
+class SingleTraceStats:
+    """Counters (live) of the static imports of :func:`export_decomposed`:
+    programs taken from the one ``make_fx`` trace (``make_fx``), from
+    ``torch.export``'s post-dispatch trace after that trace declined
+    (``post_dispatch``: two traces), and those left to the training IR and
+    the decomposition retrace (``training_ir``), with the last 8 reasons
+    the ``make_fx`` trace declined (``reasons``)."""
+
+    make_fx: int = 0
+    post_dispatch: int = 0
+    training_ir: int = 0
+    reasons: list[str] = dataclasses.field(default_factory=list)
+
+
+_STATS = SingleTraceStats()
+_STATS_LOCK = threading.Lock()
+
+
+def single_trace_stats() -> SingleTraceStats:
+    return _STATS
+
+
+def clear_single_trace_stats() -> None:
+    global _STATS
+    with _STATS_LOCK:
+        _STATS = SingleTraceStats()
+
+
+def _count(path: str, reason: str) -> None:
+    with _STATS_LOCK:
+        setattr(_STATS, path, getattr(_STATS, path) + 1)
+        if path != "make_fx" and reason:
+            _STATS.reasons = [*_STATS.reasons[-7:], reason]
 
 
 def _export_writing(
