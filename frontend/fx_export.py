@@ -151,6 +151,21 @@ def _state_shares_memory(tensors: list[torch.Tensor]) -> bool:
     return False
 
 
+def _shared_owner(module: torch.nn.Module, names: list[str]) -> bool:
+    """Whether two of the state ``names`` are one attribute of one module
+    object (a submodule registered twice): the trace gives each name its
+    own value by setting that attribute (:func:`_trace`), so one of two
+    such names would go unread where export may read both."""
+    seen: set[tuple[int, str]] = set()
+    for name in names:
+        prefix, _, attribute = name.rpartition(".")
+        owner = (id(module.get_submodule(prefix)), attribute)
+        if owner in seen:
+            return True
+        seen.add(owner)
+    return False
+
+
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:
     names: set[str] = set()
     for prefix, submodule in module.named_modules(remove_duplicate=False):
@@ -177,10 +192,31 @@ _STORAGE_CALLS = frozenset({"as_strided", "as_strided_", "as_strided_scatter", "
 _COPY_OR_VIEW = frozenset({"contiguous", "reshape", "flatten"})
 
 
+def _eval_dropout(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the call is ``F.dropout``/``torch.dropout`` of a tensor out of
+    training, not in place: export keeps ``aten.dropout`` and its
+    decomposition makes it ``aten.clone`` of the input, where ``make_fx``
+    takes the composite kernel (the input itself: no node)."""
+    if func is torch.nn.functional.dropout:
+        names, training = ("input", "p", "training", "inplace"), "training"
+    elif func is torch.dropout:
+        names, training = ("input", "p", "train"), "train"
+    else:
+        return False
+    bound = {**dict(zip(names, args)), **kwargs}
+    return (
+        isinstance(bound.get("input"), torch.Tensor)
+        and bound.get(training, True) is False
+        and bound.get("inplace", False) is False
+        and set(bound) <= set(names)
+    )
+
+
 class _Watch(torch.overrides.TorchFunctionMode):
-    """Stops the trace at a dropout call: export's functionalization keeps
-    ``aten.dropout`` for the decomposition table (a ``clone`` in eval
-    mode), where this trace takes its composite kernel (the input itself).
+    """Stops the trace at a dropout call in training (:func:`_eval_dropout`
+    says which are taken, as the clone export makes of them): export's
+    functionalization keeps ``aten.dropout`` for the decomposition table,
+    where this trace takes its composite kernel.
     With ``mutations``, also at a call that addresses storage and at a
     ``contiguous``/``reshape``/``flatten`` that copies (the importer rewrites
     those in the training IR; here every tensor has eager's layout, checked
@@ -198,6 +234,10 @@ class _Watch(torch.overrides.TorchFunctionMode):
     ) -> Any:
         name = getattr(func, "__name__", "")
         if "dropout" in name:
+            if _eval_dropout(func, args, kwargs or {}):
+                # What export's graph has for it: aten.dropout decomposed
+                # (train false) to a clone of the input.
+                return torch.clone(args[0])
             raise _NotPlain("dropout")
         if self.mutations and (name in _STORAGE_CALLS or name.startswith("as_strided")):
             raise _NotPlain(name)
@@ -335,11 +375,18 @@ def exported_from_trace(
     if not _plain_tree(list(parameters.values()) + list(buffers.values())):
         why.append("state: a parameter or buffer that is not a dense tensor")
         return None
-    if _state_shares_memory([*parameters.values(), *buffers.values()]):
-        why.append("state tensors share memory (tied weights)")
+    # Tied weights (one tensor under two names) are lifted once per name,
+    # as export lifts them (importer._merge_aliased_state makes them one
+    # argument); other state sharing memory is left to export.
+    if _state_shares_memory(list({id(t): t for t in [*parameters.values(), *buffers.values()]}.values())):
+        why.append("state tensors share memory (not one tensor under two names)")
+        return None
+    if _shared_owner(module, [*parameters, *buffers]):
+        why.append("a submodule registered under two names")
         return None
     try:
-        traced = _trace(module, args, kwargs, parameters, buffers, table, mutations, dynamic_dims)
+        with _function_modes_kept():
+            traced = _trace(module, args, kwargs, parameters, buffers, table, mutations, dynamic_dims)
     except _NotPlain as error:
         why.append(str(error))
         return None
@@ -359,6 +406,27 @@ def exported_from_trace(
     except _NotPlain as error:
         why.append(str(error))
         return None
+
+
+@contextlib.contextmanager
+def _function_modes_kept() -> Iterator[None]:
+    """The torch-function mode stack as the block found it, on the way out.
+    A trace stopped mid-forward unwinds modes that hooks push and pop
+    (single_trace's write guards, entered on the module's forward) out of
+    their order with ``make_fx``'s own: a ``TorchFunctionMode`` exit pops
+    whatever is on top, and the stopped trace would leave its modes (this
+    module's :class:`_Watch`) active under the caller's next trace."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    saved = _get_current_function_mode_stack()
+    try:
+        yield
+    finally:
+        if _get_current_function_mode_stack() != saved:
+            while torch._C._len_torch_function_stack():
+                torch._C._pop_torch_function_stack()
+            for mode in saved:
+                torch._C._push_on_torch_function_stack(mode)
 
 
 @dataclasses.dataclass
@@ -396,7 +464,9 @@ def _trace(
         call_args, call_kwargs = pytree.tree_unflatten(list(flat[state_count:]), in_spec)
         state = dict(zip(names, flat[:state_count]))
         watch = _Watch(mutations, user_grad)
-        with _reparametrize_module(module, state, tie_weights=True, strict=True, stack_weights=True), watch, \
+        # Each name its own value, tied weights too: export lifts a tied
+        # weight once per name, and each module reads its own.
+        with _reparametrize_module(module, state, tie_weights=False, strict=True, stack_weights=True), watch, \
                 _user_grad_mode(watch) if mutations else contextlib.nullcontext():
             result = module(*call_args, **call_kwargs)
         if not (_plain_tree(result, traced=True) and dynamic_dims is None or _flat_tree(result)):

@@ -187,7 +187,7 @@ def refusing_closed_over_writes(module: torch.nn.Module, program: str) -> Iterat
 
     def leave(*_: Any) -> None:
         if guards:
-            guards.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            _leave_mode(guards.pop())
 
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
     try:
@@ -196,7 +196,7 @@ def refusing_closed_over_writes(module: torch.nn.Module, program: str) -> Iterat
         for handle in handles:
             handle.remove()
         while guards:
-            guards.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            _leave_mode(guards.pop())
 
 
 def mutable_op(func: Any) -> bool:
@@ -224,7 +224,7 @@ def _watching(module: torch.nn.Module) -> Iterator[list[str]]:
 
     def leave(*_: Any) -> None:
         if watches:
-            watches.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            _leave_mode(watches.pop())
 
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
     try:
@@ -233,7 +233,28 @@ def _watching(module: torch.nn.Module) -> Iterator[list[str]]:
         for handle in handles:
             handle.remove()
         while watches:
-            watches.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            _leave_mode(watches.pop())
+
+
+def _leave_mode(mode: torch.overrides.TorchFunctionMode) -> None:
+    """Take ``mode``, entered by a forward pre-hook, off the torch-function
+    mode stack wherever it is, the modes above it kept in their order (a
+    ``TorchFunctionMode`` exit pops whatever is on top).  A trace stopped by
+    an exception may skip the forward hook that would leave it, or leave
+    the stack as it was before the trace (fx_export._function_modes_kept):
+    a mode no longer on the stack is left alone."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    if not any(entry is mode for entry in _get_current_function_mode_stack()):
+        return
+    above = []
+    while True:
+        top = torch._C._pop_torch_function_stack()
+        if top is mode:
+            break
+        above.append(top)
+    for entry in reversed(above):
+        torch._C._push_on_torch_function_stack(entry)
 
 
 def _code_objects(code: types.CodeType) -> list[types.CodeType]:
