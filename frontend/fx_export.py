@@ -514,6 +514,15 @@ def _trace(
     assert private is not None
     cia_to_decomp, python_table = torch_internals.split_decomposition_table(table)
     flat = [*parameters.values(), *buffers.values(), *flat_inputs]
+    seen: set[int] = set()
+    for position, tensor in enumerate(flat[:state_count]):
+        if id(tensor) in seen:
+            # A tied weight's second name: a tensor object of its own (one
+            # storage), else the trace makes one fake tensor of both and
+            # every read goes to the last name's placeholder, where export
+            # reads each name's own.
+            flat[position] = _alias(tensor)
+        seen.add(id(tensor))
     if dynamic_dims is not None:
         flat = _symbolic_inputs(flat, state_count, dynamic_dims)
     with contextlib.ExitStack() as stack:
@@ -544,6 +553,14 @@ def _trace(
     if len(out_specs) != 1:
         return None
     return _Traced(graph_module, out_specs[0], mutated)
+
+
+def _alias(tensor: torch.Tensor) -> torch.Tensor:
+    """A new tensor object on ``tensor``'s storage, of its type and grad flag."""
+    alias = tensor.detach()
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(alias, requires_grad=tensor.requires_grad)
+    return alias.requires_grad_(tensor.requires_grad)
 
 
 @contextlib.contextmanager
