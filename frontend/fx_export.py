@@ -385,7 +385,7 @@ def exported_from_trace(
         why.append("a submodule registered under two names")
         return None
     try:
-        with _function_modes_kept():
+        with function_modes_kept():
             traced = _trace(module, args, kwargs, parameters, buffers, table, mutations, dynamic_dims)
     except _NotPlain as error:
         why.append(str(error))
@@ -409,7 +409,7 @@ def exported_from_trace(
 
 
 @contextlib.contextmanager
-def _function_modes_kept() -> Iterator[None]:
+def function_modes_kept() -> Iterator[None]:
     """The torch-function mode stack as the block found it, on the way out.
     A trace stopped mid-forward unwinds modes that hooks push and pop
     (single_trace's write guards, entered on the module's forward) out of

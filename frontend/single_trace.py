@@ -191,7 +191,8 @@ def refusing_closed_over_writes(module: torch.nn.Module, program: str) -> Iterat
 
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
     try:
-        yield
+        with fx_export.function_modes_kept():
+            yield
     finally:
         for handle in handles:
             handle.remove()
@@ -228,7 +229,8 @@ def _watching(module: torch.nn.Module) -> Iterator[list[str]]:
 
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
     try:
-        yield seen
+        with fx_export.function_modes_kept():
+            yield seen
     finally:
         for handle in handles:
             handle.remove()
@@ -240,9 +242,10 @@ def _leave_mode(mode: torch.overrides.TorchFunctionMode) -> None:
     """Take ``mode``, entered by a forward pre-hook, off the torch-function
     mode stack wherever it is, the modes above it kept in their order (a
     ``TorchFunctionMode`` exit pops whatever is on top).  A trace stopped by
-    an exception may skip the forward hook that would leave it, or leave
-    the stack as it was before the trace (fx_export._function_modes_kept):
-    a mode no longer on the stack is left alone."""
+    an exception may skip the forward hook that would leave it (the
+    block that pushed the hook then restores the stack it found:
+    fx_export.function_modes_kept): a mode no longer on the stack is left
+    alone."""
     from torch.overrides import _get_current_function_mode_stack
 
     if not any(entry is mode for entry in _get_current_function_mode_stack()):
