@@ -24,7 +24,10 @@ exports (same program, same errors):
 
 - inputs and outputs are trees of tuples, lists and dicts (and
   ``ModelOutput``-like dicts) whose leaves are tensors or ``bool``,
-  ``int``, ``float``, ``str``, ``None``; dense tensors only;
+  ``int``, ``float``, ``str``, ``None``; dense tensors only; outputs may
+  also hold registered pytree nodes that flatten to such leaves (a
+  transformers cache, registered by the importer before the trace), with
+  ``torch.export``'s output tree;
 - no input or state tensor is written in place, its metadata changed or
   its storage replaced (checked on the functional tensors after the
   trace): the program has no mutation outputs.  With ``mutations`` (for
@@ -46,14 +49,24 @@ exports (same program, same errors):
   an in-place write under grad mode to an input that requires grad or a
   view that does (autograd refuses those in eager and in export), a write where inputs
   share memory, and effectful or auto-functionalized custom ops;
-- no two state tensors share memory (tied weights: export's lifting and
-  :func:`hloalias.frontend.importer._merge_aliased_state` decide those);
-- the graph reads no tensor constant (a tensor attribute that is neither
-  parameter nor buffer, or a tensor made in ``forward``: export lifts
-  those), calls no dropout and draws no random numbers (export keeps
+- state tensors share memory only as one tensor under several names
+  (tied weights): each name is an input of its own that its module reads,
+  as export lifts them
+  (:func:`hloalias.frontend.importer._merge_aliased_state` then makes them
+  one argument); other sharing, and a submodule registered under two
+  names, are left to export;
+- the graph reads no module's tensor attribute that is neither parameter
+  nor buffer (export names it after the attribute); tensors made in
+  ``forward`` (``torch.tensor([])``) are lifted as constants after the
+  state, named as export's ``lift_constants_pass`` names them
+  (:func:`_lift_constants`);
+- no dropout in training and no random numbers (export keeps
   ``aten.dropout`` for the table, which this trace decomposes by its
-  composite kernel) and the trace raises nothing (data-dependent control flow and
-  the like are refused by ``torch.export`` with its message).
+  composite kernel); ``F.dropout``/``torch.dropout`` out of training
+  become the ``clone`` export's decomposition makes of them; and the trace
+  raises nothing (data-dependent control flow and the like are refused by
+  ``torch.export`` with its message).  A trace stopped mid-forward leaves
+  the torch-function mode stack as it found it (:func:`function_modes_kept`).
 
 With ``dynamic_dims`` (a shape family's dynamic export,
 :func:`hloalias.frontend.shape_specialization.export_dynamic`) the trace is
@@ -61,11 +74,8 @@ symbolic in the named dimensions of the tensor inputs: fake inputs of one
 shape environment as ``torch.export`` makes them for ``Dim.DYNAMIC`` (the
 state static), the branches the code took on sizes left as that
 environment's guards and the symbols' ranges as the program's
-``range_constraints``.  It also takes what ``torch.export`` takes there
-and the static trace leaves to it: outputs that are registered pytree
-nodes (a transformers cache; no size in the tree) and tensors made in
-``forward`` (``torch.tensor([])``), lifted as constants named as export's
-``lift_constants_pass`` names them.  It declines a size the code fixed,
+``range_constraints``.  An output tree must hold no size (one tree
+serves every size).  It declines a size the code fixed,
 data-dependent sizes, a module's tensor attribute read as a constant, and
 every case above (``test/py/test_dynamic_single_trace.py``).
 
@@ -197,6 +207,7 @@ def _eval_dropout(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> b
     training, not in place: export keeps ``aten.dropout`` and its
     decomposition makes it ``aten.clone`` of the input, where ``make_fx``
     takes the composite kernel (the input itself: no node)."""
+    names: tuple[str, ...]
     if func is torch.nn.functional.dropout:
         names, training = ("input", "p", "training", "inplace"), "training"
     elif func is torch.dropout:
@@ -408,6 +419,11 @@ def exported_from_trace(
         return None
 
 
+def function_mode_stack() -> list[Any]:
+    """The torch-function modes active, in the order they were entered."""
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+
+
 @contextlib.contextmanager
 def function_modes_kept() -> Iterator[None]:
     """The torch-function mode stack as the block found it, on the way out.
@@ -416,13 +432,11 @@ def function_modes_kept() -> Iterator[None]:
     their order with ``make_fx``'s own: a ``TorchFunctionMode`` exit pops
     whatever is on top, and the stopped trace would leave its modes (this
     module's :class:`_Watch`) active under the caller's next trace."""
-    from torch.overrides import _get_current_function_mode_stack
-
-    saved = _get_current_function_mode_stack()
+    saved = function_mode_stack()
     try:
         yield
     finally:
-        if _get_current_function_mode_stack() != saved:
+        if function_mode_stack() != saved:
             while torch._C._len_torch_function_stack():
                 torch._C._pop_torch_function_stack()
             for mode in saved:

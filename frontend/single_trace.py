@@ -31,7 +31,16 @@ one ``make_fx`` trace that records the writes as export does
 ``mutations``: the same program as export, the rewrites above and the
 decompositions, or None where it cannot tell), and where that declines
 straight to the two-trace path, so that they do not pay for a trace
-stopped half way."""
+stopped half way.
+
+:func:`single_trace_stats` counts which of the three a static import took
+(the one ``make_fx`` trace, ``torch.export``'s post-dispatch trace after it
+declined, or the training IR and the retrace) and keeps the last reasons
+the ``make_fx`` trace declined (``bench/single_trace_census.py`` lists
+them per transformers model).  The write guards and watches are entered
+by forward hooks; a trace that raises inside the module skips the hook
+that leaves them, so each block puts the torch-function mode stack back
+as it found it."""
 
 from __future__ import annotations
 
@@ -246,9 +255,7 @@ def _leave_mode(mode: torch.overrides.TorchFunctionMode) -> None:
     block that pushed the hook then restores the stack it found:
     fx_export.function_modes_kept): a mode no longer on the stack is left
     alone."""
-    from torch.overrides import _get_current_function_mode_stack
-
-    if not any(entry is mode for entry in _get_current_function_mode_stack()):
+    if not any(entry is mode for entry in fx_export.function_mode_stack()):
         return
     above = []
     while True:
