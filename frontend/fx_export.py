@@ -450,6 +450,9 @@ class _Traced:
     #: Flat input positions (parameters, buffers, user inputs) written in
     #: place, in order: their new values lead the graph's outputs.
     mutated: list[int]
+    #: Traced with ``mutations`` (the importer's alternative is then the
+    #: training IR, not export's post-dispatch trace).
+    writing: bool = False
 
 
 def _trace(
@@ -566,7 +569,7 @@ def _trace(
         )(*flat)
     if len(out_specs) != 1:
         return None
-    return _Traced(graph_module, out_specs[0], mutated)
+    return _Traced(graph_module, out_specs[0], mutated, mutations)
 
 
 def _alias(tensor: torch.Tensor) -> torch.Tensor:
@@ -824,6 +827,12 @@ def _program(
     graph.eliminate_dead_code()  # as AOT autograd does for export's graph
     lifted: list[tuple[torch.fx.Node, str, torch.Tensor]] = []
     if any(node.op == "get_attr" for node in graph.nodes):
+        if traced.writing:
+            # The alternative here is the training IR, whose order of lifted
+            # constants and buffers this lift does not follow everywhere (a
+            # Llama's constants come before its buffers there, after them in
+            # export's post-dispatch trace and here): left to it.
+            raise _NotPlain("tensor constant in a writing trace")
         users = [node for node in graph.nodes if node.op == "placeholder"][len(parameters) + len(buffers):]
         lifted = _lift_constants(graph_module, module, users[0] if users else None)
     lifted_nodes = {node for node, _, _ in lifted}

@@ -182,3 +182,37 @@ def test_one_submodule_under_two_names_is_left_to_export() -> None:
     assert fx_export.exported_from_trace(module, (x,), {}, table, declined=declined) is None
     assert declined == ["a submodule registered under two names"]
     torch.testing.assert_close(hloalias.compile(module, (x,))(x), module(x))
+
+
+class _WritesAndMakes(torch.nn.Module):
+    """Writes its buffer (the code look sends it to the writing trace) and
+    makes a tensor in forward."""
+
+    count: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(x)
+        return self.count * torch.tensor([1.0, 2.0, 3.0])
+
+
+def test_a_writing_program_that_makes_tensors_keeps_the_training_irs_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writing trace's alternative is the training IR, which may order
+    lifted constants before the buffers (a Llama's): the trace declines
+    them, as before, and the import is the two traces'."""
+    declined: list[str] = []
+    table = importer._decomposition_table_with_custom_ops()
+    x = torch.ones(3)
+    assert fx_export.exported_from_trace(_WritesAndMakes(), (x,), {}, table, mutations=True,
+                                         declined=declined) is None
+    assert declined == ["tensor constant in a writing trace"]
+    ours = importer.import_torch(_WritesAndMakes(), (x,))
+    monkeypatch.setattr(importer, "_export_decomposed", lambda *_, **__: None)
+    theirs = importer.import_torch(_WritesAndMakes(), (x,))
+    assert ours.text == theirs.text
+    assert ours.signature == theirs.signature
