@@ -24,7 +24,10 @@ exports (same program, same errors):
 
 - inputs and outputs are trees of tuples, lists and dicts (and
   ``ModelOutput``-like dicts) whose leaves are tensors or ``bool``,
-  ``int``, ``float``, ``str``, ``None``; dense tensors only;
+  ``int``, ``float``, ``str``, ``None``; dense tensors only; outputs may
+  also hold registered pytree nodes that flatten to such leaves (a
+  transformers cache, registered by the importer before the trace), with
+  ``torch.export``'s output tree;
 - no input or state tensor is written in place, its metadata changed or
   its storage replaced (checked on the functional tensors after the
   trace): the program has no mutation outputs.  With ``mutations`` (for
@@ -46,14 +49,24 @@ exports (same program, same errors):
   an in-place write under grad mode to an input that requires grad or a
   view that does (autograd refuses those in eager and in export), a write where inputs
   share memory, and effectful or auto-functionalized custom ops;
-- no two state tensors share memory (tied weights: export's lifting and
-  :func:`hloalias.frontend.importer._merge_aliased_state` decide those);
-- the graph reads no tensor constant (a tensor attribute that is neither
-  parameter nor buffer, or a tensor made in ``forward``: export lifts
-  those), calls no dropout and draws no random numbers (export keeps
+- state tensors share memory only as one tensor under several names
+  (tied weights): each name is an input of its own that its module reads,
+  as export lifts them
+  (:func:`hloalias.frontend.importer._merge_aliased_state` then makes them
+  one argument); other sharing, and a submodule registered under two
+  names, are left to export;
+- the graph reads no module's tensor attribute that is neither parameter
+  nor buffer (export names it after the attribute); tensors made in
+  ``forward`` (``torch.tensor([])``) are lifted as constants after the
+  state, named as export's ``lift_constants_pass`` names them
+  (:func:`_lift_constants`);
+- no dropout in training and no random numbers (export keeps
   ``aten.dropout`` for the table, which this trace decomposes by its
-  composite kernel) and the trace raises nothing (data-dependent control flow and
-  the like are refused by ``torch.export`` with its message).
+  composite kernel); ``F.dropout``/``torch.dropout`` out of training
+  become the ``clone`` export's decomposition makes of them; and the trace
+  raises nothing (data-dependent control flow and the like are refused by
+  ``torch.export`` with its message).  A trace stopped mid-forward leaves
+  the torch-function mode stack as it found it (:func:`function_modes_kept`).
 
 With ``dynamic_dims`` (a shape family's dynamic export,
 :func:`hloalias.frontend.shape_specialization.export_dynamic`) the trace is
@@ -61,11 +74,8 @@ symbolic in the named dimensions of the tensor inputs: fake inputs of one
 shape environment as ``torch.export`` makes them for ``Dim.DYNAMIC`` (the
 state static), the branches the code took on sizes left as that
 environment's guards and the symbols' ranges as the program's
-``range_constraints``.  It also takes what ``torch.export`` takes there
-and the static trace leaves to it: outputs that are registered pytree
-nodes (a transformers cache; no size in the tree) and tensors made in
-``forward`` (``torch.tensor([])``), lifted as constants named as export's
-``lift_constants_pass`` names them.  It declines a size the code fixed,
+``range_constraints``.  An output tree must hold no size (one tree
+serves every size).  It declines a size the code fixed,
 data-dependent sizes, a module's tensor attribute read as a constant, and
 every case above (``test/py/test_dynamic_single_trace.py``).
 
@@ -151,6 +161,21 @@ def _state_shares_memory(tensors: list[torch.Tensor]) -> bool:
     return False
 
 
+def _shared_owner(module: torch.nn.Module, names: list[str]) -> bool:
+    """Whether two of the state ``names`` are one attribute of one module
+    object (a submodule registered twice): the trace gives each name its
+    own value by setting that attribute (:func:`_trace`), so one of two
+    such names would go unread where export may read both."""
+    seen: set[tuple[int, str]] = set()
+    for name in names:
+        prefix, _, attribute = name.rpartition(".")
+        owner = (id(module.get_submodule(prefix)), attribute)
+        if owner in seen:
+            return True
+        seen.add(owner)
+    return False
+
+
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:
     names: set[str] = set()
     for prefix, submodule in module.named_modules(remove_duplicate=False):
@@ -179,10 +204,32 @@ _STORAGE_CALLS = frozenset({"as_strided", "as_strided_", "as_strided_scatter", "
 _COPY_OR_VIEW = frozenset({"contiguous", "reshape", "flatten"})
 
 
+def _eval_dropout(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the call is ``F.dropout``/``torch.dropout`` of a tensor out of
+    training, not in place: export keeps ``aten.dropout`` and its
+    decomposition makes it ``aten.clone`` of the input, where ``make_fx``
+    takes the composite kernel (the input itself: no node)."""
+    names: tuple[str, ...]
+    if func is torch.nn.functional.dropout:
+        names, training = ("input", "p", "training", "inplace"), "training"
+    elif func is torch.dropout:
+        names, training = ("input", "p", "train"), "train"
+    else:
+        return False
+    bound = {**dict(zip(names, args)), **kwargs}
+    return (
+        isinstance(bound.get("input"), torch.Tensor)
+        and bound.get(training, True) is False
+        and bound.get("inplace", False) is False
+        and set(bound) <= set(names)
+    )
+
+
 class _Watch(torch.overrides.TorchFunctionMode):
-    """Stops the trace at a dropout call: export's functionalization keeps
-    ``aten.dropout`` for the decomposition table (a ``clone`` in eval
-    mode), where this trace takes its composite kernel (the input itself).
+    """Stops the trace at a dropout call in training (:func:`_eval_dropout`
+    says which are taken, as the clone export makes of them): export's
+    functionalization keeps ``aten.dropout`` for the decomposition table,
+    where this trace takes its composite kernel.
     With ``mutations``, also at a call that addresses storage and at a
     ``contiguous``/``reshape``/``flatten`` that copies (the importer rewrites
     those in the training IR; here every tensor has eager's layout, checked
@@ -200,6 +247,10 @@ class _Watch(torch.overrides.TorchFunctionMode):
     ) -> Any:
         name = getattr(func, "__name__", "")
         if "dropout" in name:
+            if _eval_dropout(func, args, kwargs or {}):
+                # What export's graph has for it: aten.dropout decomposed
+                # (train false) to a clone of the input.
+                return torch.clone(args[0])
             raise _NotPlain("dropout")
         if self.mutations and (name in _STORAGE_CALLS or name.startswith("as_strided") or name == "unfold"):
             raise _NotPlain(name)
@@ -310,6 +361,7 @@ def exported_from_trace(
     table: dict[Any, Callable[..., Any]],
     mutations: bool = False,
     dynamic_dims: Sequence[frozenset[int]] | None = None,
+    declined: list[str] | None = None,
 ) -> ExportedProgram | None:
     """The decomposed program of ``module`` on ``args``/``kwargs`` from one
     ``make_fx`` trace, or None where ``torch.export`` must decide (module
@@ -319,32 +371,78 @@ def exported_from_trace(
     declined.  With ``dynamic_dims`` (per flat input leaf, all tensors, the
     dimensions to keep symbolic) the trace is symbolic in those dimensions
     (:func:`_symbolic_inputs`; not with ``mutations``).  Never raises for a
-    program it does not take."""
+    program it does not take; ``declined`` (when given) gets the reason."""
+    why = declined if declined is not None else []
     private = torch_internals._private()
-    if private is None or not _plain_tree((args, kwargs)):
+    if private is None:
+        why.append("torch's private export internals are missing")
+        return None
+    if not _plain_tree((args, kwargs)):
+        why.append("inputs: not tuples, lists and dicts of dense tensors and primitives")
         return None
     if dynamic_dims is not None and mutations:
+        why.append("dynamic dimensions with mutations")
         return None
     parameters = dict(module.named_parameters(remove_duplicate=False))
     buffers = dict(module.named_buffers(remove_duplicate=False))
     if not _plain_tree(list(parameters.values()) + list(buffers.values())):
+        why.append("state: a parameter or buffer that is not a dense tensor")
         return None
-    if _state_shares_memory([*parameters.values(), *buffers.values()]):
+    # Tied weights (one tensor under two names) are lifted once per name,
+    # as export lifts them (importer._merge_aliased_state makes them one
+    # argument); other state sharing memory is left to export.
+    if _state_shares_memory(list({id(t): t for t in [*parameters.values(), *buffers.values()]}.values())):
+        why.append("state tensors share memory (not one tensor under two names)")
+        return None
+    if _shared_owner(module, [*parameters, *buffers]):
+        why.append("a submodule registered under two names")
         return None
     try:
-        traced = _trace(module, args, kwargs, parameters, buffers, table, mutations, dynamic_dims)
-    except Exception:  # _NotPlain, or anything the trace raised: export names it
+        with function_modes_kept():
+            traced = _trace(module, args, kwargs, parameters, buffers, table, mutations, dynamic_dims)
+    except _NotPlain as error:
+        why.append(str(error))
+        return None
+    except Exception as error:  # anything the trace raised: export names it
+        why.append(f"the trace raised {type(error).__name__}: {str(error)[:200]}")
         return None
     if traced is None:
+        why.append("the module's forward ran more than once")
         return None
     tensors = [value for value in pytree.tree_leaves((args, kwargs)) if isinstance(value, torch.Tensor)]
     if traced.mutated and _state_shares_memory([*parameters.values(), *buffers.values(), *tensors]):
-        return None  # a write through inputs that share memory: export's error or its aliasing rules
+        why.append("a write through inputs that share memory")
+        return None  # export's error or its aliasing rules
     try:
         ranges = None if dynamic_dims is None else _symbolic_ranges(traced.graph_module, len(parameters) + len(buffers))
         return _program(module, args, kwargs, parameters, buffers, traced, ranges)
-    except _NotPlain:
+    except _NotPlain as error:
+        why.append(str(error))
         return None
+
+
+def function_mode_stack() -> list[Any]:
+    """The torch-function modes active, in the order they were entered."""
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+
+
+@contextlib.contextmanager
+def function_modes_kept() -> Iterator[None]:
+    """The torch-function mode stack as the block found it, on the way out.
+    A trace stopped mid-forward unwinds modes that hooks push and pop
+    (single_trace's write guards, entered on the module's forward) out of
+    their order with ``make_fx``'s own: a ``TorchFunctionMode`` exit pops
+    whatever is on top, and the stopped trace would leave its modes (this
+    module's :class:`_Watch`) active under the caller's next trace."""
+    saved = function_mode_stack()
+    try:
+        yield
+    finally:
+        if function_mode_stack() != saved:
+            while torch._C._len_torch_function_stack():
+                torch._C._pop_torch_function_stack()
+            for mode in saved:
+                torch._C._push_on_torch_function_stack(mode)
 
 
 @dataclasses.dataclass
@@ -354,6 +452,9 @@ class _Traced:
     #: Flat input positions (parameters, buffers, user inputs) written in
     #: place, in order: their new values lead the graph's outputs.
     mutated: list[int]
+    #: Traced with ``mutations`` (the importer's alternative is then the
+    #: training IR, not export's post-dispatch trace).
+    writing: bool = False
 
 
 def _trace(
@@ -382,11 +483,13 @@ def _trace(
         call_args, call_kwargs = pytree.tree_unflatten(list(flat[state_count:]), in_spec)
         state = dict(zip(names, flat[:state_count]))
         watch = _Watch(mutations, user_grad)
-        with _reparametrize_module(module, state, tie_weights=True, strict=True, stack_weights=True), watch, \
+        # Each name its own value, tied weights too: export lifts a tied
+        # weight once per name, and each module reads its own.
+        with _reparametrize_module(module, state, tie_weights=False, strict=True, stack_weights=True), watch, \
                 _user_grad_mode(watch) if mutations else contextlib.nullcontext():
             result = module(*call_args, **call_kwargs)
-        if not (_plain_tree(result, traced=True) if dynamic_dims is None else _flat_tree(result)):
-            raise _NotPlain("output")
+        if not (_plain_tree(result, traced=True) and dynamic_dims is None or _flat_tree(result)):
+            raise _NotPlain(f"output: a {type(result).__name__} the trace cannot flatten")
         leaves, spec = pytree.tree_flatten(result)
         out_specs.append(spec)
         return tuple(leaves)
@@ -403,7 +506,7 @@ def _trace(
             if isinstance(mode, _CheckedFunctionalMode):
                 mode.leaves = {_storage(t) for t in wrapped if isinstance(t, torch.Tensor) and t.requires_grad}
             with _forward_stack_traces(dynamic_dims is None) if _FAST_STACK_TRACES else contextlib.nullcontext(), \
-                    _constant_owners(module) if dynamic_dims is not None else contextlib.nullcontext(), \
+                    _constant_owners(module), \
                     maybe_enable_thunkify() if dynamic_dims is not None else contextlib.nullcontext():
                 # Symbolic: the size arithmetic of every op's meta function
                 # (thousands of operations for a small Llama) becomes a node
@@ -430,6 +533,15 @@ def _trace(
     assert private is not None
     cia_to_decomp, python_table = torch_internals.split_decomposition_table(table)
     flat = [*parameters.values(), *buffers.values(), *flat_inputs]
+    seen: set[int] = set()
+    for position, tensor in enumerate(flat[:state_count]):
+        if id(tensor) in seen:
+            # A tied weight's second name: a tensor object of its own (one
+            # storage), else the trace makes one fake tensor of both and
+            # every read goes to the last name's placeholder, where export
+            # reads each name's own.
+            flat[position] = _alias(tensor)
+        seen.add(id(tensor))
     if dynamic_dims is not None:
         flat = _symbolic_inputs(flat, state_count, dynamic_dims)
     with contextlib.ExitStack() as stack:
@@ -459,7 +571,15 @@ def _trace(
         )(*flat)
     if len(out_specs) != 1:
         return None
-    return _Traced(graph_module, out_specs[0], mutated)
+    return _Traced(graph_module, out_specs[0], mutated, mutations)
+
+
+def _alias(tensor: torch.Tensor) -> torch.Tensor:
+    """A new tensor object on ``tensor``'s storage, of its type and grad flag."""
+    alias = tensor.detach()
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(alias, requires_grad=tensor.requires_grad)
+    return alias.requires_grad_(tensor.requires_grad)
 
 
 @contextlib.contextmanager
@@ -709,8 +829,12 @@ def _program(
     graph.eliminate_dead_code()  # as AOT autograd does for export's graph
     lifted: list[tuple[torch.fx.Node, str, torch.Tensor]] = []
     if any(node.op == "get_attr" for node in graph.nodes):
-        if range_constraints is None:
-            raise _NotPlain("tensor constant")  # export lifts it (and names it)
+        if traced.writing:
+            # The alternative here is the training IR, whose order of lifted
+            # constants and buffers this lift does not follow everywhere (a
+            # Llama's constants come before its buffers there, after them in
+            # export's post-dispatch trace and here): left to it.
+            raise _NotPlain("tensor constant in a writing trace")
         users = [node for node in graph.nodes if node.op == "placeholder"][len(parameters) + len(buffers):]
         lifted = _lift_constants(graph_module, module, users[0] if users else None)
     lifted_nodes = {node for node, _, _ in lifted}

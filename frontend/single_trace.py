@@ -31,12 +31,23 @@ one ``make_fx`` trace that records the writes as export does
 ``mutations``: the same program as export, the rewrites above and the
 decompositions, or None where it cannot tell), and where that declines
 straight to the two-trace path, so that they do not pay for a trace
-stopped half way."""
+stopped half way.
+
+:func:`single_trace_stats` counts which of the three a static import took
+(the one ``make_fx`` trace, ``torch.export``'s post-dispatch trace after it
+declined, or the training IR and the retrace) and keeps the last reasons
+the ``make_fx`` trace declined (``bench/single_trace_census.py`` lists
+them per transformers model).  The write guards and watches are entered
+by forward hooks; a trace that raises inside the module skips the hook
+that leaves them, so each block puts the torch-function mode stack back
+as it found it."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import threading
 import traceback
 import types
 from collections.abc import Callable, Iterator
@@ -185,16 +196,17 @@ def refusing_closed_over_writes(module: torch.nn.Module, program: str) -> Iterat
 
     def leave(*_: Any) -> None:
         if guards:
-            guards.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            _leave_mode(guards.pop())
 
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
     try:
-        yield
+        with fx_export.function_modes_kept():
+            yield
     finally:
         for handle in handles:
             handle.remove()
         while guards:
-            guards.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            _leave_mode(guards.pop())
 
 
 def mutable_op(func: Any) -> bool:
@@ -222,16 +234,37 @@ def _watching(module: torch.nn.Module) -> Iterator[list[str]]:
 
     def leave(*_: Any) -> None:
         if watches:
-            watches.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            _leave_mode(watches.pop())
 
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
     try:
-        yield seen
+        with fx_export.function_modes_kept():
+            yield seen
     finally:
         for handle in handles:
             handle.remove()
         while watches:
-            watches.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            _leave_mode(watches.pop())
+
+
+def _leave_mode(mode: torch.overrides.TorchFunctionMode) -> None:
+    """Take ``mode``, entered by a forward pre-hook, off the torch-function
+    mode stack wherever it is, the modes above it kept in their order (a
+    ``TorchFunctionMode`` exit pops whatever is on top).  A trace stopped by
+    an exception may skip the forward hook that would leave it (the
+    block that pushed the hook then restores the stack it found:
+    fx_export.function_modes_kept): a mode no longer on the stack is left
+    alone."""
+    if not any(entry is mode for entry in fx_export.function_mode_stack()):
+        return
+    above = []
+    while True:
+        top = torch._C._pop_torch_function_stack()
+        if top is mode:
+            break
+        above.append(top)
+    for entry in reversed(above):
+        torch._C._push_on_torch_function_stack(entry)
 
 
 def _code_objects(code: types.CodeType) -> list[types.CodeType]:
@@ -293,25 +326,70 @@ def export_decomposed(
         if may_write_in_place(module):
             return None
     elif may_write_in_place(module):
-        return _export_writing(module, args, kwargs, table, dynamic_shapes)
+        exported = _export_writing(module, args, kwargs, table, dynamic_shapes)
+        if dynamic_shapes is None:
+            _count("make_fx" if exported is not None else "training_ir", "the writing trace declined")
+        return exported
+    declined: list[str] = []
+    traced_once = False
     try:
         with _watching(module) as writes:
             exported = None
             if dynamic_dims is not None:
                 exported = fx_export.exported_from_trace(module, args, kwargs, table, dynamic_dims=dynamic_dims)
             elif dynamic_shapes is None:
-                exported = fx_export.exported_from_trace(module, args, kwargs, table)
+                exported = fx_export.exported_from_trace(module, args, kwargs, table, declined=declined)
+                traced_once = exported is not None
             if exported is None and not writes and dynamic_dims is None:
                 exported = torch_internals.export_decomposed(module, args, kwargs, table, dynamic_shapes)
     except Exception:  # _WritesInPlace, or any failure: the two-trace path names it
-        return None
+        exported = None
     if writes or exported is None or _holds_as_strided(exported):
-        return None
-    if any(spec.kind in _MUTATIONS for spec in exported.graph_signature.output_specs):
-        return None
-    if not _bake_static_inputs(exported):
-        return None
+        exported = None
+    elif any(spec.kind in _MUTATIONS for spec in exported.graph_signature.output_specs):
+        exported = None
+    elif not _bake_static_inputs(exported):
+        exported = None
+    if dynamic_dims is None and dynamic_shapes is None:
+        reason = f"writes in place ({writes[0]})" if writes else (declined[0] if declined else "")
+        _count("training_ir" if exported is None else "make_fx" if traced_once else "post_dispatch", reason)
     return exported
+
+
+@dataclasses.dataclass
+class SingleTraceStats:
+    """Counters (live) of the static imports of :func:`export_decomposed`:
+    programs taken from the one ``make_fx`` trace (``make_fx``), from
+    ``torch.export``'s post-dispatch trace after that trace declined
+    (``post_dispatch``: two traces), and those left to the training IR and
+    the decomposition retrace (``training_ir``), with the last 8 reasons
+    the ``make_fx`` trace declined (``reasons``)."""
+
+    make_fx: int = 0
+    post_dispatch: int = 0
+    training_ir: int = 0
+    reasons: list[str] = dataclasses.field(default_factory=list)
+
+
+_STATS = SingleTraceStats()
+_STATS_LOCK = threading.Lock()
+
+
+def single_trace_stats() -> SingleTraceStats:
+    return _STATS
+
+
+def clear_single_trace_stats() -> None:
+    global _STATS
+    with _STATS_LOCK:
+        _STATS = SingleTraceStats()
+
+
+def _count(path: str, reason: str) -> None:
+    with _STATS_LOCK:
+        setattr(_STATS, path, getattr(_STATS, path) + 1)
+        if path != "make_fx" and reason:
+            _STATS.reasons = [*_STATS.reasons[-7:], reason]
 
 
 def _export_writing(

@@ -124,6 +124,22 @@ def _forget(dead: weakref.ref[Any]) -> None:
             del _FAMILIES[key]
 
 
+def _rekey(key: str, family: _Family, f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Key ``family`` again after a dynamic export of ``f``: ``torch.export``
+    puts back the module's container attributes as new objects (a
+    transformers model's ``_pp_plan``), which the key prints differently;
+    the first import's own export did that before its re-keying, but where
+    that import took one ``make_fx`` trace (frontend/single_trace.py) the
+    first ``torch.export`` may be this one."""
+    new = _family_key(f, args, kwargs)
+    if new is None or new == key:
+        return
+    with _LOCK:
+        if _FAMILIES.get(key) is family:
+            del _FAMILIES[key]
+            _FAMILIES[new] = family
+
+
 def _fallback(reason: str) -> None:
     with _LOCK:
         _STATS.fallbacks += 1
@@ -189,7 +205,9 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
         except TorchImportError as error:  # the model does not export with these dimensions dynamic
             family.refused = f"dynamic export: {str(error).splitlines()[0]}"
             _fallback(family.refused)
+            _rekey(key, family, f, args, kwargs)
             return import_torch(f, args, kwargs)
+        _rekey(key, family, f, args, kwargs)
         with _LOCK:
             _STATS.exported += 1
     try:

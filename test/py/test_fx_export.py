@@ -92,7 +92,9 @@ def _described(exported: torch.export.ExportedProgram) -> tuple[Any, ...]:
         exported.call_spec.in_spec,
         exported.call_spec.out_spec,
         {name: id(tensor) for name, tensor in exported.state_dict.items()},
-        {name: id(tensor) for name, tensor in exported.constants.items()},
+        # A tensor made in forward is made anew by each trace: its value.
+        {name: tensor.tolist() if "lifted_tensor" in name else id(tensor)
+         for name, tensor in exported.constants.items()},
         [(node.name, type(node.meta.get("val")).__name__) for node in exported.graph.nodes],
         [
             (tuple(node.meta["val"].shape), node.meta["val"].stride(), node.meta["val"].dtype)
@@ -100,6 +102,48 @@ def _described(exported: torch.export.ExportedProgram) -> tuple[Any, ...]:
             if isinstance(node.meta.get("val"), torch.Tensor)
         ],
     )
+
+
+class _Cached:
+    """An output object registered as a pytree node, as transformers
+    registers its caches before an export."""
+
+    def __init__(self, keys: list[torch.Tensor]) -> None:
+        self.keys = keys
+
+
+torch.utils._pytree.register_pytree_node(
+    _Cached, lambda cached: (cached.keys, None), lambda keys, _: _Cached(list(keys)),
+    serialized_type_name=f"{__name__}._Cached",
+)
+
+
+class _CacheAndMadeConstants(torch.nn.Module):
+    """A causal LM's shape: an output object (a cache), tensors made in
+    ``forward`` (export lifts them as constants, named after the module
+    that made them), a tied head, dropout out of training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.inner = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.1)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> dict[str, Any]:
+        h = self.drop(self.inner(self.embed(tokens)))
+        empty = torch.tensor([])  # what a DynamicLayer makes before its first update
+        keys = torch.cat([empty.reshape(0, h.shape[-1]), h[0]]) * torch.tensor(2.0)
+        return {"logits": torch.nn.functional.dropout(self.head(h), 0.2, training=False),
+                "cache": _Cached([keys, h])}
+
+
+_PROGRAMS.update({
+    "tied_weights": lambda: (_Tied(), (torch.tensor([[1, 2, 3]]),), {}),
+    "dropout_eval": lambda: (_Dropout().eval(), (torch.randn(4, 4),), {}),
+    "cache_output_made_constants": lambda: (_CacheAndMadeConstants().eval(), (torch.tensor([[1, 2, 3]]),), {}),
+})
 
 
 @pytest.mark.parametrize("name", sorted(_PROGRAMS))
@@ -142,6 +186,23 @@ class _Tied(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.head(self.embed(tokens))
+
+
+class _SharedSubmodule(torch.nn.Module):
+    """One submodule under two names: the trace sets one attribute per name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(4, 4)
+        self.second = self.first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x))
+
+
+class _DropoutInPlace(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(x * 1, 0.5, training=False, inplace=True)
 
 
 class _BufferWrite(torch.nn.Module):
@@ -188,14 +249,14 @@ class _ObjectOutput(torch.nn.Module):
 
 
 _DECLINED: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
-    "tied_weights": lambda: (_Tied(), (torch.tensor([[1, 2, 3]]),)),
+    "shared_submodule": lambda: (_SharedSubmodule(), (torch.randn(2, 4),)),
     "buffer_write": lambda: (_BufferWrite(), (torch.ones(4),)),
     "batch_norm_training": lambda: (_BatchNormTraining().train(), (torch.randn(3, 4),)),
     "tensor_constants": lambda: (_Constant(), (torch.ones(4),)),
     "data_dependent": lambda: (_DataDependent(), (torch.ones(4),)),
     "object_output": lambda: (_ObjectOutput(), (torch.ones(4),)),
     "dropout_training": lambda: (_Dropout().train(), (torch.randn(4, 4),)),
-    "dropout_eval": lambda: (_Dropout().eval(), (torch.randn(4, 4),)),
+    "dropout_eval_in_place": lambda: (_DropoutInPlace().eval(), (torch.randn(4, 4),)),
     "object_input": lambda: (torch.nn.Identity(), (_Holder(torch.ones(4)),)),
 }
 
