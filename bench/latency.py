@@ -353,7 +353,8 @@ def write_report(path: str, ours: dict[str, dict[str, Any]], peer_results: list[
                 row += " not measured |"
             else:
                 error = result.data["state_max_error"]
-                row += f" {error:.2g}{' **state updates lost**' if error > 1e-3 else ''} |"
+                row += (" — (functional) |" if error is None else
+                        f" {error:.2g}{' **state updates lost**' if error > 1e-3 else ''} |")
         lines.append(row)
     lines += ["", "## Where hloalias's compile time goes (ms; inclusive per stage)", "",
               "Column *load*: the 1-minute load average when that workload's process started.", "",
@@ -796,7 +797,8 @@ def main() -> None:
         from bench import peers
 
         peer_results = peers.measure_all(keys, options.calls,
-                                         log=lambda m: print(m, file=sys.stderr, flush=True))
+                                         log=lambda m: print(m, file=sys.stderr, flush=True),
+                                         gpt2_layers=options.gpt2_layers)
     write_report(options.out, ours, peer_results, over, options.gpt2_layers, start_load, ratio_data)
     with open(options.out.replace(".md", ".json"), "w") as handle:
         json.dump({"hloalias": ours, "overhead": over, "ratios": ratio_data,
