@@ -10,7 +10,7 @@ Only :mod:`bench.workloads`' torch modules are used; that module's
 environment (the JAX variants are never called here).
 
 Method (as ``shared/peers.md``): first call = trace + compile + run, waiting
-for every result; steady = median of ``--calls`` calls, each waiting for
+for every result (wall time, and the process's CPU time, every thread); steady = median of ``--calls`` calls, each waiting for
 all results.  Donated inputs get a fresh device copy before each call,
 outside the timed region.  Every call runs under ``torch.no_grad()`` so
 autograd keeps no extra outputs.  After one call the module state is
@@ -161,9 +161,9 @@ def measure_torchax(workload: workloads.Workload, calls: int, variant: str) -> d
         nonlocal current
         current = fresh_args()
 
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     call()
-    first = time.perf_counter() - start
+    first, first_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     # State after exactly one call, against eager's.
     holder = compiled if variant == "documented" else jittable  # the state the next call uses
     state_now = {k: _to_cpu(v) for k, v in {**holder.params, **holder.buffers}.items()}
@@ -179,7 +179,7 @@ def measure_torchax(workload: workloads.Workload, calls: int, variant: str) -> d
                                      stats.alias_size_in_bytes, stats.temp_size_in_bytes)
     del expected_outputs
     return {
-        "first_call_s": first, "steady_s": steady, "state_max_error": state_error,
+        "first_call_s": first, "first_call_cpu_s": first_cpu, "steady_s": steady, "state_max_error": state_error,
         "bytes": {"argument": argument, "output": output, "alias": alias, "temp": temp,
                   "total": argument + output - alias + temp},
     }
@@ -215,16 +215,16 @@ def measure_jax(workload: workloads.Workload, calls: int, variant: str) -> dict[
         current = workload.jax_inputs()  # donated inputs are consumed by a call
         jax.block_until_ready(current)
 
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     call()
-    first = time.perf_counter() - start
+    first, first_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     prepare()
     steady = _median(call, calls, prepare if donate else None)
     stats: Any = jitted.lower(*workload.jax_inputs()).compile().memory_analysis()
     argument, output, alias, temp = (stats.argument_size_in_bytes, stats.output_size_in_bytes,
                                      stats.alias_size_in_bytes, stats.temp_size_in_bytes)
     return {
-        "first_call_s": first, "steady_s": steady,
+        "first_call_s": first, "first_call_cpu_s": first_cpu, "steady_s": steady,
         "state_max_error": None,  # functional: state goes in and out as arguments, no module to compare
         "bytes": {"argument": argument, "output": output, "alias": alias, "temp": temp,
                   "total": argument + output - alias + temp},
@@ -272,15 +272,15 @@ def measure_torch_xla(workload: workloads.Workload, calls: int, variant: str) ->
 
     prepare()
 
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     call()
-    first = time.perf_counter() - start
+    first, first_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     state_now = {k: v.detach().cpu() for k, v in module.state_dict().items()}
     state_error = _max_state_error(expected_state, state_now)
     steady = _median(call, calls, prepare)
     alias_count = metrics.metric_data("InputOutputAliasCount")
     return {
-        "first_call_s": first, "steady_s": steady, "state_max_error": state_error,
+        "first_call_s": first, "first_call_cpu_s": first_cpu, "steady_s": steady, "state_max_error": state_error,
         "aliases": None if alias_count is None else alias_count[0],
         "bytes": _xla_dump_bytes(),
     }
