@@ -139,12 +139,13 @@ def _timed_compile(timer: StageTimer, workload: Any) -> tuple[Any, dict[str, flo
 
     timer.seconds = {}
     gc.collect()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     exe = hloalias.compile(workload.module, workload.args, donate=workload.donate)
-    total = time.perf_counter() - start
+    total, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     stages = dict(timer.seconds)
     stages["other"] = max(0.0, total - sum(stages.values()))
     stages["total"] = total
+    stages["cpu"] = cpu  # the process's CPU time (every thread), not a stage
     return exe, stages
 
 
@@ -183,6 +184,13 @@ def child(key: str, gpt2_layers: int, calls: int) -> dict[str, Any]:
     result: dict[str, Any] = {"workload": key, "imports_s": imports, "torch_lazy_imports_s": lazy_imports,
                               "load": os.getloadavg()[0]}
     workload = _build(key, gpt2_layers)
+    if os.environ.get("HLOALIAS_LATENCY_DEVICE_FIRST"):
+        # As the peers do before their timed first call (inputs moved to
+        # the device): jax's backend, PJRT plugin discovery included, set up
+        # outside the timed compile.  A diagnostic column only.
+        from hloalias.runtime.pjrt import device_for
+
+        device_for()
     compiles_before = disk_cache.disk_cache_stats().xla_compiles
     exe, result["first"] = _timed_compile(timer, workload)
     result["first_xla_compiles"] = disk_cache.disk_cache_stats().xla_compiles - compiles_before
@@ -228,10 +236,16 @@ def child(key: str, gpt2_layers: int, calls: int) -> dict[str, Any]:
 # -- parent side ---------------------------------------------------------------
 
 
-def run_child(key: str, cache_dir: str, gpt2_layers: int, calls: int, first_only: bool) -> dict[str, Any]:
-    """Run :func:`child` in a fresh interpreter with ``cache_dir`` as the disk cache."""
+def run_child(key: str, cache_dir: str, gpt2_layers: int, calls: int, first_only: bool,
+              device_first: bool = False) -> dict[str, Any]:
+    """Run :func:`child` in a fresh interpreter with ``cache_dir`` as the
+    disk cache (``device_first``: jax's backend set up before the timed
+    compile, as the peers' is)."""
     env = dict(os.environ, HLOALIAS_CACHE_DIR=cache_dir, PYTHONPATH=REPO)
     env.pop("HLOALIAS_CACHE", None)
+    env.pop("HLOALIAS_LATENCY_DEVICE_FIRST", None)
+    if device_first:
+        env["HLOALIAS_LATENCY_DEVICE_FIRST"] = "1"
     if first_only:
         env["HLOALIAS_LATENCY_FIRST_ONLY"] = "1"
     command = [sys.executable, "-m", "bench.latency", "--child", key, "--gpt2-layers", str(gpt2_layers),
@@ -246,6 +260,100 @@ def run_child(key: str, cache_dir: str, gpt2_layers: int, calls: int, first_only
     # exception", seen with the disk cache off too) is recorded, not fatal.
     data["exit_code"] = done.returncode
     return data
+
+
+def cold_rounds(keys: list[str], rounds: int, gpt2_layers: int,
+                log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Issue 26's "cold compile geomean <= torch_xla's in the same run",
+    interleaved: ``rounds`` rounds, each a fresh process per (system,
+    workload) in turn (hloalias's first compile with an empty disk cache,
+    each peer's first call), so that a change of machine load falls on
+    every system alike.  Wall and CPU seconds (the process's, every thread).
+    A second hloalias column sets jax's backend up before the timed compile,
+    as every peer has its device up before its timed first call."""
+    from bench import peers
+
+    ours = ("hloalias", "hloalias, jax backend up first")
+    systems: list[tuple[str, Any]] = [(name, None) for name in ours] + [(s.label, s) for s in peers.SYSTEMS]
+    samples: dict[str, dict[str, list[tuple[float, float]]]] = {name: {k: [] for k in keys} for name, _ in systems}
+    errors: dict[str, str] = {}
+    loads = []
+    for round_index in range(rounds):
+        for key in keys:
+            for name, system in systems:
+                if log is not None:
+                    log(f"cold round {round_index + 1}/{rounds}: {name} {key}")
+                loads.append(os.getloadavg()[0])
+                if system is None:
+                    with tempfile.TemporaryDirectory(prefix="hloalias-latency-cache-") as cache_dir:
+                        first = run_child(key, cache_dir, gpt2_layers, 1, first_only=True,
+                                          device_first=name != ours[0])["first"]
+                    samples[name][key].append((first["total"], first["cpu"]))
+                    continue
+                result = peers.measure(system, key, calls=1, gpt2_layers=gpt2_layers)
+                if result.measured:
+                    samples[name][key].append((result.data["first_call_s"], result.data["first_call_cpu_s"]))
+                else:
+                    errors[f"{name} {key}"] = result.error or "not measured"
+    return {"keys": keys, "rounds": rounds, "samples": samples, "errors": errors,
+            "load_min": min(loads), "load_max": max(loads)}
+
+
+def cold_rounds_lines(data: dict[str, Any], window: str) -> list[str]:
+    """A markdown section for :func:`cold_rounds`: medians per workload and
+    system, their geomeans, and hloalias ÷ torch_xla per round."""
+    keys, samples = data["keys"], data["samples"]
+    names = list(samples)
+    complete = [k for k in keys if all(samples[n][k] for n in names)]
+
+    def median(name: str, key: str, index: int) -> float:
+        return statistics.median(sample[index] for sample in samples[name][key])
+
+    lines = [f"{data['rounds']} rounds, each a fresh process per system and workload in turn ({window}; "
+             f"1-minute load {data['load_min']:.1f}-{data['load_max']:.1f} at the starts). Medians of the rounds, "
+             "wall / CPU (the process's CPU time over every thread); hloalias: first compile, empty disk cache, "
+             "imports excluded; peers: first call (trace + compile + run), imports and moving inputs to the "
+             "device excluded.", "",
+             "| workload | " + " | ".join(names) + " | hloalias ÷ torch_xla (wall) |",
+             "|---|" + "---:|" * (len(names) + 1)]
+    xla = next((n for n in names if n.startswith("torch_xla")), None)
+    for key in keys:
+        cells = [f"{_fmt(median(n, key, 0))} / {_fmt(median(n, key, 1))}" if samples[n][key] else "not measured"
+                 for n in names]
+        ratio = (f"{median('hloalias', key, 0) / median(xla, key, 0):.2f}×"
+                 if xla and samples[xla][key] and samples["hloalias"][key] else "—")
+        lines.append(f"| {key} | " + " | ".join(cells) + f" | {ratio} |")
+    if complete:
+        cells = []
+        for n in names:
+            wall = statistics.geometric_mean([median(n, k, 0) for k in complete])
+            cpu = statistics.geometric_mean([median(n, k, 1) for k in complete])
+            cells.append(f"**{_fmt(wall)}** / {_fmt(cpu)}")
+        ours = statistics.geometric_mean([median("hloalias", k, 0) for k in complete])
+        theirs = statistics.geometric_mean([median(xla, k, 0) for k in complete]) if xla else None
+        lines.append(f"| geomean ({len(complete)}) | " + " | ".join(cells) + " | "
+                     + (f"**{ours / theirs:.2f}×** |" if theirs else "— |"))
+        lines += ["", "Geomean ÷ each system's (wall; CPU): " + "; ".join(
+            f"{n} {ours / statistics.geometric_mean([median(n, k, 0) for k in complete]):.2f}×; "
+            f"{statistics.geometric_mean([median('hloalias', k, 1) for k in complete]) / statistics.geometric_mean([median(n, k, 1) for k in complete]):.2f}×"
+            for n in names if n != "hloalias") + "."]
+        if xla and "hloalias, jax backend up first" in names:
+            up = statistics.geometric_mean([median("hloalias, jax backend up first", k, 0) for k in complete])
+            lines += ["", f"hloalias with jax's backend up first ÷ torch_xla (wall): "
+                      f"{up / statistics.geometric_mean([median(xla, k, 0) for k in complete]):.2f}×."]
+        if xla:
+            per_round = []
+            for index in range(data["rounds"]):
+                try:
+                    per_round.append(statistics.geometric_mean([samples["hloalias"][k][index][0] for k in complete])
+                                     / statistics.geometric_mean([samples[xla][k][index][0] for k in complete]))
+                except IndexError:
+                    pass
+            lines += ["", "hloalias ÷ torch_xla geomean per round (wall): "
+                      + ", ".join(f"{r:.2f}×" for r in per_round) + "."]
+    for what, error in sorted(data["errors"].items()):
+        lines.append(f"- {what}: {error}")
+    return lines + [""]
 
 
 def overheads() -> dict[str, Any]:
@@ -346,7 +454,8 @@ def write_report(path: str, ours: dict[str, dict[str, Any]], peer_results: list[
                 row += " not measured |"
             else:
                 error = result.data["state_max_error"]
-                row += f" {error:.2g}{' **state updates lost**' if error > 1e-3 else ''} |"
+                row += (" — (functional) |" if error is None else
+                        f" {error:.2g}{' **state updates lost**' if error > 1e-3 else ''} |")
         lines.append(row)
     lines += ["", "## Where hloalias's compile time goes (ms; inclusive per stage)", "",
               "Column *load*: the 1-minute load average when that workload's process started.", "",
@@ -378,11 +487,18 @@ def write_report(path: str, ours: dict[str, dict[str, Any]], peer_results: list[
     for failure in failures:
         lines.append(f"- {failure}")
     lines.append("")
-    lines += previous_report(path)
+    earlier = previous_report(path)
     notes_path = os.path.join(REPO, "bench", "latency_notes.md")
+    notes = ""
     if os.path.exists(notes_path):
         with open(notes_path) as handle:
-            lines += [handle.read()]
+            notes = handle.read()
+    tail = sections_after_notes(path)
+    lines += earlier
+    if notes:
+        lines += [notes]
+    if tail:
+        lines += [tail]
     with open(path, "w") as handle:
         handle.write("\n".join(lines))
 
@@ -427,6 +543,23 @@ def previous_report(path: str) -> list[str]:
     body = [line for line in text.splitlines() if not line.startswith("# ")]
     body = ["#" + line if line.startswith("## ") or line.startswith("### ") else line for line in body]
     return ["## Earlier runs (as written then)", "", *body, ""]
+
+
+def sections_after_notes(path: str) -> str:
+    """The sections appended by hand after the hand-written notes of the
+    report at ``path`` (the notes' own headings are ``###``; the first
+    ``## `` heading after the notes heading starts the appended part), kept
+    at the end of the new report: a run rewrites the file, and would
+    otherwise drop them."""
+    if not os.path.exists(path):
+        return ""
+    with open(path) as handle:
+        text = handle.read()
+    if _NOTES_HEADING not in text:
+        return ""
+    notes_start = text.index(_NOTES_HEADING)
+    after = text.find("\n## ", notes_start + len(_NOTES_HEADING))
+    return "" if after < 0 else text[after + 1:].strip("\n")
 
 
 # -- the "done when" ratios of issue 26 (each in its own fresh process) ---------
@@ -748,6 +881,8 @@ def main() -> None:
     parser.add_argument("--gpt2-layers", type=int, default=12)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--cold-rounds", type=int, default=0,
+                        help="only the interleaved cold comparison, this many rounds; prints its section")
     parser.add_argument("--two-traces", action="store_true",
                         help="(children) import every program by export + decomposition retrace, for A/B")
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "RESULTS-latency.md"))
@@ -770,6 +905,14 @@ def main() -> None:
         print("LATENCY " + json.dumps(child(options.child, options.gpt2_layers, options.calls)), flush=True)
         return
     keys = options.workloads.split(",")
+    if options.cold_rounds:
+        began = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+        data = cold_rounds(keys, options.cold_rounds, options.gpt2_layers,
+                           log=lambda m: print(m, file=sys.stderr, flush=True))
+        window = f"{began}-{time.strftime('%H:%M', time.gmtime())} UTC"
+        print("COLD " + json.dumps(data), flush=True)
+        print("\n".join(cold_rounds_lines(data, window)))
+        return
     start_load = os.getloadavg()[0]
     ours: dict[str, dict[str, Any]] = {}
     for key in keys:
@@ -789,7 +932,8 @@ def main() -> None:
         from bench import peers
 
         peer_results = peers.measure_all(keys, options.calls,
-                                         log=lambda m: print(m, file=sys.stderr, flush=True))
+                                         log=lambda m: print(m, file=sys.stderr, flush=True),
+                                         gpt2_layers=options.gpt2_layers)
     write_report(options.out, ours, peer_results, over, options.gpt2_layers, start_load, ratio_data)
     with open(options.out.replace(".md", ".json"), "w") as handle:
         json.dump({"hloalias": ours, "overhead": over, "ratios": ratio_data,

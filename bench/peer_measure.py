@@ -10,7 +10,7 @@ Only :mod:`bench.workloads`' torch modules are used; that module's
 environment (the JAX variants are never called here).
 
 Method (as ``shared/peers.md``): first call = trace + compile + run, waiting
-for every result; steady = median of ``--calls`` calls, each waiting for
+for every result (wall time, and the process's CPU time, every thread); steady = median of ``--calls`` calls, each waiting for
 all results.  Donated inputs get a fresh device copy before each call,
 outside the timed region.  Every call runs under ``torch.no_grad()`` so
 autograd keeps no extra outputs.  After one call the module state is
@@ -59,13 +59,18 @@ import torch.utils._pytree as pytree  # noqa: E402
 
 from bench import workloads  # noqa: E402
 
-BUILDERS: dict[str, Callable[[], workloads.Workload]] = {
-    "seed": workloads.seed_workload,
-    "sgd_mlp": lambda: workloads.sgd_workload(workloads.MLPConfig()),
-    "gpt2_decode": lambda: workloads.gpt2_workload(workloads.GPT2Config()),
-    "many_views": workloads.views_workload,
-    "donate": workloads.donate_workload,
-}
+def build(key: str, gpt2_layers: int = 12) -> workloads.Workload:
+    """The workload ``key``; GPT-2 with ``gpt2_layers`` layers, as
+    ``bench.latency --gpt2-layers`` builds it for hloalias (every system
+    must measure the same program)."""
+    builders: dict[str, Callable[[], workloads.Workload]] = {
+        "seed": workloads.seed_workload,
+        "sgd_mlp": lambda: workloads.sgd_workload(workloads.MLPConfig()),
+        "gpt2_decode": lambda: workloads.gpt2_workload(workloads.GPT2Config(layers=gpt2_layers)),
+        "many_views": workloads.views_workload,
+        "donate": workloads.donate_workload,
+    }
+    return builders[key]()
 
 
 def _donated_positions(workload: workloads.Workload) -> list[int]:
@@ -156,9 +161,9 @@ def measure_torchax(workload: workloads.Workload, calls: int, variant: str) -> d
         nonlocal current
         current = fresh_args()
 
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     call()
-    first = time.perf_counter() - start
+    first, first_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     # State after exactly one call, against eager's.
     holder = compiled if variant == "documented" else jittable  # the state the next call uses
     state_now = {k: _to_cpu(v) for k, v in {**holder.params, **holder.buffers}.items()}
@@ -174,7 +179,7 @@ def measure_torchax(workload: workloads.Workload, calls: int, variant: str) -> d
                                      stats.alias_size_in_bytes, stats.temp_size_in_bytes)
     del expected_outputs
     return {
-        "first_call_s": first, "steady_s": steady, "state_max_error": state_error,
+        "first_call_s": first, "first_call_cpu_s": first_cpu, "steady_s": steady, "state_max_error": state_error,
         "bytes": {"argument": argument, "output": output, "alias": alias, "temp": temp,
                   "total": argument + output - alias + temp},
     }
@@ -185,6 +190,45 @@ def _to_cpu(value: Any) -> torch.Tensor:
 
     array = value.jax() if hasattr(value, "jax") else value
     return torch.from_numpy(np.asarray(array).copy())
+
+
+# -- jax.jit (the workload's hand-written JAX program) ------------------------------
+
+
+def measure_jax(workload: workloads.Workload, calls: int, variant: str) -> dict[str, Any]:
+    """``jax.jit`` of the workload's hand-written JAX function, its
+    ``jax_donate_argnums`` donated.  Runs in hloalias's own environment (jax
+    is pinned the same there); the inputs are made, so the backend is up,
+    before the first call, as the peers move theirs to the device first."""
+    import jax
+
+    donate = workload.jax_donate_argnums
+    current = workload.jax_inputs()
+    jax.block_until_ready(current)
+    jitted = jax.jit(workload.jax_fn, donate_argnums=donate)
+
+    def call() -> None:
+        jax.block_until_ready(jitted(*current))
+
+    def prepare() -> None:
+        nonlocal current
+        current = workload.jax_inputs()  # donated inputs are consumed by a call
+        jax.block_until_ready(current)
+
+    start, start_cpu = time.perf_counter(), time.process_time()
+    call()
+    first, first_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    prepare()
+    steady = _median(call, calls, prepare if donate else None)
+    stats: Any = jitted.lower(*workload.jax_inputs()).compile().memory_analysis()
+    argument, output, alias, temp = (stats.argument_size_in_bytes, stats.output_size_in_bytes,
+                                     stats.alias_size_in_bytes, stats.temp_size_in_bytes)
+    return {
+        "first_call_s": first, "first_call_cpu_s": first_cpu, "steady_s": steady,
+        "state_max_error": None,  # functional: state goes in and out as arguments, no module to compare
+        "bytes": {"argument": argument, "output": output, "alias": alias, "temp": temp,
+                  "total": argument + output - alias + temp},
+    }
 
 
 # -- torch_xla -----------------------------------------------------------------
@@ -228,15 +272,15 @@ def measure_torch_xla(workload: workloads.Workload, calls: int, variant: str) ->
 
     prepare()
 
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     call()
-    first = time.perf_counter() - start
+    first, first_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     state_now = {k: v.detach().cpu() for k, v in module.state_dict().items()}
     state_error = _max_state_error(expected_state, state_now)
     steady = _median(call, calls, prepare)
     alias_count = metrics.metric_data("InputOutputAliasCount")
     return {
-        "first_call_s": first, "steady_s": steady, "state_max_error": state_error,
+        "first_call_s": first, "first_call_cpu_s": first_cpu, "steady_s": steady, "state_max_error": state_error,
         "aliases": None if alias_count is None else alias_count[0],
         "bytes": _xla_dump_bytes(),
     }
@@ -279,10 +323,11 @@ def _xla_dump_bytes() -> dict[str, int] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("peer", choices=("torchax", "torch_xla"))
+    parser.add_argument("peer", choices=("torchax", "torch_xla", "jax"))
     parser.add_argument("workload")
     parser.add_argument("--variant", default="documented")
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--gpt2-layers", type=int, default=12)
     options = parser.parse_args()
     torch.manual_seed(0)
     versions: dict[str, str] = {"torch": str(torch.__version__)}
@@ -292,12 +337,17 @@ def main() -> None:
 
         versions.update(torchax=getattr(torchax, "__version__", "?"), jax=jax.__version__)
         measure = measure_torchax
+    elif options.peer == "jax":
+        import jax
+
+        versions["jax"] = jax.__version__
+        measure = measure_jax
     else:
         import torch_xla
 
         versions["torch_xla"] = torch_xla.__version__
         measure = measure_torch_xla
-    workload = BUILDERS[options.workload]()
+    workload = build(options.workload, options.gpt2_layers)
     result = measure(workload, options.calls, options.variant)
     result.update(peer=options.peer, variant=options.variant, workload=options.workload, versions=versions)
     print("PEER-RESULT " + json.dumps(result), flush=True)

@@ -1,6 +1,8 @@
 """Peers in the benchmark: torch_xla and torchax, each measured by
 :mod:`bench.peer_measure` in its own subprocess and virtualenv (they need
-torch 2.9; this project pins torch 2.13).  Environments are built outside
+torch 2.9; this project pins torch 2.13), and ``jax.jit`` of each
+workload's hand-written JAX program, measured the same way in hloalias's
+own environment (the same jax).  Environments are built outside
 the repository by ``bench/peers_setup.sh`` (default ``/work/peers``,
 ``HLOALIAS_PEERS_DIR`` to move it).  A peer whose environment is missing,
 or whose run fails, is reported as not measured with the reason; never as
@@ -26,13 +28,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class PeerSystem:
     """One column: a peer and the variant of its API measured."""
 
-    peer: str  # "torchax" | "torch_xla"
+    peer: str  # "jax" | "torchax" | "torch_xla"
     variant: str
     label: str
     note: str
 
 
 SYSTEMS = (
+    PeerSystem("jax", "jit", "`jax.jit` (hand-written)",
+               "the workload's hand-written JAX function under `jax.jit` with its donations, "
+               "run in hloalias's own environment (same jax)"),
     PeerSystem("torch_xla", "lazy", "torch_xla 2.9 (lazy tensors)",
                "module and inputs on the XLA device, `torch_xla.sync()` per call (PJRT_DEVICE=CPU)"),
     PeerSystem("torchax", "documented", "torchax `compile` (documented)",
@@ -72,10 +77,11 @@ def peer_python(peer: str) -> str | None:
     return None
 
 
-def measure(system: PeerSystem, workload: str, calls: int = 20, timeout: int = 900) -> PeerResult:
+def measure(system: PeerSystem, workload: str, calls: int = 20, timeout: int = 900,
+            gpt2_layers: int = 12) -> PeerResult:
     """Run :mod:`bench.peer_measure` for ``system`` on ``workload`` in the
     peer's environment; parse its ``PEER-RESULT`` line."""
-    python = peer_python(system.peer)
+    python = sys.executable if system.peer == "jax" else peer_python(system.peer)
     if python is None:
         return PeerResult(system, workload, None,
                           f"not measured: no environment at {peers_dir()}/{system.peer}-venv "
@@ -88,7 +94,7 @@ def measure(system: PeerSystem, workload: str, calls: int = 20, timeout: int = 9
             env["XLA_FLAGS"] = f"--xla_dump_to={dump} --xla_dump_hlo_as_text"
             env["HLOALIAS_PEER_DUMP"] = dump
         command = [python, "-m", "bench.peer_measure", system.peer, workload,
-                   "--variant", system.variant, "--calls", str(calls)]
+                   "--variant", system.variant, "--calls", str(calls), "--gpt2-layers", str(gpt2_layers)]
         try:
             done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -100,14 +106,14 @@ def measure(system: PeerSystem, workload: str, calls: int = 20, timeout: int = 9
     return PeerResult(system, workload, json.loads(lines[-1][len("PEER-RESULT "):]))
 
 
-def measure_all(workloads: list[str], calls: int = 20, log: Any = None) -> list[PeerResult]:
+def measure_all(workloads: list[str], calls: int = 20, log: Any = None, gpt2_layers: int = 12) -> list[PeerResult]:
     """Every peer system on every workload (not-built peers once, as errors)."""
     results = []
     for system in SYSTEMS:
         for workload in workloads:
             if log is not None:
                 log(f"peer {system.label}: {workload}")
-            results.append(measure(system, workload, calls))
+            results.append(measure(system, workload, calls, gpt2_layers=gpt2_layers))
     return results
 
 
