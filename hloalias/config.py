@@ -139,6 +139,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Set by `bench/peers.py` for a peer run: where the peer writes XLA's dumps."),
     Setting("HLOALIAS_LATENCY_FIRST_ONLY", "text", None, "development",
             "Set (any value): `bench.latency` measures only the first compile (no warm rows)."),
+    Setting("HLOALIAS_LATENCY_DEVICE_FIRST", "text", None, "development",
+            "Set (any value) by `bench.latency --cold-rounds` for its 'backend set up first' column: the "
+            "child sets up jax's CPU backend before the timed first compile, as every peer has its device "
+            "up before its first call."),
 )
 
 _BY_NAME = {setting.name: setting for setting in SETTINGS}
