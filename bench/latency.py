@@ -124,14 +124,7 @@ def _instrument(timer: StageTimer) -> None:
 def _build(key: str, gpt2_layers: int) -> Any:
     from bench import workloads
 
-    builders: dict[str, Callable[[], Any]] = {
-        "seed": workloads.seed_workload,
-        "sgd_mlp": lambda: workloads.sgd_workload(workloads.MLPConfig()),
-        "gpt2_decode": lambda: workloads.gpt2_workload(workloads.GPT2Config(layers=gpt2_layers)),
-        "many_views": workloads.views_workload,
-        "donate": workloads.donate_workload,
-    }
-    return builders[key]()
+    return workloads.build(key, gpt2_layers)
 
 
 def _timed_compile(timer: StageTimer, workload: Any) -> tuple[Any, dict[str, float]]:

@@ -59,18 +59,7 @@ import torch.utils._pytree as pytree  # noqa: E402
 
 from bench import workloads  # noqa: E402
 
-def build(key: str, gpt2_layers: int = 12) -> workloads.Workload:
-    """The workload ``key``; GPT-2 with ``gpt2_layers`` layers, as
-    ``bench.latency --gpt2-layers`` builds it for hloalias (every system
-    must measure the same program)."""
-    builders: dict[str, Callable[[], workloads.Workload]] = {
-        "seed": workloads.seed_workload,
-        "sgd_mlp": lambda: workloads.sgd_workload(workloads.MLPConfig()),
-        "gpt2_decode": lambda: workloads.gpt2_workload(workloads.GPT2Config(layers=gpt2_layers)),
-        "many_views": workloads.views_workload,
-        "donate": workloads.donate_workload,
-    }
-    return builders[key]()
+build = workloads.build  # the programs hloalias measures (bench.latency)
 
 
 def _donated_positions(workload: workloads.Workload) -> list[int]:

@@ -710,3 +710,18 @@ def all_workloads(gpt2: GPT2Config = GPT2Config(), sgd_parameters: bool = True) 
     one workload's weights are in memory at a time)."""
     return [seed_workload, lambda: sgd_workload(MLPConfig(), sgd_parameters), lambda: gpt2_workload(gpt2),
             views_workload, donate_workload]
+
+
+def build(key: str, gpt2_layers: int = 12) -> Workload:
+    """The workload ``key`` of the latency comparison; GPT-2 with
+    ``gpt2_layers`` layers (``bench.latency --gpt2-layers``): hloalias
+    (``bench.latency``) and every peer (``bench.peer_measure``) build it
+    here, so they measure the same program."""
+    builders: dict[str, Callable[[], Workload]] = {
+        "seed": seed_workload,
+        "sgd_mlp": lambda: sgd_workload(MLPConfig()),
+        "gpt2_decode": lambda: gpt2_workload(GPT2Config(layers=gpt2_layers)),
+        "many_views": views_workload,
+        "donate": donate_workload,
+    }
+    return builders[key]()

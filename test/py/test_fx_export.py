@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import hloalias
+from cache_shaped import CacheAndMadeConstants
 from hloalias.frontend import fx_export, importer, single_trace, torch_internals
 
 
@@ -104,45 +105,12 @@ def _described(exported: torch.export.ExportedProgram) -> tuple[Any, ...]:
     )
 
 
-class _Cached:
-    """An output object registered as a pytree node, as transformers
-    registers its caches before an export."""
-
-    def __init__(self, keys: list[torch.Tensor]) -> None:
-        self.keys = keys
-
-
-torch.utils._pytree.register_pytree_node(
-    _Cached, lambda cached: (cached.keys, None), lambda keys, _: _Cached(list(keys)),
-    serialized_type_name=f"{__name__}._Cached",
-)
-
-
-class _CacheAndMadeConstants(torch.nn.Module):
-    """A causal LM's shape: an output object (a cache), tensors made in
-    ``forward`` (export lifts them as constants, named after the module
-    that made them), a tied head, dropout out of training."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(16, 8)
-        self.inner = torch.nn.Linear(8, 8)
-        self.drop = torch.nn.Dropout(0.1)
-        self.head = torch.nn.Linear(8, 16, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, tokens: torch.Tensor) -> dict[str, Any]:
-        h = self.drop(self.inner(self.embed(tokens)))
-        empty = torch.tensor([])  # what a DynamicLayer makes before its first update
-        keys = torch.cat([empty.reshape(0, h.shape[-1]), h[0]]) * torch.tensor(2.0)
-        return {"logits": torch.nn.functional.dropout(self.head(h), 0.2, training=False),
-                "cache": _Cached([keys, h])}
 
 
 _PROGRAMS.update({
     "tied_weights": lambda: (_Tied(), (torch.tensor([[1, 2, 3]]),), {}),
     "dropout_eval": lambda: (_Dropout().eval(), (torch.randn(4, 4),), {}),
-    "cache_output_made_constants": lambda: (_CacheAndMadeConstants().eval(), (torch.tensor([[1, 2, 3]]),), {}),
+    "cache_output_made_constants": lambda: (CacheAndMadeConstants().eval(), (torch.tensor([[1, 2, 3]]),), {}),
 })
 
 

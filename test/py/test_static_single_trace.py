@@ -19,6 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import hloalias
+from cache_shaped import CacheAndMadeConstants
 from hloalias.frontend import fx_export, importer, single_trace, torch_internals
 
 
@@ -78,44 +79,11 @@ def _assert_one_trace_and_equal(model: torch.nn.Module, args: tuple[Any, ...], k
     assert torch._C._len_torch_function_stack() == 0
 
 
-class _Cache:
-    """A cache-like output object, registered as a pytree node."""
-
-    def __init__(self, keys: list[torch.Tensor]) -> None:
-        self.keys = keys
-
-
-pytree.register_pytree_node(
-    _Cache, lambda cache: (cache.keys, None), lambda keys, _: _Cache(list(keys)),
-    serialized_type_name=f"{__name__}._Cache",
-)
-
-
-class _CausalShape(torch.nn.Module):
-    """What a causal LM does that the static trace declined: returns a
-    cache object, makes tensors in forward, ties its head, calls dropout
-    out of training."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(16, 8)
-        self.inner = torch.nn.Linear(8, 8)
-        self.drop = torch.nn.Dropout(0.1)
-        self.head = torch.nn.Linear(8, 16, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, tokens: torch.Tensor) -> dict[str, Any]:
-        h = self.drop(self.inner(self.embed(tokens)))
-        empty = torch.tensor([])
-        keys = torch.cat([empty.reshape(0, 8), h[0]]) * torch.tensor(0.5)
-        return {"logits": self.head(h), "cache": _Cache([keys, h])}
-
-
 def test_a_cache_output_made_tensors_tied_weights_and_eval_dropout_take_one_trace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     torch.manual_seed(0)
-    _assert_one_trace_and_equal(_CausalShape().eval(), (torch.tensor([[1, 2, 3, 4]]),), {}, monkeypatch)
+    _assert_one_trace_and_equal(CacheAndMadeConstants().eval(), (torch.tensor([[1, 2, 3, 4]]),), {}, monkeypatch)
 
 
 def _tiny(name: str) -> torch.nn.Module:
