@@ -376,6 +376,11 @@ _CLOSED_OVER_WRITE = (
 )
 
 
+#: ``Tensor.unfold``'s arguments after the tensor, to read them however
+#: the step's code passed them.
+_UNFOLD_ARGUMENTS = inspect.signature(lambda dimension, size, step: None)
+
+
 class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
     """Active while the step's code runs in the capture, where every
     parameter, buffer, optimizer state and argument is a traced tensor: a
@@ -402,9 +407,9 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
             if any(isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter) for t in written):
                 raise TrainingCaptureError(_CLOSED_OVER_WRITE.format(what=name or repr(func)))
             for tensor in written:
-                refusal = self.lossy_windows.get(id(tensor))
-                if refusal is not None and refusal[0] is tensor:
-                    raise TrainingCaptureError(refusal[1])
+                refusal = self._refusal_of(tensor)
+                if refusal is not None:
+                    raise TrainingCaptureError(refusal)
         result = func(*args, **(kwargs or {}))
         if name == "unfold" and args and isinstance(args[0], torch.Tensor) and isinstance(result, torch.Tensor):
             self._note_unfold(args, kwargs or {}, result)
@@ -412,8 +417,14 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
             self._note_views(args, result)
         return result
 
+    def _refusal_of(self, tensor: Any) -> str | None:
+        """The refusal a write to ``tensor`` gets, if it is lossy windows
+        (the id is checked against the tensor kept alive with it)."""
+        entry = self.lossy_windows.get(id(tensor))
+        return entry[1] if entry is not None and entry[0] is tensor else None
+
     def _note_unfold(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: torch.Tensor) -> None:
-        bound = inspect.signature(lambda dimension, size, step: None).bind(*args[1:], **kwargs)
+        bound = _UNFOLD_ARGUMENTS.bind(*args[1:], **kwargs)
         dim, size, step = (int(bound.arguments[k]) for k in ("dimension", "size", "step"))
         base = args[0]
         length = int(base.shape[dim]) if base.dim() else 1
@@ -423,9 +434,7 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
 
     def _note_views(self, args: tuple[Any, ...], result: Any) -> None:
         """A view of lossy windows (``u[:, 0]``, ``u.t()``) inherits their refusal."""
-        sources = [self.lossy_windows.get(id(a)) for a in args if isinstance(a, torch.Tensor)]
-        refusals = [entry[1] for entry, a in zip(sources, [a for a in args if isinstance(a, torch.Tensor)])
-                    if entry is not None and entry[0] is a]
+        refusals = [refusal for refusal in map(self._refusal_of, args) if refusal is not None]
         if not refusals:
             return
         for leaf in pytree.tree_leaves(result):
