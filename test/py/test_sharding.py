@@ -340,6 +340,17 @@ def test_eager_read_after_mesh_steps_across_processes_is_refused(monkeypatch: py
     optimizer.state_dict()
 
 
+def _two_batch_shapes(generator: torch.Generator, rounds: int) -> tuple[list[Any], list[Any]]:
+    """``rounds`` (x, y) batches of 8 rows and ``rounds`` of 4, for two
+    training steps of one model compiled for two batch shapes."""
+    def batches(rows: int) -> list[Any]:
+        return [(torch.randn(rows, 16, generator=generator), torch.randn(rows, 16, generator=generator))
+                for _ in range(rounds)]
+
+    big = batches(8)
+    return big, batches(4)
+
+
 @pytest.mark.parametrize("second", ["mesh", "one device"])
 def test_two_training_steps_of_one_model_with_a_mesh_continue_each_other(platform: str, second: str) -> None:
     """Two steps of one model (two batch shapes), at least one on a mesh,
@@ -347,8 +358,7 @@ def test_two_training_steps_of_one_model_with_a_mesh_continue_each_other(platfor
     do.  A step on a mesh kept its own state: each step continued only its
     own calls (parameters off by ~4e-2 and ~7e-2 after three rounds)."""
     generator = torch.Generator().manual_seed(3)
-    big = [(torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator)) for _ in range(3)]
-    small = [(torch.randn(4, 16, generator=generator), torch.randn(4, 16, generator=generator)) for _ in range(3)]
+    big, small = _two_batch_shapes(generator, 3)
     eager_model, eager_optimizer, eager_step = worker.trainer()
     model, optimizer, step = worker.trainer()
     mesh = Mesh((2,), ("dp",), platform=platform)
@@ -394,8 +404,7 @@ def test_a_checkpoint_of_a_mesh_step_holds_what_another_step_of_the_model_did_si
     ``train.state_dict()`` does.  It wrote the saved step's own executable
     (one step behind: the other step's call was lost on resume)."""
     generator = torch.Generator().manual_seed(5)
-    big = [(torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator)) for _ in range(2)]
-    small = [(torch.randn(4, 16, generator=generator), torch.randn(4, 16, generator=generator)) for _ in range(2)]
+    big, small = _two_batch_shapes(generator, 2)
     eager_model, eager_optimizer, eager_step = worker.trainer()
     model, optimizer, step = worker.trainer()
     mesh = Mesh((2,), ("dp",), platform=platform)

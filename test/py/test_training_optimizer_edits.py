@@ -284,6 +284,14 @@ def test_optimizer_state_holds_every_entry_after_calls_as_eager() -> None:
         assert opt.state[p].keys() == eager_opt.state[eager_p].keys()
 
 
+def _replace_first_exp_avg(*pairs: tuple[torch.nn.Module, torch.optim.Optimizer]) -> None:
+    """Put a new tensor in place of the first parameter's ``exp_avg``, in
+    each (model, optimizer) pair."""
+    for m, o in pairs:
+        first = list(m.parameters())[0]
+        o.state[first]["exp_avg"] = torch.full_like(first, 0.001)
+
+
 @pytest.mark.parametrize("then", ["optimizer_state_dict", "eager_step", "write_back"])
 def test_a_replaced_entry_survives_the_copies_to_the_host(then: str) -> None:
     """An entry replaced between calls, then a copy of the device state to
@@ -295,9 +303,7 @@ def test_a_replaced_entry_survives_the_copies_to_the_host(then: str) -> None:
     batches = _batches(5)
     train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
     _both_step(train, eager_model, eager_opt, batches[:2])
-    for m, o in ((eager_model, eager_opt), (model, opt)):
-        first = list(m.parameters())[0]
-        o.state[first]["exp_avg"] = torch.full_like(first, 0.001)
+    _replace_first_exp_avg((eager_model, eager_opt), (model, opt))
     first = list(model.parameters())[0]
     if then == "optimizer_state_dict":
         torch.testing.assert_close(opt.state_dict()["state"][0]["exp_avg"], torch.full_like(first, 0.001))
@@ -323,9 +329,7 @@ def test_a_replaced_entry_is_read_after_a_call_interrupted_while_adopting_it(
     batches = _batches(4)
     train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
     _both_step(train, eager_model, eager_opt, batches[:2])
-    for m, o in ((eager_model, eager_opt), (model, opt)):
-        first = list(m.parameters())[0]
-        o.state[first]["exp_avg"] = torch.full_like(first, 0.001)
+    _replace_first_exp_avg((eager_model, eager_opt), (model, opt))
     owner: Any = type(train.executable) if where == "loading" else type(train)
     name = "load_state_dict" if where == "loading" else "_note_source"
     original = getattr(owner, name)
