@@ -9,7 +9,8 @@ an op list:
   ``x[:-1]``, ``x[-2:]``, ``x[1::2]``), ``narrow``, integer indexing and
   ``select``, ``x[..., i]``, ``x[None]``, a piece of ``split``/``chunk``/
   ``unbind``, ``unfold``, ``diagonal`` (dimensions and offsets of either
-  sign), ``movedim``, ``mT``, ``view``/``reshape``,
+  sign), ``movedim``, ``mT``, ``flatten``/``unflatten`` and ``swapaxes``
+  (dimensions counted from either end), ``view``/``reshape``,
   ``transpose``/``t``/``permute``, ``expand``, ``unsqueeze``/``squeeze``,
   ``view(torch.int32)`` on f32 (and ``view(torch.float32)`` on i32),
   ``contiguous``;
@@ -30,6 +31,8 @@ an op list:
   views of any of them: ``add_``, ``sub_``, ``mul_``, ``div_``, ``clamp_``,
   ``zero_``, ``copy_`` (also from the other dtype: ``buf.copy_(x_int32)``),
   ``fill_``, ``scatter_``, ``index_add_`` (repeated positions),
+  ``index_fill_``, ``lerp_`` from another value (an EMA update), ``copy_``
+  of a row broadcast over every row,
   ``masked_fill_``, ``index_put_``, ``index_copy_`` and slice assignment
   (``x[1:] = c``, ``x[:, ::2] = y``), except through ``unfold`` windows that
   do not tile their dimension (hloalias refuses those: torch's
@@ -373,7 +376,7 @@ class _Builder:
             if other.copied_from == target.storage:
                 other.copied_from = None  # the source has a value of its own now
         storage.copied_from = None
-        if source is not None and whole and storage.argument == BUFFER_NAME:
+        if source is not None and op == "copy" and whole and storage.argument == BUFFER_NAME:
             storage.copied_from = source.storage
         if source is not None and source.sim.dtype != target.sim.dtype:
             storage.frozen = True
@@ -430,8 +433,23 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
     if any(size >= 2 for size in shape):
         kinds += ["split", "unfold"]
     if ndim >= 2:
-        kinds += ["diagonal", "movedim", "mT"]
+        kinds += ["diagonal", "movedim", "mT", "flatten", "swapaxes"]
+    if any(size >= 4 and size % 2 == 0 for size in shape):
+        kinds += ["unflatten"]
     kind = draw(st.sampled_from(kinds))
+    if kind == "flatten":  # dims counted from either end
+        start = draw(st.integers(0, ndim - 2))
+        end = draw(st.integers(start + 1, ndim - 1))
+        start_text = start - ndim if draw(st.booleans()) else start
+        end_text = end - ndim if draw(st.booleans()) else end
+        return f"{name}.flatten({start_text}, {end_text})", sim.flatten(start_text, end_text), kind
+    if kind == "unflatten":  # -1 in the sizes is inferred
+        dim = draw(st.sampled_from([d for d, size in enumerate(shape) if size >= 4 and size % 2 == 0]))
+        sizes = draw(st.sampled_from(((2, -1), (-1, 2), (2, shape[dim] // 2))))
+        return f"{name}.unflatten({dim - ndim}, {sizes!r})", sim.unflatten(dim - ndim, sizes), kind
+    if kind == "swapaxes":
+        first, second = draw(st.lists(st.integers(-ndim, ndim - 1), min_size=2, max_size=2, unique_by=lambda d: d % ndim))
+        return f"{name}.swapaxes({first}, {second})", sim.swapaxes(first, second), kind
     if kind == "split":  # one piece of split / chunk / unbind: views, the last one maybe shorter
         dim = draw(st.sampled_from([d for d, size in enumerate(shape) if size >= 2]))
         form = draw(st.sampled_from(("split", "chunk", "unbind")))
@@ -549,6 +567,8 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
 @st.composite
 def _draw_view(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     expression, sim, kind = draw(_view_expression(operand))
+    if sim.numel() == 0:
+        return False  # (a diagonal with an offset past its end): nothing to index later
     copied = kind == "copied_unfold"
     if kind.startswith("diagonal"):
         # frontend/decompositions.diagonal moves the two dimensions last and
@@ -778,6 +798,8 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
     if draw(st.sampled_from((False, False, True))):
         # Through a view written inline: x0[1:3].add_(1.0), x0.t().mul_(2.0)
         expression, sim, view_kind = draw(_view_expression(target))
+        if sim.numel() == 0:
+            return False  # nothing to update
         if sim.untyped_storage().data_ptr() != target.sim.untyped_storage().data_ptr():
             return False  # eager copied: the update would go nowhere
         lossy = target.lossy_windows or view_kind in ("lossy_unfold", "copied_unfold")
@@ -796,6 +818,19 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
         kinds += ["index_put", "index_copy", "scatter"] + (["index_add"] if is_float else [])
     if subscript:
         kinds += ["setitem"] * 4
+    if is_float and any(
+        v.sim.shape == sim.shape and v.sim.dtype == sim.dtype and v.storage != target.storage and builder.usable(v)
+        for v in builder.values.values()
+    ):
+        kinds += ["lerp"]
+    if sim.dim() >= 2 and any(
+        tuple(v.sim.shape) == tuple(sim.shape[1:]) and v.sim.dtype == sim.dtype and v.storage != target.storage
+        and builder.usable(v)
+        for v in builder.values.values()
+    ):
+        kinds += ["broadcast_copy"]
+    if sim.dim() >= 1:
+        kinds += ["index_fill"]
     if any(
         v.sim.shape == sim.shape and v.storage != target.storage and builder.usable(v)
         for v in builder.values.values()
@@ -873,6 +908,33 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
     if kind == "zero":
         sim.zero_()
         builder.emit_inplace(target, f"{name}.zero_()", "fill")
+        return True
+    if kind == "lerp":  # an EMA update: exact, as weights and data are dyadic with few bits
+        sources = [
+            v for v in builder.values.values()
+            if v.sim.shape == sim.shape and v.sim.dtype == sim.dtype and v.storage != target.storage and builder.usable(v)
+        ]
+        source = draw(st.sampled_from(sources))
+        weight = draw(st.sampled_from((0.25, 0.5, 0.75)))
+        sim.lerp_(source.sim, weight)
+        builder.emit_inplace(target, f"{name}.lerp_({source.name}, {weight!r})", "add", source)
+        return True
+    if kind == "broadcast_copy":  # every row gets the same source: x.copy_(row)
+        sources = [
+            v for v in builder.values.values()
+            if tuple(v.sim.shape) == tuple(sim.shape[1:]) and v.sim.dtype == sim.dtype and v.storage != target.storage
+            and builder.usable(v)
+        ]
+        source = draw(st.sampled_from(sources))
+        sim.copy_(source.sim)
+        builder.emit_inplace(target, f"{name}.copy_({source.name})", "copy", source)
+        return True
+    if kind == "index_fill":
+        dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
+        positions = draw(st.lists(st.integers(0, sim.shape[dim] - 1), min_size=1, max_size=sim.shape[dim] + 1))
+        constant = draw(st.sampled_from(fills))
+        sim.index_fill_(dim, torch.tensor(positions), constant)
+        builder.emit_inplace(target, f"{name}.index_fill_({dim}, torch.tensor({positions!r}), {constant!r})", "index_put")
         return True
     if kind == "index_add":  # repeated positions add twice (exact: small dyadic sums)
         dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
