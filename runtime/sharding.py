@@ -311,6 +311,14 @@ class Placement:
         return converted
 
 
+def key_per_device(placement: Placement) -> bool:
+    """Whether the key random ops draw from is held one row per device
+    (the mesh spans processes, whose torch generators may differ) rather
+    than replicated.  bench/mesh_key.py measures the replicated form on a
+    mesh spanning processes by replacing this."""
+    return placement.multiprocess
+
+
 def plan_shardings(
     program: Any, mesh: Mesh, shardings: Mapping[str | int, Any] | None, device: Any
 ) -> Placement:
@@ -344,14 +352,15 @@ def plan_shardings(
             raise ShardingError(f"'{arguments[index].name}' is given two shardings")
         if arguments[index].kind == RNG_KEY_KIND:
             raise ShardingError(
-                f"shardings names '{key}', the key the program's random ops draw from: it is replicated "
-                "(every device draws from the whole key)"
+                f"shardings names '{key}', the key the program's random ops draw from: the runtime "
+                "places it (replicated: every device draws from the whole key; on a mesh spanning processes, "
+                "one row per device, and every device reads the first)"
             )
         requested[index] = spec
 
     module = program.torch_mlir_module
     keys = [argument.index for argument in arguments if argument.kind == RNG_KEY_KIND]
-    if keys and placement.multiprocess:
+    if keys and key_per_device(placement):
         # Processes may be seeded differently: a replicated key would be
         # a different value in each (XLA assumes it the same).
         random_key.read_first_row_key(module, mesh.size)
@@ -363,12 +372,12 @@ def plan_shardings(
             tensor_type = arg_types[argument.index]
             shape = tuple(tensor_type.shape)
             if argument.index == placement.key_rows:
-                spec: tuple[SpecEntry, ...] = (mesh.axis_names, None)  # row i on the mesh's device i
+                normalized: tuple[SpecEntry, ...] = (mesh.axis_names, None)  # row i on the mesh's device i
             else:
-                spec = _normalize_spec(mesh, argument.name, requested.get(argument.index), shape)
-            hlo = str(placement.sharding_of(spec)._to_xla_hlo_sharding(len(shape)))
+                normalized = _normalize_spec(mesh, argument.name, requested.get(argument.index), shape)
+            hlo = str(placement.sharding_of(normalized)._to_xla_hlo_sharding(len(shape)))
             element_bytes = max(8, element_bits(tensor_type.element_type)) // 8
-            placement.arguments[argument.index] = ArgumentSharding(argument.name, spec, hlo, shape, element_bytes)
+            placement.arguments[argument.index] = ArgumentSharding(argument.name, normalized, hlo, shape, element_bytes)
         # Through the contract's records: they write mhlo.sharding canonically.
         contract = Signature.read(main)
         canonical = {index: "".join(sharding.hlo.split()) for index, sharding in placement.arguments.items()}
