@@ -18,6 +18,7 @@ nearly), and a data-parallel Adam step of an MLP with dropout (4 devices)."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -28,7 +29,8 @@ import jax
 import numpy as np
 import torch
 
-sys.path.insert(0, __import__("os").path.join(__import__("os").path.dirname(__file__), "..", "test", "py"))
+# The workloads are the multi-process tests' (test/py/distributed/worker.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "py"))
 
 
 def _median_us(call: Callable[[], Any], calls: int) -> float:
@@ -75,10 +77,10 @@ def main() -> int:
     figures: dict[tuple[str, str], list[float]] = {}
     for _ in range(reps):
         for form, workloads in programs.items():
-            executable.draw_rng_key = broadcast_draw if form == "broadcast" else original_draw  # type: ignore[assignment]
+            executable.draw_rng_key = broadcast_draw if form == "broadcast" else original_draw
             for name, call in workloads.items():
                 figures.setdefault((name, form), []).append(_median_us(call, calls))
-    executable.draw_rng_key = original_draw  # type: ignore[assignment]
+    executable.draw_rng_key = original_draw
     if hloalias.distributed.process_index() == 0:
         print(f"reps {reps}, {calls} calls each; per-call median (us) per rep, process 0")
         for (name, form), values in sorted(figures.items()):
