@@ -33,7 +33,18 @@ The runtime passes a fresh key on every call, drawn from torch's default
 generator (``runtime/executable.py``): ``torch.manual_seed(s)`` makes
 compiled runs reproducible, different seeds draw differently, successive
 calls draw differently.  The draws are not eager's bits (nor are
-``torch.compile``'s)."""
+``torch.compile``'s).
+
+Contract of :func:`read_first_row_key` (a mesh spanning several processes,
+``runtime/sharding.py``): each process draws its key from its own generator,
+and processes may be seeded differently, but XLA takes a replicated argument
+to be the same in every process; so the key argument becomes
+:func:`rows_type` (``tensor<Nx2xi64>``, one row per device of the mesh, each
+process's devices holding its own key) and ``@main`` reads row 0 (the key of
+the process driving the mesh's first device) by a ``stablehlo.slice`` and
+``stablehlo.reshape`` in front of the first draw: XLA's partitioner moves
+that row to every device inside the program, with no host round trip, and
+every process draws the same bits."""
 
 from __future__ import annotations
 
@@ -59,6 +70,41 @@ _FLOATS = {
     "f32": (32, 23, 0x3F800000),
     "f64": (64, 52, 0x3FF0000000000000),
 }
+
+
+def rows_type(devices: int) -> str:
+    """The key argument's type on a mesh of ``devices`` devices spanning
+    processes: one key (two int64 words) per device."""
+    return f"tensor<{devices}x2xi64>"
+
+
+def read_first_row_key(module: ir.Module, devices: int) -> None:
+    """Make ``@main``'s key argument (the last, ``hloalias.kind = "rng_key"``,
+    :data:`KEY_TYPE`) :func:`rows_type` of ``devices`` rows and read its row 0
+    wherever the key was read (see the module docstring).  The caller writes
+    the argument's sharding (one row per device)."""
+    with module.context, ir.Location.unknown():
+        main = find_main(module)
+        block = main.regions[0].blocks[0]
+        key = block.arguments[len(block.arguments) - 1]
+        if str(key.type) != KEY_TYPE:
+            raise TorchImportError(f"@main's last argument has type {key.type}, expected the key's {KEY_TYPE}")
+        rows = ir.Type.parse(rows_type(devices))
+        key.set_type(rows)
+        function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+        main.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get([*list(function_type.inputs)[:-1], rows], list(function_type.results))
+        )
+        uses = [(use.owner, use.operand_number) for use in key.uses]
+        with ir.InsertionPoint.at_block_begin(block):
+            row = _create("stablehlo.slice", ir.Type.parse("tensor<1x2xi64>"), [key], {
+                "start_indices": ir.DenseI64ArrayAttr.get([0, 0]),
+                "limit_indices": ir.DenseI64ArrayAttr.get([1, 2]),
+                "strides": ir.DenseI64ArrayAttr.get([1, 1]),
+            })
+            first = _create("stablehlo.reshape", ir.Type.parse(KEY_TYPE), [row])
+        for owner, number in uses:
+            owner.operands[number] = first
 
 
 def has_random_ops(module: ir.Module) -> bool:

@@ -13,7 +13,10 @@ On ``@main``'s arguments (``arg_attrs``):
     one; :mod:`hloalias.frontend.random_key`), which the runtime passes on
     every call, drawn from torch's default generator.  Never donated,
     aliased, mutated, stored permuted or as bits, range-checked, a rebuilt
-    view's base, or placed other than replicated.
+    view's base, or placed other than replicated; except on a mesh spanning
+    processes, where it is ``tensor<Nx2xi64>``, one row per device, with
+    ``mhlo.sharding = "{devices=[N,1]<=[N]}"`` (each process's devices
+    hold its own key; the program reads row 0).
 ``hloalias.name``  (string)
     Fully qualified name: ``"layer.weight"`` for state, the placeholder name
     (the Python argument name) for a user input.

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import re
 from collections.abc import Iterator, Sequence
 
 from torch_mlir import ir
@@ -51,6 +52,9 @@ DONATION_ORIGINS = ("inferred", "explicit", "both")
 #: ``hloalias.kind`` of the key random ops draw from, and its type (hloalias/attributes.py).
 RNG_KEY_KIND = "rng_key"
 RNG_KEY_TYPE = "tensor<2xi64>"
+#: On a mesh spanning processes, the key as one row per device
+#: (``tensor<Nx2xi64>``), split ``N`` ways along its rows.
+RNG_KEY_ROWS_SHARDING = "{{devices=[{rows},1]<=[{rows}]}}"
 REMOVAL_REASONS = (A.REASON_VIEW, A.REASON_PASS_THROUGH, A.REASON_DUPLICATE, A.REASON_DEAD)
 
 # Contract attributes on arguments and results: what ``to_attrs`` owns.
@@ -726,9 +730,13 @@ class Signature:
 
     def _check_rng_key(self) -> None:
         """An ``rng_key`` argument (:mod:`hloalias.frontend.random_key`) is
-        the last, the only one, of type ``tensor<2xi64>``, and only read:
-        the runtime passes a fresh key on every call, so nothing may write,
-        donate, re-store or check it, rebuild a view of it, or split it."""
+        the last, the only one, and only read: the runtime passes a fresh
+        key on every call, so nothing may write, donate, re-store or check
+        it, or rebuild a view of it.  Its type is ``tensor<2xi64>``, not
+        split (every device draws from the whole key); or, on a mesh
+        spanning processes, ``tensor<Nx2xi64>`` split one row per device
+        (:data:`RNG_KEY_ROWS_SHARDING`): each process's devices hold its
+        own key, and the program reads row 0 (``random_key.read_first_row_key``)."""
         keys = [index for index, arg in enumerate(self.args) if arg.kind == RNG_KEY_KIND]
         if not keys:
             return
@@ -738,9 +746,23 @@ class Signature:
             raise IRError(f"{what}, but {self.arg_what(keys[0])} is one too: @main has one key")
         if index != len(self.args) - 1:
             raise IRError(f"{what} is not @main's last argument")
-        if str(self.arg_types[index]) != RNG_KEY_TYPE:
-            raise IRError(f"{what} has type {self.arg_types[index]}, expected {RNG_KEY_TYPE}")
         arg = self.args[index]
+        per_device = re.fullmatch(r"tensor<([1-9][0-9]*)x2xi64>", str(self.arg_types[index]))
+        rows = int(per_device.group(1)) if per_device is not None else 0
+        if rows >= 2:
+            wanted = RNG_KEY_ROWS_SHARDING.format(rows=rows)
+            if arg.sharding != wanted:
+                raise IRError(
+                    f"{what} has type {self.arg_types[index]} (one key per device) and sharding "
+                    f"{placement_text(arg.sharding)}, expected {wanted}: each device holds its process's key"
+                )
+        elif str(self.arg_types[index]) != RNG_KEY_TYPE:
+            raise IRError(
+                f"{what} has type {self.arg_types[index]}, expected {RNG_KEY_TYPE} (or tensor<Nx2xi64>, N >= 2, "
+                "one key per device of a mesh spanning processes)"
+            )
+        elif arg.sharding is not None and arg.sharding != "{replicated}":
+            raise IRError(f"{what} has sharding {arg.sharding}: every device draws from the whole key")
         mutated = any(result.mutates == index for result in self.results)
         if arg.overwritten or mutated or arg.stored_layout is not None or arg.stored_bits_of is not None:
             raise IRError(f"{what} is written, donated or stored in another form: a key is only read")
@@ -748,8 +770,6 @@ class Signature:
             raise IRError(f"{what} has '{A.ARG_INDEX_RANGES}': only user inputs are checked on each call")
         if any(record.base == A.arg_key(index) for record in self.removed):
             raise IRError(f"{what} is the base of a rebuilt view")
-        if arg.sharding is not None and arg.sharding != "{replicated}":
-            raise IRError(f"{what} has sharding {arg.sharding}: every device draws from the whole key")
 
     def write(self, main: func.FuncOp) -> None:
         """Write the records to ``main`` in canonical form, keeping any

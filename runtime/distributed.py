@@ -17,7 +17,9 @@ What this module decides, in one place:
   devices hold onto them (:func:`put_global`); a result or ``state_dict()``
   entry sharded over other processes' devices is gathered from them
   (:func:`gather`, a collective: every process calls it, in the same order,
-  as every process calls the program);
+  as every process calls the program); the one exception is a value that is
+  each process's own (the random key), placed on that process's devices
+  only (:func:`put_per_process`);
 - every process compiles the same program: before XLA compiles, each
   publishes the final module's key and compares the others'
   (:func:`check_same_program`), so a process that diverged is a
@@ -173,6 +175,21 @@ def put_global(tensor: torch.Tensor, sharding: jax.sharding.Sharding) -> jax.Arr
     host = _numpy_of(tensor.detach().contiguous())
     with jax.enable_x64(True):
         return jax.make_array_from_callback(host.shape, sharding, lambda index: np.array(host[index]))
+
+
+def put_per_process(key: torch.Tensor, sharding: jax.sharding.Sharding, rows: int) -> jax.Array:
+    """``key`` (this process's own value, which may differ from the other
+    processes') as rows ``i`` of a global ``[rows, *key.shape]`` array split
+    one row per device (``sharding``): this process's devices each hold
+    ``key``, the others' the other processes' keys."""
+    host = _numpy_of(key.detach().contiguous())
+
+    def rows_of(index: tuple[slice, ...]) -> np.ndarray:
+        count = len(range(*index[0].indices(rows)))
+        return np.ascontiguousarray(np.broadcast_to(host, (count, *host.shape)))
+
+    with jax.enable_x64(True):
+        return jax.make_array_from_callback((rows, *host.shape), sharding, rows_of)
 
 
 def gather(array: jax.Array) -> np.ndarray:

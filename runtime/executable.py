@@ -864,7 +864,16 @@ class Executable:
         )
         lines.extend(self._host_copy_lines())
         lines.append(self._call_path_line())
-        if self._rng_key is not None:
+        if self._rng_key is not None and self._placement.key_rows is not None:
+            first = self._placement.devices[0]
+            lines.append(
+                f"random ops: drawn from argument {self._rng_key} ('rng_key'), one row per device of the mesh: "
+                "on each call every process takes a key from its own torch default generator (each advances "
+                f"once) for its devices' rows, and the program reads row 0, the key of process "
+                f"{first.process_index} (it drives {first.platform}:{first.id}): every process draws the same "
+                "bits whatever its seed (torch.manual_seed in that process reproduces them)"
+            )
+        elif self._rng_key is not None:
             lines.append(
                 f"random ops: drawn from argument {self._rng_key} ('rng_key'), a key each call takes from "
                 "torch's default generator (torch.manual_seed reproduces them)"

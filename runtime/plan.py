@@ -146,6 +146,8 @@ class _ProgramFacts:
                 if arg.stored_bits_of is not None:  # checked against torch's dtype (load_state_dict)
                     shape, _ = arg_types[index]
                     arg_types[index] = (shape, _TORCH_DTYPES[arg.stored_bits_of])
+                if arg.kind == RNG_KEY_KIND:  # a call draws one key (one row per device: the placement's)
+                    arg_types[index] = ((2,), torch.int64)
             result_keys = list(contract.keys)
             arguments = signature.arguments
             user_indices = signature.user_input_indices()

@@ -14,6 +14,12 @@ What this module decides, in one place:
   given); the new value of mutated state gets its argument's sharding, so
   state stays where it lives and its buffer can be aliased;
 - user outputs get no sharding: the partitioner chooses;
+- the key random ops draw from (``rng_key``) is replicated on one process's
+  devices; on a mesh spanning processes it is one row per device, each
+  process placing its own key on its devices, and the program reads row 0
+  (``frontend/random_key.py``): every process draws the same bits from
+  the key of the process driving the mesh's first device, whatever each
+  process's torch generator holds, with no host round trip;
 - the compile options (SPMD partitioning over the mesh's devices);
 - how torch tensors become sharded device arrays and back (:class:`Placement`)."""
 
@@ -32,6 +38,7 @@ from torch_mlir import ir
 
 from hloalias.contract import RNG_KEY_KIND, Signature
 from hloalias.errors import ShardingError
+from hloalias.frontend import random_key
 from hloalias.mlir import element_bits, find_main
 from hloalias.runtime import distributed, shardy
 from hloalias.runtime.jaxlib_private import sharding_impls, xla_client
@@ -200,6 +207,9 @@ class Placement:
         self.multiprocess = distributed.spans_processes(self.devices)
         #: The mesh's devices this process drives (all of them on one process).
         self.local_devices = distributed.local_devices(self.devices)
+        #: The key argument held one row per device (a mesh spanning
+        #: processes, see :func:`plan_shardings`), or None.
+        self.key_rows: int | None = None
 
     @property
     def spmd(self) -> bool:
@@ -238,6 +248,8 @@ class Placement:
         """``tensor`` as the sharded global array of argument ``arg_index``
         (a copy into PJRT-owned buffers, one shard per device)."""
         host = tensor.detach().contiguous()
+        if arg_index == self.key_rows:  # this process's key, on each of its devices
+            return distributed.put_per_process(host, self.named_sharding(arg_index), len(self.devices))
         if self.multiprocess:  # each process copies its own devices' shards
             return distributed.put_global(host, self.named_sharding(arg_index))
         # numpy has no bfloat16 view of torch's; go through DLPack.  A
@@ -299,6 +311,14 @@ class Placement:
         return converted
 
 
+def key_per_device(placement: Placement) -> bool:
+    """Whether the key random ops draw from is held one row per device
+    (the mesh spans processes, whose torch generators may differ) rather
+    than replicated.  bench/mesh_key.py measures the replicated form on a
+    mesh spanning processes by replacing this."""
+    return placement.multiprocess
+
+
 def plan_shardings(
     program: Any, mesh: Mesh, shardings: Mapping[str | int, Any] | None, device: Any
 ) -> Placement:
@@ -332,22 +352,32 @@ def plan_shardings(
             raise ShardingError(f"'{arguments[index].name}' is given two shardings")
         if arguments[index].kind == RNG_KEY_KIND:
             raise ShardingError(
-                f"shardings names '{key}', the key the program's random ops draw from: it is replicated "
-                "(every device draws from the whole key)"
+                f"shardings names '{key}', the key the program's random ops draw from: the runtime "
+                "places it (replicated: every device draws from the whole key; on a mesh spanning processes, "
+                "one row per device, and every device reads the first)"
             )
         requested[index] = spec
 
     module = program.torch_mlir_module
+    keys = [argument.index for argument in arguments if argument.kind == RNG_KEY_KIND]
+    if keys and key_per_device(placement):
+        # Processes may be seeded differently: a replicated key would be
+        # a different value in each (XLA assumes it the same).
+        random_key.read_first_row_key(module, mesh.size)
+        placement.key_rows = keys[0]
     with module.context:
         main = find_main(module)
         arg_types = [ir.RankedTensorType(a.type) for a in main.arguments]
         for argument in arguments:
             tensor_type = arg_types[argument.index]
             shape = tuple(tensor_type.shape)
-            spec = _normalize_spec(mesh, argument.name, requested.get(argument.index), shape)
-            hlo = str(placement.sharding_of(spec)._to_xla_hlo_sharding(len(shape)))
+            if argument.index == placement.key_rows:
+                normalized: tuple[SpecEntry, ...] = (mesh.axis_names, None)  # row i on the mesh's device i
+            else:
+                normalized = _normalize_spec(mesh, argument.name, requested.get(argument.index), shape)
+            hlo = str(placement.sharding_of(normalized)._to_xla_hlo_sharding(len(shape)))
             element_bytes = max(8, element_bits(tensor_type.element_type)) // 8
-            placement.arguments[argument.index] = ArgumentSharding(argument.name, spec, hlo, shape, element_bytes)
+            placement.arguments[argument.index] = ArgumentSharding(argument.name, normalized, hlo, shape, element_bytes)
         # Through the contract's records: they write mhlo.sharding canonically.
         contract = Signature.read(main)
         canonical = {index: "".join(sharding.hlo.split()) for index, sharding in placement.arguments.items()}

@@ -213,6 +213,63 @@ def test_checkpoint_with_a_missing_shard_file_is_refused(
     torch.testing.assert_close(train.state_dict()["model"], before["model"], rtol=0, atol=0)
 
 
+# -- random ops, each process seeded differently ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("random")
+    run = _launch("-n", "2", "--devices", "2", "--timeout", str(RUN_TIMEOUT_S - 20), str(WORKER), "random", str(out))
+    return _reports(out, "random", run)
+
+
+def _mesh_draws(seed: int) -> tuple[list[torch.Tensor], list[float], dict[str, Any]]:
+    """The random mode's programs on this process's 4 devices, torch seeded with ``seed``."""
+    mesh = hloalias.Mesh((4,), ("dp",))
+    x = torch.ones(8, 64)
+    dropped = hloalias.compile(worker.dropout, (x,), mesh=mesh)
+    torch.manual_seed(seed)
+    masks = [dropped(x), dropped(x)]
+    data = worker.batches()
+    model, optimizer, step = worker.dropped_trainer()
+    train = hloalias.compile_training_step(step, model, optimizer, data[0], mesh=mesh, shardings=worker.DATA_PARALLEL)
+    torch.manual_seed(seed)
+    losses = [float(train(x, y)) for x, y in data[: worker.STEPS]]
+    return masks, losses, train.state_dict()
+
+
+def test_processes_seeded_differently_draw_the_key_of_process_0(drawn: list[dict[str, Any]]) -> None:
+    # Replicated values (dropout of replicated data, replicated parameters
+    # after steps with dropout) are the same in every process: the draws
+    # of one process on the mesh seeded as process 0.
+    masks, losses, state = _mesh_draws(worker.random_seed(0))
+    assert not torch.equal(masks[0], masks[1])
+    for report in drawn:
+        for run in range(2):  # seeded again: drawn again
+            for got, want in zip(report[f"dropout_{run}"], masks):
+                assert torch.equal(got, want)
+        torch.testing.assert_close(torch.tensor(report["losses"]), torch.tensor(losses), rtol=1e-5, atol=1e-6)
+        for name, value in state["model"].items():
+            torch.testing.assert_close(report["state"]["model"][name], value, rtol=1e-5, atol=1e-6)
+    for name, value in drawn[0]["state"]["model"].items():
+        assert torch.equal(drawn[1]["state"]["model"][name], value), name
+
+
+def test_each_process_advances_its_own_generator_once_per_call(drawn: list[dict[str, Any]]) -> None:
+    from hloalias.runtime.executable import draw_rng_key
+
+    for rank, report in enumerate(drawn):
+        torch.manual_seed(worker.random_seed(rank))
+        for _ in range(2):
+            draw_rng_key()
+        assert torch.equal(report["rng_state_after_dropout"], torch.get_rng_state())
+        torch.manual_seed(worker.random_seed(rank))
+        for _ in range(worker.STEPS):
+            draw_rng_key()
+        assert torch.equal(report["rng_state_after_training"], torch.get_rng_state())
+        assert "the program reads row 0, the key of process 0 (it drives cpu:0)" in report["explain"]
+
+
 # -- initialize ----------------------------------------------------------------
 
 

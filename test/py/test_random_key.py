@@ -299,6 +299,51 @@ def test_the_contract_refuses_a_malformed_key(key_type: str, key_attrs: str, mes
         verify(find_main(module))
 
 
+@pytest.mark.parametrize(
+    ("key_type", "key_attrs", "message"),
+    [
+        ("tensor<4x2xi64>", "", "one key per device.*expected {devices=\\[4,1\\]<=\\[4\\]}"),
+        ("tensor<4x2xi64>", ', mhlo.sharding = "{replicated}"', "each device holds its process's key"),
+        ("tensor<1x2xi64>", ', mhlo.sharding = "{devices=[1,1]<=[1]}"', "expected tensor<2xi64>"),
+        ("tensor<4x2xi64>", ', mhlo.sharding = "{devices=[4,1]<=[4]}", jax.buffer_donor = true',
+         "a key is only read"),
+    ],
+)
+def test_the_contract_refuses_a_malformed_key_per_device(key_type: str, key_attrs: str, message: str) -> None:
+    module = parse_module(_KEYED.replace("KEY_TYPE", key_type).replace("KEY_ATTRS", key_attrs), new_context())
+    with module.context, pytest.raises(IRError, match=message):
+        verify(find_main(module))
+
+
+def test_a_key_per_device_reads_row_0() -> None:
+    text = """
+    func.func @main(%a: tensor<f32>, %b: tensor<f32>) -> tensor<2xf32> {
+      %shape = stablehlo.constant dense<[2]> : tensor<1xi64>
+      %r = stablehlo.rng %a, %b, %shape, distribution = UNIFORM : (tensor<f32>, tensor<f32>, tensor<1xi64>) -> tensor<2xf32>
+      return %r : tensor<2xf32>
+    }
+    """
+    module = parse_module(text, new_context())
+    assert random_key.thread_rng_key(module)
+    random_key.read_first_row_key(module, 4)
+    printed = print_module(module)
+    assert "tensor<4x2xi64>) -> tensor<2xf32>" in printed
+    assert "stablehlo.slice %arg2 [0:1, 0:2] : (tensor<4x2xi64>) -> tensor<1x2xi64>" in printed
+    with module.context:
+        main = find_main(module)
+        key = main.regions[0].blocks[0].arguments[2]
+        assert [use.owner.name for use in key.uses] == ["stablehlo.slice"]
+    with pytest.raises(hloalias.TorchImportError, match="expected the key's tensor<2xi64>"):
+        random_key.read_first_row_key(module, 4)
+
+
+def test_the_contract_accepts_a_well_formed_key_per_device() -> None:
+    attrs = ', mhlo.sharding = "{devices=[4,1]<=[4]}"'
+    module = parse_module(_KEYED.replace("KEY_TYPE", "tensor<4x2xi64>").replace("KEY_ATTRS", attrs), new_context())
+    with module.context:
+        verify(find_main(module))
+
+
 def test_the_contract_accepts_a_well_formed_key() -> None:
     module = parse_module(_KEYED.replace("KEY_TYPE", "tensor<2xi64>").replace("KEY_ATTRS", ""), new_context())
     with module.context:

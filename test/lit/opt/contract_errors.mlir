@@ -121,3 +121,11 @@ func.func @main(%arg0: tensor<2xi64> {hloalias.kind = "rng_key", hloalias.name =
 func.func @main(%arg0: tensor<8xf32>, %arg1: tensor<2xi64> {hloalias.kind = "rng_key", hloalias.name = "rng_key", tf.aliasing_output = 0 : i32}) -> tensor<2xi64> {
   return %arg1 : tensor<2xi64>
 }
+
+// -----
+
+// On a mesh spanning processes the key is one row per device, split one row per device.
+// CHECK-NEXT: contract_errors.mlir:129:1: error: argument 1 ('rng_key'): 'hloalias.kind' = 'rng_key' has type tensor<4x2xi64> (one key per device) and sharding {replicated}, expected {devices=[4,1]<=[4]}: each device holds its process's key
+func.func @main(%arg0: tensor<8xf32>, %arg1: tensor<4x2xi64> {hloalias.kind = "rng_key", hloalias.name = "rng_key", mhlo.sharding = "{replicated}"}) -> tensor<8xf32> {
+  return %arg0 : tensor<8xf32>
+}

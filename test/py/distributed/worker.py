@@ -10,7 +10,10 @@ a tensor-parallel decode step, per-device bytes, a sharded checkpoint of
 the tensor-parallel step (``OUT/ckpt``), and the misuses (initialize
 twice, a mesh larger than the devices, processes compiling different
 programs).  ``worker.py load OUT``: a fresh tensor-parallel step loads
-``OUT/ckpt`` and takes one more step."""
+``OUT/ckpt`` and takes one more step.  ``worker.py random OUT``: each
+process seeds torch differently (:func:`random_seed`) and runs dropout on
+replicated data and a data-parallel training step with dropout
+(replicated parameters)."""
 
 from __future__ import annotations
 
@@ -115,6 +118,39 @@ TENSOR_PARALLEL = {
 }
 
 
+class DroppedMLP(MLP):
+    """:class:`MLP` with dropout between its layers (train mode)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.nn.functional.dropout(torch.relu(self.fc1(x)), 0.5, training=self.training)
+        return self.fc2(hidden)
+
+
+def dropped_trainer() -> tuple[DroppedMLP, torch.optim.Optimizer, Any]:
+    """:func:`trainer`'s step on :class:`DroppedMLP`."""
+    model = DroppedMLP()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    return model, optimizer, step
+
+
+def dropout(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(x, 0.5, training=True)
+
+
+def random_seed(rank: int) -> int:
+    """The seed process ``rank`` gives torch in ``random`` mode: different
+    in every process (as when each rank shuffles its own data)."""
+    return 100 + rank
+
+
 def _error(action: Any) -> str:
     """The HloaliasError ``action()`` raises, as 'Type: message' ('' if none)."""
     import hloalias
@@ -195,6 +231,30 @@ def load(out: Path) -> dict[str, Any]:
     return report
 
 
+def random(out: Path) -> dict[str, Any]:
+    """Random ops on the mesh, each process's torch seeded differently."""
+    import hloalias
+
+    seed = random_seed(hloalias.distributed.process_index())
+    mesh = hloalias.Mesh((4,), ("dp",))
+    x = torch.ones(8, 64)
+    report: dict[str, Any] = {}
+    dropped = hloalias.compile(dropout, (x,), mesh=mesh)  # x replicated
+    report["explain"] = dropped.explain()
+    for run in range(2):  # the same seed again: the same draws
+        torch.manual_seed(seed)
+        report[f"dropout_{run}"] = [dropped(x), dropped(x)]
+    report["rng_state_after_dropout"] = torch.get_rng_state()
+    data = batches()
+    model, optimizer, step = dropped_trainer()
+    train = hloalias.compile_training_step(step, model, optimizer, data[0], mesh=mesh, shardings=DATA_PARALLEL)
+    torch.manual_seed(seed)
+    report["losses"] = [float(train(x, y)) for x, y in data[:STEPS]]
+    report["state"] = train.state_dict()  # replicated: this process's own copy
+    report["rng_state_after_training"] = torch.get_rng_state()
+    return report
+
+
 def main() -> int:
     mode, out = sys.argv[1], Path(sys.argv[2])
     import hloalias
@@ -202,7 +262,7 @@ def main() -> int:
     hloalias.distributed.initialize()
     rank = hloalias.distributed.process_index()
     try:
-        report = train(out) if mode == "train" else load(out)
+        report = {"train": train, "load": load, "random": random}[mode](out)
     except BaseException:
         traceback.print_exc()
         return 1
