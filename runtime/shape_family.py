@@ -21,7 +21,10 @@ did, and the dynamic export waits until a third size shows that sizes
 vary (a rent-or-buy choice: at most the static compiles' cost is spent
 before the export, which serves every later size).
 ``HLOALIAS_SHAPE_FAMILY_STATIC_SIZES`` sets how many sizes compile
-statically first (1: the export at the second size).  Where the model's code depends on a changed
+statically first (1: the export at the second size).  Sizes that would
+export a changed dimension at 0 or 1 (sizes export fixes) compile
+statically too, and the export waits for sizes that can stand for the
+others.  Where the model's code depends on a changed
 dimension (export fixes it), where the dynamic export fails, where a later
 call changes a dimension that export kept static, or where the new sizes
 fail a guard of the dynamic export (the model's code branched on a size,
@@ -231,6 +234,14 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
             frozenset(d for d in range(len(now)) if any(seen[i][d] != now[d] for seen in family.sizes))
             for i, now in enumerate(sizes)
         )
+        if any(sizes[i][d] < 2 for i, dims in enumerate(changed) for d in dims):
+            # Export fixes a size of 0 or 1 (it specializes them), so this
+            # example cannot stand for the others: compiled as it is, and
+            # the export waits for sizes that can (the family is kept).
+            program = import_torch(f, args, kwargs)
+            with _LOCK:
+                _STATS.static += 1
+            return program
         try:
             family.dynamic = export_dynamic(f, args, kwargs, changed, refuse_returned_sizes=True)
         except TorchImportError as error:  # the model does not export with these dimensions dynamic

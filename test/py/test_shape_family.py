@@ -104,6 +104,22 @@ def test_the_dynamic_export_after_static_sizes_makes_every_changed_dimension_dyn
     assert shape_family.shape_family_stats().specialized == 2
 
 
+def test_a_size_of_one_in_a_changed_dimension_waits_for_another_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Export fixes sizes 0 and 1: sizes that would export a changed
+    dimension at 1 compile statically, and the family exports at the next
+    sizes that can stand for the others instead of being refused."""
+    monkeypatch.delenv("HLOALIAS_SHAPE_FAMILY_STATIC_SIZES")
+    model = Scaled()
+    for rows, width in ((3, 4), (3, 6), (1, 8), (3, 9), (3, 5)):
+        x = torch.randn(rows, width)
+        torch.testing.assert_close(hloalias.compile(model, (x,))(x), x * 2)
+    stats = shape_family.shape_family_stats()
+    # (3, 4) first; (3, 6) and (1, 8) static; (3, 9) exports the width
+    # dynamic; (3, 5) specialized.
+    assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (1, 1, 2, 0), stats.reasons
+    assert stats.static == 2
+
+
 def test_specialized_import_equals_a_fresh_export() -> None:
     torch.manual_seed(0)
     model = Mixer().eval()
