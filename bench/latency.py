@@ -594,17 +594,23 @@ def ratio_child(kind: str) -> dict[str, Any]:
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
         correct = True
+        counters = ("first", "static", "exported", "specialized", "fallbacks")
         for length in (16, 24, 40, 9):
             ids = torch.randint(0, 256, (1, length))
+            before = [getattr(shape_family.shape_family_stats(), name) for name in counters]
             timer.seconds = {}
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             exe = hloalias.compile(model, (ids,))
             result[f"compile_{length}_s"] = time.perf_counter() - start
+            result[f"cpu_{length}_s"] = time.process_time() - start_cpu
             result[f"stages_{length}"] = dict(timer.seconds)
+            # Which path this length took: the family counters it moved.
+            after = [getattr(shape_family.shape_family_stats(), name) for name in counters]
+            result[f"path_{length}"] = "+".join(n for n, b, a in zip(counters, before, after) if a != b) or "cache"
             correct = correct and bool(torch.allclose(exe(ids).logits, model(ids).logits, atol=1e-4))
         stats = shape_family.shape_family_stats()
-        result["family"] = {"first": stats.first, "exported": stats.exported, "specialized": stats.specialized,
-                            "fallbacks": stats.fallbacks, "reasons": stats.reasons}
+        result["family"] = {"first": stats.first, "static": stats.static, "exported": stats.exported,
+                            "specialized": stats.specialized, "fallbacks": stats.fallbacks, "reasons": stats.reasons}
         result["correct"] = correct
     elif kind == "hf_training":  # forward compile vs training-step compile of a 2-layer HF Llama, caches off
         import transformers
@@ -831,10 +837,11 @@ def ratio_lines(data: dict[str, Any]) -> list[str]:
             f"{hf_training['training_step_s'] / hf_training['forward_s']:.2f}× | ≤ 2× |"]),
         *([] if shapes is None else [
             f"| HF Llama (4 layers) at sequence length {length} after 16 (same process; "
-            f"{'dynamic export' if index == 0 else 'specialized'}) ÷ its first compile (16) | "
+            f"{shapes.get(f'path_{length}', 'dynamic export' if length == 24 else 'specialized')}) "
+            f"÷ its first compile (16) | "
             f"{_fmt(shapes[f'compile_{length}_s'])} ÷ {_fmt(shapes['compile_16_s'])} | "
             f"{shapes[f'compile_{length}_s'] / shapes['compile_16_s']:.2f}× | ≤ 0.25× |"
-            for index, length in enumerate((24, 40, 9))]),
+            for length in (24, 40, 9)]),
         f"| seed, warm process, new object, every cache off ÷ `jax.jit` (new function, lower + compile) | "
         f"{_fmt(seed['hloalias_warm_s'])} ÷ {_fmt(seed['jax_jit_warm_s'])} | "
         f"{seed['hloalias_warm_s'] / seed['jax_jit_warm_s']:.2f}× | ≤ 1.0× |",

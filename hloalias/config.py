@@ -75,6 +75,10 @@ SETTINGS: tuple[Setting, ...] = (
             "New input sizes of a module compiled before in this process come from one export with "
             "dynamic dimensions, specialized per sizes (`hloalias.runtime.shape_family`); 0/off/false/no "
             "exports every new size again."),
+    Setting("HLOALIAS_SHAPE_FAMILY_STATIC_SIZES", "integer", 2, "runtime",
+            "How many distinct input sizes of a module compile statically, each traced as it is, "
+            "before its shape family's one dynamic export serves every later size "
+            "(`hloalias.runtime.shape_family`); 1 exports dynamically at the second size."),
     Setting("HLOALIAS_NATIVE", "flag", True, "runtime",
             "The native call path (`hloalias.runtime._lane`, C++); 0 keeps every call on the Python "
             "path (whose per-call check of the module's tensors still uses the extension's "

@@ -1,15 +1,30 @@
 """New input sizes of a module compiled before, in this process, from one
 export with dynamic dimensions (:mod:`hloalias.frontend.shape_specialization`).
 
-As ``torch.compile``'s automatic dynamic shapes: the first compile of a
-module exports its inputs' sizes as they are.  A later compile of the same
+As ``torch.compile``'s automatic dynamic shapes, one size later: the first
+``static_sizes()`` distinct sizes of a module compile statically, each
+traced as it is (the first compile's one ``make_fx`` trace,
+:mod:`hloalias.frontend.single_trace`).  The next compile of the same
 module object on inputs that differ only in sizes (same structure, dtypes,
 ranks, code, configuration and state: the program-cache key,
 :mod:`hloalias.runtime.source_key`, of the call with the sizes left out)
-exports once more with the dimensions that changed dynamic, and from then
-on every size is a specialization of that export: no ``torch.export``, no
-decomposition retrace; the FX import, the lowering, the passes and XLA
-still run for the new sizes.  Where the model's code depends on a changed
+exports once more with every dimension that changed among them dynamic,
+and from then on every size is a specialization of that export: no
+``torch.export``, no decomposition retrace; the FX import, the lowering,
+the passes and XLA still run for the new sizes.
+
+Why not export dynamically at the second size: the symbolic trace costs
+several static ones (torch reasons about every size symbolically), so a
+model compiled at two sizes only would pay more for its second size than
+for its first; a static compile of the second size costs what the first
+did, and the dynamic export waits until a third size shows that sizes
+vary (a rent-or-buy choice: at most the static compiles' cost is spent
+before the export, which serves every later size).
+``HLOALIAS_SHAPE_FAMILY_STATIC_SIZES`` sets how many sizes compile
+statically first (1: the export at the second size).  Sizes that would
+export a changed dimension at 0 or 1 (sizes export fixes) compile
+statically too, and the export waits for sizes that can stand for the
+others.  Where the model's code depends on a changed
 dimension (export fixes it), where the dynamic export fails, where a later
 call changes a dimension that export kept static, or where the new sizes
 fail a guard of the dynamic export (the model's code branched on a size,
@@ -54,10 +69,13 @@ MAX_FAMILIES = 16
 @dataclasses.dataclass
 class ShapeFamilyStats:
     """Counters (live): ``first`` imports of a family (the sizes as they
-    are), ``exported`` dynamic exports, ``specialized`` imports from one,
-    ``fallbacks`` to the usual import, with the ``reasons`` (last 8)."""
+    are), ``static`` imports of a family's later sizes before its dynamic
+    export (each traced as it is, module docstring), ``exported`` dynamic
+    exports, ``specialized`` imports from one, ``fallbacks`` to the usual
+    import, with the ``reasons`` (last 8)."""
 
     first: int = 0
+    static: int = 0
     exported: int = 0
     specialized: int = 0
     fallbacks: int = 0
@@ -67,7 +85,8 @@ class ShapeFamilyStats:
 @dataclasses.dataclass
 class _Family:
     reference: weakref.ref[Any]
-    sizes: tuple[tuple[int, ...], ...]
+    #: the distinct input sizes compiled statically, the first compile's first
+    sizes: list[tuple[tuple[int, ...], ...]]
     dynamic: DynamicExport | None = None
     refused: str | None = None
 
@@ -91,6 +110,12 @@ def clear_shape_families() -> None:
 
 def enabled() -> bool:
     return config.flag("HLOALIAS_SHAPE_FAMILY")
+
+
+def static_sizes() -> int:
+    """How many distinct sizes of a family compile statically before its
+    dynamic export (module docstring); at least 1, the first compile."""
+    return max(1, config.integer("HLOALIAS_SHAPE_FAMILY_STATIC_SIZES") or 1)
 
 
 def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -185,7 +210,7 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
             return program
         with _LOCK:
             _STATS.first += 1
-            _FAMILIES[key] = _Family(weakref.ref(f, _forget), sizes)
+            _FAMILIES[key] = _Family(weakref.ref(f, _forget), [sizes])
             while len(_FAMILIES) > MAX_FAMILIES:
                 _FAMILIES.popitem(last=False)
         return program
@@ -194,12 +219,29 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
         _fallback(family.refused)
         return import_torch(f, args, kwargs)
     if family.dynamic is None:
-        if sizes == family.sizes:
+        if sizes in family.sizes:
             return import_torch(f, args, kwargs)
+        if len(family.sizes) < static_sizes():
+            # Traced as it is, as the first compile was (module docstring).
+            program = import_torch(f, args, kwargs)
+            with _LOCK:
+                family.sizes.append(sizes)
+                _STATS.static += 1
+            _rekey(key, family, f, args, kwargs)  # where that import ran torch.export
+            return program
+        # Dynamic: every dimension that differs among the sizes seen.
         changed = tuple(
-            frozenset(d for d, (before, now) in enumerate(zip(old, new)) if before != now)
-            for old, new in zip(family.sizes, sizes)
+            frozenset(d for d in range(len(now)) if any(seen[i][d] != now[d] for seen in family.sizes))
+            for i, now in enumerate(sizes)
         )
+        if any(sizes[i][d] < 2 for i, dims in enumerate(changed) for d in dims):
+            # Export fixes a size of 0 or 1 (it specializes them), so this
+            # example cannot stand for the others: compiled as it is, and
+            # the export waits for sizes that can (the family is kept).
+            program = import_torch(f, args, kwargs)
+            with _LOCK:
+                _STATS.static += 1
+            return program
         try:
             family.dynamic = export_dynamic(f, args, kwargs, changed, refuse_returned_sizes=True)
         except TorchImportError as error:  # the model does not export with these dimensions dynamic

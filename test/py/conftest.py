@@ -65,11 +65,16 @@ def fresh_cache() -> Iterator[None]:
 def fresh_shape_families(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Shape families on, the program cache off, and every in-process
     cache of compiled programs, exports and families empty before and
-    after (the shape-family tests count exports and specializations)."""
+    after (the shape-family tests count exports and specializations).
+    The dynamic export at the second size (``static_sizes()`` 1): these
+    tests are about what that export serves, from two compiles; the
+    default's static second size is tested on its own
+    (``test_shape_family.py``, ``static_second_size``)."""
     from hloalias.runtime import export_cache, shape_family
 
     monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
     monkeypatch.delenv("HLOALIAS_SHAPE_FAMILY", raising=False)
+    monkeypatch.setenv("HLOALIAS_SHAPE_FAMILY_STATIC_SIZES", "1")
     hloalias.clear_cache()
     export_cache.clear_export_cache()
     shape_family.clear_shape_families()

@@ -49,6 +49,77 @@ def test_new_lengths_are_specialized_and_equal_eager() -> None:
     assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (1, 1, 2, 0)
 
 
+def test_static_second_size_then_one_dynamic_export(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default the second size compiles statically, traced as it is
+    (one ``make_fx`` trace, as the first compile); the third exports once
+    with the changed dimension dynamic and every later size is specialized
+    from that export."""
+    from hloalias.frontend.single_trace import clear_single_trace_stats, single_trace_stats
+
+    monkeypatch.delenv("HLOALIAS_SHAPE_FAMILY_STATIC_SIZES")
+    clear_single_trace_stats()
+    torch.manual_seed(0)
+    model = Mixer().eval()
+    counts = []
+    for length in (8, 12, 5, 17, 12):
+        exe = hloalias.compile(model, (_ids(length),))
+        torch.testing.assert_close(exe(_ids(length)), model(_ids(length)))
+        stats = shape_family.shape_family_stats()
+        counts.append((stats.first, stats.exported, stats.specialized, single_trace_stats().make_fx))
+    assert counts == [
+        (1, 0, 0, 1),  # 8: the first compile, one static trace
+        (1, 0, 0, 2),  # 12: one more static trace, no dynamic export
+        (1, 1, 1, 2),  # 5: the one dynamic export, specialized to 5
+        (1, 1, 2, 2),  # 17: specialized
+        (1, 1, 2, 2),  # 12 again: the in-process import cache
+    ]
+    assert shape_family.shape_family_stats().static == 1
+    assert shape_family.shape_family_stats().fallbacks == 0
+
+
+class TwoInputs(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x.sum(0, keepdim=True) * 2 + y.sum(1).unsqueeze(0).sum(1, keepdim=True)
+
+
+def test_the_dynamic_export_after_static_sizes_makes_every_changed_dimension_dynamic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dimension that changed between the statically compiled sizes but
+    not at the size that exports is dynamic too: the export serves a size
+    that changes it again."""
+    monkeypatch.delenv("HLOALIAS_SHAPE_FAMILY_STATIC_SIZES")
+    model = TwoInputs()
+    for rows, width, height in ((3, 4, 2), (5, 4, 2), (5, 4, 6), (7, 9, 3)):
+        x, y = torch.randn(rows, width), torch.randn(height, 5)
+        torch.testing.assert_close(hloalias.compile(model, (x, y))(x, y), model(x, y))
+    stats = shape_family.shape_family_stats()
+    # (3, 4, 2): first; (5, 4, 2): static; (5, 4, 6): export with rows and
+    # height dynamic, not width (equal in all three): (7, 9, 3) changes width.
+    assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (1, 1, 1, 1)
+    assert "dimension 1 was exported as 4" in stats.reasons[-1]
+    assert stats.static == 1
+    x, y = torch.randn(11, 4), torch.randn(8, 5)
+    torch.testing.assert_close(hloalias.compile(model, (x, y))(x, y), model(x, y))
+    assert shape_family.shape_family_stats().specialized == 2
+
+
+def test_a_size_of_one_in_a_changed_dimension_waits_for_another_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Export fixes sizes 0 and 1: sizes that would export a changed
+    dimension at 1 compile statically, and the family exports at the next
+    sizes that can stand for the others instead of being refused."""
+    monkeypatch.delenv("HLOALIAS_SHAPE_FAMILY_STATIC_SIZES")
+    model = Scaled()
+    for rows, width in ((3, 4), (3, 6), (1, 8), (3, 9), (3, 5)):
+        x = torch.randn(rows, width)
+        torch.testing.assert_close(hloalias.compile(model, (x,))(x), x * 2)
+    stats = shape_family.shape_family_stats()
+    # (3, 4) first; (3, 6) and (1, 8) static; (3, 9) exports the width
+    # dynamic; (3, 5) specialized.
+    assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (1, 1, 2, 0), stats.reasons
+    assert stats.static == 2
+
+
 def test_specialized_import_equals_a_fresh_export() -> None:
     torch.manual_seed(0)
     model = Mixer().eval()
