@@ -16,9 +16,15 @@ of another dtype or shape is an ExecutionError at the next call.
 The owner module's ``state_dict()`` and eager forward first copy every
 slot some program of the group writes, where it lags the module's tensor,
 into that tensor (:meth:`_StateGroup.note_written`), and a
-``torch.compile``d graph does so for its inputs (:func:`bring_up_to_date`):
-torch never reads a stale module tensor; a tensor torch changed since the
-two last agreed keeps the user's write."""
+``torch.compile``d graph does so for its inputs (:func:`bring_up_to_date`);
+a tensor torch changed since the two last agreed keeps the user's write.
+Any other read of a tensor a call left behind (``module.weight * 1``, an
+EMA, ``optimizer.state[p]["exp_avg"]``) copies it in first: the call marks
+it stale (:func:`_mark_stale`, a class swap), and its first op that may
+read values brings it in (:func:`refresh_stale`).  So torch never reads a
+stale module tensor, except one that shares memory with it and was made
+before the calls (``v = p.detach()`` taken before), and state of other
+tensor classes, which is not marked."""
 
 from __future__ import annotations
 
@@ -548,7 +554,7 @@ def _stale_class(fresh: type) -> type:
 def fresh_type(tensor: Any) -> type:
     """``type(tensor)``, or the class a stale tensor will get back."""
     cls = type(tensor)
-    return getattr(cls, _FRESH_CLASS, cls)  # type: ignore[no-any-return]
+    return getattr(cls, _FRESH_CLASS, cls)
 
 
 def is_stale(tensor: Any) -> bool:
@@ -742,8 +748,8 @@ class _StateGroup:
         checkpoint code) and its eager forward first copy what calls left
         in them into the module's tensors (:meth:`write_back_written`, a
         state-dict and a forward pre-hook registered once), so neither a
-        checkpoint nor eager code reads a stale value.  A bare attribute
-        read (``module.buf``) still sees them only after ``write_back()``."""
+        checkpoint nor eager code reads a stale value.  A bare read
+        (``module.buf * 1``) copies that one tensor in (:func:`refresh_stale`)."""
         owner = self.owner() if self.owner is not None else None
         if owner is None or not slots:
             return

@@ -19,12 +19,14 @@
 Parameters, model buffers and optimizer state live on the device inside the
 executable and are aliased in place (inferred donors); batch inputs named in
 ``donate`` are explicit donors.  The loss is the only result that comes
-back.  Until :meth:`TrainingStep.write_back`, the model's and the optimizer's
-own tensors keep the values they had at compile time (or at the last
-``write_back``/``reload``), except that an eager ``model(x)``,
-``model.state_dict()`` and ``optimizer.state_dict()`` first copy the
-steps' device state in (eager evaluation and checkpoints never see stale
-state; on a mesh across processes, where the copy is a collective, they
+back.  The model's and the optimizer's own tensors are not written by
+calls: a call leaves them stale (runtime/state.py), and the first read of
+one (``model.weight * 1``, an EMA over ``model.parameters()``,
+``optimizer.state[p]["exp_avg"].norm()``, ``p.grad`` of a kept gradient)
+copies the steps' device value in; an eager ``model(x)``,
+``model.state_dict()`` and ``optimizer.state_dict()`` first copy all of
+it in (eager evaluation and checkpoints never see stale state; on a mesh
+across processes, where the copy is a collective, they and bare reads
 are refused until ``write_back`` in every process), and
 ``model.load_state_dict``/``optimizer.load_state_dict`` set the device
 state (resuming after the step was compiled), on a mesh too.
