@@ -2,12 +2,16 @@
 calls, for the stale-tensor marking of runtime/state.py (A/B against
 another checkout: ``--root`` points the editable install at it).
 
-    python -m bench.fresh_reads_ab [--root /path/to/other/checkout] [--ema]
+    python -m bench.fresh_reads_ab [--root /path/to/other/checkout] [--model mlp|gpt2] [--ema] [--write-back]
 
 Prints one JSON line: model, steps, median and mean per-step milliseconds
-(``time.perf_counter`` around each call, loss not read), and with ``--ema``
+(``time.perf_counter`` around each call, loss not read), the process's
+CPU time per step (``time.process_time``: every thread, XLA's too; steadier
+than wall time on a loaded machine), and with ``--ema``
 the same with an EMA over ``model.parameters()`` after every call (every
-parameter read: one copy per tensor per step)."""
+parameter read: one copy per tensor per step); ``--write-back`` calls
+``train.write_back()`` before each update (what an EMA needed to be right
+before bare reads copied the state in)."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ def main() -> None:
     parser.add_argument("--model", default="mlp", choices=["mlp", "gpt2"])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--ema", action="store_true")
+    parser.add_argument("--write-back", action="store_true", help="train.write_back() before each EMA update")
     args = parser.parse_args()
     if args.root is not None:
         import __editable___hloalias_0_1_0_finder as finder  # type: ignore[import-not-found]
@@ -33,6 +38,7 @@ def main() -> None:
     import torch
 
     import hloalias
+    import hloalias.runtime.state
 
     torch.manual_seed(0)
     if args.model == "mlp":
@@ -68,19 +74,25 @@ def main() -> None:
     ema = [p.detach().clone() for p in model.parameters()]
     for _ in range(20):
         train(*batch)
-    times = []
+    times, cpu_times = [], []
     for _ in range(args.steps):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         train(*batch)
+        if args.write_back:
+            train.write_back()
         if args.ema:
             with torch.no_grad():
                 for average, p in zip(ema, model.parameters()):
                     average.mul_(0.99).add_(p, alpha=0.01)
         times.append((time.perf_counter() - start) * 1e3)
+        cpu_times.append((time.process_time() - cpu_start) * 1e3)
     print(json.dumps({
-        "root": args.root or "this checkout", "model": args.model, "ema": args.ema, "steps": args.steps,
+        "root": args.root or "this checkout", "marks_stale": hasattr(hloalias.runtime.state, "refresh_stale"),
+        "loaded_from": hloalias.runtime.state.__file__, "model": args.model, "ema": args.ema,
+        "write_back": args.write_back, "steps": args.steps,
         "tensors": len(list(model.parameters())),
         "median_ms": round(statistics.median(times), 4), "mean_ms": round(statistics.mean(times), 4),
+        "cpu_total_ms": round(sum(cpu_times), 1), "cpu_mean_ms": round(statistics.mean(cpu_times), 4),
     }))
     sys.stdout.flush()
 

@@ -499,6 +499,13 @@ _METADATA_METHODS = frozenset({
 })
 
 
+def _is_grad_getter(func: Any) -> bool:
+    return (
+        type(func).__name__ == "method-wrapper" and func.__name__ == "__get__"
+        and getattr(getattr(func, "__self__", None), "__name__", "") == "grad"
+    )
+
+
 def _reads_no_values(func: Any) -> bool:
     if type(func).__name__ == "method-wrapper":  # a property: ``Tensor.shape.__get__``
         descriptor = getattr(func, "__self__", None)
@@ -522,6 +529,12 @@ class _StaleTensorHook:
     ) -> Any:
         kwargs = kwargs or {}
         if _reads_no_values(func):
+            with _RUNTIME_READ():
+                return func(*args, **kwargs)
+        if _is_grad_getter(func):
+            # ``p.grad`` (``zero_grad``, ``clip_grad_norm_``) reads the
+            # gradient, not the parameter: only a kept gradient comes in.
+            refresh_stale(args[:1], "grad", grads_only=True)
             with _RUNTIME_READ():
                 return func(*args, **kwargs)
         refresh_stale(torch.utils._pytree.tree_leaves((args, kwargs)), getattr(func, "__name__", repr(func)))
@@ -573,11 +586,11 @@ def _mark_stale(slot: "_StateSlot") -> None:
             tensor.__class__ = _stale_class(cls)
 
 
-def _lagging_slots(tensor: torch.Tensor) -> list["_StateSlot"]:
+def _lagging_slots(tensor: torch.Tensor, grads_only: bool = False) -> list["_StateSlot"]:
     """The lagging slots whose buffer a read of ``tensor`` must see: its own
     (the slot stands for it) and kept gradients shown as its ``.grad``."""
     found = []
-    for ref in _SLOTS_OF_TENSOR.get(tensor) or ():  # type: ignore[no-untyped-call]
+    for ref in () if grads_only else _SLOTS_OF_TENSOR.get(tensor) or ():  # type: ignore[no-untyped-call]
         slot = ref()
         if slot is not None and slot.lags and slot.source() is tensor and slot.marks_stale():
             found.append(slot)
@@ -595,20 +608,22 @@ def _unmark_if_current(tensor: torch.Tensor) -> None:
         tensor.__class__ = fresh
 
 
-def refresh_stale(tensors: Any, what: str) -> None:
+def refresh_stale(tensors: Any, what: str, grads_only: bool = False) -> None:
     """Before torch reads ``tensors`` (``what``: the op): copy into each
     stale one what calls left on the device (:meth:`_StateSlot.copy_to_source`;
     a kept gradient becomes its ``.grad``), then give it its class back.
     A group on a mesh decides itself (``before_read``: a training step
     writes its state back, or refuses across processes, leaving the
     tensors stale).  Idempotent: cut short (Ctrl-C, an error), the tensors
-    not done stay stale and the next read does them."""
+    not done stay stale and the next read does them.  ``grads_only``: only
+    kept gradients shown as their ``.grad`` (a read of ``p.grad``); the
+    tensor stays stale while its own value lags."""
     stale = [t for t in tensors if isinstance(t, torch.Tensor) and is_stale(t)]
     if not stale:
         return
     with torch._C.DisableTorchFunction(), torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
         for tensor in stale:
-            for slot in _lagging_slots(tensor):
+            for slot in _lagging_slots(tensor, grads_only):
                 group = slot._group() if slot._group is not None else None
                 before_read = group.before_read if group is not None else None
                 if before_read is not None:
@@ -616,7 +631,9 @@ def refresh_stale(tensors: Any, what: str) -> None:
                 else:
                     slot.copy_to_source()
             fresh = getattr(type(tensor), _FRESH_CLASS, None)
-            if fresh is not None:
+            if grads_only:
+                _unmark_if_current(tensor)
+            elif fresh is not None:
                 tensor.__class__ = fresh
     _STALE_READS[0] += 1
 

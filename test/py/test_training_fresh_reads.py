@@ -55,7 +55,9 @@ def _step_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer, zero_grad
 
 def _batches(count: int, rows: int = 5) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(1)
-    return [(torch.randn(rows, 6, generator=generator), torch.randn(rows, 3, generator=generator)) for _ in range(count)]
+    return [
+        (torch.randn(rows, 6, generator=generator), torch.randn(rows, 3, generator=generator)) for _ in range(count)
+    ]
 
 
 class Pair:
@@ -128,9 +130,12 @@ def test_the_read_tensor_keeps_its_class_and_identity(trained: Pair) -> None:
     assert weight is trained.opt.param_groups[0]["params"][-2]
     weight.sum()
     assert type(weight) is torch.nn.Parameter
-    assert type(trained.opt.state[weight]["exp_avg"]) is torch.Tensor or trained.opt.state[weight]["exp_avg"].sum() is not None
-    assert type(trained.opt.state[weight]["exp_avg"]) is torch.Tensor
-    assert repr(weight).startswith("Parameter containing:")
+    exp_avg = trained.opt.state[weight]["exp_avg"]
+    assert isinstance(exp_avg, torch.Tensor) and type(exp_avg).__name__ == "Tensor" and type(exp_avg) is not torch.Tensor
+    exp_avg.norm()
+    assert type(exp_avg) is torch.Tensor
+    assert repr(trained.model.body.weight).startswith("Parameter containing:")
+    assert type(trained.model.body.weight) is torch.nn.Parameter
 
 
 def test_an_ema_over_parameters_between_compiled_steps_matches_eager() -> None:
@@ -172,6 +177,7 @@ def test_gradients_kept_across_calls_are_read_as_eager_accumulates_them() -> Non
     for p, eager_p in zip(pair.model.parameters(), pair.eager.parameters()):
         assert p.grad is not None
         _close(p.grad, eager_p.grad)
+        _close(p, eager_p)  # the parameter itself (unchanged: no optimizer step) after its gradient
     with torch.no_grad():
         for model in (pair.model, pair.eager):
             model.lm_head.weight.grad.mul_(0.5)  # type: ignore[union-attr]
@@ -217,6 +223,10 @@ def test_metadata_reads_copy_nothing(trained: Pair, monkeypatch: pytest.MonkeyPa
     assert id(weight) == id(trained.opt.param_groups[0]["params"][0]) and weight in trained.opt.state
     assert exp_avg.shape == (8, 6) and exp_avg.stride() == (6, 1) and exp_avg.is_contiguous()
     assert weight.grad_fn is None and not weight.is_inference() and weight.is_floating_point()
+    # ``.grad`` reads the gradient only (none kept here), as ``zero_grad`` does.
+    assert weight.grad is None
+    trained.opt.zero_grad()
+    trained.model.zero_grad()
     assert copies[0] == 0 and state_module.is_stale(weight) and state_module.is_stale(exp_avg)
 
 
