@@ -528,6 +528,12 @@ class _StaleTensorHook:
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        if torch.compiler.is_compiling():
+            # Dynamo traces this: the values are not read now, and the
+            # hloalias backend brings its graph inputs in before each run
+            # (``bring_up_to_date``); a copy here would break the graph.
+            with _RUNTIME_READ():
+                return func(*args, **kwargs)
         if _reads_no_values(func):
             with _RUNTIME_READ():
                 return func(*args, **kwargs)

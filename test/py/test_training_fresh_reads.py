@@ -297,13 +297,26 @@ def test_two_steps_and_an_eval_executable_of_one_model() -> None:
         _close(pair.model.norm.running_var, pair.eager.norm.running_var)
 
 
-def test_a_torch_compiled_forward_after_steps_reads_their_parameters(trained: Pair) -> None:
-    trained.model.eval()
-    trained.eager.eval()
-    forward = torch.compile(lambda x: trained.model(x), backend="hloalias")
+def test_a_torch_compiled_forward_between_steps_reads_their_parameters_with_one_graph() -> None:
+    """A ``torch.compile``d function calling the model (its forward
+    pre-hooks traced, so they copy nothing in) after each compiled step:
+    dynamo traces the stale parameters without copying (no graph break),
+    and the hloalias backend brings its inputs in before each run."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    pair = Pair()
     x = torch.randn(4, 6)
-    with torch.no_grad():
-        _close(forward(x), trained.eager(x))
+    forward = torch.compile(lambda v: pair.model.lm_head(torch.tanh(pair.model.body(v))), backend="hloalias")
+    try:
+        for batch in _batches(3):
+            pair.steps([batch])
+            with torch.no_grad():
+                _close(forward(x), pair.eager.lm_head(torch.tanh(pair.eager.body(x))))
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    finally:
+        torch._dynamo.reset()
 
 
 def test_a_bare_read_after_steps_on_a_mesh_in_one_process_returns_their_values() -> None:
