@@ -124,7 +124,8 @@ from hloalias.runtime.plan import (
     _CallConvention, _CallPlan, _describe_spec, _IndexCheck, _ProgramFacts, check_index_ranges,
 )
 from hloalias.runtime.state import (
-    StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refuse_inference_state,
+    _RUNTIME_READ, StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
+    refuse_inference_state,
 )
 
 try:  # the native call path (tests read whether it is built here)
@@ -260,6 +261,11 @@ def compile(  # noqa: A001 - the name users expect
     for holder in (f, _state_owner):
         if isinstance(holder, torch.nn.Module):
             refuse_inference_state(holder, CompileError)
+            # Tracing, keys and new slots read the module's own tensors:
+            # what calls left on the device first (stale tensors, state.py).
+            refresh_stale([*holder.parameters(), *holder.buffers()], "hloalias.compile")
+    if _state_sources:
+        refresh_stale(list(_state_sources.values()), "hloalias.compile")
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     modes_before_trace = ModuleModes.of(f if _state_owner is None else _state_owner)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
@@ -925,7 +931,7 @@ class Executable:
 
     def _state_values(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
         """:meth:`state_dict`'s host copies of the entries ``names`` only."""
-        with self._group.lock:
+        with self._group.lock, _RUNTIME_READ():
             self._sync_from_torch()
             return {
                 name: self._slots[name].torch_value(self._slot_array(name)).clone(memory_format=torch.contiguous_format)
@@ -937,7 +943,7 @@ class Executable:
         so that eager code sees what calls left there; a change torch makes
         to them afterwards is then the newest value, read by the next call.
         Constants and tensors that no longer exist are skipped."""
-        with self._group.lock:
+        with self._group.lock, _RUNTIME_READ():
             self._sync_from_torch()
             values = {name: slot.torch_value(self._slot_array(name)) for name, slot in self._watched}
             with torch.no_grad():
@@ -1113,7 +1119,7 @@ class Executable:
         is the newest value, as in eager.  A dtype or shape change is an
         ExecutionError naming the tensor (``_StateSlot.refresh_from_torch``).
         Checked before every call and ``state_dict()``."""
-        with self._group.lock:
+        with self._group.lock, _RUNTIME_READ():
             for name, slot in self._watched:
                 if slot.replacements != self._replacements.get(id(slot), 0):
                     self._check_follow(name, slot)

@@ -16,9 +16,15 @@ of another dtype or shape is an ExecutionError at the next call.
 The owner module's ``state_dict()`` and eager forward first copy every
 slot some program of the group writes, where it lags the module's tensor,
 into that tensor (:meth:`_StateGroup.note_written`), and a
-``torch.compile``d graph does so for its inputs (:func:`bring_up_to_date`):
-torch never reads a stale module tensor; a tensor torch changed since the
-two last agreed keeps the user's write."""
+``torch.compile``d graph does so for its inputs (:func:`bring_up_to_date`);
+a tensor torch changed since the two last agreed keeps the user's write.
+Any other read of a tensor a call left behind (``module.weight * 1``, an
+EMA, ``optimizer.state[p]["exp_avg"]``) copies it in first: the call marks
+it stale (:func:`_mark_stale`, a class swap), and its first op that may
+read values brings it in (:func:`refresh_stale`).  So torch never reads a
+stale module tensor, except one that shares memory with it and was made
+before the calls (``v = p.detach()`` taken before), and state of other
+tensor classes, which is not marked."""
 
 from __future__ import annotations
 
@@ -118,6 +124,21 @@ class _StateSlot:
         layout: StoredLayout | None = None, bits: torch.dtype | None = None,
     ) -> None:
         self.source: weakref.ref[torch.Tensor] = weakref.ref(source)
+        #: The parameter whose ``.grad`` shows this slot's tensor (a training
+        #: step's kept gradient: :meth:`show_as_grad_of`), else None.
+        self.grad_of: weakref.ref[torch.Tensor] | None = None
+        #: Whether a lagging buffer marks its tensors stale (:func:`_mark_stale`):
+        #: not while the slot is being made (the buffer is the tensor's copy).
+        self._marks = False
+        self.on_mesh = put is not None
+        self._group: weakref.ref[_StateGroup] | None = None
+        with _RUNTIME_READ():
+            self._made(source, device, put, layout, bits)
+
+    def _made(
+        self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None,
+        layout: StoredLayout | None, bits: torch.dtype | None,
+    ) -> None:
         #: What torch's tensor was when the buffer last equalled it: its
         #: version counter and memory (``.data =`` and ``module.to(dtype)``
         #: swap the memory without counting a version).
@@ -144,8 +165,8 @@ class _StateSlot:
         #: tensor (:meth:`follow`); why the slot cannot follow it, if so.
         self.replacements = 0
         self.unfollowable: str | None = None
-        self._group: weakref.ref[_StateGroup] | None = None
         _slots_of(source).append(weakref.ref(self))
+        self._marks = True
 
     @property
     def stored_dtype(self) -> torch.dtype:
@@ -179,6 +200,57 @@ class _StateSlot:
         if lags != self.lags:
             self.lags = lags
             _LAGGING[0] += 1 if lags else -1
+            # Once per change of agreement, never per call: a slot that
+            # keeps lagging (calls and no reads) marks nothing again.
+            if self._marks:
+                if lags:
+                    _mark_stale(self)
+                else:
+                    for tensor in self._shown_by():
+                        _unmark_if_current(tensor)
+
+    def _shown_by(self) -> list[torch.Tensor]:
+        """The torch tensors a read of which must see this slot's buffer:
+        its own tensor and, for a kept gradient, the parameter whose
+        ``.grad`` it is."""
+        shown = [self.source()]
+        if self.grad_of is not None:
+            shown.append(self.grad_of())
+        return [tensor for tensor in shown if tensor is not None and tensor is not _REMOVED]
+
+    def marks_stale(self) -> bool:
+        """Whether a read of this slot's tensors copies its buffer in first
+        (:func:`refresh_stale`): on one device always; on a mesh only where
+        the group says how (``before_read``: a training step's write-back,
+        or its refusal across processes, where the copy is a collective)."""
+        if not self.on_mesh:
+            return True
+        group = self._group() if self._group is not None else None
+        return group is not None and group.before_read is not None
+
+    def show_as_grad_of(self, parameter: torch.Tensor) -> None:
+        """This slot's tensor is ``parameter.grad`` for eager code (a
+        training step's kept gradient): a read of ``parameter`` (its
+        ``.grad``) copies the buffer in and sets ``.grad`` to the slot's
+        tensor, whose in-place edits the next call then reads."""
+        old = self.grad_of() if self.grad_of is not None else None
+        if old is parameter:
+            return
+        self.grad_of = weakref.ref(parameter)
+        found: list[weakref.ref[_StateSlot]] | None = _GRAD_SLOTS_OF.get(parameter)  # type: ignore[no-untyped-call]
+        if found is None:
+            found = _GRAD_SLOTS_OF[parameter] = []
+        found.append(weakref.ref(self))
+        if self.lags:
+            _mark_stale(self)
+
+    def _publish_grad(self) -> None:
+        """After the buffer was copied into the slot's tensor: the
+        parameter's ``.grad`` is that tensor (as eager's accumulated one)."""
+        parameter = self.grad_of() if self.grad_of is not None else None
+        source = self.source()
+        if parameter is not None and source is not None and parameter.grad is not source:
+            parameter.grad = source
 
     def follow(self, new: torch.Tensor | None) -> None:
         """The module attribute this slot stands for now holds ``new``
@@ -189,6 +261,13 @@ class _StateSlot:
         self.replacements += 1
         group = self._group() if self._group is not None else None
         old = self.source()
+        if old is not None and old is not new and self.lags and not self.on_mesh:
+            # Eager code holding the old tensor reads what the calls left
+            # in it, as eager's old tensor holds its last update.
+            try:
+                self.copy_to_source()
+            except Exception:  # noqa: BLE001 - called from torch's registration hooks
+                pass
         if new is None:
             self.unfollowable = "was removed from the module (set to None)"
             new = _REMOVED
@@ -211,6 +290,8 @@ class _StateSlot:
         self.version = -1
         self.source_ptr = -1
         _AGREEMENTS[0] += 1
+        if old is not None:
+            _unmark_if_current(old)
 
     def stand_for(self, new: torch.Tensor) -> bool:
         """Stand for ``new`` from now on, which holds the buffer's value
@@ -229,12 +310,17 @@ class _StateSlot:
                 if group.existing(new, self.device) not in (None, self):
                     return False
                 old = self.source()
+                if old is not None and old is not new and self.lags and not self.on_mesh:
+                    self.copy_to_source()  # the replaced tensor keeps the calls' last value
                 if old is not None:
                     group._slots.pop((id(old), self.device.platform, self.device.id), None)
                 group._slots[(id(new), self.device.platform, self.device.id)] = weakref.ref(self)
+            old = self.source()
             self.source = weakref.ref(new)
             _slots_of(new).append(weakref.ref(self))
             self.mark_synced()
+        if old is not None and old is not new:
+            _unmark_if_current(old)
         return True
 
     def copy_to_source(self) -> None:
@@ -244,26 +330,34 @@ class _StateSlot:
         if not self.lags:
             return
         group = self._group() if self._group is not None else None
-        with group.lock if group is not None else contextlib.nullcontext(), torch.no_grad():
+        with group.lock if group is not None else contextlib.nullcontext(), torch.no_grad(), _RUNTIME_READ():
             source, array = self.source(), self._array
             if not self.lags or source is None or array is None or array.is_deleted() or self.torch_changed():
                 return
             source.copy_(self.torch_value(array))
+            # Ctrl-C before this line leaves the slot lagging and its tensor
+            # marked: the next read copies the same value again.
             self.mark_synced()
+            if self.grad_of is not None:
+                self._publish_grad()
 
     def torch_changed(self) -> bool:
         """Whether torch changed the slot's tensor (in place, or its memory
         swapped) since the buffer last equalled it."""
         source = self.source()
-        return source is not None and (source._version != self.version or source.data_ptr() != self.source_ptr)
+        if source is None:
+            return False
+        with _RUNTIME_READ():
+            return source._version != self.version or source.data_ptr() != self.source_ptr
 
     def mark_synced(self) -> None:
         """Record that torch's tensor now holds the buffer's value (it was
         just copied there, as ``TrainingStep.write_back`` does)."""
         source = self.source()
         if source is not None:
-            self.version = source._version
-            self.source_ptr = source.data_ptr()
+            with _RUNTIME_READ():
+                self.version = source._version
+                self.source_ptr = source.data_ptr()
             self._set_lags(False)
             _AGREEMENTS[0] += 1
 
@@ -288,9 +382,10 @@ class _StateSlot:
                 f"for {self.torch_dtype} {list(self.shape)} (the module was converted after compiling); "
                 "compile again"
             )
-        self.array = self.upload(_resolved(source))
-        self.version = source._version
-        self.source_ptr = source.data_ptr()
+        with _RUNTIME_READ():
+            self.array = self.upload(_resolved(source))
+            self.version = source._version
+            self.source_ptr = source.data_ptr()
         self.consumed_by = None
         self._set_lags(False)
         _AGREEMENTS[0] += 1
@@ -364,6 +459,195 @@ class _StateSlot:
         self._forget_cached_lists()
 
 
+# -- stale tensors ------------------------------------------------------------
+#
+# A call leaves the state's new values on the device; torch's tensors keep
+# the values of the last agreement.  So that eager code never reads those
+# silently (``model.weight``, an EMA over ``model.parameters()``,
+# ``opt.state[p]["exp_avg"]``), a slot that starts lagging marks its tensors
+# stale: their class becomes a subclass of their own (as torch's
+# ``UninitializedParameter`` swaps ``__class__``) whose ``__torch_function__``
+# copies the buffers in (:func:`refresh_stale`) and restores the class before
+# the first op that may read values runs.  Marking happens when a slot
+# starts lagging, once, never per call: calls nobody reads between cost
+# nothing more.  hloalias's own reads (the per-call version watch, uploads,
+# write-back, hooks) run under :data:`_RUNTIME_READ`, which skips the
+# subclass's hook.
+
+#: hloalias reads or writes torch's tensors itself: no stale-tensor hook.
+_RUNTIME_READ = torch._C.DisableTorchFunctionSubclass
+
+#: A stale class's attribute naming the class it stands in for.
+_FRESH_CLASS = "_hloalias_fresh_class"
+
+#: Tensor properties (getters and setters) and methods that read no values:
+#: a stale tensor answers them without copying anything in.
+_METADATA_PROPERTIES = frozenset({
+    "shape", "dtype", "device", "requires_grad", "is_leaf", "ndim", "layout", "names", "_version", "is_cpu",
+    "is_cuda", "is_xpu", "is_mps", "is_meta", "is_sparse", "is_sparse_csr", "is_quantized", "is_mkldnn",
+    "is_nested", "itemsize", "nbytes", "name", "grad_fn", "_backward_hooks", "_post_accumulate_grad_hooks",
+    "output_nr", "_base", "is_vulkan", "is_ipu", "is_maia", "is_mtia", "is_xla", "is_lazy",
+})
+_METADATA_METHODS = frozenset({
+    torch.Tensor.size, torch.Tensor.dim, torch.Tensor.ndimension, torch.Tensor.numel, torch.Tensor.nelement,
+    torch.Tensor.element_size, torch.Tensor.stride, torch.Tensor.storage_offset, torch.Tensor.is_contiguous,
+    torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.is_signed, torch.Tensor.get_device,
+    torch.Tensor.data_ptr, torch.Tensor.is_inference, torch.Tensor.requires_grad_, torch.Tensor.__len__,
+    torch.Tensor._is_view, torch.Tensor.is_pinned, torch.Tensor.is_shared, torch.Tensor.is_conj,
+    torch.Tensor.is_neg, torch.Tensor.register_hook, torch.Tensor.register_post_accumulate_grad_hook,
+    torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
+})
+
+
+def _is_grad_getter(func: Any) -> bool:
+    return (
+        type(func).__name__ == "method-wrapper" and func.__name__ == "__get__"
+        and getattr(getattr(func, "__self__", None), "__name__", "") == "grad"
+    )
+
+
+def _reads_no_values(func: Any) -> bool:
+    if type(func).__name__ == "method-wrapper":  # a property: ``Tensor.shape.__get__``
+        descriptor = getattr(func, "__self__", None)
+        return getattr(descriptor, "__name__", "") in _METADATA_PROPERTIES
+    try:
+        return func in _METADATA_METHODS
+    except TypeError:  # unhashable
+        return False
+
+
+class _StaleTensorHook:
+    """The hook of a stale tensor's class (made by :func:`_stale_class`):
+    the first op that may read its values (or set its ``.grad``) copies
+    the device state in and gives it its class back, then runs.  ``type(t)``
+    shows the stale class meanwhile (named as the original, which
+    ``isinstance`` still passes)."""
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if torch.compiler.is_compiling():
+            # Dynamo traces this: the values are not read now, and the
+            # hloalias backend brings its graph inputs in before each run
+            # (``bring_up_to_date``); a copy here would break the graph.
+            with _RUNTIME_READ():
+                return func(*args, **kwargs)
+        if _reads_no_values(func):
+            with _RUNTIME_READ():
+                return func(*args, **kwargs)
+        if _is_grad_getter(func):
+            # ``p.grad`` (``zero_grad``, ``clip_grad_norm_``) reads the
+            # gradient, not the parameter: only a kept gradient comes in.
+            refresh_stale(args[:1], "grad", grads_only=True)
+            with _RUNTIME_READ():
+                return func(*args, **kwargs)
+        refresh_stale(torch.utils._pytree.tree_leaves((args, kwargs)), getattr(func, "__name__", repr(func)))
+        return func(*args, **kwargs)
+
+    # Not routed through ``__torch_function__`` by Parameter: bring the
+    # tensor in, then copy or pickle it as its own class does.
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        refresh_stale([self], "copy.deepcopy")
+        return self.__deepcopy__(memo)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        refresh_stale([self], "pickling")
+        return self.__reduce_ex__(protocol)
+
+
+_STALE_CLASSES: dict[type, type] = {}
+
+
+def _stale_class(fresh: type) -> type:
+    found = _STALE_CLASSES.get(fresh)
+    if found is None:
+        found = _STALE_CLASSES[fresh] = type(fresh.__name__, (_StaleTensorHook, fresh), {
+            _FRESH_CLASS: fresh, "__module__": __name__, "__qualname__": fresh.__qualname__,
+            "__doc__": f"A {fresh.__qualname__} whose values are on the device (runtime/state.py).",
+        })
+    return found
+
+
+def fresh_type(tensor: Any) -> type:
+    """``type(tensor)``, or the class a stale tensor will get back."""
+    cls = type(tensor)
+    return getattr(cls, _FRESH_CLASS, cls)
+
+
+def is_stale(tensor: Any) -> bool:
+    """Whether ``tensor`` is marked stale (its values are on the device)."""
+    return getattr(type(tensor), _FRESH_CLASS, None) is not None
+
+
+def _mark_stale(slot: "_StateSlot") -> None:
+    if not slot.marks_stale():
+        return
+    for tensor in slot._shown_by():
+        # Only torch's own classes: a subclass keeps its class (and its
+        # bare reads show the last copied value, as before).
+        cls = type(tensor)
+        if cls is torch.Tensor or cls is torch.nn.Parameter:
+            tensor.__class__ = _stale_class(cls)
+
+
+def _lagging_slots(tensor: torch.Tensor, grads_only: bool = False) -> list["_StateSlot"]:
+    """The lagging slots whose buffer a read of ``tensor`` must see: its own
+    (the slot stands for it) and kept gradients shown as its ``.grad``."""
+    found = []
+    for ref in () if grads_only else _SLOTS_OF_TENSOR.get(tensor) or ():  # type: ignore[no-untyped-call]
+        slot = ref()
+        if slot is not None and slot.lags and slot.source() is tensor and slot.marks_stale():
+            found.append(slot)
+    for ref in _GRAD_SLOTS_OF.get(tensor) or ():  # type: ignore[no-untyped-call]
+        slot = ref()
+        if slot is not None and slot.lags and slot.grad_of is not None and slot.grad_of() is tensor:
+            found.append(slot)
+    return found
+
+
+def _unmark_if_current(tensor: torch.Tensor) -> None:
+    """Give ``tensor`` its class back when no slot's buffer lags it."""
+    fresh = getattr(type(tensor), _FRESH_CLASS, None)
+    if fresh is not None and not _lagging_slots(tensor):
+        tensor.__class__ = fresh
+
+
+def refresh_stale(tensors: Any, what: str, grads_only: bool = False) -> None:
+    """Before torch reads ``tensors`` (``what``: the op): copy into each
+    stale one what calls left on the device (:meth:`_StateSlot.copy_to_source`;
+    a kept gradient becomes its ``.grad``), then give it its class back.
+    A group on a mesh decides itself (``before_read``: a training step
+    writes its state back, or refuses across processes, leaving the
+    tensors stale).  Idempotent: cut short (Ctrl-C, an error), the tensors
+    not done stay stale and the next read does them.  ``grads_only``: only
+    kept gradients shown as their ``.grad`` (a read of ``p.grad``); the
+    tensor stays stale while its own value lags."""
+    stale = [t for t in tensors if isinstance(t, torch.Tensor) and is_stale(t)]
+    if not stale:
+        return
+    with torch._C.DisableTorchFunction(), torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+        for tensor in stale:
+            for slot in _lagging_slots(tensor, grads_only):
+                group = slot._group() if slot._group is not None else None
+                before_read = group.before_read if group is not None else None
+                if before_read is not None:
+                    before_read(f"{what} of a tensor of the model or the optimizer")
+                else:
+                    slot.copy_to_source()
+            fresh = getattr(type(tensor), _FRESH_CLASS, None)
+            if grads_only:
+                _unmark_if_current(tensor)
+            elif fresh is not None:
+                tensor.__class__ = fresh
+    _STALE_READS[0] += 1
+
+
+#: How many reads found stale tensors and brought them in (tests count them).
+_STALE_READS = [0]
+
+
 #: How many live or dead slots lag their tensor (:attr:`_StateSlot.lags`):
 #: 0 lets :func:`bring_up_to_date` return at once.  (A slot collected while
 #: lagging keeps it above 0: only a slower check, never a missed one.)
@@ -378,14 +662,15 @@ def bring_up_to_date(tensors: Any) -> None:
     the newest value, which the next call reads)."""
     if not _LAGGING[0]:
         return
-    for tensor in tensors:
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        refs = _SLOTS_OF_TENSOR.get(tensor)  # type: ignore[no-untyped-call]
-        for ref in refs or ():
-            slot = ref()
-            if slot is not None and slot.lags and slot.source() is tensor:
-                slot.copy_to_source()
+    with _RUNTIME_READ():
+        for tensor in tensors:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            refs = _SLOTS_OF_TENSOR.get(tensor)  # type: ignore[no-untyped-call]
+            for ref in refs or ():
+                slot = ref()
+                if slot is not None and slot.lags and slot.source() is tensor:
+                    slot.copy_to_source()
 
 
 #: Counts the times a slot recorded a new agreement with its tensor
@@ -428,6 +713,9 @@ class StateWatch:
             self._refs = tuple(slot.source for slot in self.slots)
             self._versions = tuple(slot.version for slot in self.slots)
             self._pointers = tuple(slot.source_ptr for slot in self.slots)
+        if self._first_changed is _first_changed_in_python:
+            with _RUNTIME_READ():  # stale tensors' versions, not their values
+                return _first_changed_in_python(self._refs, self._versions, self._pointers) >= 0
         return self._first_changed(self._refs, self._versions, self._pointers) >= 0
 
 
@@ -454,7 +742,9 @@ def _tracing(*values: Any) -> bool:
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return True
     leaves, _ = torch.utils._pytree.tree_flatten(values)
-    return any(isinstance(leaf, torch.Tensor) and type(leaf) not in (torch.Tensor, torch.nn.Parameter) for leaf in leaves)
+    return any(
+        isinstance(leaf, torch.Tensor) and fresh_type(leaf) not in (torch.Tensor, torch.nn.Parameter) for leaf in leaves
+    )
 
 
 class _StateGroup:
@@ -470,6 +760,10 @@ class _StateGroup:
         self._written: "weakref.WeakValueDictionary[int, _StateSlot]" = weakref.WeakValueDictionary()
         self._state_dict_hook: Any = None
         self._forward_hook: Any = None
+        #: How a read of a stale tensor of this group's slots on a mesh is
+        #: served (``before_read(what)``: a training step's write-back or
+        #: its refusal); None: copied slot by slot, or (a mesh) not marked.
+        self.before_read: Callable[[str], None] | None = None
 
     def note_written(self, slots: list[_StateSlot]) -> None:
         """``slots`` are written by a program of this group: the owner
@@ -477,8 +771,8 @@ class _StateGroup:
         checkpoint code) and its eager forward first copy what calls left
         in them into the module's tensors (:meth:`write_back_written`, a
         state-dict and a forward pre-hook registered once), so neither a
-        checkpoint nor eager code reads a stale value.  A bare attribute
-        read (``module.buf``) still sees them only after ``write_back()``."""
+        checkpoint nor eager code reads a stale value.  A bare read
+        (``module.buf * 1``) copies that one tensor in (:func:`refresh_stale`)."""
         owner = self.owner() if self.owner is not None else None
         if owner is None or not slots:
             return
@@ -513,7 +807,7 @@ class _StateGroup:
         where it lags it, unless torch changed that tensor since they last
         agreed: then the user's write is the newest value, which the next
         call reads."""
-        with self.lock:
+        with self.lock, _RUNTIME_READ():
             for slot in list(self._written.values()):
                 slot.copy_to_source()
 
@@ -594,6 +888,8 @@ class _StateGroup:
 
 #: The live slots that stand for a tensor, in every group.
 _SLOTS_OF_TENSOR: WeakIdKeyDictionary = WeakIdKeyDictionary()
+#: Parameter -> the slots of kept gradients shown as its ``.grad``.
+_GRAD_SLOTS_OF: WeakIdKeyDictionary = WeakIdKeyDictionary()
 #: What a removed attribute's slot stands for: no version matches -1.
 # The runtime may be loaded lazily inside ``torch.inference_mode()``: the
 # sentinel must still be a tensor with a version counter (the state check reads it).

@@ -19,12 +19,14 @@
 Parameters, model buffers and optimizer state live on the device inside the
 executable and are aliased in place (inferred donors); batch inputs named in
 ``donate`` are explicit donors.  The loss is the only result that comes
-back.  Until :meth:`TrainingStep.write_back`, the model's and the optimizer's
-own tensors keep the values they had at compile time (or at the last
-``write_back``/``reload``), except that an eager ``model(x)``,
-``model.state_dict()`` and ``optimizer.state_dict()`` first copy the
-steps' device state in (eager evaluation and checkpoints never see stale
-state; on a mesh across processes, where the copy is a collective, they
+back.  The model's and the optimizer's own tensors are not written by
+calls: a call leaves them stale (runtime/state.py), and the first read of
+one (``model.weight * 1``, an EMA over ``model.parameters()``,
+``optimizer.state[p]["exp_avg"].norm()``, ``p.grad`` of a kept gradient)
+copies the steps' device value in; an eager ``model(x)``,
+``model.state_dict()`` and ``optimizer.state_dict()`` first copy all of
+it in (eager evaluation and checkpoints never see stale state; on a mesh
+across processes, where the copy is a collective, they and bare reads
 are refused until ``write_back`` in every process), and
 ``model.load_state_dict``/``optimizer.load_state_dict`` set the device
 state (resuming after the step was compiled), on a mesh too.
@@ -74,7 +76,9 @@ from hloalias.frontend.training import _initial_optimizer_state as optimizer_sta
 from hloalias.frontend.training import _lr_value as lr_of
 from hloalias.runtime.executable import DeviceTensor, Executable, compile
 from hloalias.runtime.sharding import Mesh
-from hloalias.runtime.state import _SYNC_HOOK, _tracing, bring_up_to_date
+from hloalias.runtime.state import (
+    _RUNTIME_READ, _SYNC_HOOK, _tracing, bring_up_to_date, fresh_type, refresh_stale,
+)
 
 #: The default pipeline, then ``order-in-place-updates``: weights the
 #: backward reads for input gradients are updated in place without a copy.
@@ -312,6 +316,9 @@ def _compile_step(
     placement: tuple[Mesh | None, dict[str | int, Any] | None] = (None, None),
 ) -> tuple[CapturedTrainingStep, Executable]:
     """Capture and compile one step over the model's shared state store."""
+    # The capture reads the model's and the optimizer's tensors (initial
+    # values, tracing): what calls left on the device first.
+    refresh_stale(_host_tensors(model, optimizer, store), "compile_training_step")
     captured = capture_training_step(step_fn, model, optimizer, example_batch, kept_grads=store.kept_grads)
     batch_count = captured.batch_spec.num_leaves
     positions: list[int] = []
@@ -360,7 +367,26 @@ def _compile_step(
     # A replaced parameter (``model.w = nn.Parameter(...)``) leaves the
     # optimizer holding the old one: eager would go on training that.
     executable._follows_replacements = "the optimizer of compile_training_step still holds the old tensor"
+    # A kept gradient is the parameter's ``.grad`` for eager code: reading
+    # the parameter (``p.grad``) copies it in (runtime/state.py).
+    for slot in captured.slots:
+        if slot.kind == "grad" and slot.fqn is not None:
+            executable._slots[slot.name].show_as_grad_of(named[slot.fqn])
     return captured, executable
+
+
+def _host_tensors(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, store: "_TrainingStore | None" = None
+) -> list[torch.Tensor]:
+    """The model's parameters and buffers, the optimizer's state tensors and
+    the kept gradients' tensors: what a step's device state stands for."""
+    with _RUNTIME_READ():
+        tensors: list[torch.Tensor] = [*model.parameters(), *model.buffers()]
+        for entries in optimizer.state.values():
+            tensors.extend(v for v in entries.values() if isinstance(v, torch.Tensor))
+        if store is not None:
+            tensors.extend(store.grads.values())
+    return tensors
 
 
 def _watchable_state(
@@ -371,7 +397,7 @@ def _watchable_state(
     else None."""
     held = optimizer.state.get(param, {}).get(key)
     if (
-        isinstance(held, torch.Tensor) and type(held) is torch.Tensor and not held.is_inference()
+        isinstance(held, torch.Tensor) and fresh_type(held) is torch.Tensor and not held.is_inference()
         and not held.requires_grad and held.device.type == "cpu"
         and held.dtype == like.dtype and tuple(held.shape) == tuple(like.shape)
     ):
@@ -461,9 +487,27 @@ class TrainingStep:
         #: A call ran since the model's and optimizer's tensors last got the
         #: device state (read by :meth:`_before_eager_read`, steps on a mesh).
         self._host_lags = False
+        self._route_stale_reads()
+
+    def _route_stale_reads(self) -> None:
+        """On a mesh, a read of a tensor the calls left stale (runtime/state.py)
+        is served by :meth:`_before_eager_read`: this step's whole state is
+        written back (one process), or the read is refused (across
+        processes, where that copy is a collective)."""
+        if not self.executable._placement.spmd:
+            return
+        found = weakref.ref(self)
+
+        def before_read(what: str) -> None:
+            step = found()
+            if step is not None:
+                step._before_eager_read(what)
+
+        self.executable._group.before_read = before_read
 
     def _trainable_now(self) -> tuple[bool, ...]:
-        return tuple(bool(p.requires_grad) for p in self._model.parameters())
+        with _RUNTIME_READ():  # stale parameters answer without a hook
+            return tuple(bool(p.requires_grad) for p in self._model.parameters())
 
     def _adopt(self, captured: CapturedTrainingStep, executable: Executable) -> None:
         """Take a recompiled program of the same step (more state: kept gradients)."""
@@ -476,6 +520,7 @@ class TrainingStep:
         self._trainable = self._trainable_now()
         self._optimizer_entry_slots = self._entry_slots()
         self._publish_optimizer_entries()
+        self._route_stale_reads()
 
     def _entry_slots(self) -> tuple[tuple[torch.Tensor, StateSlot, str], ...]:
         """(parameter, slot, state key) of every optimizer state slot: the
@@ -513,11 +558,14 @@ class TrainingStep:
                 f"the batch does not have the structure the step was compiled for: "
                 f"expected {self._batch_spec}, got {spec}"
             )
-        self._read_other_steps_state()
-        # After the other steps' state came in: their write-back keeps a
-        # replaced entry (the newest value) and copies into the rest.
-        self._adopt_replaced_optimizer_entries()
-        loss = self.executable(*self._lr_inputs(), *leaves)
+        # The calls' own reads of the model's and optimizer's tensors
+        # (versions, identities, edits to upload) do not copy stale ones in.
+        with _RUNTIME_READ():
+            self._read_other_steps_state()
+            # After the other steps' state came in: their write-back keeps a
+            # replaced entry (the newest value) and copies into the rest.
+            self._adopt_replaced_optimizer_entries()
+            loss = self.executable(*self._lr_inputs(), *leaves)
         self._host_lags = True
         return loss  # type: ignore[no-any-return]
 
@@ -613,8 +661,9 @@ class TrainingStep:
         """Host copies: ``{"model": model.state_dict()-shaped,
         "optimizer": optimizer.state_dict()-shaped}``; loadable into this
         step, into the torch model and optimizer, or saved with ``torch.save``."""
-        self._read_other_steps_state()
-        device_state = self.executable.state_dict()
+        with _RUNTIME_READ():
+            self._read_other_steps_state()
+            device_state = self.executable.state_dict()
         model_state: dict[str, torch.Tensor] = {}
         for key, name in self._model_keys().items():
             model_state[key] = device_state[name]
@@ -700,11 +749,16 @@ class TrainingStep:
         """Copy the device state into the model's parameters and buffers
         (in place), kept gradients (``.grad``) and the optimizer's state, so that eager code,
         ``model.state_dict()`` and ``optimizer.state_dict()`` see it."""
-        self._read_other_steps_state()
-        self._write_back()
+        with _RUNTIME_READ():
+            self._read_other_steps_state()
+            self._write_back()
 
     def _write_back(self) -> None:
         """:meth:`write_back` of this step's own device state."""
+        with _RUNTIME_READ():
+            self._write_back_state()
+
+    def _write_back_state(self) -> None:
         # A replaced optimizer entry is the newest value: the device takes
         # it, rather than the copy overwriting it.
         self._adopt_replaced_optimizer_entries()
@@ -719,10 +773,22 @@ class TrainingStep:
                     # The module's tensor equals the device state again: a
                     # later change to it in torch is the newest value.
                     self.executable._slots[slot.name].mark_synced()
-        for slot in self._slots:
-            if slot.kind == "grad":
-                assert slot.fqn is not None
-                named[slot.fqn].grad = device_state[slot.name]
+        with torch.no_grad():
+            for slot in self._slots:
+                if slot.kind == "grad":
+                    assert slot.fqn is not None
+                    # The tensor the slot watches becomes ``.grad`` (as a
+                    # read of the stale parameter does): an in-place edit
+                    # of it is read by the next call.
+                    state_slot = self.executable._slots[slot.name]
+                    source = state_slot.source()
+                    if source is None:
+                        named[slot.fqn].grad = device_state[slot.name]
+                        continue
+                    source.copy_(device_state[slot.name])
+                    state_slot.mark_synced()
+                    if named[slot.fqn].grad is not source:
+                        named[slot.fqn].grad = source
         # Only once every tensor has it: a write-back cut short (Ctrl-C, an
         # error) is done again before the next eager read.
         self._host_lags = False
@@ -736,7 +802,7 @@ class TrainingStep:
         next call, as by eager's next step.  An entry the optimizer does
         not hold as such a tensor (no state yet, a Python number) is set to
         the tensor the slot stands for, which is watched from then on."""
-        with self.executable._group.lock:
+        with self.executable._group.lock, _RUNTIME_READ():
             if device_state is None:
                 self._adopt_replaced_optimizer_entries()
                 device_state = self.executable._state_values(
@@ -917,6 +983,8 @@ class TrainingStep:
     def reload(self) -> None:
         """Set the device state from the model and the optimizer as they are
         now (after ``model.load_state_dict`` / ``optimizer.load_state_dict``)."""
+        # A tensor the calls left stale holds, for eager code, their values.
+        refresh_stale(_host_tensors(self._model, self._optimizer, self._store), "reload")
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
         try:
             values = self._optimizer_values()

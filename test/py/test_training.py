@@ -75,9 +75,14 @@ def test_mlp_five_steps_equal_eager(name: str) -> None:
     before = copy.deepcopy(model.state_dict())
     eager_losses = [_step_fn(eager_model, eager_opt)(x, y) for x, y in batches]
     losses = [train(x, y) for x, y in batches]
-    # The torch model's own tensors keep their values: the state is on the device ...
-    _assert_state_equal(before, {name: value.detach() for name, value in model.named_parameters()})
-    # ... but a checkpoint (model.state_dict()) copies the trained values in first.
+    # The state is on the device; a bare read of the model's own tensors
+    # copies the trained values in first (test_training_fresh_reads.py) ...
+    assert before.keys() == dict(model.named_parameters()).keys()
+    _assert_state_equal(
+        {name: value.detach() for name, value in eager_model.named_parameters()},
+        {name: value.detach() for name, value in model.named_parameters()},
+    )
+    # ... and so does a checkpoint (model.state_dict()).
     _assert_state_equal(eager_model.state_dict(), model.state_dict())
     for eager_loss, loss in zip(eager_losses, losses):
         assert loss.shape == () and loss.dtype == torch.float32
