@@ -127,6 +127,9 @@ class _StateSlot:
         #: The parameter whose ``.grad`` shows this slot's tensor (a training
         #: step's kept gradient: :meth:`show_as_grad_of`), else None.
         self.grad_of: weakref.ref[torch.Tensor] | None = None
+        #: What that parameter's ``.grad`` was when hloalias last set or
+        #: saw it (:meth:`note_grad_shown`): a weakref, or None for None.
+        self._grad_shown: weakref.ref[torch.Tensor] | None = None
         #: Whether a lagging buffer marks its tensors stale (:func:`_mark_stale`):
         #: not while the slot is being made (the buffer is the tensor's copy).
         self._marks = False
@@ -241,6 +244,7 @@ class _StateSlot:
         if found is None:
             found = _GRAD_SLOTS_OF[parameter] = []
         found.append(weakref.ref(self))
+        self.note_grad_shown()
         if self.lags:
             _mark_stale(self)
 
@@ -251,6 +255,30 @@ class _StateSlot:
         source = self.source()
         if parameter is not None and source is not None and parameter.grad is not source:
             parameter.grad = source
+        self.note_grad_shown()
+
+    def note_grad_shown(self) -> None:
+        """Record what the parameter's ``.grad`` is now (hloalias set it, or
+        a call read it): :meth:`grad_replaced` compares against it."""
+        parameter = self.grad_of() if self.grad_of is not None else None
+        if parameter is None:
+            return
+        with _RUNTIME_READ():
+            grad = parameter.grad
+        self._grad_shown = weakref.ref(grad) if grad is not None else None
+
+    def grad_replaced(self) -> tuple[bool, torch.Tensor | None]:
+        """Whether eager code set the parameter's ``.grad`` to another
+        tensor or to None (``optimizer.zero_grad()``) since
+        :meth:`note_grad_shown`, and what it holds now."""
+        parameter = self.grad_of() if self.grad_of is not None else None
+        if parameter is None:
+            return False, None
+        with _RUNTIME_READ():
+            grad = parameter.grad
+        shown = self._grad_shown
+        same = grad is None if shown is None else grad is not None and shown() is grad
+        return not same, grad
 
     def follow(self, new: torch.Tensor | None) -> None:
         """The module attribute this slot stands for now holds ``new``

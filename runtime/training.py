@@ -565,9 +565,38 @@ class TrainingStep:
             # After the other steps' state came in: their write-back keeps a
             # replaced entry (the newest value) and copies into the rest.
             self._adopt_replaced_optimizer_entries()
+            self._read_replaced_grads()
             loss = self.executable(*self._lr_inputs(), *leaves)
         self._host_lags = True
         return loss  # type: ignore[no-any-return]
+
+    def _read_replaced_grads(self) -> None:
+        """A kept gradient whose parameter's ``.grad`` eager code set since
+        hloalias last did (``optimizer.zero_grad()`` after an eager
+        ``optimizer.step()`` between accumulating calls sets it to None;
+        ``p.grad = t``): the call starts from that, as eager's next
+        backward would (from nothing for None), not from the device's
+        sum.  The slot's tensor takes the value in place, an edit the
+        call's watch then reads."""
+        for slot in self._slots:
+            if slot.kind == "grad":
+                self._take_replaced_grad(slot)
+
+    def _take_replaced_grad(self, slot: StateSlot) -> bool:
+        """:meth:`_read_replaced_grads` for one kept gradient; whether its
+        ``.grad`` had been replaced (then it stays the user's)."""
+        state_slot = self.executable._slots[slot.name]
+        replaced, grad = state_slot.grad_replaced()
+        source = state_slot.source()
+        if not replaced or source is None:
+            return False
+        with torch.no_grad():
+            if grad is None:
+                source.zero_()
+            else:
+                source.copy_(self._checked(grad, slot.name, f"the .grad of '{slot.fqn}'", "a call"))
+        state_slot.note_grad_shown()
+        return True
 
     def _read_other_steps_state(self) -> None:
         """Two steps of one model (another batch shape, an accumulation
@@ -782,6 +811,8 @@ class TrainingStep:
                     # of it is read by the next call.
                     state_slot = self.executable._slots[slot.name]
                     source = state_slot.source()
+                    if self._take_replaced_grad(slot):
+                        continue  # eager code set ``.grad`` since (``zero_grad()``): it stays
                     if source is None:
                         named[slot.fqn].grad = device_state[slot.name]
                         continue
@@ -789,6 +820,7 @@ class TrainingStep:
                     state_slot.mark_synced()
                     if named[slot.fqn].grad is not source:
                         named[slot.fqn].grad = source
+                    state_slot.note_grad_shown()
         # Only once every tensor has it: a write-back cut short (Ctrl-C, an
         # error) is done again before the next eager read.
         self._host_lags = False

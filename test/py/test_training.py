@@ -531,6 +531,52 @@ def test_step_keeping_gradients_accumulates_them_on_the_device() -> None:
     assert set(train.state_dict()["grads"]) == {n for n, _ in model.named_parameters()}
 
 
+@pytest.mark.parametrize("clear", ["zero_grad", "set_to_none", "assign"])
+def test_eager_zero_grad_between_accumulating_calls_is_read(clear: str) -> None:
+    """Gradient accumulation with the optimizer stepped eagerly: calls of a
+    backward-only step, then ``optimizer.step(); optimizer.zero_grad()``
+    every second call.  ``zero_grad`` sets ``.grad`` to None, so the next
+    call must start from no gradient, as eager's backward does.  Before,
+    the device kept the old sum: from the second eager step on the updates
+    were twice too large, silently.  A ``.grad`` the user assigns is the
+    starting value too."""
+    eager_model, model = _mlp(), _mlp()
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def backward_of(m: torch.nn.Module) -> Callable[..., torch.Tensor]:
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            return loss
+
+        return step
+
+    def clear_grads(m: torch.nn.Module, o: torch.optim.Optimizer) -> None:
+        if clear == "zero_grad":
+            o.zero_grad()
+        elif clear == "set_to_none":
+            for p in m.parameters():
+                p.grad = None
+        else:
+            for p in m.parameters():
+                p.grad = torch.full_like(p, 0.25)
+
+    batches = _batches(6)
+    train = hloalias.compile_training_step(backward_of(model), model, opt, batches[0])
+    eager_step = backward_of(eager_model)
+    for i, (x, y) in enumerate(batches):
+        torch.testing.assert_close(train(x, y), eager_step(x, y).detach(), rtol=RTOL, atol=ATOL, msg=f"call {i}")
+        if i % 2 == 1:
+            for m, o in ((model, opt), (eager_model, eager_opt)):
+                o.step()
+                clear_grads(m, o)
+    train.write_back()
+    _assert_state_equal(eager_model.state_dict(), model.state_dict())
+    for (name, eager_p), p in zip(eager_model.named_parameters(), model.parameters()):
+        torch.testing.assert_close(p.grad, eager_p.grad, rtol=RTOL, atol=ATOL, msg=name)
+
+
 def test_unknown_optimizer_without_state_is_rejected() -> None:
     model = _mlp()
     # ASGD's state starts from the first step's lr (RMSprop's is built now).
