@@ -168,7 +168,7 @@ def host_copy(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
 def _copy_to(host: np.ndarray, sharding: jax.sharding.SingleDeviceSharding, device: Any) -> jax.Array:
     """``host`` copied onto ``device`` during the call (``IMMUTABLE_ONLY_DURING_CALL``, forced)."""
     aval = _KEY_AVAL if host.shape == (2,) and host.dtype == np.int64 else _aval(host)
-    return _batched_device_put(  # type: ignore[no-any-return]
+    return _batched_device_put(
         aval, sharding, [host], [device], True, True, _host_buffer_semantics.IMMUTABLE_ONLY_DURING_CALL, True,
     )
 
