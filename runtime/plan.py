@@ -106,8 +106,10 @@ class _ProgramFacts:
     #: The argument random ops draw from (``hloalias.kind = "rng_key"``,
     #: frontend/random_key.py), or None.  It is the last of
     #: :attr:`user_indices`: every call path takes it as one more read-only
-    #: user input, which ``Executable.__call__`` appends to the caller's,
-    #: drawn from torch's default generator.
+    #: argument after the caller's inputs, which ``Executable.__call__``
+    #: draws from torch's default generator into a buffer PJRT owns
+    #: (``executable.draw_rng_key``; on a mesh the torch tensor, which the
+    #: placement copies), never a zero-copy import (``ownership.host_copy``).
     rng_key: int | None = None
 
     @property
