@@ -1,7 +1,8 @@
 """One side of a same-window A/B of the per-call cost of a program's random
 key (``bench/RESULTS-runtime.md``, "The random key as a PJRT-owned copy"):
-per-call time of small programs with dropout, and of one without random
-ops as the control, in this process, on the call path ``HLOALIAS_NATIVE``
+per-call time of small programs with dropout, of one drawing a single
+random number (the key is most of its host work), and of one without
+random ops as the control, in this process, on the call path ``HLOALIAS_NATIVE``
 selects.  Not a timed test.
 
 Run it from the root of the tree under test with that tree's venv, and
@@ -34,6 +35,11 @@ def _affine(x: torch.Tensor) -> torch.Tensor:
     return x * 2 + 1
 
 
+def _one_draw(x: torch.Tensor) -> torch.Tensor:
+    # One random element: the call's host work (the key) is most of its time.
+    return x * 2 + torch.rand(1)
+
+
 def rows() -> dict[str, Callable[[], Any]]:
     """Each row's call, compiled and warmed up."""
     small = torch.ones(16, 16)
@@ -43,10 +49,12 @@ def rows() -> dict[str, Callable[[], Any]]:
     batch = torch.randn(32, 64)
     linear = hloalias.compile(layer, (batch,))
     affine = hloalias.compile(_affine, (small,))
+    one_draw = hloalias.compile(_one_draw, (small,))
     calls: dict[str, Callable[[], Any]] = {
         "dropout on 256 floats": lambda: drop(small),
         "Linear(64, 64) + Dropout on 32x64": lambda: linear(batch),
         "x*2+1 on 256 floats (no random ops)": lambda: affine(small),
+        "x*2 + rand(1) on 256 floats": lambda: one_draw(small),
     }
     for call in calls.values():
         for _ in range(50):
