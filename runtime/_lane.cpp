@@ -3,7 +3,8 @@
 // A Lane runs one call of an Executable whose call plan (runtime/plan.py,
 // _CallPlan) is of the common kind: every user input a plain torch CPU tensor,
 // read-only inputs imported zero-copy, written inputs backed by a runtime
-// buffer from an earlier call (so XLA writes them in place), mutated state
+// buffer from an earlier call (so XLA writes them in place), the random key
+// a PJRT-owned array the executable drew for the call, mutated state
 // donated and written in place, every output a result of the program.  It
 // executes the plan's step tables (runtime/plan.py, _NativeSteps) row by row:
 // one row per input (its source, dtype, shape, strides and flags), per
@@ -62,7 +63,7 @@ namespace {
 // The step tables' op codes: runtime/plan.py's, whose _NativeSteps builds
 // the tables (what a call does with each input, argument, check, commit and
 // output, with every operand); this file only executes their rows.
-enum InputStep { IMPORT = 0, BACKED = 1 };
+enum InputStep { IMPORT = 0, BACKED = 1, KEY = 2 };
 enum InputFlag { ZERO_OFFSET = 1, WHOLE_STORAGE = 2, WRITE_REFUSALS = 4 };
 enum CheckStep { WROTE_IN_PLACE = 0, TAKEN = 1 };
 enum CommitStep { SET_BACKING = 0, SET_SLOT = 1 };
@@ -115,7 +116,7 @@ struct Output {
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
 // See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
-constexpr long kAbiVersion = 7;
+constexpr long kAbiVersion = 8;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
@@ -405,6 +406,9 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
       return Py_NewRef(fallback);
     }
     for (size_t j = 0; j < users.size(); ++j) {
+      // KEY: the random key, a PJRT-owned array the executable drew for
+      // this call (not a tensor, nothing to check or import).
+      if (users[j].source == KEY) continue;
       if (!matches(users[j], leaf[users[j].leaf], tensors[j]) ||
           (users[j].ranged && !within_range(users[j], *tensors[j]))) {
         ++self->fallbacks;
@@ -434,7 +438,9 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   for (size_t j = 0; j < users.size(); ++j) {
     const UserInput& input = users[j];
     PyObject* array = nullptr;
-    if (input.source == IMPORT) {
+    if (input.source == KEY) {
+      array = Py_NewRef(leaf[input.leaf]);
+    } else if (input.source == IMPORT) {
       // The import cache (exe._imports): its entry when the same tensor is
       // at the same address, else execution.import_input makes one.
       PyObject* found = PyDict_GetItemWithError(self->refs[IMPORTS], input.index);
@@ -579,7 +585,8 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     }
     for (size_t j = 0; j < users.size(); ++j) {
       PyObject* value = leaf[users[j].leaf];
-      if (PyDict_SetItem(inputs, users[j].index, value) < 0 || PyDict_SetItem(bases, users[j].index, value) < 0) {
+      if (PyDict_SetItem(inputs, users[j].index, value) < 0 ||
+          (users[j].source != KEY && PyDict_SetItem(bases, users[j].index, value) < 0)) {
         return nullptr;
       }
       if (backings[j] != nullptr && PyDict_SetItem(backing_map, users[j].index, backings[j]) < 0) return nullptr;
@@ -893,8 +900,9 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
     }
     Py_ssize_t argument = PyLong_AsSsize_t(index);
     if (argument == -1 && PyErr_Occurred()) return -1;
-    if ((source != IMPORT && source != BACKED) || (flags & ~(ZERO_OFFSET | WHOLE_STORAGE | WRITE_REFUSALS)) != 0 ||
-        argument < 0 || leaf < 0 || leaf >= user_count || nbytes < 0 || (source == BACKED && result < 0)) {
+    if ((source != IMPORT && source != BACKED && source != KEY) || (flags & ~(ZERO_OFFSET | WHOLE_STORAGE | WRITE_REFUSALS)) != 0 ||
+        argument < 0 || leaf < 0 || leaf >= user_count || nbytes < 0 || (source == BACKED && result < 0) ||
+        (source == KEY && flags != 0)) {
       return malformed("input");
     }
     UserInput input{hold(index), argument, leaf, source, flags, at::ScalarType::Undefined, {}, {}, nbytes, result};
@@ -908,7 +916,7 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
     if (!PyArg_ParseTuple(PyTuple_GET_ITEM(ranges, i), "nLL", &row, &low, &high)) return -1;
     if (row < 0 || row >= user_count || low > high) return malformed("range");
     UserInput& input = (*self->users)[static_cast<size_t>(row)];
-    if (input.ranged || (input.dtype != at::ScalarType::Long && input.dtype != at::ScalarType::Int &&
+    if (input.ranged || input.source == KEY || (input.dtype != at::ScalarType::Long && input.dtype != at::ScalarType::Int &&
                          input.dtype != at::ScalarType::Short && input.dtype != at::ScalarType::Char)) {
       return malformed("range");
     }
@@ -943,7 +951,10 @@ int lane_init(Lane* self, PyObject* args, PyObject* kwargs) {
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(pairs); ++i) {
     Py_ssize_t first, second;
     if (!PyArg_ParseTuple(PyTuple_GET_ITEM(pairs, i), "nn", &first, &second)) return -1;
-    if (first < 0 || second < 0 || first >= user_count || second >= user_count) return malformed("pair");
+    if (first < 0 || second < 0 || first >= user_count || second >= user_count ||
+        (*self->users)[static_cast<size_t>(first)].source == KEY || (*self->users)[static_cast<size_t>(second)].source == KEY) {
+      return malformed("pair");
+    }
     self->pairs->emplace_back(first, second);
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(checks); ++i) {

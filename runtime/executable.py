@@ -116,6 +116,7 @@ from hloalias.runtime.ownership import (
     _tensor_for_device,
     _writable_on_host,
     array_to_torch,
+    host_copy,
     to_device as to_device,
     torch_to_device,
 )
@@ -743,6 +744,11 @@ class Executable:
         #: The native call path for calls the plan's common kind covers
         #: (:func:`~hloalias.runtime.lane._native_lane`), or None: every call takes the Python path
         #: (``_python_only_reason`` says why).
+        #: Where a call's random key goes (:func:`draw_rng_key`): this
+        #: device, or None when the program has no random ops.
+        self._key_sharding: jax.sharding.Sharding | None = (
+            None if self._rng_key is None else jax.sharding.SingleDeviceSharding(self.device)
+        )
         self._lane, self._python_only_reason = _native_lane(self, self._plan)
 
     # -- final module facts ------------------------------------------------
@@ -1040,21 +1046,28 @@ class Executable:
             self._check_hooks()
         if _any_autocast():
             self._refuse_autocast()
-        if self._rng_key is not None:
-            # One more read-only input on every path: a fresh key from torch's
-            # default generator, which advances (manual_seed reproduces a run,
-            # successive calls draw differently).
-            leaves = [*leaves, draw_rng_key()]
+        key: Any = None
+        if self._key_sharding is not None:
+            # One more read-only argument on every path: a fresh key from
+            # torch's default generator, which advances (manual_seed
+            # reproduces a run, successive calls draw differently), in a
+            # buffer PJRT owns (draw_rng_key).  On a mesh the torch tensor,
+            # which the placement copies as it copies every input.
+            key = draw_rng_key(self._key_sharding) if self._plan is not None else draw_rng_bits()
         if self._watched and not self._watch_late and self._state_watch.changed():
             self._sync_from_torch()
         if self._lane is not None:
-            outputs = self._lane(leaves)
+            outputs = self._lane(leaves if key is None else [*leaves, key])
             if outputs is not _LANE_FALLBACK:
                 return outputs
             # Left to the Python path: before running, or after a run on old
             # state that the lane dropped and brought the state up to date
             # for; either way the check during the run below is enough.
+        # The key is the last of _user_indices: zip stops before it, and
+        # the checks below see the caller's inputs only.
         inputs: dict[int, Any] = dict(zip(self._user_indices, leaves))
+        if key is not None:
+            inputs[self._rng_key] = key  # type: ignore[index]
         for (index, shape, dtype), value in zip(self._input_types, leaves):
             # The common case inline; anything else (DeviceTensor, errors)
             # through the full check.
@@ -1356,10 +1369,19 @@ class _CarryingExecutable(Executable):
 _NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing
 
 
-def draw_rng_key() -> torch.Tensor:
+def draw_rng_bits() -> torch.Tensor:
     """A key for a program's random ops (frontend/random_key.py): two
     int64 words drawn from torch's default CPU generator, advancing it."""
     return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64)
+
+
+def draw_rng_key(sharding: jax.sharding.Sharding) -> jax.Array:
+    """:func:`draw_rng_bits` in a PJRT-owned buffer placed by ``sharding``
+    (:func:`~hloalias.runtime.ownership.host_copy`).  Not a zero-copy import
+    of the torch tensor: that import dies with the call, and its release,
+    which runs torch's deleter under the GIL, could fall on PJRT's worker
+    while the process finalizes after its last call (an abort at exit)."""
+    return host_copy(draw_rng_bits().numpy(), sharding)
 
 
 def _trainable_now(exe: Executable) -> frozenset[int]:

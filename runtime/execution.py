@@ -80,6 +80,9 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
     user_arrays: list[jax.Array] = []
     for step in plan.user_steps:
         value = inputs[step.index]
+        if step.key:  # the random key: already PJRT's (executable.draw_rng_key)
+            user_arrays.append(value)
+            continue
         if isinstance(value, DeviceTensor):
             user_arrays.append(value.array if step.bits is None else _bits_array(value.array, step.bits))
             continue

@@ -4,7 +4,9 @@ version check.
 hloalias reaches PJRT through jaxlib and uses a few of its private entries
 for speed or for what the public API does not offer: the zero-copy DLPack
 entries (``dlpack_managed_tensor_to_buffer``/``buffer_to_dlpack_managed_tensor``:
-~3x cheaper than ``jax.dlpack``), the C++ dispatch fast path (``pjit`` with
+~3x cheaper than ``jax.dlpack``), the host-buffer copy
+(``batched_device_put`` with ``HostBufferSemantics``: a small numpy value
+into a PJRT-owned buffer without ``jax.device_put``'s Python layers), the C++ dispatch fast path (``pjit`` with
 ``MeshExecutableFastpathData``, the path ``jax.jit`` calls take), the
 ``xla_client`` types (``CompileOptions``, ``DeviceList``, ``HloSharding``,
 ``ArrayImpl``), ``GSPMDSharding``, and for several processes
@@ -46,6 +48,13 @@ pxla: Any = None
 #: C++ result handler, so ``ExecuteResults.consume_with_handlers`` makes the
 #: result arrays without calling back into Python (pjrt.SingleDeviceDispatch).
 array_result_handler: Any = getattr(xla_client, "array_result_handler", None)
+#: ``batched_device_put(aval, sharding, xs, devices, committed, force_copy,
+#: host_buffer_semantics, enable_x64)``: numpy values copied into PJRT-owned
+#: buffers (ownership.host_copy), and its semantics enum.
+batched_device_put: Any = getattr(xla_client, "batched_device_put", None)
+host_buffer_semantics: Any = getattr(xla_client, "HostBufferSemantics", None)
+if host_buffer_semantics is None or not hasattr(host_buffer_semantics, "IMMUTABLE_ONLY_DURING_CALL"):
+    batched_device_put = None
 try:
     from jax._src.lib import _jax as _jaxlib_ext
 
@@ -72,6 +81,7 @@ if JAXLIB_VERSION != TESTED_JAXLIB:
         name for name, value in (
             ("dlpack_managed_tensor_to_buffer", dlpack_to_buffer), ("buffer_to_dlpack_managed_tensor", buffer_to_dlpack),
             ("pjit fast path", pjit), ("array_result_handler", array_result_handler),
+            ("batched_device_put", batched_device_put),
         ) if value is None
     ]
     warnings.warn(
@@ -81,6 +91,7 @@ if JAXLIB_VERSION != TESTED_JAXLIB:
     )
 
 __all__ = [
-    "JAXLIB_VERSION", "TESTED_JAXLIB", "array_result_handler", "buffer_to_dlpack", "dlpack_to_buffer", "jax_distributed", "pjit", "pxla",
+    "JAXLIB_VERSION", "TESTED_JAXLIB", "array_result_handler", "batched_device_put", "buffer_to_dlpack",
+    "dlpack_to_buffer", "host_buffer_semantics", "jax_distributed", "pjit", "pxla",
     "sharding_impls", "tree_util", "xla_bridge", "xla_client",
 ]

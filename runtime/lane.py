@@ -37,7 +37,7 @@ _LANE_FALLBACK = object()
 #: The interface number of the ``Lane`` this file builds (its constructor's
 #: arguments, what it reads of the plan and the executable): runtime/_lane.cpp's
 #: ``kAbiVersion``.  Bump both together.
-_LANE_ABI_VERSION = 7
+_LANE_ABI_VERSION = 8
 
 _REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
 
@@ -105,7 +105,7 @@ def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
     for step in plan.user_steps:
         if step.bits is not None:
             return f"input '{step.name}' is read and written as its {str(step.bits).removeprefix('torch.')} bits"
-        if not step.imported and step.in_place is None:
+        if not step.imported and step.in_place is None and not step.key:
             return f"input '{step.name}' is written but not in place (its new value is copied back)"
     return None
 

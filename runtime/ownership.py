@@ -16,6 +16,18 @@ Invariant (every other runtime module goes through here to cross):
 - Anything else is copied (``owned=True``, a copy back into the caller's
   tensor) or refused (two inputs sharing memory where either is written:
   :func:`share_memory`).
+- What the runtime itself makes for a call (the random key, a mesh
+  input's host copy) never crosses by DLPack: it is copied into PJRT-owned
+  buffers through jaxlib's host-buffer path (:func:`host_copy`).  A DLPack
+  import is released by whichever thread drops PJRT's last hold of it,
+  and after a call that can be PJRT's worker, finishing the execution a
+  moment after its results were ready; the release runs torch's deleter,
+  which takes the GIL, and a process already finalizing then aborts
+  ("terminate called without an active exception").  A caller's tensor
+  outlives the call; an import made for the call alone dies with it, so
+  its release could fall on the worker at the process's last call.  What
+  jaxlib's host-buffer path keeps of the source is a Python reference it
+  releases only on a thread that holds the GIL.
 
 Also here: :class:`DeviceTensor` (a PJRT-owned buffer held for the user),
 the registry of runtime buffers lent to torch by address (``_BACKINGS``:
@@ -38,8 +50,10 @@ import torch.utils.dlpack
 
 from hloalias.errors import DonatedBufferError, ExecutionError
 from hloalias.runtime.distributed import gathered_tensor
+from hloalias.runtime.jaxlib_private import batched_device_put as _batched_device_put
 from hloalias.runtime.jaxlib_private import buffer_to_dlpack as _buffer_to_dlpack
 from hloalias.runtime.jaxlib_private import dlpack_to_buffer as _dlpack_to_buffer
+from hloalias.runtime.jaxlib_private import host_buffer_semantics as _host_buffer_semantics
 from hloalias.runtime.pjrt import device_for
 
 if TYPE_CHECKING:
@@ -118,6 +132,56 @@ def owned_upload(tensor: torch.Tensor, place: Callable[[jax.Array], jax.Array]) 
             time.sleep(0 if spins < 64 else 1e-4)
             spins += 1
     return array
+
+
+def host_copy(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    """``host`` copied into PJRT-owned buffers placed by ``sharding`` (one
+    device, or the shards of a mesh this process drives), x64 dtypes kept;
+    the copy is complete on return (nothing of ``host`` is read later).
+
+    Through jaxlib's host-buffer path, never DLPack: what jaxlib keeps of
+    ``host`` (a reference to the numpy array, and through its base to the
+    torch tensor it may view) goes to its own reference manager, which
+    drops it on a thread that holds the GIL, so neither torch's nor numpy's
+    deleter ever runs on PJRT's worker (the module docstring).  Each shard
+    is its own single-device copy: jaxlib's batched put over several
+    devices neither forces a copy (``jax.device_put`` leaves a shard
+    aliasing ``host``'s memory, whatever ``may_alias`` says) nor takes the
+    copy semantics (``bad_function_call``, jaxlib 0.10.2)."""
+    if _batched_device_put is None:
+        # A private copy: a sharded device_put may alias a shard onto it.
+        with jax.enable_x64(True):
+            array = jax.device_put(np.array(host), sharding, may_alias=False)
+        array.block_until_ready()
+        return array
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        (device,) = sharding.device_set
+        return _copy_to(host, sharding, device)
+    with jax.enable_x64(True):
+        shards = [
+            _copy_to(host[index], jax.sharding.SingleDeviceSharding(device), device)
+            for device, index in sharding.addressable_devices_indices_map(host.shape).items()
+        ]
+        return jax.make_array_from_single_device_arrays(host.shape, sharding, shards)
+
+
+def _copy_to(host: np.ndarray, sharding: jax.sharding.SingleDeviceSharding, device: Any) -> jax.Array:
+    """``host`` copied onto ``device`` during the call (``IMMUTABLE_ONLY_DURING_CALL``, forced)."""
+    aval = _KEY_AVAL if host.shape == (2,) and host.dtype == np.int64 else _aval(host)
+    return _batched_device_put(
+        aval, sharding, [host], [device], True, True, _host_buffer_semantics.IMMUTABLE_ONLY_DURING_CALL, True,
+    )
+
+
+def _aval(host: np.ndarray) -> Any:
+    # ShapedArray keeps a 64-bit dtype only when made with x64 on (the
+    # process's default narrows it).
+    with jax.enable_x64(True):
+        return jax.core.ShapedArray(host.shape, host.dtype)
+
+
+#: The random key's abstract value (every call makes one: made once).
+_KEY_AVAL = _aval(np.empty(2, dtype=np.int64))
 
 
 def array_to_torch(array: jax.Array) -> torch.Tensor:

@@ -106,8 +106,10 @@ class _ProgramFacts:
     #: The argument random ops draw from (``hloalias.kind = "rng_key"``,
     #: frontend/random_key.py), or None.  It is the last of
     #: :attr:`user_indices`: every call path takes it as one more read-only
-    #: user input, which ``Executable.__call__`` appends to the caller's,
-    #: drawn from torch's default generator.
+    #: argument after the caller's inputs, which ``Executable.__call__``
+    #: draws from torch's default generator into a buffer PJRT owns
+    #: (``executable.draw_rng_key``; on a mesh the torch tensor, which the
+    #: placement copies), never a zero-copy import (``ownership.host_copy``).
     rng_key: int | None = None
 
     @property
@@ -369,6 +371,9 @@ class _ArgStep:
     #: caller's tensor's ``view`` in, and whose runtime buffers back it
     #: (``ownership._BITS_BACKINGS``); None: in torch's dtype.
     bits: torch.dtype | None = None
+    #: The random key (``_ProgramFacts.rng_key``): the call passes it as a
+    #: PJRT-owned array (``executable.draw_rng_key``), taken as it is.
+    key: bool = False
     #: A user input passed as a zero-copy import of the caller's memory:
     #: not written, and no runtime buffer to write in place (read only, or
     #: donated: PJRT cannot take memory it does not own, so XLA writes the
@@ -378,7 +383,7 @@ class _ArgStep:
     def __post_init__(self) -> None:
         # Read on every call: computed once.
         object.__setattr__(
-            self, "imported", self.slot is None and self.mutated is None and self.in_place is None,
+            self, "imported", self.slot is None and self.mutated is None and self.in_place is None and not self.key,
         )
 
 
@@ -500,6 +505,7 @@ class _CallPlan:
                 index, exe._names[index], exe._slots[state_name] if state_name is not None else None,
                 torch.Size(shape), dtype, results[mutation_key] if mutation_key is not None else None,
                 index in exe._donated_args, in_place, index in exe._self_aliased, exe._input_bits.get(index),
+                index == exe._rng_key,
             ))
         self.steps: tuple[_ArgStep, ...] = tuple(steps)
         self.state_slots = tuple(step.slot for step in steps if step.slot is not None)
@@ -635,6 +641,7 @@ class _CallPlan:
 #: Input steps (``_NativeSteps.inputs``): where a user input's argument comes from.
 IMPORT = 0  #: read only: the zero-copy import, reused while the same tensor is at the same address (``execution.import_input``)
 BACKED = 1  #: written in place: the runtime buffer registered at the tensor's address (``ownership._backing_of``)
+KEY = 2  #: the random key: a PJRT-owned array the call passes (``executable.draw_rng_key``), taken as it is
 #: What an input row requires of the tensor beyond its type, dtype, shape
 #: and strides (flags, or-ed): the lane takes a tensor that meets its row,
 #: else the call goes to the Python path, which copies, re-seats or refuses.
@@ -671,7 +678,7 @@ class _NativeSteps:
 
     #: Per user input, in the order of :attr:`_CallPlan.user_steps` (the
     #: sources' user positions): (argument index, leaf position in the
-    #: call's user inputs, source: IMPORT/BACKED, flags, dtype, shape,
+    #: call's user inputs, source: IMPORT/BACKED/KEY, flags, dtype, shape,
     #: strides, bytes, the result written into a BACKED buffer or -1).
     inputs: tuple[tuple[int, int, int, int, torch.dtype, tuple[int, ...], tuple[int, ...], int, int], ...]
     #: Per argument in @main order: its state position (>= 0) or -1 - its input row.
@@ -705,7 +712,8 @@ class _NativeSteps:
         row_of = {step.index: row for row, step in enumerate(plan.user_steps)}
         inputs = tuple(
             (
-                step.index, leaf_position[step.index], BACKED if step.in_place is not None else IMPORT,
+                step.index, leaf_position[step.index],
+                KEY if step.key else BACKED if step.in_place is not None else IMPORT,
                 (ZERO_OFFSET | WHOLE_STORAGE if step.in_place is not None else 0)
                 | (WRITE_REFUSALS if step.index in exe._written_in_place else 0),
                 step.dtype, tuple(step.shape), row_major_strides(tuple(step.shape)), exe._input_nbytes[step.index],

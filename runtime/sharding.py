@@ -42,6 +42,7 @@ from hloalias.frontend import random_key
 from hloalias.mlir import element_bits, find_main
 from hloalias.runtime import distributed, shardy
 from hloalias.runtime.jaxlib_private import sharding_impls, xla_client
+from hloalias.runtime.ownership import host_copy
 
 SpecEntry: TypeAlias = "str | tuple[str, ...] | None"
 
@@ -252,17 +253,12 @@ class Placement:
             return distributed.put_per_process(host, self.named_sharding(arg_index), len(self.devices))
         if self.multiprocess:  # each process copies its own devices' shards
             return distributed.put_global(host, self.named_sharding(arg_index))
-        # numpy has no bfloat16 view of torch's; go through DLPack.  A
-        # sharded device_put may keep a shard on the import's own buffer
-        # (may_alias is not honoured there), so it is given a private copy
-        # of ``tensor`` that nothing else writes: the caller may write
-        # ``tensor`` at once, and nothing waits for PJRT to let go of it.
-        sharding = self.named_sharding(arg_index)
-        private = host.clone() if host.data_ptr() == tensor.data_ptr() else host
-        with jax.enable_x64(True):
-            array = jax.device_put(jax.dlpack.from_dlpack(private), sharding, may_alias=False)
-        array.block_until_ready()
-        return array
+        # Copied shard by shard, never through DLPack: an import of ``host``
+        # would die with the call, and its release (torch's deleter, under
+        # the GIL) could fall on PJRT's worker as the process exits
+        # (ownership.host_copy).  Complete on return: the caller may write
+        # ``tensor`` at once.
+        return host_copy(distributed._numpy_of(host), self.named_sharding(arg_index))
 
     def assemble_outputs(self, loaded: Any, results: Any, shapes: Sequence[tuple[int, ...]]) -> list[jax.Array]:
         """The executable's outputs as global arrays, each with the sharding
