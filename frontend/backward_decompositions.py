@@ -160,4 +160,5 @@ def slice_backward_as_pad(
     start = min(max(start, 0), size)
     end = min(max(end, start), size)
     pad = [0, 0] * (rank - 1 - dim) + [start, size - end]
-    return aten.constant_pad_nd.default(grad_output, pad, 0.0)
+    padded: torch.Tensor = aten.constant_pad_nd.default(grad_output, pad, 0.0)
+    return padded
