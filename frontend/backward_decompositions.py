@@ -20,6 +20,17 @@ it traces; :func:`capture_decompositions` is that table:
   :func:`grouped_convolution_backward` writes it with valid ones; so too
   every 1-d and 3-d ``convolution_backward`` (torch-mlir's lowering of the
   1-d one fails on a leftover ``torch.constant.bool``).
+
+One more is there for the program XLA gets, not for torch-mlir:
+``slice_backward`` with step 1 (the gradient of ``x[..., a:b]``: HF's
+``rotate_half``, every split of a fused projection) is a zero pad of the
+gradient (:func:`slice_backward_as_pad`).  The reference decomposition
+writes it into zeros with ``slice_scatter``, which torch-mlir lowers to a
+``stablehlo.scatter`` with one index per slice position: XLA:CPU emits
+each as a kernel of its own (plus a copy of the zeros to scatter into),
+where a pad fuses into the consumer (the sum of the two halves).  Same
+values, bit for bit: a pad and a scatter into zeros write the same
+elements.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ def capture_decompositions() -> dict[Any, Callable[..., Any]]:
             aten.max_pool2d_with_indices_backward.default
         ],
         aten.convolution_backward.default: grouped_convolution_backward,
+        aten.slice_backward.default: slice_backward_as_pad,
     }
     for op, decomposition in _decomposition_table().items():
         name = op._schema.name
@@ -126,3 +138,27 @@ def grouped_convolution_backward(
     if output_mask[2]:
         grad_bias = grad_output.sum([0, *range(2, 2 + spatial)])
     return grad_input, grad_weight, grad_bias
+
+
+def slice_backward_as_pad(
+    grad_output: torch.Tensor, input_sizes: Sequence[int], dim: int, start: int, end: int, step: int
+) -> torch.Tensor:
+    """``aten.slice_backward``: with ``step == 1``, ``grad_output`` padded
+    with zeros along ``dim`` to ``input_sizes`` (``constant_pad_nd``);
+    other steps keep torch's decomposition (zeros, then ``slice_scatter``).
+    ``start``/``end`` are normalized as ``slice`` does (negative from the
+    end, clamped to the dimension)."""
+    rank = len(input_sizes)
+    dim = dim + rank if dim < 0 else dim
+    size = int(input_sizes[dim])
+    if step != 1:
+        return torch._decomp.decomposition_table[aten.slice_backward.default](  # type: ignore[no-any-return]
+            grad_output, input_sizes, dim, start, end, step
+        )
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    pad = [0, 0] * (rank - 1 - dim) + [start, size - end]
+    padded: torch.Tensor = aten.constant_pad_nd.default(grad_output, pad, 0.0)
+    return padded

@@ -75,17 +75,20 @@ class OrderInPlaceUpdates(ModulePass[OrderReport]):
             contract = verify(main)
             block = main.regions[0].blocks[0]
             ret = return_op(main).operation
+            ancestry = _Ancestry(block, main.operation)
             for index, arg in enumerate(contract.args):
                 if arg.aliasing_output is None:
                     continue
-                readers = _guard(block.arguments[index], main.operation, ret, arg.aliasing_output)
+                readers = _guard(block.arguments[index], main.operation, ret, arg.aliasing_output, ancestry)
                 if readers:
                     ordered.append(OrderedUpdate(index, arg.display_name(index), arg.aliasing_output, readers))
             verify(main)
         return OrderReport(tuple(ordered))
 
 
-def _guard(argument: ir.Value, main: ir.Operation, ret: ir.Operation, result_index: int) -> int:
+def _guard(
+    argument: ir.Value, main: ir.Operation, ret: ir.Operation, result_index: int, ancestry: "_Ancestry"
+) -> int:
     """Guard the op producing result ``result_index`` behind the reads of
     ``argument`` it is not ordered after; the number of such reads."""
     new_value = ret.operands[result_index]
@@ -98,15 +101,13 @@ def _guard(argument: ir.Value, main: ir.Operation, ret: ir.Operation, result_ind
     # keeps its op: XLA copies it into one of the two buffers anyway.
     if len(writer.results) != 1 or len(list(new_value.uses)) != 1:
         return 0
-    inside = _nested_ops(writer)
-    before = _ancestors(writer, inside)
     unordered: list[ir.Operation] = []
     for use in argument.uses:
         # A read inside a region (a case/while/if branch) is ordered by the
         # op in @main's body that holds it: only that op's results are
         # visible at the return, where the predicate is built.
         reader = _in_body(use.owner.operation, main)
-        if reader in inside or reader in before or reader in unordered:
+        if reader == writer or ancestry.precedes(reader, writer) or reader in unordered:
             continue
         unordered.append(reader)
     probes: list[ir.Value] = []
@@ -157,6 +158,7 @@ def _guard(argument: ir.Value, main: ir.Operation, ret: ir.Operation, result_ind
         copy = writer.clone(ip=ir.InsertionPoint(branch))
         ir.Operation.create("stablehlo.return", operands=[copy.results[0]], ip=ir.InsertionPoint(branch))
     ret.operands[result_index] = guarded.results[0]
+    ancestry.forget(writer)  # before erasing: a later op may take its address
     writer.erase()  # its one use, the return operand, now reads the if
     return len(probes)
 
@@ -189,33 +191,48 @@ def _is_a(kind: type, value_type: ir.Type) -> bool:
     return True
 
 
-def _nested_ops(op: ir.Operation) -> set[ir.Operation]:
-    """``op`` and every op inside its regions."""
-    found = {op}
+class _Ancestry:
+    """Which ops of ``@main``'s body each one reads, transitively: one pass
+    over the body in order (operands come before their readers), each op's
+    ancestors a bit set (a Python int over body positions), so that asking
+    for every update costs no walk of the graph (a walk per update read the
+    whole backward again for each weight).  An op reads what its operands,
+    and those of the ops nested in its regions, read.  Ops the rewrite adds
+    later feed only the return and are no ancestor of an update; one it
+    erases is forgotten first."""
+
+    def __init__(self, block: ir.Block, main: ir.Operation) -> None:
+        self.position: dict[ir.Operation, int] = {}
+        self.ancestors: list[int] = []
+        for op_view in block.operations:
+            op = op_view.operation
+            at = len(self.ancestors)
+            self.position[op] = at
+            bits = 0
+            for operand in _operands_within(op):
+                owner = operand.owner
+                if isinstance(owner, ir.Block):
+                    continue
+                producer = self.position.get(_in_body(owner.operation, main))
+                if producer is not None and producer != at:
+                    bits |= self.ancestors[producer] | (1 << producer)
+            self.ancestors.append(bits)
+
+    def precedes(self, reader: ir.Operation, op: ir.Operation) -> bool:
+        """Whether ``op`` reads ``reader``'s results, transitively (False for
+        an op added after the pass began)."""
+        at, of = self.position.get(reader), self.position.get(op)
+        return at is not None and of is not None and bool(self.ancestors[of] >> at & 1)
+
+    def forget(self, op: ir.Operation) -> None:
+        self.position.pop(op, None)
+
+
+def _operands_within(op: ir.Operation) -> list[ir.Value]:
+    """The operands of ``op`` and of every op nested in its regions."""
+    operands = list(op.operands)
     for region in op.regions:
         for block in region.blocks:
             for nested in block.operations:
-                found |= _nested_ops(nested.operation)
-    return found
-
-
-def _ancestors(op: ir.Operation, inside: set[ir.Operation]) -> set[ir.Operation]:
-    """Every op whose result ``op`` (or an op nested in it) reads, transitively."""
-    seen: set[ir.Operation] = set()
-    stack = list(inside)
-    while stack:
-        current = stack.pop()
-        operands = list(current.operands)
-        for region in current.regions:
-            for block in region.blocks:
-                for nested in block.operations:
-                    stack.append(nested.operation)
-        for operand in operands:
-            owner = operand.owner
-            if isinstance(owner, ir.Block):
-                continue
-            producer = owner.operation
-            if producer not in seen and producer not in inside:
-                seen.add(producer)
-                stack.append(producer)
-    return seen
+                operands += _operands_within(nested.operation)
+    return operands

@@ -150,11 +150,14 @@ class _Block:
         self.min_distance = min_distance
         self.max_ops = max_ops
         self.position: dict[ir.Operation, int] = {}
+        self.ops: list[ir.Operation] = []
 
     def refresh(self) -> list[ir.Operation]:
-        ops = [op.operation for op in self.block.operations]
-        self.position = {op: index for index, op in enumerate(ops)}
-        return ops
+        """The block's ops, read again (after each copy: every change is
+        followed by one refresh, so :attr:`ops` is always the block's)."""
+        self.ops = [op.operation for op in self.block.operations]
+        self.position = {op: index for index, op in enumerate(self.ops)}
+        return self.ops
 
     def readers(self, value: ir.Value) -> list[ir.Operation] | None:
         """The ops of the block reading ``value``, in block order, each
@@ -175,7 +178,7 @@ class _Block:
             if made:
                 values += 1
                 copied += made
-                ops = self.refresh()
+                ops = self.ops  # refreshed after the copy that made it
         return values, copied
 
     def recompute(self, op: ir.Operation) -> int:

@@ -196,3 +196,70 @@ def test_default_cpu_pipeline_updates_sgd_weights_without_copies() -> None:
     # activation (64 x 256 f32) and 2 KiB more.
     assert without.memory_stats["temp_bytes"] == 526_336
     assert exe.memory_stats["temp_bytes"] == 67_584
+
+
+_BRANCHES_AND_CHAINS = """
+func.func @main(ARGS) -> RESULTS {
+  %a = stablehlo.multiply %w, %d : tensor<4xf32>
+  %b = stablehlo.negate %d : tensor<4xf32>
+  %r = "stablehlo.case"(%p) ({
+    %m = stablehlo.add %a, %w : tensor<4xf32>
+    stablehlo.return %m : tensor<4xf32>
+  }, {
+    stablehlo.return %d : tensor<4xf32>
+  }) : (tensor<i32>) -> tensor<4xf32>
+  %c = stablehlo.add %r, %b : tensor<4xf32>
+  %e = stablehlo.subtract %b, %d : tensor<4xf32>
+  %new = stablehlo.multiply %e, %c : tensor<4xf32>
+  return %new, %a : tensor<4xf32>, tensor<4xf32>
+}
+"""
+
+
+def _walked_ancestors(op: ir.Operation, body: list[ir.Operation]) -> set[int]:
+    """Positions in ``body`` of the ops ``op`` reads, transitively, by walking
+    operands (nested regions included): what the pass answered before it
+    kept one bit set per op."""
+
+    def operands(of: ir.Operation) -> list[ir.Value]:
+        found = list(of.operands)
+        for region in of.regions:
+            for block in region.blocks:
+                for nested in block.operations:
+                    found += operands(nested.operation)
+        return found
+
+    seen: set[int] = set()
+    stack = [op]
+    while stack:
+        for value in operands(stack.pop()):
+            if isinstance(value.owner, ir.Block):
+                continue
+            producer = value.owner.operation
+            while producer.parent is not None and producer.parent.operation != body[0].parent.operation:
+                producer = producer.parent.operation
+            at = body.index(producer)
+            if body[at] != op and at not in seen:
+                seen.add(at)
+                stack.append(producer)
+    return seen
+
+
+def test_ancestry_is_the_transitive_walk() -> None:
+    """The one-pass bit sets (``_Ancestry``) give every op the ancestors a
+    walk of its operands finds, reads inside a case's branch included."""
+    from hloalias.passes.order_in_place_updates import _Ancestry
+
+    module = _module(_BRANCHES_AND_CHAINS, "i32")
+    with module.context:
+        main = next(op.operation for op in module.body.operations)
+        block = main.regions[0].blocks[0]
+        body = [op.operation for op in block.operations]
+        ancestry = _Ancestry(block, main)
+        for op in body:
+            expected = _walked_ancestors(op, body)
+            assert {at for at, other in enumerate(body) if ancestry.precedes(other, op)} == expected
+        names = {op.name: at for at, op in enumerate(body)}
+        assert ancestry.precedes(body[0], body[names["stablehlo.case"]])  # %a, read in a branch
+        assert not ancestry.precedes(body[names["stablehlo.case"]], body[names["stablehlo.subtract"]])
+    assert sum(update.readers for update in OrderInPlaceUpdates().apply(module).ordered) == 0
