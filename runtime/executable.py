@@ -10,6 +10,13 @@ in :mod:`~hloalias.runtime.ownership`.  What every call guarantees:
 - Results the ``eliminate-view-results`` pass removed come back as real
   torch views (``as_strided``) of their base: the input tensor, the module
   state or another result; no device memory and no copy.
+- A program that computes nothing on one device (``@main`` returns no
+  result, donates nothing, is empty: :func:`~hloalias.runtime.plan.computes_nothing`)
+  is never run, so ``compile`` hands it to no XLA compile (``_loaded`` is
+  None); its ``memory_stats`` are the figures XLA gives an empty ``@main``
+  (its arguments' bytes).  The default CPU device is looked up when first
+  needed (``pjrt.DeferredDevice``): such a program without module state
+  does not start jax's backend at all.
 - Module state (parameters, buffers, constants) lives on the device once
   per module: every executable compiled from the same ``nn.Module`` shares
   one device buffer per state tensor, and a tensor reachable under several
