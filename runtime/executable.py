@@ -10,6 +10,13 @@ in :mod:`~hloalias.runtime.ownership`.  What every call guarantees:
 - Results the ``eliminate-view-results`` pass removed come back as real
   torch views (``as_strided``) of their base: the input tensor, the module
   state or another result; no device memory and no copy.
+- A program that computes nothing on one device (``@main`` returns no
+  result, donates nothing, is empty: :func:`~hloalias.runtime.plan.computes_nothing`)
+  is never run, so ``compile`` hands it to no XLA compile (``_loaded`` is
+  None); its ``memory_stats`` are the figures XLA gives an empty ``@main``
+  (its arguments' bytes).  The default CPU device is looked up when first
+  needed (``pjrt.DeferredDevice``): such a program without module state
+  does not start jax's backend at all.
 - Module state (parameters, buffers, constants) lives on the device once
   per module: every executable compiled from the same ``nn.Module`` shares
   one device buffer per state tensor, and a tensor reachable under several
@@ -120,9 +127,12 @@ from hloalias.runtime.ownership import (
     to_device as to_device,
     torch_to_device,
 )
-from hloalias.runtime.pjrt import compile_module, device_for, memory_stats, precision_options
+from hloalias.runtime.pjrt import (
+    DeferredDevice, MemoryStats, compile_module, device_key, memory_stats, precision_options, real_device,
+    requested_device,
+)
 from hloalias.runtime.plan import (
-    _CallConvention, _CallPlan, _describe_spec, _IndexCheck, _ProgramFacts, check_index_ranges,
+    _CallConvention, _CallPlan, _describe_spec, _IndexCheck, _ProgramFacts, check_index_ranges, computes_nothing,
 )
 from hloalias.runtime.state import (
     _RUNTIME_READ, StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
@@ -270,19 +280,22 @@ def compile(  # noqa: A001 - the name users expect
     example_args, kwargs = _checked_compile_arguments(example_args, kwargs, pipeline)
     modes_before_trace = ModuleModes.of(f if _state_owner is None else _state_owner)
     requests = _donation_requests(donate, donate_argnums, donate_argnames, donate_state)
-    target = device_for(mesh.platform if mesh is not None else device)
+    # The default CPU device is looked up only when something needs it: a
+    # program that computes nothing (below) never starts jax's backend.
+    target = requested_device(mesh.platform if mesh is not None else device)
     # A program compiled before (any process) comes from the disk cache
     # before any import (runtime/program_cache.py); single-device programs
     # of the caller's own state only (a training step's shares a model's).
-    options_key = (tuple((r.kind, r.target) for r in requests), pipeline, target.platform, target.id, target.device_kind)
+    options_key = (tuple((r.kind, r.target) for r in requests), pipeline, *device_key(target))
     use_program_cache = mesh is None and _state_owner is None
     cached = program_cache.lookup(f, example_args, kwargs, options_key) if use_program_cache else None
     owner = f if _state_owner is None else _state_owner
     found = cached.found if cached is not None else None
     if found is not None:  # usable when this process would run the same pipeline
         found = program_cache.usable(found, _pipeline_for(pipeline, found.program, _state_group(owner), target, False))
+    placement: Placement | None = None
     if found is not None:
-        program, placement, group, final_text = found.program, Placement(target), _state_group(owner), found.final_text
+        program, group, final_text = found.program, _state_group(owner), found.final_text
         pipeline_text = found.pipeline_text
         pass_report: tuple[str, ...] = (f"passes: from the program cache ({pipeline_text})",)
     else:
@@ -291,12 +304,12 @@ def compile(  # noqa: A001 - the name users expect
         if _state_sources:
             # A new dict: the import cache may share the program's.
             program.state = {name: _state_sources.get(name, value) for name, value in program.state.items()}
-        placement = plan_shardings(program, mesh, shardings, target) if mesh is not None else Placement(target)
+        placement = plan_shardings(program, mesh, shardings, target) if mesh is not None else None
         donated = _resolve_donations(program, requests)
         _mark_donors(program, donated)
         # State on a mesh is placed by this program's shardings: its own group.
-        group = _state_group(owner) if not placement.spmd else _StateGroup()
-        pipeline_text = _pipeline_for(pipeline, program, group, target, placement.spmd)
+        group = _state_group(owner) if mesh is None else _StateGroup()
+        pipeline_text = _pipeline_for(pipeline, program, group, target, mesh is not None)
         observe.dump("stablehlo", lambda: print_module(program.torch_mlir_module))
         runs = run_passes(program.torch_mlir_module, pipeline_text, run_pipeline)
         pass_report = pass_lines(runs)
@@ -309,24 +322,36 @@ def compile(  # noqa: A001 - the name users expect
             program_cache.store(cached.key, f, program, pipeline_text, final_text)
     observe.dump("final", final_text)
     key = module_cache_key(final_text)
+    facts = _ProgramFacts.read(program)
+    # Nothing to compute: no results, nothing donated, an empty @main, one
+    # device.  No call would run it (_CallPlan.executes), so XLA does not
+    # compile it, and XLA's memory figures for it are the arguments' bytes.
+    view_only = mesh is None and computes_nothing(program, facts)
+    if not view_only or program.state:
+        target = real_device(target)  # state is uploaded to the device
+    if placement is None:
+        placement = Placement(target)
     if placement.spmd:  # every process of a multi-process mesh runs this program
         check_same_program(key, placement.devices)
-    cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices), excess_precision)
-    loaded = _cache_get(cache_slot)
-    hit = loaded is not None
-    if not hit:
-        options = None
-        if placement.spmd:
-            sharded = result_shardings(program.torch_mlir_module)
-            options = placement.compile_options(sharded)
-        options = precision_options(options, excess_precision)
-        # The runtime stores permuted state as the module says: its own convention.
-        with observe.stage("XLA compile"):
-            loaded = compile_module(
-                final_text, target, options=options, devices=placement.devices, allow_stored_state=True,
-                rewrite=placement.for_xla if placement.spmd else None, context=program.torch_mlir_module.context,
-            )
-        _cache_put(cache_slot, loaded)
+    loaded: Any = None
+    hit = False
+    if not view_only:
+        cache_slot = (key, ",".join(f"{d.platform}:{d.id}" for d in placement.devices), excess_precision)
+        loaded = _cache_get(cache_slot)
+        hit = loaded is not None
+        if not hit:
+            options = None
+            if placement.spmd:
+                sharded = result_shardings(program.torch_mlir_module)
+                options = placement.compile_options(sharded)
+            options = precision_options(options, excess_precision)
+            # The runtime stores permuted state as the module says: its own convention.
+            with observe.stage("XLA compile"):
+                loaded = compile_module(
+                    final_text, target, options=options, devices=placement.devices, allow_stored_state=True,
+                    rewrite=placement.for_xla if placement.spmd else None, context=program.torch_mlir_module.context,
+                )
+            _cache_put(cache_slot, loaded)
     # Reports of the final module (all runs of each pass together), not
     # of the last run; None when the pipeline did not run the pass.
     ran = _passes_in(pipeline_text)
@@ -339,6 +364,7 @@ def compile(  # noqa: A001 - the name users expect
         convention=_CallConvention.of(f, example_args, kwargs),
         state_group=group,
         placement=placement,
+        facts=facts,
     )
     exe._pass_lines = pass_report
     modes = ModuleModes.of(owner)
@@ -600,12 +626,16 @@ class Executable:
         convention: _CallConvention | None = None,
         state_group: _StateGroup | None = None,
         placement: Placement | None = None,
+        facts: _ProgramFacts | None = None,
     ) -> None:
         assert program.stage is Stage.STABLEHLO
         self._placement = placement if placement is not None else Placement(device)
         self._signature = program.signature
+        #: The loaded XLA executable; None for a program that computes
+        #: nothing (``computes_nothing``): never run, so never compiled.
         self._loaded = loaded
-        self.device = device
+        #: The device, or a ``DeferredDevice`` not looked up yet (see :attr:`device`).
+        self._device = device
         self.cache_key = cache_key
         self.mlir = mlir
         self.cache_hit = cache_hit
@@ -623,7 +653,7 @@ class Executable:
         self._carried = program.signature.carried_objects
         #: Inputs read through ``as_strided``, whose layout every call checks.
         self._strided_inputs = self._signature.strided_inputs
-        self._read_final_module(program)
+        self._read_final_module(program, facts)
         self._convention = convention or _CallConvention(
             None,
             tuple((self._names[i], None) for i in self._user_indices[:self._caller_inputs]),
@@ -679,11 +709,13 @@ class Executable:
             else:
                 seen.add(id(slot))
                 first_name[id(slot)] = name
-        stats = memory_stats(loaded).as_dict()
+        stats = (memory_stats(loaded) if loaded is not None else self._stated_memory_stats()).as_dict()
         devices = self._placement.devices
         # On a mesh XLA reports one partition's figures; every device holds
-        # the same.  Per device: this process's devices (runtime/distributed.py).
-        self.memory_stats_per_device = {f"{d.platform}:{d.id}": dict(stats) for d in self._placement.local_devices}
+        # the same.  Per device: this process's devices (runtime/distributed.py),
+        # named when first read (a deferred device is looked up then).
+        self._device_stats = dict(stats)
+        self._stats_per_device: dict[str, dict[str, int]] | None = None
         stats = {name: value * len(devices) for name, value in stats.items()}
         stats["argument_bytes"] -= duplicate_bytes
         stats["total_bytes"] -= duplicate_bytes
@@ -751,12 +783,39 @@ class Executable:
         )
         self._lane, self._python_only_reason = _native_lane(self, self._plan)
 
+    @property
+    def device(self) -> Any:
+        """The jax device the program runs on (the default CPU device is
+        looked up on first use: a program that computes nothing may not
+        have started jax's backend)."""
+        device = self._device
+        if isinstance(device, DeferredDevice):
+            device = self._device = device.resolve()
+        return device
+
+    @property
+    def memory_stats_per_device(self) -> dict[str, dict[str, int]]:
+        """XLA's figures per device this process drives (``platform:id``)."""
+        if self._stats_per_device is None:
+            self._stats_per_device = {
+                f"{d.platform}:{d.id}": dict(self._device_stats) for d in self._placement.local_devices
+            }
+        return self._stats_per_device
+
+    def _stated_memory_stats(self) -> MemoryStats:
+        """XLA's figures for a program that computes nothing, stated
+        without compiling it: an empty ``@main`` has no output, alias or
+        temporary bytes, and its arguments are every ``@main`` argument's
+        bytes (as XLA counts them: each argument once, ``i1`` one byte)."""
+        return MemoryStats(sum(_numel(shape) * _itemsize(dtype) for shape, dtype in self._arg_types), 0, 0, 0)
+
     # -- final module facts ------------------------------------------------
-    def _read_final_module(self, program: Program) -> None:
+    def _read_final_module(self, program: Program, facts: _ProgramFacts | None = None) -> None:
         """The program's facts (:class:`~hloalias.runtime.plan._ProgramFacts`,
-        read by the plan from the final module's contract), as the
-        attributes every call reads."""
-        facts = _ProgramFacts.read(program)
+        read by the plan from the final module's contract, unless ``compile``
+        read them already), as the attributes every call reads."""
+        if facts is None:
+            facts = _ProgramFacts.read(program)
         self._donated_args = facts.donated_args
         self._aliases = facts.aliases
         self._result_keys = facts.result_keys
@@ -874,6 +933,12 @@ class Executable:
             "XLA memory: argument {argument_bytes} + output {output_bytes} - alias {alias_bytes} "
             "+ temp {temp_bytes} = {total_bytes} bytes".format(**stats)
         )
+        if self._loaded is None:
+            lines.append(
+                "XLA compile: none (the program computes nothing: every output is an input, a view of one or a "
+                "constant, so no call runs it); the figures above are its arguments' bytes, as XLA states them "
+                "for an empty @main"
+            )
         lines.extend(self._host_copy_lines())
         lines.append(self._call_path_line())
         if self._rng_key is not None and self._placement.key_rows is not None:

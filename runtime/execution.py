@@ -122,6 +122,7 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
     # What commit reads of the pre-call arguments, taken before they run.
     kept: dict[int, Any] = {step.index: arrays[step.index] for step in plan.kept}
     dispatch = plan.dispatch
+    assert dispatch is not None  # a plan that executes has one
     # The results, stored as the execute returns (SingleDeviceDispatch's launch):
     # once the program ran (donated buffers are gone), an exception at any
     # point (KeyboardInterrupt included) finds them and commits before it

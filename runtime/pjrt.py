@@ -105,6 +105,61 @@ def device_for(device: Any = None) -> Any:
     raise ExecutionError(f"cannot use {device!r} as a device")
 
 
+class DeferredDevice:
+    """The first CPU device, asked for by default (``device=None`` or
+    ``"cpu"``) and not looked up yet: looking it up starts jax's backend
+    (PJRT plugin discovery, the CPU client), which a program that computes
+    nothing never needs (``hloalias.compile``'s view-only programs).
+    ``platform`` is known without it; :meth:`resolve` looks the device up
+    once (:func:`device_for`), and so does reading any other attribute."""
+
+    __slots__ = ("platform", "_device")
+
+    def __init__(self) -> None:
+        self.platform = "cpu"
+        self._device: Any = None
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the device was looked up (jax's backend is up)."""
+        return self._device is not None
+
+    def resolve(self) -> Any:
+        """The jax device (:func:`device_for` of ``"cpu"``)."""
+        if self._device is None:
+            self._device = device_for("cpu")
+        return self._device
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.resolve(), name)
+
+    def __repr__(self) -> str:
+        return f"DeferredDevice({self._device!r})" if self._device is not None else "DeferredDevice(cpu, not looked up)"
+
+
+def requested_device(device: Any = None) -> Any:
+    """What ``compile`` targets: a :class:`DeferredDevice` for the default
+    CPU device (``None``, ``"cpu"``), else :func:`device_for`'s device."""
+    if device is None or (isinstance(device, str) and device == "cpu"):
+        return DeferredDevice()
+    return device_for(device)
+
+
+def real_device(device: Any) -> Any:
+    """``device`` as a jax device (a :class:`DeferredDevice` looked up)."""
+    return device.resolve() if isinstance(device, DeferredDevice) else device
+
+
+def device_key(device: Any) -> tuple[Any, ...]:
+    """What identifies ``device`` in a compile's cache key, without
+    looking up a :class:`DeferredDevice`: the default CPU device is
+    ``("cpu", -1, "first local device")``, any other its platform, id and
+    kind.  The program a compile makes depends on the platform only."""
+    if isinstance(device, DeferredDevice):
+        return (device.platform, -1, "first local device")
+    return (device.platform, device.id, device.device_kind)
+
+
 def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 

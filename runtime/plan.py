@@ -454,6 +454,27 @@ class _IndexCheck:
         raise AssertionError("an index out of the ranges' intersection is out of one of them")
 
 
+def computes_nothing(program: "Program", facts: _ProgramFacts) -> bool:
+    """Whether ``program`` (final, one device) has nothing for XLA to do:
+    ``@main`` returns no result, donates no argument, its body is its
+    ``return`` alone and every argument has a static shape.  Every output
+    is then an input, a view of one or a constant, recorded in the
+    contract (``hloalias.removed_results``); no call runs such a program
+    (:attr:`_CallPlan.executes`), so ``compile`` does not hand it to XLA."""
+    if facts.result_keys or facts.donated_args:
+        return False
+    module = program.torch_mlir_module
+    with module.context:
+        main = find_main(module)
+        blocks = list(main.regions[0].blocks)
+        if len(blocks) != 1 or len(blocks[0].operations) != 1:
+            return False
+        return all(
+            isinstance(argument.type, ir.RankedTensorType) and ir.RankedTensorType(argument.type).has_static_shape
+            for argument in blocks[0].arguments
+        )
+
+
 def check_index_ranges(checks: tuple[_IndexCheck, ...], leaves: Sequence[Any]) -> None:
     """Each check of ``checks`` on its input among a call's ``leaves``."""
     for check in checks:
@@ -559,13 +580,15 @@ class _CallPlan:
         self.after = tuple(step for step in steps if step.mutated is not None or step.in_place is not None)
         #: Arguments whose pre-call array the commit reads.
         self.kept = self.after + self.consumed
-        self.host_results = exe.device.platform == "cpu"
-        #: How the program runs: jaxlib's C++ dispatch where it has one.
-        self.dispatch = self.new_dispatch(exe)
+        self.host_results = exe._device.platform == "cpu"
         #: A program with no results and no donations has no effect on the
         #: device (every output is a view of an input or a constant): it is
         #: not run at all.
         self.executes = bool(exe._result_keys) or any(step.donated for step in steps)
+        #: How the program runs: jaxlib's C++ dispatch where it has one;
+        #: None for a program that is not run (it may not be compiled:
+        #: :func:`computes_nothing`).
+        self.dispatch: SingleDeviceDispatch | None = self.new_dispatch(exe) if self.executes else None
         #: The program runs and running it changes nothing (no argument
         #: donated or written, no state copied into this program's form,
         #: which ``host_copies`` counts): a run may be dropped and made again.

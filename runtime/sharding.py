@@ -204,13 +204,22 @@ class Placement:
         self.device = self.devices[0]
         self._jax_mesh = mesh.jax_mesh(self.devices) if mesh is not None else None
         self.arguments: dict[int, ArgumentSharding] = {}
-        #: True when the mesh spans several processes (runtime/distributed.py).
-        self.multiprocess = distributed.spans_processes(self.devices)
-        #: The mesh's devices this process drives (all of them on one process).
-        self.local_devices = distributed.local_devices(self.devices)
+        #: True when the mesh spans several processes (runtime/distributed.py);
+        #: one device never does (and may not be looked up yet:
+        #: ``pjrt.DeferredDevice``).
+        self.multiprocess = mesh is not None and distributed.spans_processes(self.devices)
+        self._local_devices: list[Any] | None = None
         #: The key argument held one row per device (a mesh spanning
         #: processes, see :func:`plan_shardings`), or None.
         self.key_rows: int | None = None
+
+    @property
+    def local_devices(self) -> list[Any]:
+        """The mesh's devices this process drives (all of them on one
+        process); asked when first read, which looks a deferred device up."""
+        if self._local_devices is None:
+            self._local_devices = distributed.local_devices(self.devices)
+        return self._local_devices
 
     @property
     def spmd(self) -> bool:
