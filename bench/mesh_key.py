@@ -57,7 +57,7 @@ def main() -> int:
     mesh = hloalias.Mesh((4,), ("dp",))
     x = torch.ones(8, 64)
     data = worker.batches()
-    original_draw = executable.draw_rng_key
+    original_draw = executable.draw_rng_bits
     per_device = sharding.key_per_device
 
     def broadcast_draw() -> torch.Tensor:
@@ -77,10 +77,10 @@ def main() -> int:
     figures: dict[tuple[str, str], list[float]] = {}
     for _ in range(reps):
         for form, workloads in programs.items():
-            executable.draw_rng_key = broadcast_draw if form == "broadcast" else original_draw
+            executable.draw_rng_bits = broadcast_draw if form == "broadcast" else original_draw
             for name, call in workloads.items():
                 figures.setdefault((name, form), []).append(_median_us(call, calls))
-    executable.draw_rng_key = original_draw
+    executable.draw_rng_bits = original_draw
     if hloalias.distributed.process_index() == 0:
         print(f"reps {reps}, {calls} calls each; per-call median (us) per rep, process 0")
         for (name, form), values in sorted(figures.items()):

@@ -256,16 +256,16 @@ def test_processes_seeded_differently_draw_the_key_of_process_0(drawn: list[dict
 
 
 def test_each_process_advances_its_own_generator_once_per_call(drawn: list[dict[str, Any]]) -> None:
-    from hloalias.runtime.executable import draw_rng_key
+    from hloalias.runtime.executable import draw_rng_bits
 
     for rank, report in enumerate(drawn):
         torch.manual_seed(worker.random_seed(rank))
         for _ in range(2):
-            draw_rng_key()
+            draw_rng_bits()
         assert torch.equal(report["rng_state_after_dropout"], torch.get_rng_state())
         torch.manual_seed(worker.random_seed(rank))
         for _ in range(worker.STEPS):
-            draw_rng_key()
+            draw_rng_bits()
         assert torch.equal(report["rng_state_after_training"], torch.get_rng_state())
         assert "the program reads row 0, the key of process 0 (it drives cpu:0)" in report["explain"]
 
