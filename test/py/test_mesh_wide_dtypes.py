@@ -158,3 +158,17 @@ def test_array_to_torch_keeps_64bit_arrays_on_a_mesh(dtype: torch.dtype, spec: t
     want = _wide(torch.int64).to(dtype) if dtype == torch.uint64 else _wide(dtype)
     array = host_copy(_numpy_of(want), placement.sharding_of(spec))
     _assert_exact(array_to_torch(array), want)
+
+
+@pytest.mark.parametrize("dtype, bits", [(torch.float64, torch.int64), (torch.int64, torch.float64)])
+def test_64bit_bits_of_a_device_tensor_keep_shape_and_bits(dtype: torch.dtype, bits: torch.dtype) -> None:
+    """A DeviceTensor passed for a float64 user input stored as its int64
+    bits (store-state-as-bits), and the new bits back as float64: the same
+    bits, the same shape."""
+    from hloalias.runtime.execution import _bits_array
+
+    value = _wide(dtype, 4, 2)
+    held = hloalias.to_device(value)
+    converted = _bits_array(held.array, bits)
+    assert converted.shape == held.array.shape
+    _assert_exact(array_to_torch(converted), value.view(bits))
