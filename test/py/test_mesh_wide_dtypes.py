@@ -99,6 +99,8 @@ def test_views_of_a_64bit_result_rebuilt_on_the_host_keep_dtype_and_values(dtype
 
     x = _wide(dtype, 8, 2)
     exe = _compile(fn, (x,), placement)
+    assert exe.view_report is not None
+    assert [r.key for r in exe.view_report.removed] == ["output:1", "output:2"]  # rebuilt from output 0
     got, want = exe(x), fn(x)
     for g, w in zip(got, want):
         _assert_exact(g, w)
@@ -133,6 +135,11 @@ def test_64bit_state_results_state_dict_and_write_back_equal_eager(placement: st
     exe.write_back()
     _assert_exact(module.count, eager.count)
     _assert_exact(module.total, eager.total)
+    loaded = {"count": eager.count * 5, "total": eager.total * FINE}
+    exe.load_state_dict({name: value.clone() for name, value in loaded.items()})
+    state = exe.state_dict()
+    _assert_exact(state["count"], loaded["count"])
+    _assert_exact(state["total"], loaded["total"])
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.complex128])
