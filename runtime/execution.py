@@ -452,8 +452,11 @@ def _jax_dtype(dtype: torch.dtype) -> Any:
 def _bits_array(array: jax.Array, dtype: torch.dtype) -> jax.Array:
     """``array``'s bits as ``dtype`` of the same width, on its device (a
     DeviceTensor passed for a user input stored as bits, and its new value
-    back: one device copy each way)."""
-    return jax.lax.bitcast_convert_type(array, _jax_dtype(dtype))
+    back: one device copy each way).  x64 on: without it jax narrows a
+    64-bit target (f64 <-> i64 bits) to 32 bits and splits each element in
+    two (a trailing dimension of 2), another value of another shape."""
+    with jax.enable_x64(True):
+        return jax.lax.bitcast_convert_type(array, _jax_dtype(dtype))
 
 
 def _committed_buffer(exe: "Executable", state_name: str | None, old: jax.Array, new: jax.Array) -> jax.Array:

@@ -188,13 +188,21 @@ def array_to_torch(array: jax.Array) -> torch.Tensor:
     """A torch tensor for ``array``: zero-copy for CPU arrays on one device,
     a host copy for accelerator arrays (the installed torch is a CPU build)
     and for arrays sharded or replicated over several devices (gathered;
-    from other processes too: a collective, :mod:`hloalias.runtime.distributed`)."""
+    from other processes too: a collective, :mod:`hloalias.runtime.distributed`).
+    Every device-to-torch read of the runtime goes through here; its dtype
+    and values are ``array``'s, 64-bit types included (no jax call here
+    narrows them, whatever the process's x64 setting)."""
     devices = array.sharding.device_set
     if not array.is_fully_addressable:  # shards in other processes: gathered
         return gathered_tensor(array)
     if len(devices) > 1:
         first = min(devices, key=lambda d: d.id)
-        array = jax.device_put(array, jax.sharding.SingleDeviceSharding(first), may_alias=False)
+        # x64 on: without it jax's resharding copy of a sharded 64-bit
+        # array keeps the int64/float64 dtype on the array but fills the
+        # buffer with 32-bit values (jax 0.10.2), which DLPack then hands
+        # to torch as int32/float32: silently wrong results on a mesh.
+        with jax.enable_x64(True):
+            array = jax.device_put(array, jax.sharding.SingleDeviceSharding(first), may_alias=False)
     if array.platform() == "cpu":
         if _buffer_to_dlpack is not None:
             # jaxlib's direct entry: skips jax's Python-level __dlpack__.

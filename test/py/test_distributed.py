@@ -145,6 +145,23 @@ def test_bf16_state_across_processes_equals_eager(trained: tuple[Path, list[dict
         torch.testing.assert_close(report["bf16_state"]["total"], eager.total, rtol=0, atol=0)
 
 
+def test_64bit_results_and_state_across_processes_equal_eager(trained: tuple[Path, list[dict[str, Any]]]) -> None:
+    """int64/float64 results and state sharded over both processes keep
+    their dtype and values 32 bits cannot hold (gathered from both)."""
+    _, reports = trained
+    eager = worker.Wide()
+    expected = [eager(x, y) for x, y in worker.wide_inputs()]
+    for report in reports:
+        for got_call, want_call in zip(report["wide"], expected):
+            for got, want in zip(got_call, want_call):
+                assert got.dtype == want.dtype
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for state in (report["wide_state"], report["wide_written_back"]):
+            for name in ("count", "total"):
+                assert state[name].dtype == getattr(eager, name).dtype
+                torch.testing.assert_close(state[name], getattr(eager, name), rtol=0, atol=0)
+
+
 def test_misuse_is_named(trained: tuple[Path, list[dict[str, Any]]]) -> None:
     _, reports = trained
     for rank, report in enumerate(reports):

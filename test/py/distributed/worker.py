@@ -76,6 +76,29 @@ class Accumulator(torch.nn.Module):
         return self.total * 3
 
 
+class Wide(torch.nn.Module):
+    """An int64 and a float64 buffer updated in place, sharded over the mesh,
+    holding values 32 bits cannot (``wide_inputs``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.arange(1, 33, dtype=torch.int64).reshape(8, 4) * (2**40 + 7))
+        self.register_buffer("total", torch.arange(1, 33, dtype=torch.float64).reshape(8, 4) * (1 + 2**-40))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self.count.add_(x)
+        self.total.mul_(y)
+        return self.count * 3, self.total + 0, x * 5
+
+
+def wide_inputs(count: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [
+        (torch.arange(32, dtype=torch.int64).reshape(8, 4) * (2**41 + 3 * i),
+         torch.full((8, 4), 1 + 2**-40 * (i + 1), dtype=torch.float64))
+        for i in range(count)
+    ]
+
+
 def bf16_inputs(count: int = 2) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(13)
     return [torch.randn(8, 4, generator=generator).to(torch.bfloat16) for _ in range(count)]
@@ -205,6 +228,15 @@ def train(out: Path) -> dict[str, Any]:
     )
     report["bf16"] = [accumulator(x) for x in bf16_inputs()]
     report["bf16_state"] = accumulator.state_dict()
+
+    wide = Wide()
+    wide_exe = hloalias.compile(wide, wide_inputs()[0], mesh=dp_mesh, shardings={
+        "count": ("dp", None), "total": ("dp", None), "x": ("dp", None), "y": (None, None),
+    })
+    report["wide"] = [wide_exe(x, y) for x, y in wide_inputs()]
+    report["wide_state"] = wide_exe.state_dict()
+    wide_exe.write_back()
+    report["wide_written_back"] = {"count": wide.count.clone(), "total": wide.total.clone()}
 
     report["mesh_too_large"] = _error(lambda: hloalias.compile(
         MLP().eval(), (data[0][0],), mesh=hloalias.Mesh((8,), ("dp",))
