@@ -147,8 +147,9 @@ def test_module_state_equals_eager_after_each_call() -> None:
         state = exe.state_dict()
         torch.testing.assert_close(state["running"], eager.running)
         torch.testing.assert_close(state["scale"], eager.scale.detach())
-    # The compiled program owns a copy of the state; the module is untouched.
-    assert torch.equal(model.running, torch.zeros(4))
+    # The state lives on the device; a bare read of the module's buffer
+    # copies it in (runtime/state.py), so it reads as eager's does.
+    torch.testing.assert_close(model.running, eager.running)
 
 
 def seed_example(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
