@@ -21,7 +21,7 @@ import math
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -118,9 +118,11 @@ def tokens(count: int = 3) -> list[torch.Tensor]:
     return [torch.randn(1, 32, generator=generator) for _ in range(count)]
 
 
-def trainer(seed: int = 0) -> tuple[MLP, torch.optim.Optimizer, Any]:
-    """A model, its Adam and the step function."""
-    model = MLP(seed)
+_M = TypeVar("_M", bound=torch.nn.Module)
+
+
+def _with_adam(model: _M) -> tuple[_M, torch.optim.Optimizer, Any]:
+    """``model``, its Adam and the step function."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -131,6 +133,11 @@ def trainer(seed: int = 0) -> tuple[MLP, torch.optim.Optimizer, Any]:
         return loss
 
     return model, optimizer, step
+
+
+def trainer(seed: int = 0) -> tuple[MLP, torch.optim.Optimizer, Any]:
+    """A model, its Adam and the step function."""
+    return _with_adam(MLP(seed))
 
 
 DATA_PARALLEL = {0: ("dp", None), 1: ("dp", None)}
@@ -151,17 +158,7 @@ class DroppedMLP(MLP):
 
 def dropped_trainer() -> tuple[DroppedMLP, torch.optim.Optimizer, Any]:
     """:func:`trainer`'s step on :class:`DroppedMLP`."""
-    model = DroppedMLP()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
-
-    return model, optimizer, step
+    return _with_adam(DroppedMLP())
 
 
 def dropout(x: torch.Tensor) -> torch.Tensor:
