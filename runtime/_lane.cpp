@@ -1271,7 +1271,7 @@ PyObject* values_in_range(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // worker thread, a moment after the results were ready.  torch's deleter
 // takes the GIL there, which aborts a process already finalizing.
 // guard_dlpack swaps the capsule's deleter for guarded_release: run at once
-// on a thread that holds the GIL, else queued (no Python, no GIL: a mutex
+// on a Python thread (may_take_gil), else queued (no Python, no GIL: a mutex
 // and a vector, both never destroyed, so a worker outliving the
 // interpreter and C++'s static destructors still finds them) and run by
 // drain_releases, which a thread holding the GIL calls (at every new
@@ -1286,7 +1286,7 @@ struct GuardedDeleter {
 struct ReleaseQueue {
   std::mutex mutex;
   std::vector<DLManagedTensor*> pending;
-  std::atomic<unsigned long long> direct{0};  // run at once, on a thread holding the GIL
+  std::atomic<unsigned long long> direct{0};  // run at once, on a Python thread (may_take_gil)
   std::atomic<unsigned long long> queued{0};  // left by a thread without it
   std::atomic<unsigned long long> drained{0};  // run later by drain_releases
 };
@@ -1303,13 +1303,23 @@ bool holds_gil() {
   return running != nullptr && running == PyGILState_GetThisThreadState();
 }
 
+// Whether a release here may run torch's deleter, which takes the GIL:
+// this thread holds it, or it is a Python thread that let it go for a
+// moment (jaxlib deletes an array with the GIL released) while the
+// interpreter is not finalizing, as torch's own deleter assumes.  Never on
+// a thread Python has no state for (PJRT's workers): those queue.
+bool may_take_gil() {
+  if (holds_gil()) return true;
+  return PyGILState_GetThisThreadState() != nullptr && !_Py_IsFinalizing();
+}
+
 void guarded_release(DLManagedTensor* managed) {
   auto* guard = static_cast<GuardedDeleter*>(managed->manager_ctx);
   managed->manager_ctx = guard->context;
   managed->deleter = guard->deleter;
   delete guard;
   if (managed->deleter == nullptr) return;
-  if (holds_gil()) {
+  if (may_take_gil()) {
     release_queue->direct.fetch_add(1, std::memory_order_relaxed);
     managed->deleter(managed);
     return;

@@ -31,8 +31,10 @@ Invariant (every other runtime module goes through here to cross):
 - Every zero-copy import (:func:`torch_to_device` ``owned=False``: a
   caller's tensor, or a copy the Python path makes for the call) crosses
   with its release guarded (``_lane.guard_dlpack``, runtime/_lane.cpp): a
-  release on a thread that holds the GIL runs at once; one on a thread
-  without it (PJRT's worker) is queued, without touching Python, and run
+  release on a Python thread runs at once (one holding the GIL, or one
+  that let it go for a moment while the interpreter is not finalizing,
+  as jaxlib does when it deletes an array); one on a thread Python has no
+  state for (PJRT's worker) is queued, without touching Python, and run
   by the next import or at exit (:func:`drain_releases`, an ``atexit``
   hook), so torch's deleter never takes the GIL from PJRT's thread.  The
   memory of a temporary released so stays held until then (one call's
