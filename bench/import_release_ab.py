@@ -54,6 +54,11 @@ def main() -> None:
     tag = sys.argv[1] if len(sys.argv) > 1 else "?"
     for (row, path), value in best.items():
         print(f"{tag}\t{row}\t{path}\t{value:.1f}")
+    from hloalias.runtime import ownership
+
+    native = getattr(ownership, "_native", None)
+    if getattr(native, "release_stats", None) is not None and getattr(ownership, "_guard_dlpack", None) is not None:
+        print(f"{tag}\treleases (direct, queued, drained, pending)\t{native.release_stats()}")
 
 
 if __name__ == "__main__":
