@@ -135,6 +135,31 @@ def test_a_release_on_a_thread_without_the_gil_waits_for_it() -> None:
     assert native.release_stats()[3] == 0
 
 
+def test_a_release_on_a_python_thread_without_the_gil_runs_at_once() -> None:
+    """jaxlib deletes an array with the GIL released: that release runs
+    torch's deleter at once on the calling thread (it takes the GIL
+    itself), so a dropped tensor's memory goes with it, not at the next
+    import."""
+    native = ownership._native
+    tensor = torch.ones(1024)
+    users = getattr(tensor, "_use_count")
+    before = users()
+    capsule = ownership._export(tensor)
+    api = ctypes.pythonapi
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    managed = api.PyCapsule_GetPointer(capsule, b"dltensor")
+    deleter = ctypes.c_void_p.from_address(managed + 56).value
+    api.PyCapsule_SetName(capsule, b"used_dltensor")
+    stats = native.release_stats()
+    # A ctypes function pointer is called with the GIL released.
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(deleter)(managed)
+    after = native.release_stats()
+    assert after[0] == stats[0] + 1 and after[1] == stats[1]
+    assert users() == before
+
+
 def test_a_release_on_a_python_thread_runs_at_once() -> None:
     native = ownership._native
     tensor = torch.ones(1024)
