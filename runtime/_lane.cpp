@@ -53,9 +53,13 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 
+#include <ATen/dlpack.h>
+
 #include <time.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 namespace {
@@ -1260,7 +1264,118 @@ PyObject* values_in_range(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyBool_FromLong(within_range(row, tensor));
 }
 
+// --- Releases of DLPack imports (guard_dlpack, drain_releases, release_stats)
+//
+// PJRT releases a DLPack import (calls the DLManagedTensor's deleter) on
+// whichever thread drops its last hold, and after a call that can be its
+// worker thread, a moment after the results were ready.  torch's deleter
+// takes the GIL there, which aborts a process already finalizing.
+// guard_dlpack swaps the capsule's deleter for guarded_release: run at once
+// on a Python thread (may_take_gil), else queued (no Python, no GIL: a mutex
+// and a vector, both never destroyed, so a worker outliving the
+// interpreter and C++'s static destructors still finds them) and run by
+// drain_releases, which a thread holding the GIL calls (at every new
+// import and at exit, runtime/ownership.py).  A release queued after the
+// last drain is never run: the process is exiting, its memory goes with it.
+
+struct GuardedDeleter {
+  void (*deleter)(DLManagedTensor*);
+  void* context;
+};
+
+struct ReleaseQueue {
+  std::mutex mutex;
+  std::vector<DLManagedTensor*> pending;
+  std::atomic<unsigned long long> direct{0};  // run at once, on a Python thread (may_take_gil)
+  std::atomic<unsigned long long> queued{0};  // left by a thread without it
+  std::atomic<unsigned long long> drained{0};  // run later by drain_releases
+};
+
+ReleaseQueue* release_queue = nullptr;  // made at import, never freed (see above)
+
+// Whether this thread holds the GIL: the interpreter's running thread
+// state is this thread's own.  Not PyGILState_Check, which answers yes on
+// every thread once finalization has deleted its thread-local key; this
+// answers no there (PyGILState_GetThisThreadState is null then), and on
+// any thread Python never ran on (PJRT's workers).
+bool holds_gil() {
+  PyThreadState* running = _PyThreadState_UncheckedGet();
+  return running != nullptr && running == PyGILState_GetThisThreadState();
+}
+
+// Whether a release here may run torch's deleter, which takes the GIL:
+// this thread holds it, or it is a Python thread that let it go for a
+// moment (jaxlib deletes an array with the GIL released) while the
+// interpreter is not finalizing, as torch's own deleter assumes.  Never on
+// a thread Python has no state for (PJRT's workers): those queue.
+bool may_take_gil() {
+  if (holds_gil()) return true;
+  return PyGILState_GetThisThreadState() != nullptr && !_Py_IsFinalizing();
+}
+
+void guarded_release(DLManagedTensor* managed) {
+  auto* guard = static_cast<GuardedDeleter*>(managed->manager_ctx);
+  managed->manager_ctx = guard->context;
+  managed->deleter = guard->deleter;
+  delete guard;
+  if (managed->deleter == nullptr) return;
+  if (may_take_gil()) {
+    release_queue->direct.fetch_add(1, std::memory_order_relaxed);
+    managed->deleter(managed);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(release_queue->mutex);
+  release_queue->pending.push_back(managed);
+  release_queue->queued.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Runs the queued releases (the caller holds the GIL); returns how many.
+size_t drain() {
+  std::vector<DLManagedTensor*> pending;
+  {
+    std::lock_guard<std::mutex> lock(release_queue->mutex);
+    pending.swap(release_queue->pending);
+  }
+  for (DLManagedTensor* managed : pending) managed->deleter(managed);
+  release_queue->drained.fetch_add(pending.size(), std::memory_order_relaxed);
+  return pending.size();
+}
+
+// guard_dlpack(capsule) -> capsule: the same unused "dltensor" capsule, its
+// deleter guarded (above); the releases queued so far are run first.
+PyObject* guard_dlpack(PyObject*, PyObject* capsule) {
+  drain();
+  if (!PyCapsule_IsValid(capsule, "dltensor")) {
+    PyErr_SetString(PyExc_TypeError, "guard_dlpack: not an unused DLPack capsule ('dltensor')");
+    return nullptr;
+  }
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (managed == nullptr) return nullptr;
+  if (managed->deleter != nullptr && managed->deleter != guarded_release) {
+    managed->manager_ctx = new GuardedDeleter{managed->deleter, managed->manager_ctx};
+    managed->deleter = guarded_release;
+  }
+  return Py_NewRef(capsule);
+}
+
+// drain_releases() -> int: run the queued releases now; how many ran.
+PyObject* drain_releases(PyObject*, PyObject*) { return PyLong_FromSize_t(drain()); }
+
+// release_stats() -> (direct, queued, drained, pending): counts since import.
+PyObject* release_stats(PyObject*, PyObject*) {
+  size_t pending;
+  {
+    std::lock_guard<std::mutex> lock(release_queue->mutex);
+    pending = release_queue->pending.size();
+  }
+  return Py_BuildValue("(KKKn)", release_queue->direct.load(), release_queue->queued.load(),
+                       release_queue->drained.load(), static_cast<Py_ssize_t>(pending));
+}
+
 PyMethodDef module_methods[] = {
+    {"guard_dlpack", guard_dlpack, METH_O, "guard_dlpack(capsule) -> capsule: see runtime/ownership.py's torch_to_device."},
+    {"drain_releases", drain_releases, METH_NOARGS, "drain_releases() -> int: run the DLPack releases queued by PJRT's threads."},
+    {"release_stats", release_stats, METH_NOARGS, "release_stats() -> (direct, queued, drained, pending) DLPack releases."},
     {"values_in_range", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(values_in_range)),
      METH_FASTCALL, "values_in_range(tensor, low, high) -> bool | None: see runtime/plan.py's _IndexCheck."},
     {"first_changed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(first_changed)), METH_FASTCALL,
@@ -1285,6 +1400,7 @@ PyMODINIT_FUNC PyInit__lane() {
       !intern(&s_unreturned, "unreturned") || !intern(&s_ran_results, "ran_results")) {
     return nullptr;
   }
+  if (release_queue == nullptr) release_queue = new ReleaseQueue();
   LaneType.tp_name = "hloalias.runtime._lane.Lane";
   LaneType.tp_basicsize = sizeof(Lane);
   LaneType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;

@@ -28,6 +28,20 @@ Invariant (every other runtime module goes through here to cross):
   its release could fall on the worker at the process's last call.  What
   jaxlib's host-buffer path keeps of the source is a Python reference it
   releases only on a thread that holds the GIL.
+- Every zero-copy import (:func:`torch_to_device` ``owned=False``: a
+  caller's tensor, or a copy the Python path makes for the call) crosses
+  with its release guarded (``_lane.guard_dlpack``, runtime/_lane.cpp): a
+  release on a Python thread runs at once (one holding the GIL, or one
+  that let it go for a moment while the interpreter is not finalizing,
+  as jaxlib does when it deletes an array); one on a thread Python has no
+  state for (PJRT's worker) is queued, without touching Python, and run
+  by the next import or at exit (:func:`drain_releases`, an ``atexit``
+  hook), so torch's deleter never takes the GIL from PJRT's thread.  The
+  memory of a temporary released so stays held until then (one call's
+  inputs at most, while calls go on).  Without a build of the extension
+  (``_lane`` missing or stale) imports are not guarded and a process
+  whose last act is a call on a temporary can still abort at exit
+  (``explain()`` says the native path is not built; build it).
 
 Also here: :class:`DeviceTensor` (a PJRT-owned buffer held for the user),
 the registry of runtime buffers lent to torch by address (``_BACKINGS``:
@@ -38,6 +52,7 @@ over runtime buffers, and the checks of what may move (``_can_reseat``)."""
 
 from __future__ import annotations
 
+import atexit
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -62,6 +77,34 @@ if TYPE_CHECKING:
 # torch's C-level DLPack export (Tensor.__dlpack__ wraps it in Python checks).
 _torch_to_dlpack: Any = getattr(torch.utils.dlpack, "to_dlpack")
 
+try:  # the native extension's guard of DLPack releases (module docstring)
+    from hloalias.runtime import _lane as _native
+except ImportError:  # not built here: imports are not guarded
+    _native = None  # type: ignore[assignment]
+# None where the extension is missing or a build older than the guard.
+_guard_dlpack: Callable[[Any], Any] | None = getattr(_native, "guard_dlpack", None)
+_drain_releases: Callable[[], int] | None = getattr(_native, "drain_releases", None)
+
+
+def drain_releases() -> int:
+    """Run the DLPack releases PJRT's threads queued (module docstring);
+    how many ran (0 without the extension's guard).  The caller holds the
+    GIL, as every Python caller does."""
+    return _drain_releases() if _drain_releases is not None else 0
+
+
+if _drain_releases is not None:
+    # Before finalization (atexit runs with the interpreter intact), so a
+    # release queued by the last call runs here, on this thread.
+    atexit.register(_drain_releases)
+
+
+def _export(tensor: torch.Tensor) -> Any:
+    """torch's DLPack capsule of ``tensor``, its release guarded where the
+    extension is built (module docstring)."""
+    capsule = _torch_to_dlpack(tensor)
+    return capsule if _guard_dlpack is None else _guard_dlpack(capsule)
+
 
 def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Array:
     """``tensor`` on ``device``.  On a CPU device with ``owned=False`` this is
@@ -81,7 +124,7 @@ def torch_to_device(tensor: torch.Tensor, device: Any, *, owned: bool) -> jax.Ar
             # overhead otherwise); the checks Tensor.__dlpack__ makes in
             # Python (grad, conjugate bit, layout) are the caller's.
             try:
-                return _dlpack_to_buffer(_torch_to_dlpack(tensor), device, None)
+                return _dlpack_to_buffer(_export(tensor), device, None)
             except Exception:
                 pass
         with jax.enable_x64(True):
