@@ -755,10 +755,13 @@ class Executable:
             index for index in self._user_indices
             if index in self._writes and self._mutation_keys[index] is not None
         )
+        # The caller's inputs only: the random key (the last user input) is
+        # a buffer of its own, never one a caller's tensor shares.
+        callers = self._user_indices[: self._caller_inputs]
         self._write_pairs: tuple[tuple[int, int], ...] = tuple(
             (first, second)
-            for position, first in enumerate(self._user_indices)
-            for second in self._user_indices[position + 1:]
+            for position, first in enumerate(callers)
+            for second in callers[position + 1:]
             if first in self._writes or second in self._writes
         )
         self._plan = _CallPlan(self) if not self._placement.spmd else None

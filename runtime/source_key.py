@@ -67,7 +67,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from hloalias.runtime.state import user_forward_pre_hooks
+from hloalias.runtime.state import fresh_type, user_forward_pre_hooks
 
 _MAX_DEPTH = 24  # nesting of values
 _MAX_CALL_DEPTH = 3  # user functions followed through globals
@@ -305,7 +305,8 @@ class _Printer:
                           "a value the compile key cannot print")
 
     def tensor(self, tensor: torch.Tensor, where: str, with_values: bool) -> Any:
-        if type(tensor) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
+        # A tensor calls left stale (runtime/state.py) keys as its own class.
+        if fresh_type(tensor) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
             raise Uncacheable(f"{where} is a tensor subclass ({type(tensor).__name__})")
         if tensor.is_sparse or tensor.is_quantized or tensor.is_nested or tensor.device.type == "meta":
             raise Uncacheable(f"{where} is a {tensor.layout} / {tensor.device} tensor")

@@ -76,6 +76,25 @@ def test_manual_seed_reproduces_draws_across_fresh_compiles(call_path: str) -> N
     assert not torch.equal(second(x), a1)
 
 
+def test_a_program_writing_its_inputs_draws_in_place(call_path: str) -> None:
+    """``x.uniform_()`` beside a second input: the call checks that the
+    inputs it writes share no memory with the others, and the key (a
+    buffer of its own, PJRT's) is not one of those inputs.  Before, the
+    check read the key's ``data_ptr`` and the call raised AttributeError."""
+    def fill(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.uniform_(2.0, 3.0)
+        return x + y
+
+    x, y = torch.zeros(8, 8), torch.ones(8, 8)
+    exe = hloalias.compile(fill, (x.clone(), y))
+    torch.manual_seed(3)
+    out = exe(x, y)
+    assert bool(((x >= 2.0) & (x < 3.0)).all())  # written in place, as eager's uniform_
+    torch.testing.assert_close(out, x + 1)
+    with pytest.raises(hloalias.ExecutionError, match="share memory"):
+        exe(x, x)  # the check itself still runs
+
+
 def test_successive_calls_and_ops_in_one_call_draw_independently(call_path: str) -> None:
     def two_draws(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x + torch.rand(4, 1024), x + torch.rand(4, 1024)
