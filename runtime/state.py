@@ -248,7 +248,7 @@ class _StateSlot:
         if self.lags:
             _mark_stale(self)
 
-    def _publish_grad(self) -> None:
+    def publish_grad(self) -> None:
         """After the buffer was copied into the slot's tensor: the
         parameter's ``.grad`` is that tensor (as eager's accumulated one)."""
         parameter = self.grad_of() if self.grad_of is not None else None
@@ -367,7 +367,7 @@ class _StateSlot:
             # marked: the next read copies the same value again.
             self.mark_synced()
             if self.grad_of is not None:
-                self._publish_grad()
+                self.publish_grad()
 
     def torch_changed(self) -> bool:
         """Whether torch changed the slot's tensor (in place, or its memory

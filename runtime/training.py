@@ -611,10 +611,7 @@ class TrainingStep:
         if self._store is not None:
             self._store.mesh_steps_before_eager_read("a call of another training step of the model", caller=self)
         if self.executable._placement.spmd:
-            tensors: list[Any] = [*self._model.parameters(), *self._model.buffers()]
-            for entries in self._optimizer.state.values():
-                tensors.extend(v for v in entries.values() if isinstance(v, torch.Tensor))
-            bring_up_to_date(tensors)
+            bring_up_to_date(_host_tensors(self._model, self._optimizer))
 
     def _before_eager_read(self, what: str) -> None:
         """Eager code is about to read the model or the optimizer (``what``)
@@ -818,9 +815,7 @@ class TrainingStep:
                         continue
                     source.copy_(device_state[slot.name])
                     state_slot.mark_synced()
-                    if named[slot.fqn].grad is not source:
-                        named[slot.fqn].grad = source
-                    state_slot.note_grad_shown()
+                    state_slot.publish_grad()
         # Only once every tensor has it: a write-back cut short (Ctrl-C, an
         # error) is done again before the next eager read.
         self._host_lags = False
