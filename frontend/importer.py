@@ -55,6 +55,7 @@ from hloalias.frontend import crash_guard, jax_lowerings, random_key, single_tra
 from hloalias.frontend.closure_tensors import with_sources
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.gradient_dependence import parameter_free_outputs
+from hloalias.frontend.program_frames import where_raised
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
 from hloalias.frontend.index_ranges import index_ranges
@@ -945,7 +946,7 @@ def _data_dependent_hint(error: BaseException) -> str:
     if symbolic_shapes is None or not isinstance(error, symbolic_shapes.GuardOnDataDependentSymNode):
         return ""
     return (
-        ". The program uses a tensor's value as a Python number: indexing with a 0-d tensor "
+        f". The program uses a tensor's value as a Python number{where_raised(error)}: indexing with a 0-d tensor "
         "(`x[:, pos] = v`, `x[pos]`) calls `pos.item()`, as do `int(t)` and `if t > 0:`. An XLA "
         "program reads no values on the host: index with the tensor "
         "(`x.index_copy_(dim, pos.view(1), v.unsqueeze(dim))`, `x.index_select(dim, pos.view(1))`, "

@@ -73,6 +73,7 @@ from hloalias.frontend.importer import (
     unfold_covers,
 )
 from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
+from hloalias.frontend.program_frames import where_raised
 from hloalias.frontend.optimizer_replay import ReplayRefused, expand_replayed_updates, replayed_updates
 from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules
 
@@ -458,46 +459,29 @@ def _refuse_closed_over_writes(graph_module: torch.fx.GraphModule) -> None:
 
 
 def _describe_trace_failure(error: BaseException) -> str:
-    """The construct (first line of torch's message) and the innermost frame
-    of user code in the traceback."""
+    """The construct (first line of torch's message) and the program's line
+    it was raised under (a library model's own line, and the caller's)."""
     message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     lowered = str(error).lower()
     if "data-dependent" in lowered or "data dependent" in lowered or "guardondatadependent" in type(error).__name__.lower():
         construct = "data-dependent control flow or a host read of a traced value (.item(), bool(), print)"
     else:
         construct = type(error).__name__
-    where = _user_frame(error)
     return (
-        f"cannot capture the training step as one graph: {construct}"
-        + (f" at {where}" if where else "")
-        + f"\n  torch: {message}"
+        f"cannot capture the training step as one graph: {construct}{where_raised(error)}"
+        f"\n  torch: {message}"
     )
 
 
 def _user_frame_of_stack() -> str | None:
     """The innermost frame of the user's code on the current stack, as
-    :func:`_user_frame` names it."""
+    :func:`where_raised` names it."""
     torch_root, here = os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))
     for frame in reversed(traceback.extract_stack()):
         path = os.path.abspath(frame.filename)
         if not path.startswith(torch_root) and not path.startswith(here) and "site-packages" not in path:
             return f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
     return None
-
-
-def _user_frame(error: BaseException) -> str | None:
-    frames = traceback.extract_tb(error.__traceback__)
-    torch_root = os.path.dirname(torch.__file__)
-    this_file = os.path.abspath(__file__)
-    user = [
-        f for f in frames
-        if not f.filename.startswith(torch_root) and os.path.abspath(f.filename) != this_file
-        and "site-packages" not in f.filename and not f.filename.startswith("<")
-    ]
-    if not user:
-        return None
-    frame = user[-1]
-    return f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,72 @@
+"""Which frame of a traceback is the traced program's own line.
+
+An error raised while torch traces a program (``torch.export``, the
+training step's ``make_fx``) carries a traceback that runs through torch,
+hloalias, the caller's function and, for a library model, the library's
+code.  The line an error message should name is the innermost frame that
+is neither torch's nor hloalias's: for a `transformers` model that is the
+model's own line (``modeling_wav2vec2.py: if labels.max() >= ...``), not
+the caller's ``loss = model(**batch).loss``, which names nothing the caller
+could change.  When the two differ, messages name both.
+
+Contract: :func:`program_frames` returns ``(innermost, callers)`` where
+``innermost`` is the innermost program frame and ``callers`` the
+outermost program frame when it is a different one (None otherwise); both
+are None when the traceback holds no program frame.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from types import TracebackType
+
+import torch
+
+_HLOALIAS_PACKAGES = (
+    "hloalias", "hloalias.frontend", "hloalias.passes", "hloalias.pipeline", "hloalias.runtime", "hloalias.tools",
+)
+
+
+def library_roots() -> tuple[str, ...]:
+    """The folders whose frames are never the program's: torch's and each
+    loaded hloalias package's (a clone holds them side by side at its top
+    level, an install inside ``hloalias/``)."""
+    roots = [os.path.dirname(os.path.abspath(torch.__file__))]
+    for name in _HLOALIAS_PACKAGES:
+        module = sys.modules.get(name)
+        for path in getattr(module, "__path__", ()) or ():
+            roots.append(os.path.abspath(path))
+    return tuple(root + os.sep for root in roots)
+
+
+def is_program_file(path: str) -> bool:
+    """True for a file of the traced program (the caller's or a library's
+    model code), False for torch, hloalias and generated code."""
+    if not path or path.startswith("<"):
+        return False
+    return not os.path.abspath(path).startswith(library_roots())
+
+
+def describe_frame(frame: traceback.FrameSummary) -> str:
+    return f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
+
+
+def program_frames(tb: TracebackType | None) -> tuple[str | None, str | None]:
+    """``(innermost, caller)`` program frames of ``tb``, described."""
+    frames = [frame for frame in traceback.extract_tb(tb) if is_program_file(frame.filename)]
+    if not frames:
+        return None, None
+    innermost, outermost = frames[-1], frames[0]
+    caller = describe_frame(outermost) if outermost is not innermost else None
+    return describe_frame(innermost), caller
+
+
+def where_raised(error: BaseException) -> str:
+    """`` at FILE:LINE in FUNCTION: CODE (called from ...)`` for the
+    program's line that ``error`` was raised under; empty when none is on
+    its traceback."""
+    innermost, caller = program_frames(error.__traceback__)
+    if innermost is None:
+        return ""
+    return f" at {innermost}" + (f" (called from {caller})" if caller else "")

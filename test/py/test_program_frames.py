@@ -1,0 +1,104 @@
+"""Errors raised while tracing a library's model name the model's own line.
+
+A `transformers` model that checks its labels on the host
+(``if labels.max() >= vocab_size``) cannot be traced; the message must
+name that line, not only the caller's ``loss = model(**batch).loss``.  The
+library here lives under a ``site-packages`` folder, as an installed one
+does (the training step's message named only frames outside it).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+import hloalias
+from hloalias.errors import TorchImportError
+from hloalias.frontend import importer, program_frames
+from hloalias.frontend.training import TrainingCaptureError
+
+_LIBRARY = '''
+import torch
+
+
+class CheckedClassifier(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, labels):
+        if labels.max() >= 4:  # the library checks its labels on the host
+            raise ValueError("label out of range")
+        return torch.nn.functional.cross_entropy(self.lin(x), labels)
+'''
+
+
+@pytest.fixture
+def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    package = tmp_path / "site-packages" / "framelib"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "checked.py").write_text(_LIBRARY)
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    module = importlib.import_module("framelib.checked")
+    yield module
+    for name in ("framelib.checked", "framelib"):
+        sys.modules.pop(name, None)
+
+
+_MODEL_LINE = r"framelib/checked\.py:\d+ in forward: if labels\.max\(\) >= 4:"
+
+
+def test_training_capture_names_the_library_line_and_the_caller(library: ModuleType) -> None:
+    torch.manual_seed(0)
+    model = library.CheckedClassifier()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = model(x, labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(TrainingCaptureError) as caught:
+        hloalias.compile_training_step(step, model, opt, (torch.randn(3, 4), torch.tensor([0, 1, 2])))
+    assert caught.match(
+        r"data-dependent control flow .* at .*" + _MODEL_LINE
+        + r"[^\n]* \(called from .*test_program_frames\.py:\d+ in step: loss = model\(x, labels\)\)"
+    )
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_export_failure_names_the_library_line(library: ModuleType) -> None:
+    model = library.CheckedClassifier()
+    with pytest.raises(TorchImportError) as caught:
+        hloalias.compile(model, (torch.randn(3, 4), torch.tensor([0, 1, 2])))
+    assert caught.match(r"uses a tensor's value as a Python number at .*" + _MODEL_LINE)
+
+
+def test_frames_of_torch_and_hloalias_are_not_the_programs() -> None:
+    assert not program_frames.is_program_file(torch.__file__)
+    assert not program_frames.is_program_file(importer.__file__)
+    assert not program_frames.is_program_file(hloalias.__file__)
+    assert not program_frames.is_program_file("<string>")
+    assert program_frames.is_program_file(__file__)
+    assert program_frames.is_program_file(os.path.join(sys.prefix, "site-packages", "transformers", "m.py"))
+
+
+def test_a_traceback_without_program_frames_names_nothing() -> None:
+    try:
+        torch.zeros(2) @ torch.zeros(3)
+    except RuntimeError as error:
+        innermost, caller = program_frames.program_frames(error.__traceback__)
+    # The only program frame is this test's own line.
+    assert innermost is not None and "test_program_frames.py" in innermost and caller is None
+    assert program_frames.program_frames(None) == (None, None)
