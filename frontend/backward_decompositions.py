@@ -19,7 +19,12 @@ it traces; :func:`capture_decompositions` is that table:
   be a multiple of feature_group_count ... 128");
   :func:`grouped_convolution_backward` writes it with valid ones; so too
   every 1-d and 3-d ``convolution_backward`` (torch-mlir's lowering of the
-  1-d one fails on a leftover ``torch.constant.bool``).
+  1-d one fails on a leftover ``torch.constant.bool``);
+- ``_weight_norm_interface_backward`` (weight-normed convolutions:
+  Wav2Vec2's and HuBERT's positional convolution): torch-mlir does not know
+  it; it is written as torch's own ``_weight_norm_differentiable_backward``
+  (the formula autograd uses for double backward), which is composite of
+  sums, products and quotients.
 
 One more is there for the program XLA gets, not for torch-mlir:
 ``slice_backward`` with step 1 (the gradient of ``x[..., a:b]``: HF's
@@ -57,6 +62,7 @@ def capture_decompositions() -> dict[Any, Callable[..., Any]]:
         ],
         aten.convolution_backward.default: grouped_convolution_backward,
         aten.slice_backward.default: slice_backward_as_pad,
+        aten._weight_norm_interface_backward.default: weight_norm_backward,
     }
     for op, decomposition in _decomposition_table().items():
         name = op._schema.name
@@ -67,6 +73,15 @@ def capture_decompositions() -> dict[Any, Callable[..., Any]]:
         ) and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
             selected[op] = decomposition
     return selected
+
+
+def weight_norm_backward(
+    grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor, saved_norms: torch.Tensor, dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_weight_norm_interface_backward`` as torch's composite of the same
+    gradient (``grad_v``, ``grad_g``)."""
+    grad_v, grad_g = aten._weight_norm_differentiable_backward.default(grad_w, saved_v, saved_g, saved_norms, dim)
+    return grad_v, grad_g
 
 
 def grouped_convolution_backward(

@@ -12,7 +12,8 @@ Two parts, both used by :func:`hloalias.frontend.importer.import_torch`:
   ``nanmedian``, ``kthvalue``, ``mode``), ``scatter_reduce`` and
   ``index_reduce`` by one-hot masks, ``diagonal``/``diagonal_scatter``,
   ``unfold`` and ``as_strided_copy``/``as_strided_scatter`` by index
-  arithmetic, pools torch-mlir refuses (``ceil_mode``, ``divisor_override``,
+  arithmetic, a boolean-mask write of one value (``x[x < 0] = 0``) as a
+  ``where``, pools torch-mlir refuses (``ceil_mode``, ``divisor_override``,
   3-d max pools with indices) by explicit windows, ``cdist``, ``isclose``,
   ``angle``; special functions (``lgamma``, ``digamma``, ``polygamma``,
   ``zeta``, ``erfinv``, ...) from :mod:`hloalias.frontend.special_functions`;
@@ -686,6 +687,42 @@ def put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: 
     return written.reshape(x.shape)
 
 
+def index_put_by_mask(
+    x: torch.Tensor, indices: Sequence[torch.Tensor | None], values: torch.Tensor, accumulate: bool = False
+) -> Any:
+    """``x[..., mask] = v`` (one boolean index, after leading ``:``) whose
+    ``v`` is the same for every selected element (``x[x < 0] = 0``,
+    ``scores[mask] = -inf``, ``h[mask] = embedding``) as a ``where``.
+    torch-mlir writes a boolean index as ``nonzero`` and a scatter, whose
+    number of rows depends on the mask's values: no XLA program can hold
+    it.  Every other index (integer tensors, several indices, values that
+    differ per selected element) is left as it was (``NotImplemented``)."""
+    present = [position for position, index in enumerate(indices) if index is not None]
+    if len(present) != 1:
+        return NotImplemented
+    lead = present[0]
+    mask = indices[lead]
+    assert mask is not None
+    if mask.dtype not in (torch.bool, torch.uint8):
+        return NotImplemented
+    mask_rank, rank = mask.dim(), x.dim()
+    if lead + mask_rank > rank or tuple(mask.shape) != tuple(x.shape[lead : lead + mask_rank]):
+        return NotImplemented
+    # The selection's shape is x.shape[:lead] + (count,) + x.shape[lead + mask_rank:];
+    # values broadcast to it, and must not vary along the count.
+    selected_rank = lead + 1 + rank - lead - mask_rank
+    if values.dim() > selected_rank:
+        return NotImplemented
+    padded = [1] * (selected_rank - values.dim()) + list(values.shape)
+    if padded[lead] != 1:
+        return NotImplemented
+    spread = values.to(x.dtype).reshape(padded[:lead] + [1] * mask_rank + padded[lead + 1 :]).expand(x.shape)
+    where = mask.to(torch.bool).reshape([1] * lead + list(mask.shape) + [1] * (rank - lead - mask_rank))
+    if accumulate:
+        return x + torch.where(where, spread, torch.zeros((), dtype=x.dtype))
+    return torch.where(where, spread, x)
+
+
 def histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Any:  # noqa: A002 - aten's names
     """Counts per bin by a one-hot mask ``[elements, bins]``; ``min == max``
     takes the data's range (eager's), an empty range widens by 1 each way."""
@@ -935,6 +972,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.linalg_norm.default: linalg_norm,
         aten.hypot.default: hypot,
         aten.put.default: put,
+        aten.index_put.default: index_put_by_mask,
         aten.histc.default: histc,
         aten.native_layer_norm.default: native_layer_norm,
         aten.cummax.default: cummax,

@@ -301,6 +301,9 @@ def _import_torch(
                 "calls that pass such inputs are refused the same way."
                 f"\n  torch: {error}"
             ) from error
+        selection = _boolean_mask_selection(exported) if _data_dependent_hint(error) else None
+        if selection is not None:
+            raise TorchImportError(selection + f"\n  torch: {str(error).strip().splitlines()[0]}") from error
         raise TorchImportError(
             f"torch.export decompositions failed{_data_dependent_hint(error)}: {error}"
         ) from error
@@ -935,6 +938,33 @@ def _refuse_host_reads(graph: torch.fx.Graph) -> None:
             "(`x * t` rather than `x * t.item()`, `torch.where` rather than `if`), or pass a Python "
             "number as an argument (baked into the program: one compile per value)"
         )
+
+
+def _boolean_mask_selection(exported: ExportedProgram) -> str | None:
+    """The message for a selection by a boolean mask (``x[mask]``) that the
+    program goes on to compute with, naming its line; None when the graph
+    holds none.  (``x[mask] = value``, one value for every selected
+    element, is a ``where``: frontend/decompositions.py.)"""
+    for node in exported.graph.nodes:
+        if node.op != "call_function" or node.target not in (torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor):
+            continue
+        indices = node.args[1] if len(node.args) > 1 else ()
+        masks = [
+            index for index in indices
+            if isinstance(index, torch.fx.Node) and getattr(index.meta.get("val"), "dtype", None) in (torch.bool, torch.uint8)
+        ]
+        if not masks:
+            continue
+        where = _user_frame(node.meta.get("stack_trace") or "")
+        return (
+            "the program selects elements by a boolean mask (`x[mask]`)"
+            + (f" at {where}" if where else "")
+            + ": the selection's size depends on the mask's values, and an XLA program has static shapes. "
+            "Compute over the full shape instead: `torch.where(mask, y, x)` for `x[mask] = y[mask]`, "
+            "`torch.where(mask, x + 1, x)` for `x[mask] += 1`, `(x * mask).sum()` for `x[mask].sum()` "
+            "(`x[mask] = value`, one value for every selected element, compiles as written)"
+        )
+    return None
 
 
 def _data_dependent_hint(error: BaseException) -> str:
