@@ -55,6 +55,7 @@ from hloalias.frontend import crash_guard, jax_lowerings, random_key, single_tra
 from hloalias.frontend.closure_tensors import with_sources
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.gradient_dependence import parameter_free_outputs
+from hloalias.frontend.host_random import refuse_host_random_draws
 from hloalias.frontend.program_frames import where_raised
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
@@ -224,7 +225,7 @@ def import_torch(
     """Import ``f`` called on ``args``/``kwargs`` into a :class:`Program`
     (see :func:`_import_torch`), one thread at a time
     (:mod:`hloalias.frontend.tracing_lock`)."""
-    with tracing():
+    with tracing(), refuse_host_random_draws():
         return _import_torch(f, args, kwargs, dynamic_shapes=dynamic_shapes, stage=stage)
 
 

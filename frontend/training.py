@@ -73,6 +73,7 @@ from hloalias.frontend.importer import (
     unfold_covers,
 )
 from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
+from hloalias.frontend.host_random import refuse_host_random_draws
 from hloalias.frontend.program_frames import where_raised
 from hloalias.frontend.optimizer_replay import ReplayRefused, expand_replayed_updates, replayed_updates
 from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules
@@ -169,7 +170,7 @@ def capture_training_step(
     kept, traces, replay = kept_grads, stack_traces, REPLAY_OPTIMIZER
     while True:
         try:
-            with tracing():
+            with tracing(), refuse_host_random_draws(TrainingCaptureError):
                 return _capture(
                     step_fn, model, optimizer, batch_leaves, batch_spec, opt_params, opt_state, kept, traces, replay
                 )

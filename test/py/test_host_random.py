@@ -1,0 +1,85 @@
+"""Random numbers drawn on the host while a program is traced are refused
+(frontend/host_random.py): they would be constants of the compiled
+program, the same at every call.  transformers' Wav2Vec2 draws its
+SpecAugment masks with ``np.random`` in train mode; every compiled step
+masked the same frames."""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import hloalias
+from hloalias.errors import TorchImportError
+from hloalias.frontend.training import TrainingCaptureError
+
+
+def _python_random_scale(x: torch.Tensor) -> torch.Tensor:
+    return x * random.random()
+
+
+def _numpy_mask(x: torch.Tensor) -> torch.Tensor:
+    keep = torch.from_numpy(np.random.rand(*x.shape) > 0.5)
+    return torch.where(keep, x, torch.zeros_like(x))
+
+
+def test_python_random_in_a_forward_is_refused_naming_the_line() -> None:
+    random.seed(7)
+    expected_next = random.Random(7).random()
+    with pytest.raises(TorchImportError, match=r"draws random numbers on the host \(random\.random\) at .*test_host_random\.py:\d+ in _python_random_scale: return x \* random\.random\(\)"):
+        hloalias.compile(_python_random_scale, (torch.randn(3),))
+    assert random.random() == expected_next  # the caller's sequence is as it was
+
+
+def test_numpy_random_in_a_forward_is_refused_and_its_state_restored() -> None:
+    np.random.seed(11)
+    expected = np.random.RandomState(11).rand(4)
+    original = np.random.rand
+    with pytest.raises(TorchImportError, match=r"\(numpy\.random\.rand\) at .*in _numpy_mask"):
+        hloalias.compile(_numpy_mask, (torch.randn(2, 2),))
+    assert np.random.rand is original  # the watch is gone
+    np.testing.assert_array_equal(np.random.rand(4), expected)
+
+
+def test_numpy_random_in_a_training_step_is_refused() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = copy.deepcopy(model.state_dict())
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        drop = int(np.random.choice(4))  # a host draw picks a feature to drop
+        loss = model(x)[:, drop].square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    with pytest.raises(TrainingCaptureError, match=r"\(numpy\.random\.choice\) at .*in step: drop = int\(np\.random\.choice\(4\)\)"):
+        hloalias.compile_training_step(step, model, opt, (torch.randn(2, 4),))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_torch_random_ops_and_other_threads_draws_are_not_refused() -> None:
+    stop = threading.Event()
+
+    def draw_elsewhere() -> None:
+        while not stop.is_set():
+            np.random.rand(2)
+            random.random()
+
+    other = threading.Thread(target=draw_elsewhere)
+    other.start()
+    try:
+        exe = hloalias.compile(lambda x: x + torch.rand_like(x), (torch.zeros(3),))
+    finally:
+        stop.set()
+        other.join()
+    out = exe(torch.zeros(3))
+    assert out.shape == (3,) and bool(((out >= 0) & (out < 1)).all())
