@@ -30,7 +30,10 @@ Two parts, both used by :func:`hloalias.frontend.importer.import_torch`:
   ``[1]`` along 0 without keepdim, the same 0-d result; a node whose every result has no
   elements becomes ``zeros`` of its shape (no values to compute), and so
   does the ``empty`` family (its values are unspecified; torch-mlir lowers
-  it to ``tensor.empty``, which XLA's StableHLO reader does not know).
+  it to ``tensor.empty``, which XLA's StableHLO reader does not know); a
+  boolean-mask selection summed over its selected elements
+  (``grad[mask].sum(0)``, the gradient of ``h[mask] = v``) becomes a sum
+  of ``where(mask, grad, 0)``.
 
 The scans cost ``log2(n)`` steps of ``n`` elements; the one-hot and
 sort-count decompositions hold an ``n x m`` mask (``n``, ``m``: the sizes
@@ -1125,11 +1128,89 @@ def _empty_to_zeros(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
     return True
 
 
+def _mask_selection_sums(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """``x[..., mask].sum(dims)`` over the selection's dimension -> the sum
+    of ``where(mask, x, 0)`` over the mask's dimensions: the same values,
+    with no data-dependent size between.  Autograd writes the gradient of
+    ``h[mask] = v`` for a ``v`` that requires it (Wav2Vec2's
+    ``masked_spec_embed``) as exactly that: ``grad[mask]`` summed to
+    ``v``'s shape."""
+    if node.target is not aten.index.Tensor or len(node.args) != 2:
+        return False
+    source, indices = node.args
+    if not isinstance(source, torch.fx.Node) or not isinstance(indices, (list, tuple)):
+        return False
+    present = [position for position, index in enumerate(indices) if index is not None]
+    if len(present) != 1:
+        return False
+    lead, mask = present[0], indices[present[0]]
+    if not isinstance(mask, torch.fx.Node):
+        return False
+    source_value, mask_value = source.meta.get("val"), mask.meta.get("val")
+    if not isinstance(source_value, torch.Tensor) or not isinstance(mask_value, torch.Tensor):
+        return False
+    if mask_value.dtype is not torch.bool:
+        return False
+    rank, mask_rank = source_value.dim(), mask_value.dim()
+    if tuple(mask_value.shape) != tuple(source_value.shape[lead : lead + mask_rank]):
+        return False
+    if not all(isinstance(size, int) for size in source_value.shape):
+        return False
+    selected_rank = rank - mask_rank + 1
+    sums: list[tuple[torch.fx.Node, list[int], bool, torch.Tensor]] = []
+    for user in node.users:
+        if user.target is not aten.sum.dim_IntList or user.args[0] is not node or len(user.args) < 2:
+            return False
+        dims_argument = user.args[1]
+        if not isinstance(dims_argument, (list, tuple)):
+            return False
+        given = [d for d in dims_argument if isinstance(d, int)]
+        if len(given) != len(dims_argument):
+            return False
+        dims = sorted({d % selected_rank for d in given})
+        value = user.meta.get("val")
+        if lead not in dims or not isinstance(value, torch.Tensor) or not all(isinstance(size, int) for size in value.shape):
+            return False
+        keepdim = user.args[2] if len(user.args) > 2 else user.kwargs.get("keepdim", False)
+        sums.append((user, dims, bool(keepdim), value))
+    shape = [1] * lead + list(mask_value.shape) + [1] * (rank - lead - mask_rank)
+    for user, dims, keepdim, value in sums:
+        spread: list[int] = []
+        for d in dims:
+            if d < lead:
+                spread.append(d)
+            elif d == lead:
+                spread.extend(range(lead, lead + mask_rank))
+            else:
+                spread.append(d + mask_rank - 1)
+        with graph.inserting_before(user):
+            mask_view = graph.call_function(aten.view.default, (mask, shape))
+            mask_view.meta = {"val": mask_value.view(shape)}
+            zero = graph.call_function(aten.zeros.default, ([],), {"dtype": source_value.dtype})
+            zero.meta = {"val": source_value.new_zeros(())}
+            masked = graph.call_function(aten.where.self, (mask_view, source, zero))
+            masked.meta = {"val": torch.where(mask_view.meta["val"], source_value, zero.meta["val"])}
+            options = {key: option for key, option in user.kwargs.items() if key != "keepdim"}
+            total = graph.call_function(aten.sum.dim_IntList, (masked, spread, False), options)
+            total.meta = {"val": masked.meta["val"].sum(spread, dtype=options.get("dtype"))}
+            result = total
+            if keepdim:
+                result = graph.call_function(aten.view.default, (total, list(value.shape)))
+                result.meta = dict(user.meta)
+        user.replace_all_uses_with(result)
+        graph.erase_node(user)
+    graph.erase_node(node)
+    return True
+
+
 def prepare_graph(graph: torch.fx.Graph) -> None:
     """Rewrite the decomposed graph in place (see the module docstring)."""
     changed = False
     for node in list(graph.nodes):
         if node.op != "call_function":
+            continue
+        if node.target is aten.index.Tensor:
+            changed |= _mask_selection_sums(graph, node)
             continue
         if node.target is operator.getitem:
             changed |= _empty_result_to_zeros(graph, node)

@@ -108,6 +108,7 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
             "the same at every call, where eager draws new ones at each call. Draw them with torch "
             "(torch.rand, torch.randint, torch.randperm: drawn anew on the device at every call), or "
             "draw them outside the compiled function and pass them in as inputs. (transformers' "
-            "Wav2Vec2 and HuBERT draw SpecAugment's masks with numpy in train mode: pass "
-            "mask_time_indices, or set config.mask_time_prob = 0 and config.mask_feature_prob = 0.)"
+            "Wav2Vec2 and HuBERT draw SpecAugment's masks with numpy in train mode: set "
+            "config.mask_time_prob = 0 and config.mask_feature_prob = 0, or draw the mask with "
+            "_compute_mask_indices outside and pass it as mask_time_indices where the model takes it.)"
         )

@@ -131,6 +131,48 @@ def test_training_step_through_a_masked_fill_equals_eager() -> None:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_training_a_value_written_through_a_mask_equals_eager() -> None:
+    """Wav2Vec2's SpecAugment writes a learned vector over the masked frames
+    (``h[mask] = masked_spec_embed``).  The vector's gradient is
+    ``grad[mask]`` summed over the frames: a selection of data-dependent
+    size that torch-mlir lowered to an invalid gather."""
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(5, 5)
+            self.embed = torch.nn.Parameter(torch.randn(5))
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            h = self.lin(x)
+            h[mask] = self.embed
+            return h
+
+    torch.manual_seed(0)
+    model = Masked()
+    eager_model = copy.deepcopy(model)
+
+    def step_of(module: torch.nn.Module, opt: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
+        def step(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            loss = module(x, mask).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    eager_step = step_of(eager_model, torch.optim.AdamW(eager_model.parameters(), lr=0.1))
+    train = hloalias.compile_training_step(step_of(model, opt), model, opt, (_X, _MASK34))
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        mask = torch.rand(3, 4, generator=generator) > 0.5  # a new mask each step
+        torch.testing.assert_close(train(_X, mask), eager_step(_X, mask), rtol=1e-5, atol=1e-6)
+    train.write_back()
+    for got, want in zip(model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # Adam scales float noise up
+
+
 def _copy_selected(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     h = x.clone()
     h[mask] = y[mask]
