@@ -23,7 +23,7 @@ from torch._dynamo.utils import counters
 
 import hloalias
 from hloalias.runtime import state as state_module
-from test_training_fresh_reads import Net, Pair, _batches, _close, _count_copies, _step_fn
+from test_training_fresh_reads import Pair, _batches, _close, _count_copies, _step_fn
 
 _HAS_CXX = any(shutil.which(name) for name in (os.environ.get("CXX", "c++"), "g++", "clang++"))
 
