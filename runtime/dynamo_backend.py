@@ -89,6 +89,11 @@ class CompiledGraph:
     """One graph dynamo (or AOTAutograd) handed over: called with the
     graph's inputs, it runs the executable of their signature."""
 
+    #: Each call brings the graph's inputs up to date itself (``__call__``):
+    #: dynamo's graphs that traced stale tensors are not wrapped to do it
+    #: again (``runtime/state.py``).
+    brings_inputs_up_to_date = True
+
     def __init__(self, graph: torch.fx.GraphModule, kind: str, number: int, options: dict[str, Any], boxed: bool = False) -> None:
         self.kind = kind
         self.number = number

@@ -16,8 +16,11 @@ of another dtype or shape is an ExecutionError at the next call.
 The owner module's ``state_dict()`` and eager forward first copy every
 slot some program of the group writes, where it lags the module's tensor,
 into that tensor (:meth:`_StateGroup.note_written`), and a
-``torch.compile``d graph does so for its inputs (:func:`bring_up_to_date`);
-a tensor torch changed since the two last agreed keeps the user's write.
+``torch.compile``d graph does so for its inputs (:func:`bring_up_to_date`):
+the hloalias backend's always, any other backend's where dynamo traced a
+stale tensor (:func:`_inputs_brought_in_by_this_graph`; dynamo's guard on
+the tensor's class keeps stale tensors out of the other graphs); a
+tensor torch changed since the two last agreed keeps the user's write.
 Any other read of a tensor a call left behind (``module.weight * 1``, an
 EMA, ``optimizer.state[p]["exp_avg"]``) copies it in first: the call marks
 it stale (:func:`_mark_stale`, a class swap), and its first op that may
@@ -29,6 +32,7 @@ tensor classes, which is not marked."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -557,9 +561,10 @@ class _StaleTensorHook:
     ) -> Any:
         kwargs = kwargs or {}
         if torch.compiler.is_compiling():
-            # Dynamo traces this: the values are not read now, and the
-            # hloalias backend brings its graph inputs in before each run
-            # (``bring_up_to_date``); a copy here would break the graph.
+            # Dynamo traces this: the values are not read now (a copy here
+            # would break the graph).  The graph it compiles, for any
+            # backend, brings its inputs in before each run instead.
+            _inputs_brought_in_by_this_graph()
             with _RUNTIME_READ():
                 return func(*args, **kwargs)
         if _reads_no_values(func):
@@ -701,6 +706,68 @@ def bring_up_to_date(tensors: Any) -> None:
                     slot.copy_to_source()
 
 
+class _BringsInputsUpToDate:
+    """A dynamo backend (``compiler_fn``) whose compiled graphs first bring
+    their inputs up to date (:func:`bring_up_to_date`), then run as the
+    backend compiled them."""
+
+    def __init__(self, compiler_fn: Callable[..., Any]) -> None:
+        #: Where dynamo looks for the backend a wrapper wraps (it compares
+        #: that with its own, e.g. under ``torch.func`` transforms).
+        self.compiler_fn = compiler_fn
+        self.__name__ = getattr(compiler_fn, "__name__", type(compiler_fn).__name__)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        compiled = self.compiler_fn(gm, example_inputs, **kwargs)
+        if getattr(compiled, "brings_inputs_up_to_date", False):
+            return compiled  # the hloalias backend's graphs do it themselves
+        return _InputsBroughtIn(compiled)
+
+
+class _InputsBroughtIn:
+    """A backend's compiled graph that brings its inputs up to date before
+    each run (see :func:`_inputs_brought_in_by_this_graph`)."""
+
+    brings_inputs_up_to_date = True
+
+    def __init__(self, compiled: Callable[..., Any]) -> None:
+        self.compiled = compiled
+
+    def __call__(self, *args: Any) -> Any:
+        bring_up_to_date(args)
+        return self.compiled(*args)
+
+
+def _inputs_brought_in_by_this_graph() -> bool:
+    """Called when dynamo traces an op on a stale tensor (from the stale
+    class's hook).  Dynamo runs it once, at trace time, as Python (it is
+    marked constant, as ``torch._dynamo.assume_constant_result`` marks
+    functions: no graph break, and dynamo guards only on its code): it
+    wraps the backend of the graph being traced so that the graph it
+    compiles brings its inputs up to date before every run (dynamo lifts
+    the module's parameters and buffers and free tensors such as optimizer
+    state as inputs).  Only graphs that traced a stale tensor are wrapped;
+    dynamo's guard on each input's class keeps stale tensors out of the
+    others.  Outside a dynamo trace (``torch.export``'s non-strict one) and
+    in a strict export capture it does nothing.  True when it wrapped."""
+    symbolic_convert = sys.modules.get("torch._dynamo.symbolic_convert")
+    tx = getattr(symbolic_convert.tls, "current_tx", None) if symbolic_convert is not None else None
+    output = getattr(tx, "output", None)
+    compiler_fn = getattr(output, "compiler_fn", None)
+    # ``torch.export``'s strict capture runs no graph later: nothing to wrap.
+    if (
+        output is None or compiler_fn is None or isinstance(compiler_fn, _BringsInputsUpToDate)
+        or getattr(output, "export", False)
+    ):
+        return False
+    output.compiler_fn = _BringsInputsUpToDate(compiler_fn)
+    return True
+
+
+# What ``torch._dynamo.assume_constant_result`` sets (without importing dynamo).
+_inputs_brought_in_by_this_graph._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 #: Counts the times a slot recorded a new agreement with its tensor
 #: (``refresh_from_torch``, ``mark_synced``): a :class:`StateWatch` rebuilds
 #: its tuples when it moved.
@@ -811,12 +878,12 @@ class _StateGroup:
 
             def write_back_first(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
                 found = group()
-                if found is not None and _LAGGING[0] and not _tracing():
+                if not _tracing() and found is not None and _LAGGING[0]:
                     found.write_back_written()
 
             def write_back_before_forward(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
                 found = group()
-                if found is not None and _LAGGING[0] and not _tracing(args, kwargs):
+                if not _tracing(args, kwargs) and found is not None and _LAGGING[0]:
                     found.write_back_written()
 
             # Not part of the program: the caches' keys skip it (user_forward_pre_hooks).
