@@ -31,7 +31,8 @@ an op list:
   views of any of them: ``add_``, ``sub_``, ``mul_``, ``div_``, ``clamp_``,
   ``zero_``, ``copy_`` (also from the other dtype: ``buf.copy_(x_int32)``),
   ``fill_``, ``scatter_``, ``index_add_`` (repeated positions),
-  ``index_fill_``, ``lerp_`` from another value (an EMA update), ``copy_``
+  ``index_fill_``, a write through a boolean mask (``x[x > 0] = c``, a
+  row over the rows a mask selects), ``lerp_`` from another value (an EMA update), ``copy_``
   of a row broadcast over every row,
   ``masked_fill_``, ``index_put_``, ``index_copy_`` and slice assignment
   (``x[1:] = c``, ``x[:, ::2] = y``), except through ``unfold`` windows that
@@ -830,7 +831,7 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
     ):
         kinds += ["broadcast_copy"]
     if sim.dim() >= 1:
-        kinds += ["index_fill"]
+        kinds += ["index_fill", "mask_setitem"]
     if any(
         v.sim.shape == sim.shape and v.storage != target.storage and builder.usable(v)
         for v in builder.values.values()
@@ -935,6 +936,18 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
         constant = draw(st.sampled_from(fills))
         sim.index_fill_(dim, torch.tensor(positions), constant)
         builder.emit_inplace(target, f"{name}.index_fill_({dim}, torch.tensor({positions!r}), {constant!r})", "index_put")
+        return True
+    if kind == "mask_setitem":  # x[x > 0] = c; x[x[..., 0] > 0] = row (a where: one value per element)
+        constant = draw(st.sampled_from(fills))
+        if sim.dim() >= 2 and draw(st.booleans()):
+            row = sim.shape[-1]
+            mask = sim[..., 0] > 0
+            sim[mask] = torch.full((row,), constant, dtype=sim.dtype)
+            statement = f"{name}[{name}[..., 0] > 0] = torch.full(({row},), {constant!r}, dtype={dtype_text})"
+        else:
+            sim[sim > 0] = constant
+            statement = f"{name}[{name} > 0] = {constant!r}"
+        builder.emit_inplace(target, statement, "masked_fill")
         return True
     if kind == "index_add":  # repeated positions add twice (exact: small dyadic sums)
         dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
