@@ -913,16 +913,21 @@ def _program(
         inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec,
         forward_arg_names=_forward_arg_names(module, args, kwargs),
     )
-    exported = ExportedProgram(
-        root=graph_module,
-        graph=graph,
-        graph_signature=signature,
-        state_dict=state_dict,
-        range_constraints=dict(range_constraints or {}),
-        module_call_graph=[ModuleCallEntry("", call)],
-        example_inputs=(args, kwargs),
-        constants=constants,
-    )
+    # Its module's Python code generated only if something calls it or
+    # reads its code (nothing on the way to MLIR does: the importer reads
+    # the graph): ExportedProgram.__init__ otherwise generates and execs the
+    # code of a second module over the graph the trace's lazy module holds.
+    with torch_internals.lazy_graph_modules(), torch_internals.lazy_exported_programs():
+        exported = ExportedProgram(
+            root=graph_module,
+            graph=graph,
+            graph_signature=signature,
+            state_dict=state_dict,
+            range_constraints=dict(range_constraints or {}),
+            module_call_graph=[ModuleCallEntry("", call)],
+            example_inputs=(args, kwargs),
+            constants=constants,
+        )
     return exported
 
 

@@ -4,6 +4,7 @@ torch-mlir ``PassManager``."""
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import re
@@ -114,10 +115,16 @@ class ModulePass(ABC, Generic[ReportT]):
             applied = False
             try:
                 if verify_on_entry:
-                    verify_contract(module)
+                    _verify_contract(module)
                 applied = True
-                report = self.apply(module)
-                verify_contract(module)
+                # The checks around the pass are this adapter's: the pass's
+                # own verify_contract() calls on entry and exit would repeat them.
+                token = _ADAPTER_CHECKS.set(True)
+                try:
+                    report = self.apply(module)
+                finally:
+                    _ADAPTER_CHECKS.reset(token)
+                _verify_contract(module)
             except IRError as error:
                 message = str(error)
                 # The module was whole before the pass, and a pass that
@@ -149,10 +156,29 @@ def _option_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+#: True while a pipeline's adapter (:meth:`ModulePass.add_to`) runs a
+#: pass's ``apply``: the adapter checks the contract before the pass (or the
+#: pass before it did, on its way out, on the same module) and after it, so
+#: the ``verify_contract(module)`` a pass calls on entry and on exit checks
+#: the same module again.  Those calls return at once while it is set; a
+#: ``full`` check and a pass's own :func:`hloalias.contract.verify` (which
+#: returns the records it reads) still run.
+_ADAPTER_CHECKS: contextvars.ContextVar[bool] = contextvars.ContextVar("hloalias_adapter_checks", default=False)
+
+
 def verify_contract(module: ModuleLike, *, full: bool = False) -> None:
     """:func:`hloalias.contract.verify` on the module's ``@main``, if it has
     one (a pass such as fold-transpose-into-dot-general needs none);
-    ``full``: read the signature even where a verification scope checked it."""
+    ``full``: read the signature even where a verification scope checked it.
+    Inside a pipeline's adapter, a check that is not ``full`` is the
+    adapter's own (see :data:`_ADAPTER_CHECKS`) and returns at once."""
+    if not full and _ADAPTER_CHECKS.get():
+        return
+    _verify_contract(module, full=full)
+
+
+def _verify_contract(module: ModuleLike, *, full: bool = False) -> None:
+    """:func:`verify_contract`, whoever asks (the adapter's checks)."""
     view = as_module_like(module)
     with view.context:
         for op in view.body.operations:
@@ -165,7 +191,7 @@ def _contract_error(module: ModuleLike) -> IRError | None:
     """What a full check of the contract (no :func:`verification_scope`
     record) says of ``module``: None when it holds."""
     try:
-        verify_contract(module, full=True)
+        _verify_contract(module, full=True)
     except IRError as error:
         return error
     return None

@@ -218,11 +218,37 @@ def test_a_pipeline_reads_an_unchanged_signature_once(monkeypatch: pytest.Monkey
     assert reads[0] == 2
 
 
+def test_a_pipeline_checks_once_before_each_run_of_passes_and_once_after_each_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a pipeline the adapter checks the contract on entry to each run
+    of hloalias passes and after each pass; the passes' own checks on entry
+    and exit (the same module again) are not made there: eight checks for
+    the six passes in two runs, not twenty.  Called directly, a pass still
+    checks on entry and on exit."""
+    import hloalias.passes.base as base
+    from hloalias.passes.fold_transpose_into_dot_general import FoldTransposeIntoDotGeneral
+
+    checks = [0]
+    original = base.verify
+
+    def counting(main: Any, **kwargs: Any) -> Any:
+        checks[0] += 1
+        return original(main, **kwargs)
+
+    monkeypatch.setattr(base, "verify", counting)
+    run_pipeline(parse_module(_CLEAN, new_context()), _UNTOUCHING)
+    assert checks[0] == 2 + 6
+    checks[0] = 0
+    FoldTransposeIntoDotGeneral().apply(parse_module(_CLEAN, new_context()))
+    assert checks[0] == 2
+
+
 def test_verify_each_pass_reads_the_signature_at_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
     reads = _count_reads(monkeypatch)
     monkeypatch.setenv("HLOALIAS_VERIFY_EACH_PASS", "1")
     run_pipeline(parse_module(_CLEAN, new_context()), _UNTOUCHING)
-    assert reads[0] >= 2 * 6 + 1  # each hloalias pass's own checks on entry and exit, and the pipeline's
+    assert reads[0] == 2 + 6  # every check the pipeline makes (on entry to each run, after each pass), in full
 
 
 def test_a_pipeline_reads_a_changed_signature_again(monkeypatch: pytest.MonkeyPatch) -> None:

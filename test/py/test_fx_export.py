@@ -127,6 +127,25 @@ def test_one_make_fx_trace_gives_exports_program(name: str) -> None:
     assert _described(ours) == _described(theirs)
 
 
+def test_the_programs_module_generates_its_code_only_when_used() -> None:
+    """The ExportedProgram's module is built lazily (torch's
+    ``_LazyGraphModule``): nothing on the way to MLIR reads its code, and
+    generating it was a second code generation of the trace's graph in
+    every compile.  Read, its code is what an eager module's would be; the
+    program computes eager's values (to the decompositions' rounding)."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    f, args, kwargs = _PROGRAMS["block_trees_statics_buffers"]()
+    module = _module(f)
+    ours = fx_export.exported_from_trace(module, args, kwargs, importer._decomposition_table_with_custom_ops())
+    assert ours is not None
+    assert isinstance(ours.graph_module, _LazyGraphModule) and ours.graph_module._needs_recompile()
+    assert ours.graph_module.code == torch.fx.GraphModule(ours.graph_module, ours.graph).code
+    assert not ours.graph_module._needs_recompile()
+    got, want = ours.module()(*args, **kwargs), module(*args, **kwargs)
+    assert all(torch.allclose(got[key], want[key]) for key in ("out", "h", "x", "d"))
+
+
 def test_a_small_hf_model_gives_exports_program() -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
