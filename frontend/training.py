@@ -267,12 +267,17 @@ def _capture(
                 f"step_fn returned {type(result).__name__}; it must return one tensor (the loss)"
             )
         new_values = []
+        # One ``lr == 0`` per group, not per parameter: each traced op costs
+        # the trace and every later stage, and XLA would merge them anyway.
+        lr_is_zero: dict[int, torch.Tensor] = {}
         for slot in slots:
             if slot.kind == "param":
                 new_param = leaves[slot.fqn].detach()  # type: ignore[index]
                 lr = zero_lr_keeps.get(slot.fqn)  # type: ignore[arg-type]
                 if lr is not None:
-                    new_param = torch.where(lr == 0, values[slot.name], new_param)
+                    if id(lr) not in lr_is_zero:
+                        lr_is_zero[id(lr)] = lr == 0
+                    new_param = torch.where(lr_is_zero[id(lr)], values[slot.name], new_param)
                 new_values.append(new_param)
             elif slot.kind == "buffer":
                 new_values.append(buffers[slot.fqn])  # type: ignore[index]

@@ -136,6 +136,10 @@ def _owner(value: ir.Value) -> ir.Operation | None:
     return owner.operation if isinstance(owner, (ir.OpView, ir.Operation)) else None
 
 
+def _operation(owner: ir.OpView | ir.Operation) -> ir.Operation:
+    return owner.operation if isinstance(owner, ir.OpView) else owner
+
+
 def _is_constant(value: ir.Value) -> bool:
     owner = _owner(value)
     return owner is not None and owner.name == "stablehlo.constant"
@@ -151,21 +155,29 @@ class _Block:
         self.max_ops = max_ops
         self.position: dict[ir.Operation, int] = {}
         self.ops: list[ir.Operation] = []
+        # readers() per value until the next refresh: every change of the
+        # block (a copy) is followed by a refresh, so an entry never
+        # outlives the uses it was read from.
+        self._readers: dict[ir.Value, list[ir.Operation] | None] = {}
 
     def refresh(self) -> list[ir.Operation]:
         """The block's ops, read again (after each copy: every change is
         followed by one refresh, so :attr:`ops` is always the block's)."""
         self.ops = [op.operation for op in self.block.operations]
         self.position = {op: index for index, op in enumerate(self.ops)}
+        self._readers = {}
         return self.ops
 
     def readers(self, value: ir.Value) -> list[ir.Operation] | None:
         """The ops of the block reading ``value``, in block order, each
         once; None when one is in a nested region."""
-        owners = {use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner for use in value.uses}
-        if any(owner not in self.position for owner in owners):
-            return None
-        return sorted(owners, key=self.position.__getitem__)
+        if value in self._readers:
+            return self._readers[value]
+        owners = {_operation(use.owner) for use in value.uses}
+        found = None if any(owner not in self.position for owner in owners) else \
+            sorted(owners, key=self.position.__getitem__)
+        self._readers[value] = found
+        return found
 
     def run(self) -> tuple[int, int]:
         values = copied = 0
