@@ -60,14 +60,18 @@ class _CurrentWhenCopied:
     copy or the pickle holds the current values and is a plain module."""
 
     def __init__(self, group: "weakref.ref[_StateGroup]", module: "weakref.ref[torch.nn.Module]") -> None:
-        self.group, self.module = group, module
+        #: The module's groups: its own, and one per program on a mesh.
+        self.groups, self.module = [group], module
 
     def __call__(self, protocol: int) -> Any:
-        module, group = self.module(), self.group()
+        module = self.module()
         if module is None:
             raise TypeError("cannot reduce a module that no longer exists")
-        if group is not None and _LAGGING[0]:
-            group.write_back_written()
+        self.groups[:] = [ref for ref in self.groups if ref() is not None]
+        for ref in list(self.groups):
+            group = ref()
+            if group is not None and _LAGGING[0]:
+                group.write_back_written(f"copying or pickling {type(module).__name__}")
         reduced = type(module).__reduce_ex__(module, protocol)
         if not (isinstance(reduced, tuple) and len(reduced) > 2 and isinstance(reduced[2], dict)):
             return reduced
@@ -221,15 +225,17 @@ class _StateSlot:
             shown.append(self.grad_of())
         return [tensor for tensor in shown if tensor is not None and tensor is not _REMOVED]
 
-    def marks_stale(self) -> bool:
-        """Whether a read of this slot's tensors copies its buffer in first
-        (:func:`refresh_stale`): on one device always; on a mesh only where
-        the group says how (``before_read``: a training step's write-back,
-        or its refusal across processes, where the copy is a collective)."""
+    def copied_alone(self) -> bool:
+        """Whether a read of this slot's tensor copies this buffer alone in
+        (:meth:`copy_to_source`): on one device, and on a mesh in one
+        process (the gather is local), unless its group serves reads
+        itself (``before_read``: a training step's whole write-back, or
+        the refusal across processes, where the gather is a collective
+        every process must enter, which no hook can promise)."""
         if not self.on_mesh:
             return True
         group = self._group() if self._group is not None else None
-        return group is not None and group.before_read is not None
+        return group is None or group.before_read is None
 
     def show_as_grad_of(self, parameter: torch.Tensor) -> None:
         """This slot's tensor is ``parameter.grad`` for eager code (a
@@ -289,7 +295,7 @@ class _StateSlot:
         self.replacements += 1
         group = self._group() if self._group is not None else None
         old = self.source()
-        if old is not None and old is not new and self.lags and not self.on_mesh:
+        if old is not None and old is not new and self.lags and self.copied_alone():
             # Eager code holding the old tensor reads what the calls left
             # in it, as eager's old tensor holds its last update.
             try:
@@ -338,7 +344,7 @@ class _StateSlot:
                 if group.existing(new, self.device) not in (None, self):
                     return False
                 old = self.source()
-                if old is not None and old is not new and self.lags and not self.on_mesh:
+                if old is not None and old is not new and self.lags and self.copied_alone():
                     self.copy_to_source()  # the replaced tensor keeps the calls' last value
                 if old is not None:
                     group._slots.pop((id(old), self.device.platform, self.device.id), None)
@@ -610,8 +616,6 @@ def is_stale(tensor: Any) -> bool:
 
 
 def _mark_stale(slot: "_StateSlot") -> None:
-    if not slot.marks_stale():
-        return
     for tensor in slot._shown_by():
         # Only torch's own classes: a subclass keeps its class (and its
         # bare reads show the last copied value, as before).
@@ -626,7 +630,7 @@ def _lagging_slots(tensor: torch.Tensor, grads_only: bool = False) -> list["_Sta
     found = []
     for ref in () if grads_only else _SLOTS_OF_TENSOR.get(tensor) or ():  # type: ignore[no-untyped-call]
         slot = ref()
-        if slot is not None and slot.lags and slot.source() is tensor and slot.marks_stale():
+        if slot is not None and slot.lags and slot.source() is tensor:
             found.append(slot)
     for ref in _GRAD_SLOTS_OF.get(tensor) or ():  # type: ignore[no-untyped-call]
         slot = ref()
@@ -646,9 +650,9 @@ def refresh_stale(tensors: Any, what: str, grads_only: bool = False) -> None:
     """Before torch reads ``tensors`` (``what``: the op): copy into each
     stale one what calls left on the device (:meth:`_StateSlot.copy_to_source`;
     a kept gradient becomes its ``.grad``), then give it its class back.
-    A group on a mesh decides itself (``before_read``: a training step
-    writes its state back, or refuses across processes, leaving the
-    tensors stale).  Idempotent: cut short (Ctrl-C, an error), the tensors
+    A group that serves reads itself decides (``before_read``: a training
+    step on a mesh writes its state back; a mesh across processes
+    refuses, leaving the tensors stale).  Idempotent: cut short (Ctrl-C, an error), the tensors
     not done stay stale and the next read does them.  ``grads_only``: only
     kept gradients shown as their ``.grad`` (a read of ``p.grad``); the
     tensor stays stale while its own value lags."""
@@ -658,18 +662,24 @@ def refresh_stale(tensors: Any, what: str, grads_only: bool = False) -> None:
     with torch._C.DisableTorchFunction(), torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
         for tensor in stale:
             for slot in _lagging_slots(tensor, grads_only):
-                group = slot._group() if slot._group is not None else None
-                before_read = group.before_read if group is not None else None
-                if before_read is not None:
-                    before_read(f"{what} of a tensor of the model or the optimizer")
-                else:
-                    slot.copy_to_source()
+                _bring_in(slot, f"{what} of a tensor of the model or the optimizer")
             fresh = getattr(type(tensor), _FRESH_CLASS, None)
             if grads_only:
                 _unmark_if_current(tensor)
             elif fresh is not None:
                 tensor.__class__ = fresh
     _STALE_READS[0] += 1
+
+
+def _bring_in(slot: "_StateSlot", what: str) -> None:
+    """Copy what calls left in ``slot``'s buffer into its tensor, or let its
+    group serve the read (``before_read``; ``what``: the reader)."""
+    if slot.copied_alone():
+        slot.copy_to_source()
+        return
+    group = slot._group() if slot._group is not None else None
+    if group is not None and group.before_read is not None:
+        group.before_read(what)
 
 
 #: How many reads found stale tensors and brought them in (tests count them).
@@ -682,12 +692,15 @@ _STALE_READS = [0]
 _LAGGING = [0]
 
 
-def bring_up_to_date(tensors: Any) -> None:
+def bring_up_to_date(tensors: Any, reader: "_StateGroup | None" = None) -> None:
     """Before torch itself reads ``tensors`` (a ``torch.compile``d graph's
-    inputs, an eager forward of the module), copy into each one that a state
-    slot stands for what calls left on the device since the two last
-    agreed, unless torch changed the tensor since (the user's write is then
-    the newest value, which the next call reads)."""
+    inputs, an eager forward of the module), or a program of the group
+    ``reader`` (a training step on a mesh) reads them as torch's edits,
+    copy into each one that a state slot of another group stands for what
+    calls left on the device since the two last agreed, unless torch
+    changed the tensor since (the user's write is then the newest value,
+    which the next call reads).  ``reader``'s own buffers hold its latest
+    values already: copying them would cost a gather per call."""
     if not _LAGGING[0]:
         return
     with _RUNTIME_READ():
@@ -697,8 +710,11 @@ def bring_up_to_date(tensors: Any) -> None:
             refs = _SLOTS_OF_TENSOR.get(tensor)  # type: ignore[no-untyped-call]
             for ref in refs or ():
                 slot = ref()
-                if slot is not None and slot.lags and slot.source() is tensor:
-                    slot.copy_to_source()
+                if (
+                    slot is not None and slot.lags and slot.source() is tensor
+                    and (reader is None or slot._group is None or slot._group() is not reader)
+                ):
+                    _bring_in(slot, "a torch.compile'd graph or an eager forward reading it")
 
 
 #: Counts the times a slot recorded a new agreement with its tensor
@@ -789,8 +805,9 @@ class _StateGroup:
         self._state_dict_hook: Any = None
         self._forward_hook: Any = None
         #: How a read of a stale tensor of this group's slots on a mesh is
-        #: served (``before_read(what)``: a training step's write-back or
-        #: its refusal); None: copied slot by slot, or (a mesh) not marked.
+        #: served (``before_read(what)``: a training step's write-back, or
+        #: the refusal across processes, where the copy is a collective);
+        #: None: copied slot by slot (one device, or a mesh in one process).
         self.before_read: Callable[[str], None] | None = None
 
     def note_written(self, slots: list[_StateSlot]) -> None:
@@ -812,31 +829,47 @@ class _StateGroup:
             def write_back_first(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
                 found = group()
                 if found is not None and _LAGGING[0] and not _tracing():
-                    found.write_back_written()
+                    found.write_back_written(f"{type(module).__name__}.state_dict()")
 
             def write_back_before_forward(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
                 found = group()
                 if found is not None and _LAGGING[0] and not _tracing(args, kwargs):
-                    found.write_back_written()
+                    found.write_back_written(f"an eager forward of {type(module).__name__}")
 
             # Not part of the program: the caches' keys skip it (user_forward_pre_hooks).
             setattr(write_back_before_forward, _SYNC_HOOK, True)
             setattr(write_back_first, _SYNC_HOOK, True)
             self._state_dict_hook = owner.register_state_dict_pre_hook(write_back_first)  # type: ignore[no-untyped-call]
             self._forward_hook = owner.register_forward_pre_hook(write_back_before_forward, with_kwargs=True)
+            # A program on a mesh has a group of its own, which dies with
+            # it: its hooks go with it (a module compiled again and again
+            # keeps no dead hooks).
+            for handle in (self._state_dict_hook, self._forward_hook):
+                weakref.finalize(self, handle.remove).atexit = False
             # copy.deepcopy and pickle (torch.save(model)) look __reduce_ex__
             # up on the instance: a copy gets what calls left, not the
             # stale tensors, and neither sees the hooks (closures pickle
             # cannot write).
-            owner.__dict__[_REDUCE] = _CurrentWhenCopied(group, weakref.ref(owner))
+            reduce = owner.__dict__.get(_REDUCE)
+            if isinstance(reduce, _CurrentWhenCopied):
+                reduce.groups.append(group)
+            else:
+                owner.__dict__[_REDUCE] = _CurrentWhenCopied(group, weakref.ref(owner))
 
-    def write_back_written(self) -> None:
+    def write_back_written(self, what: str = "a read of the module's state") -> None:
         """Copy each written slot's buffer into its module tensor (in place)
         where it lags it, unless torch changed that tensor since they last
         agreed: then the user's write is the newest value, which the next
-        call reads."""
+        call reads.  A group that serves reads itself (``before_read``: a
+        mesh across processes, which refuses) is asked instead, once,
+        where some slot lags; ``what`` names the reader."""
         with self.lock, _RUNTIME_READ():
-            for slot in list(self._written.values()):
+            slots = list(self._written.values())
+            if self.before_read is not None:
+                if any(slot.lags for slot in slots):
+                    self.before_read(what)
+                return
+            for slot in slots:
                 slot.copy_to_source()
 
     def module_tensor(self, name: str) -> torch.Tensor | None:
