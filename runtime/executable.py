@@ -717,7 +717,10 @@ class Executable:
             id(slot) for _, slot in self._watched if (tensor := slot.source()) is not None and tensor.requires_grad
         )
         self._follows_replacements: str | None = None
-        self._state_watch = StateWatch(tuple(slot for _, slot in self._watched), native_first_changed())
+        watched_slots = tuple(slot for _, slot in self._watched)
+        self._state_watch = StateWatch(
+            watched_slots, native_first_changed(), self._group, on_mesh=self._placement.spmd
+        )
         self._group.note_written([
             slot for name, slot in self._watched
             if self._mutation_keys[self._names.index(self._signature.state_aliases.get(name, name))] is not None

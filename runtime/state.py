@@ -209,6 +209,10 @@ class _StateSlot:
             _LAGGING[0] += 1 if lags else -1
             # Once per change of agreement, never per call: a slot that
             # keeps lagging (calls and no reads) marks nothing again.
+            if lags:
+                _LAG_STARTS[0] += 1
+                if self.on_mesh:
+                    _MESH_LAG_STARTS[0] += 1
             if self._marks:
                 if lags:
                     _mark_stale(self)
@@ -717,6 +721,28 @@ def bring_up_to_date(tensors: Any, reader: "_StateGroup | None" = None) -> None:
                     _bring_in(slot, "a torch.compile'd graph or an eager forward reading it")
 
 
+#: Count the times a slot (any; one on a mesh) started lagging its
+#: tensor: a :class:`StateWatch` looks for state other groups left stale
+#: only when the count it watches moved (once per read between calls).
+_LAG_STARTS = [0]
+_MESH_LAG_STARTS = [0]
+
+
+def read_others_stale(slots: tuple[_StateSlot, ...], reader: "_StateGroup | None") -> None:
+    """Before a call of a program of ``reader``: copy into each of
+    ``slots``' tensors what calls of another group's programs left on the
+    device (their own slots of it lag), so the call reads it as torch's
+    edit.  Two programs of one module on a mesh (or one on a mesh and one
+    on one device) keep their state in groups of their own."""
+    for slot in slots:
+        tensor = slot.source()
+        if tensor is None or not is_stale(tensor):
+            continue
+        for other in _lagging_slots(tensor):
+            if other is not slot and (other._group is None or other._group() is not reader):
+                _bring_in(other, "a call of another program of the module")
+
+
 #: Counts the times a slot recorded a new agreement with its tensor
 #: (``refresh_from_torch``, ``mark_synced``): a :class:`StateWatch` rebuilds
 #: its tuples when it moved.
@@ -738,11 +764,21 @@ class StateWatch:
     slots' weakrefs, versions and data pointers are kept as three tuples for
     ``first_changed`` (``_lane.first_changed`` where the native call path is
     built, about a tenth of the Python loop's cost), rebuilt only when some
-    slot recorded a new agreement."""
+    slot recorded a new agreement.
+
+    With ``group`` (the slots' group), the check first brings in what
+    programs of other groups of the module left on their devices
+    (:func:`read_others_stale`; the check then sees it as torch's edits):
+    a program on a mesh keeps its state in a group of its own, so the
+    module's tensors are the only place the two meet.  Only when some slot
+    of another kind started lagging since (``on_mesh``: a mesh program's
+    watch looks at every slot's start, one device's at mesh slots'): once
+    per read between calls, never per call."""
 
     def __init__(
         self, slots: tuple[_StateSlot, ...],
         first_changed: Callable[[tuple[Any, ...], tuple[int, ...], tuple[int, ...]], int] | None,
+        group: "_StateGroup | None" = None, on_mesh: bool = False,
     ) -> None:
         self.slots = slots
         self._first_changed = first_changed or _first_changed_in_python
@@ -750,8 +786,14 @@ class StateWatch:
         self._refs: tuple[Any, ...] = ()
         self._versions: tuple[int, ...] = ()
         self._pointers: tuple[int, ...] = ()
+        self._group = weakref.ref(group) if group is not None else None
+        self._starts = _LAG_STARTS if on_mesh else _MESH_LAG_STARTS
+        self._starts_seen = self._starts[0]
 
     def changed(self) -> bool:
+        if self._starts_seen != self._starts[0] and self._group is not None:
+            self._starts_seen = self._starts[0]
+            read_others_stale(self.slots, self._group())
         if self._agreements != _AGREEMENTS[0]:
             self._agreements = _AGREEMENTS[0]
             self._refs = tuple(slot.source for slot in self.slots)
@@ -1051,3 +1093,4 @@ def _state_group(f: Any) -> _StateGroup:
             group = _StateGroup(f if isinstance(f, torch.nn.Module) else None)
             _GROUPS[f] = group
         return group
+
