@@ -24,7 +24,15 @@ it stale (:func:`_mark_stale`, a class swap), and its first op that may
 read values brings it in (:func:`refresh_stale`).  So torch never reads a
 stale module tensor, except one that shares memory with it and was made
 before the calls (``v = p.detach()`` taken before), and state of other
-tensor classes, which is not marked."""
+tensor classes, which is not marked.
+
+A program on a mesh has a group of its own (its state is placed by its
+shardings), with the same hooks and marks: a read gathers the buffer in
+one process; across processes, where that gather is a collective every
+process must enter, the group refuses the read (``before_read``) until
+``write_back()``.  Before a call, the per-call check (:class:`StateWatch`)
+copies in what another group's programs of the module left
+(:func:`read_others_stale`)."""
 
 from __future__ import annotations
 
