@@ -664,8 +664,8 @@ def refresh_stale(tensors: Any, what: str, grads_only: bool = False) -> None:
     a kept gradient becomes its ``.grad``), then give it its class back.
     A group that serves reads itself decides (``before_read``: a training
     step on a mesh writes its state back; a mesh across processes
-    refuses, leaving the tensors stale).  Idempotent: cut short (Ctrl-C, an error), the tensors
-    not done stay stale and the next read does them.  ``grads_only``: only
+    refuses, leaving the tensors stale).  Idempotent: cut short (Ctrl-C,
+    an error), the tensors not done stay stale and the next read does them.  ``grads_only``: only
     kept gradients shown as their ``.grad`` (a read of ``p.grad``); the
     tensor stays stale while its own value lags."""
     stale = [t for t in tensors if isinstance(t, torch.Tensor) and is_stale(t)]
@@ -747,7 +747,11 @@ def read_others_stale(slots: tuple[_StateSlot, ...], reader: "_StateGroup | None
         if tensor is None or not is_stale(tensor):
             continue
         for other in _lagging_slots(tensor):
-            if other is not slot and (other._group is None or other._group() is not reader):
+            # The tensor's own value only (a kept gradient shown as its
+            # ``.grad`` is not what the call reads).
+            if other is not slot and other.source() is tensor and (
+                other._group is None or other._group() is not reader
+            ):
                 _bring_in(other, "a call of another program of the module")
 
 
@@ -1101,4 +1105,3 @@ def _state_group(f: Any) -> _StateGroup:
             group = _StateGroup(f if isinstance(f, torch.nn.Module) else None)
             _GROUPS[f] = group
         return group
-
