@@ -307,8 +307,13 @@ def compile(  # noqa: A001 - the name users expect
         placement = plan_shardings(program, mesh, shardings, target) if mesh is not None else None
         donated = _resolve_donations(program, requests)
         _mark_donors(program, donated)
-        # State on a mesh is placed by this program's shardings: its own group.
-        group = _state_group(owner) if mesh is None else _StateGroup()
+        # State on a mesh is placed by this program's shardings: its own
+        # group, whose hooks on the module (a plain program's: a training
+        # step's has its own, runtime/training.py) copy what its calls left
+        # in before eager code reads it, as the module's group does.
+        group = _state_group(owner) if mesh is None else _StateGroup(
+            f if isinstance(f, torch.nn.Module) and _state_owner is None else None
+        )
         pipeline_text = _pipeline_for(pipeline, program, group, target, mesh is not None)
         observe.dump("stablehlo", lambda: print_module(program.torch_mlir_module))
         runs = run_passes(program.torch_mlir_module, pipeline_text, run_pipeline)
@@ -572,6 +577,25 @@ def _mark_donors(program: Program, donated: list[int]) -> None:
         dataclasses.replace(contract, args=args).write(main)
 
 
+def _refusing_host_reads(executable: "weakref.ref[Executable]") -> Callable[[str], None]:
+    """How a read of module state that calls of a program on a mesh across
+    processes left on the devices is served (``_StateGroup.before_read``):
+    refused.  The copy in is a gather every process must enter, which the
+    hook of one process's read (``module.buf * 1``, ``state_dict()``, an
+    eager forward) cannot promise; a silent read would see the values from
+    before the calls."""
+
+    def refuse(what: str) -> None:
+        found = executable()
+        name = found._program_name if found is not None else Executable._program_name
+        raise ExecutionError(
+            f"{what} after calls of the program compiled from {name} on a mesh across processes would read "
+            "the state from before them: call write_back() of the compiled program in every process first"
+        )
+
+    return refuse
+
+
 @dataclasses.dataclass(frozen=True)
 class HostCopy:
     """A host-side copy the runtime makes on a call, and why."""
@@ -665,6 +689,8 @@ class Executable:
             self._caller_inputs if self._flat_inputs and not self._convention.keywords else -1
         )
         self._group = state_group or _StateGroup()
+        if self._placement.multiprocess and self._group.before_read is None:
+            self._group.before_read = _refusing_host_reads(weakref.ref(self))
         state_index = {a.name: a.index for a in program.signature.arguments}
         self._slots: dict[str, _StateSlot] = {
             name: self._group.slot(
@@ -691,7 +717,10 @@ class Executable:
             id(slot) for _, slot in self._watched if (tensor := slot.source()) is not None and tensor.requires_grad
         )
         self._follows_replacements: str | None = None
-        self._state_watch = StateWatch(tuple(slot for _, slot in self._watched), native_first_changed())
+        watched_slots = tuple(slot for _, slot in self._watched)
+        self._state_watch = StateWatch(
+            watched_slots, native_first_changed(), self._group, on_mesh=self._placement.spmd
+        )
         self._group.note_written([
             slot for name, slot in self._watched
             if self._mutation_keys[self._names.index(self._signature.state_aliases.get(name, name))] is not None

@@ -27,7 +27,15 @@ it stale (:func:`_mark_stale`, a class swap), and its first op that may
 read values brings it in (:func:`refresh_stale`).  So torch never reads a
 stale module tensor, except one that shares memory with it and was made
 before the calls (``v = p.detach()`` taken before), and state of other
-tensor classes, which is not marked."""
+tensor classes, which is not marked.
+
+A program on a mesh has a group of its own (its state is placed by its
+shardings), with the same hooks and marks: a read gathers the buffer in
+one process; across processes, where that gather is a collective every
+process must enter, the group refuses the read (``before_read``) until
+``write_back()``.  Before a call, the per-call check (:class:`StateWatch`)
+copies in what another group's programs of the module left
+(:func:`read_others_stale`)."""
 
 from __future__ import annotations
 
@@ -64,14 +72,18 @@ class _CurrentWhenCopied:
     copy or the pickle holds the current values and is a plain module."""
 
     def __init__(self, group: "weakref.ref[_StateGroup]", module: "weakref.ref[torch.nn.Module]") -> None:
-        self.group, self.module = group, module
+        #: The module's groups: its own, and one per program on a mesh.
+        self.groups, self.module = [group], module
 
     def __call__(self, protocol: int) -> Any:
-        module, group = self.module(), self.group()
+        module = self.module()
         if module is None:
             raise TypeError("cannot reduce a module that no longer exists")
-        if group is not None and _LAGGING[0]:
-            group.write_back_written()
+        self.groups[:] = [ref for ref in self.groups if ref() is not None]
+        for ref in list(self.groups):
+            group = ref()
+            if group is not None and _LAGGING[0]:
+                group.write_back_written(f"copying or pickling {type(module).__name__}")
         reduced = type(module).__reduce_ex__(module, protocol)
         if not (isinstance(reduced, tuple) and len(reduced) > 2 and isinstance(reduced[2], dict)):
             return reduced
@@ -209,6 +221,10 @@ class _StateSlot:
             _LAGGING[0] += 1 if lags else -1
             # Once per change of agreement, never per call: a slot that
             # keeps lagging (calls and no reads) marks nothing again.
+            if lags:
+                _LAG_STARTS[0] += 1
+                if self.on_mesh:
+                    _MESH_LAG_STARTS[0] += 1
             if self._marks:
                 if lags:
                     _mark_stale(self)
@@ -225,15 +241,17 @@ class _StateSlot:
             shown.append(self.grad_of())
         return [tensor for tensor in shown if tensor is not None and tensor is not _REMOVED]
 
-    def marks_stale(self) -> bool:
-        """Whether a read of this slot's tensors copies its buffer in first
-        (:func:`refresh_stale`): on one device always; on a mesh only where
-        the group says how (``before_read``: a training step's write-back,
-        or its refusal across processes, where the copy is a collective)."""
+    def copied_alone(self) -> bool:
+        """Whether a read of this slot's tensor copies this buffer alone in
+        (:meth:`copy_to_source`): on one device, and on a mesh in one
+        process (the gather is local), unless its group serves reads
+        itself (``before_read``: a training step's whole write-back, or
+        the refusal across processes, where the gather is a collective
+        every process must enter, which no hook can promise)."""
         if not self.on_mesh:
             return True
         group = self._group() if self._group is not None else None
-        return group is not None and group.before_read is not None
+        return group is None or group.before_read is None
 
     def show_as_grad_of(self, parameter: torch.Tensor) -> None:
         """This slot's tensor is ``parameter.grad`` for eager code (a
@@ -293,7 +311,7 @@ class _StateSlot:
         self.replacements += 1
         group = self._group() if self._group is not None else None
         old = self.source()
-        if old is not None and old is not new and self.lags and not self.on_mesh:
+        if old is not None and old is not new and self.lags and self.copied_alone():
             # Eager code holding the old tensor reads what the calls left
             # in it, as eager's old tensor holds its last update.
             try:
@@ -342,7 +360,7 @@ class _StateSlot:
                 if group.existing(new, self.device) not in (None, self):
                     return False
                 old = self.source()
-                if old is not None and old is not new and self.lags and not self.on_mesh:
+                if old is not None and old is not new and self.lags and self.copied_alone():
                     self.copy_to_source()  # the replaced tensor keeps the calls' last value
                 if old is not None:
                     group._slots.pop((id(old), self.device.platform, self.device.id), None)
@@ -615,8 +633,6 @@ def is_stale(tensor: Any) -> bool:
 
 
 def _mark_stale(slot: "_StateSlot") -> None:
-    if not slot.marks_stale():
-        return
     for tensor in slot._shown_by():
         # Only torch's own classes: a subclass keeps its class (and its
         # bare reads show the last copied value, as before).
@@ -631,7 +647,7 @@ def _lagging_slots(tensor: torch.Tensor, grads_only: bool = False) -> list["_Sta
     found = []
     for ref in () if grads_only else _SLOTS_OF_TENSOR.get(tensor) or ():  # type: ignore[no-untyped-call]
         slot = ref()
-        if slot is not None and slot.lags and slot.source() is tensor and slot.marks_stale():
+        if slot is not None and slot.lags and slot.source() is tensor:
             found.append(slot)
     for ref in _GRAD_SLOTS_OF.get(tensor) or ():  # type: ignore[no-untyped-call]
         slot = ref()
@@ -651,10 +667,10 @@ def refresh_stale(tensors: Any, what: str, grads_only: bool = False) -> None:
     """Before torch reads ``tensors`` (``what``: the op): copy into each
     stale one what calls left on the device (:meth:`_StateSlot.copy_to_source`;
     a kept gradient becomes its ``.grad``), then give it its class back.
-    A group on a mesh decides itself (``before_read``: a training step
-    writes its state back, or refuses across processes, leaving the
-    tensors stale).  Idempotent: cut short (Ctrl-C, an error), the tensors
-    not done stay stale and the next read does them.  ``grads_only``: only
+    A group that serves reads itself decides (``before_read``: a training
+    step on a mesh writes its state back; a mesh across processes
+    refuses, leaving the tensors stale).  Idempotent: cut short (Ctrl-C,
+    an error), the tensors not done stay stale and the next read does them.  ``grads_only``: only
     kept gradients shown as their ``.grad`` (a read of ``p.grad``); the
     tensor stays stale while its own value lags."""
     stale = [t for t in tensors if isinstance(t, torch.Tensor) and is_stale(t)]
@@ -663,18 +679,24 @@ def refresh_stale(tensors: Any, what: str, grads_only: bool = False) -> None:
     with torch._C.DisableTorchFunction(), torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
         for tensor in stale:
             for slot in _lagging_slots(tensor, grads_only):
-                group = slot._group() if slot._group is not None else None
-                before_read = group.before_read if group is not None else None
-                if before_read is not None:
-                    before_read(f"{what} of a tensor of the model or the optimizer")
-                else:
-                    slot.copy_to_source()
+                _bring_in(slot, f"{what} of a tensor of the model or the optimizer")
             fresh = getattr(type(tensor), _FRESH_CLASS, None)
             if grads_only:
                 _unmark_if_current(tensor)
             elif fresh is not None:
                 tensor.__class__ = fresh
     _STALE_READS[0] += 1
+
+
+def _bring_in(slot: "_StateSlot", what: str) -> None:
+    """Copy what calls left in ``slot``'s buffer into its tensor, or let its
+    group serve the read (``before_read``; ``what``: the reader)."""
+    if slot.copied_alone():
+        slot.copy_to_source()
+        return
+    group = slot._group() if slot._group is not None else None
+    if group is not None and group.before_read is not None:
+        group.before_read(what)
 
 
 #: How many reads found stale tensors and brought them in (tests count them).
@@ -687,12 +709,15 @@ _STALE_READS = [0]
 _LAGGING = [0]
 
 
-def bring_up_to_date(tensors: Any) -> None:
+def bring_up_to_date(tensors: Any, reader: "_StateGroup | None" = None) -> None:
     """Before torch itself reads ``tensors`` (a ``torch.compile``d graph's
-    inputs, an eager forward of the module), copy into each one that a state
-    slot stands for what calls left on the device since the two last
-    agreed, unless torch changed the tensor since (the user's write is then
-    the newest value, which the next call reads)."""
+    inputs, an eager forward of the module), or a program of the group
+    ``reader`` (a training step on a mesh) reads them as torch's edits,
+    copy into each one that a state slot of another group stands for what
+    calls left on the device since the two last agreed, unless torch
+    changed the tensor since (the user's write is then the newest value,
+    which the next call reads).  ``reader``'s own buffers hold its latest
+    values already: copying them would cost a gather per call."""
     if not _LAGGING[0]:
         return
     with _RUNTIME_READ():
@@ -702,8 +727,37 @@ def bring_up_to_date(tensors: Any) -> None:
             refs = _SLOTS_OF_TENSOR.get(tensor)  # type: ignore[no-untyped-call]
             for ref in refs or ():
                 slot = ref()
-                if slot is not None and slot.lags and slot.source() is tensor:
-                    slot.copy_to_source()
+                if (
+                    slot is not None and slot.lags and slot.source() is tensor
+                    and (reader is None or slot._group is None or slot._group() is not reader)
+                ):
+                    _bring_in(slot, "a torch.compile'd graph or an eager forward reading it")
+
+
+#: Count the times a slot (any; one on a mesh) started lagging its
+#: tensor: a :class:`StateWatch` looks for state other groups left stale
+#: only when the count it watches moved (once per read between calls).
+_LAG_STARTS = [0]
+_MESH_LAG_STARTS = [0]
+
+
+def read_others_stale(slots: tuple[_StateSlot, ...], reader: "_StateGroup | None") -> None:
+    """Before a call of a program of ``reader``: copy into each of
+    ``slots``' tensors what calls of another group's programs left on the
+    device (their own slots of it lag), so the call reads it as torch's
+    edit.  Two programs of one module on a mesh (or one on a mesh and one
+    on one device) keep their state in groups of their own."""
+    for slot in slots:
+        tensor = slot.source()
+        if tensor is None or not is_stale(tensor):
+            continue
+        for other in _lagging_slots(tensor):
+            # The tensor's own value only (a kept gradient shown as its
+            # ``.grad`` is not what the call reads).
+            if other is not slot and other.source() is tensor and (
+                other._group is None or other._group() is not reader
+            ):
+                _bring_in(other, "a call of another program of the module")
 
 
 class _BringsInputsUpToDate:
@@ -789,11 +843,21 @@ class StateWatch:
     slots' weakrefs, versions and data pointers are kept as three tuples for
     ``first_changed`` (``_lane.first_changed`` where the native call path is
     built, about a tenth of the Python loop's cost), rebuilt only when some
-    slot recorded a new agreement."""
+    slot recorded a new agreement.
+
+    With ``group`` (the slots' group), the check first brings in what
+    programs of other groups of the module left on their devices
+    (:func:`read_others_stale`; the check then sees it as torch's edits):
+    a program on a mesh keeps its state in a group of its own, so the
+    module's tensors are the only place the two meet.  Only when some slot
+    of another kind started lagging since (``on_mesh``: a mesh program's
+    watch looks at every slot's start, one device's at mesh slots'): once
+    per read between calls, never per call."""
 
     def __init__(
         self, slots: tuple[_StateSlot, ...],
         first_changed: Callable[[tuple[Any, ...], tuple[int, ...], tuple[int, ...]], int] | None,
+        group: "_StateGroup | None" = None, on_mesh: bool = False,
     ) -> None:
         self.slots = slots
         self._first_changed = first_changed or _first_changed_in_python
@@ -801,8 +865,14 @@ class StateWatch:
         self._refs: tuple[Any, ...] = ()
         self._versions: tuple[int, ...] = ()
         self._pointers: tuple[int, ...] = ()
+        self._group = weakref.ref(group) if group is not None else None
+        self._starts = _LAG_STARTS if on_mesh else _MESH_LAG_STARTS
+        self._starts_seen = self._starts[0]
 
     def changed(self) -> bool:
+        if self._starts_seen != self._starts[0] and self._group is not None:
+            self._starts_seen = self._starts[0]
+            read_others_stale(self.slots, self._group())
         if self._agreements != _AGREEMENTS[0]:
             self._agreements = _AGREEMENTS[0]
             self._refs = tuple(slot.source for slot in self.slots)
@@ -856,8 +926,9 @@ class _StateGroup:
         self._state_dict_hook: Any = None
         self._forward_hook: Any = None
         #: How a read of a stale tensor of this group's slots on a mesh is
-        #: served (``before_read(what)``: a training step's write-back or
-        #: its refusal); None: copied slot by slot, or (a mesh) not marked.
+        #: served (``before_read(what)``: a training step's write-back, or
+        #: the refusal across processes, where the copy is a collective);
+        #: None: copied slot by slot (one device, or a mesh in one process).
         self.before_read: Callable[[str], None] | None = None
 
     def note_written(self, slots: list[_StateSlot]) -> None:
@@ -879,31 +950,47 @@ class _StateGroup:
             def write_back_first(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
                 found = group()
                 if not _tracing() and found is not None and _LAGGING[0]:
-                    found.write_back_written()
+                    found.write_back_written(f"{type(module).__name__}.state_dict()")
 
             def write_back_before_forward(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
                 found = group()
                 if not _tracing(args, kwargs) and found is not None and _LAGGING[0]:
-                    found.write_back_written()
+                    found.write_back_written(f"an eager forward of {type(module).__name__}")
 
             # Not part of the program: the caches' keys skip it (user_forward_pre_hooks).
             setattr(write_back_before_forward, _SYNC_HOOK, True)
             setattr(write_back_first, _SYNC_HOOK, True)
             self._state_dict_hook = owner.register_state_dict_pre_hook(write_back_first)  # type: ignore[no-untyped-call]
             self._forward_hook = owner.register_forward_pre_hook(write_back_before_forward, with_kwargs=True)
+            # A program on a mesh has a group of its own, which dies with
+            # it: its hooks go with it (a module compiled again and again
+            # keeps no dead hooks).
+            for handle in (self._state_dict_hook, self._forward_hook):
+                weakref.finalize(self, handle.remove).atexit = False
             # copy.deepcopy and pickle (torch.save(model)) look __reduce_ex__
             # up on the instance: a copy gets what calls left, not the
             # stale tensors, and neither sees the hooks (closures pickle
             # cannot write).
-            owner.__dict__[_REDUCE] = _CurrentWhenCopied(group, weakref.ref(owner))
+            reduce = owner.__dict__.get(_REDUCE)
+            if isinstance(reduce, _CurrentWhenCopied):
+                reduce.groups.append(group)
+            else:
+                owner.__dict__[_REDUCE] = _CurrentWhenCopied(group, weakref.ref(owner))
 
-    def write_back_written(self) -> None:
+    def write_back_written(self, what: str = "a read of the module's state") -> None:
         """Copy each written slot's buffer into its module tensor (in place)
         where it lags it, unless torch changed that tensor since they last
         agreed: then the user's write is the newest value, which the next
-        call reads."""
+        call reads.  A group that serves reads itself (``before_read``: a
+        mesh across processes, which refuses) is asked instead, once,
+        where some slot lags; ``what`` names the reader."""
         with self.lock, _RUNTIME_READ():
-            for slot in list(self._written.values()):
+            slots = list(self._written.values())
+            if self.before_read is not None:
+                if any(slot.lags for slot in slots):
+                    self.before_read(what)
+                return
+            for slot in slots:
                 slot.copy_to_source()
 
     def module_tensor(self, name: str) -> torch.Tensor | None:

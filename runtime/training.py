@@ -611,7 +611,7 @@ class TrainingStep:
         if self._store is not None:
             self._store.mesh_steps_before_eager_read("a call of another training step of the model", caller=self)
         if self.executable._placement.spmd:
-            bring_up_to_date(_host_tensors(self._model, self._optimizer))
+            bring_up_to_date(_host_tensors(self._model, self._optimizer), reader=self.executable._group)
 
     def _before_eager_read(self, what: str) -> None:
         """Eager code is about to read the model or the optimizer (``what``)

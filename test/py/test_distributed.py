@@ -134,6 +134,28 @@ def test_forward_and_decode_across_processes_equal_eager(trained: tuple[Path, li
         torch.testing.assert_close(report["decode_state"]["v_cache"], decode.v_cache)
 
 
+def test_reads_of_a_mesh_programs_module_state_across_processes_are_refused_until_written_back(
+    trained: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    """After calls of a program on a mesh across processes, a bare read of
+    the module's buffer, its ``state_dict()`` and an eager forward would
+    see the state from before them (the copy in is a collective): each is
+    an ExecutionError naming ``write_back()``, and the tensors stay marked;
+    after ``write_back()`` in every process they hold the calls' values."""
+    _, reports = trained
+    decode = worker.Decode()
+    for i, token in enumerate(worker.tokens()):
+        decode(token, torch.tensor([i]))
+    for report in reports:
+        for key in ("decode_bare_read", "decode_module_state_dict", "decode_eager_forward"):
+            assert report[key].startswith("ExecutionError: "), (key, report[key])
+            assert "write_back() of the compiled program in every process" in report[key]
+            assert "across processes" in report[key] and "Decode" in report[key]
+        assert report["decode_stale_after_refusals"]
+        for name in ("k_cache", "v_cache"):
+            torch.testing.assert_close(report["decode_written_back"][name], getattr(decode, name).detach())
+
+
 def test_bf16_state_across_processes_equals_eager(trained: tuple[Path, list[dict[str, Any]]]) -> None:
     _, reports = trained
     eager = worker.Accumulator()

@@ -352,3 +352,30 @@ def test_a_bare_read_after_mesh_steps_across_processes_is_refused(monkeypatch: p
     monkeypatch.setattr(train.executable._placement, "multiprocess", True)
     model.fc1.weight.sum()
     assert type(model.fc1.weight) is torch.nn.Parameter
+
+
+def test_steps_on_a_mesh_nobody_reads_between_copy_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step on a mesh brings in what other programs of the model left
+    before each call, not its own state: that would gather every
+    parameter and moment to the host per call (it did: 12 copies a call)."""
+    copies = _count_copies(monkeypatch)
+    model, optimizer, step = worker.trainer()
+    eager_model, eager_optimizer, eager_step = worker.trainer()
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    train = hloalias.compile_training_step(
+        step, model, optimizer, (x, y), mesh=Mesh((2,), ("dp",)), shardings={0: ("dp", None)}
+    )
+    written_back = [0]
+    original = type(train)._write_back
+
+    def counted(step: Any) -> None:
+        written_back[0] += 1
+        original(step)
+
+    monkeypatch.setattr(type(train), "_write_back", counted)
+    for _ in range(3):
+        train(x, y)
+        eager_step(x, y)
+    assert copies[0] == 0 and written_back[0] == 0
+    _close(model.fc1.weight, eager_model.fc1.weight)
+    assert written_back[0] == 1

@@ -219,6 +219,16 @@ def train(out: Path) -> dict[str, Any]:
     report["decode"] = [decoder(token, torch.tensor([i])) for i, token in enumerate(tokens())]
     report["decode_state"] = decoder.state_dict()
     report["decode_bytes"] = decoder.memory_stats_per_device
+    # The module's own tensors: a read would gather (a collective), so
+    # without write_back() in every process it is refused, never stale.
+    report["decode_bare_read"] = _error(lambda: decode.k_cache * 1)
+    report["decode_module_state_dict"] = _error(decode.state_dict)
+    report["decode_eager_forward"] = _error(lambda: decode(tokens()[0], torch.tensor([0])))
+    from hloalias.runtime.state import is_stale
+
+    report["decode_stale_after_refusals"] = is_stale(decode.v_cache)
+    decoder.write_back()
+    report["decode_written_back"] = {"k_cache": decode.k_cache * 1, "v_cache": decode.state_dict()["v_cache"]}
 
     accumulator = hloalias.compile(
         Accumulator(), (bf16_inputs()[0],), mesh=dp_mesh, shardings={"total": ("dp", None), "x": ("dp", None)}
