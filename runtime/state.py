@@ -151,6 +151,9 @@ class _StateSlot:
         self._marks = False
         self.on_mesh = put is not None
         self._group: weakref.ref[_StateGroup] | None = None
+        #: The tensor that keeps this slot alive while it lags (see
+        #: :meth:`_keep_alive_while_lagging`), else None.
+        self._kept_by: weakref.ref[torch.Tensor] | None = None
         with _RUNTIME_READ():
             self._made(source, device, put, layout, bits)
 
@@ -219,6 +222,7 @@ class _StateSlot:
         if lags != self.lags:
             self.lags = lags
             _LAGGING[0] += 1 if lags else -1
+            self._keep_alive_while_lagging(lags)
             # Once per change of agreement, never per call: a slot that
             # keeps lagging (calls and no reads) marks nothing again.
             if lags:
@@ -231,6 +235,30 @@ class _StateSlot:
                 else:
                     for tensor in self._shown_by():
                         _unmark_if_current(tensor)
+
+    def _keep_alive_while_lagging(self, lags: bool) -> None:
+        """While the buffer holds a value its tensor does not, the tensor
+        keeps the slot alive (:data:`_KEPT_WHILE_LAGGING`): a program dropped
+        before anyone read what its calls left (a training step made inside
+        a function that returns) must not take the module's new values with
+        it.  The next read of the stale tensor copies them in as usual."""
+        if lags:
+            source = self.source()
+            if source is None or source is _REMOVED:
+                return
+            kept = _KEPT_WHILE_LAGGING.get(source)  # type: ignore[no-untyped-call]
+            if kept is None:
+                _KEPT_WHILE_LAGGING[source] = kept = []
+            kept.append(self)
+            self._kept_by = weakref.ref(source)
+            return
+        holder = self._kept_by() if self._kept_by is not None else None
+        self._kept_by = None
+        kept = _KEPT_WHILE_LAGGING.get(holder) if holder is not None else None  # type: ignore[no-untyped-call]
+        if kept is not None:
+            kept[:] = [slot for slot in kept if slot is not self]
+            if not kept:
+                del _KEPT_WHILE_LAGGING[holder]
 
     def _shown_by(self) -> list[torch.Tensor]:
         """The torch tensors a read of which must see this slot's buffer:
@@ -1070,6 +1098,9 @@ class _StateGroup:
 
 #: The live slots that stand for a tensor, in every group.
 _SLOTS_OF_TENSOR: WeakIdKeyDictionary = WeakIdKeyDictionary()
+#: Tensor -> the slots whose buffers hold values it does not (strong: they
+#: outlive the programs that wrote them until read or the tensor dies).
+_KEPT_WHILE_LAGGING: WeakIdKeyDictionary = WeakIdKeyDictionary()
 #: Parameter -> the slots of kept gradients shown as its ``.grad``.
 _GRAD_SLOTS_OF: WeakIdKeyDictionary = WeakIdKeyDictionary()
 #: What a removed attribute's slot stands for: no version matches -1.
