@@ -14,7 +14,9 @@ concrete inputs, without tracing the model again: every shape computation
 of the graph (``sym_size`` and the integer arithmetic on it, the range
 asserts) is evaluated for the inputs' sizes and replaced by its value, and
 every op's result type is derived again by running the op on fake tensors
-of the concrete shapes; the importer then continues from the decomposed
+of the concrete shapes (once per operator and arguments' metadata: a
+repeat, such as the same op of a transformer's next layer, is rebuilt from
+the first result, ``_Results``); the importer then continues from the decomposed
 program (:func:`hloalias.frontend.importer._import_decomposed`: FX import,
 lowering to StableHLO).  What depends on shapes runs again; the trace and
 the decomposition retrace do not.
@@ -422,7 +424,6 @@ class _Result:
     storage_offset: int
     dtype: torch.dtype
     device: torch.device
-    requires_grad: bool
     view_of: int | None
 
 
@@ -441,8 +442,11 @@ class _Results:
     ``_view_meta``, uncached) computed once.  Only where that rebuild is
     exact: one strided tensor out, not conjugate or negated, no constant
     (the fake mode's constant propagation) in or out, an op that mutates
-    nothing and does not return an input itself, a new storage exactly as
-    large as ``empty_strided`` makes it; anything else dispatches."""
+    nothing and does not return an input itself, a result that does not
+    require grad (a rebuilt one would be a leaf), a new storage exactly as
+    large as ``empty_strided`` makes it; anything else dispatches.  The key
+    holds each tensor argument's storage size and which earlier argument
+    shares its storage, so a repeat sees inputs laid out as the first did."""
 
     def __init__(self, fake_mode: FakeTensorMode) -> None:
         self.fake_mode = fake_mode
@@ -471,6 +475,8 @@ class _Results:
         ):
             return None
 
+        storages: list[int] = []
+
         def part(value: Any) -> Any:
             if isinstance(value, FakeTensor):
                 if (
@@ -479,8 +485,13 @@ class _Results:
                 ):
                     raise _NoKey
                 tensors.append(value)
+                storage = value.untyped_storage()
+                storages.append(storage._cdata)
+                # Which earlier argument's storage it shares: a repeat then
+                # views the argument the first result viewed.
+                shared = storages.index(storage._cdata)
                 return (torch.Tensor, tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
-                        value.device, value.requires_grad)
+                        value.device, value.requires_grad, storage.nbytes(), shared)
             if isinstance(value, (list, tuple)):
                 return (type(value), tuple(part(item) for item in value))
             if isinstance(value, _PLAIN):
@@ -497,7 +508,7 @@ class _Results:
 
         if (
             not isinstance(value, FakeTensor) or value.fake_mode is not self.fake_mode or value.constant is not None
-            or value.layout != torch.strided or value.is_conj() or value.is_neg()
+            or value.layout != torch.strided or value.is_conj() or value.is_neg() or value.requires_grad
             or any(value is tensor for tensor in tensors)
         ):
             return None
@@ -513,15 +524,13 @@ class _Results:
             extent = 0 if 0 in shape else 1 + sum((size - 1) * step for size, step in zip(shape, stride))
             if offset != 0 or storage.nbytes() != extent * value.element_size():
                 return None
-        return _Result(shape, stride, offset, value.dtype, value.device, value.requires_grad, view_of)
+        return _Result(shape, stride, offset, value.dtype, value.device, view_of)
 
     def _rebuild(self, known: _Result, tensors: list[torch.Tensor]) -> torch.Tensor:
         from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
         with in_kernel_invocation_manager(self.fake_mode):
-            empty = torch.empty_strided(
-                known.shape, known.stride, dtype=known.dtype, device="meta", requires_grad=known.requires_grad
-            )
+            empty = torch.empty_strided(known.shape, known.stride, dtype=known.dtype, device="meta")
             if known.view_of is not None:
                 empty.set_(tensors[known.view_of].untyped_storage(), known.storage_offset, known.shape, known.stride)
         return FakeTensor(self.fake_mode, empty, known.device)

@@ -136,6 +136,12 @@ def test_a_repeat_is_keyed_by_argument_types_and_views_its_own_input() -> None:
         assert part.untyped_storage() is base.untyped_storage()
         assert (tuple(part.shape), part.stride(), part.storage_offset()) == ((4, 3), (6, 1), 2)
     assert len(results.known) == 4  # mul by an int, by a float, the view and the slice: once each
+    with mode:
+        # The key holds which arguments share a storage, and each one's storage size.
+        results.value(aten.add.Tensor, (first, first), {})
+        results.value(aten.add.Tensor, (first, second), {})
+        results.value(aten.add.Tensor, (torch.empty(8, 6)[:4], second), {})
+    assert len(results.known) == 7
 
 
 def test_results_dispatch_what_they_cannot_rebuild() -> None:
@@ -143,10 +149,14 @@ def test_results_dispatch_what_they_cannot_rebuild() -> None:
     results = _Results(mode)
     with mode:
         x = torch.empty(3, 5)
-        # An op that mutates its input, and one with two results: never reused.
+        leaf = torch.empty(3, 5, requires_grad=True)
+        # An op that mutates its input, one with two results, and one whose
+        # result requires grad (not a leaf): never rebuilt.
         for _ in range(2):
             assert results.value(aten.add_.Tensor, (x, x), {}) is x
             values, indices = results.value(aten.max.dim, (x, 1), {})
             assert values.shape == (3,) and indices.dtype == torch.int64
-    # max.dim was keyed (two results: recorded as not rebuildable); add_ never.
-    assert list(results.known.values()) == [None]
+            doubled = results.value(aten.mul.Tensor, (leaf, 2), {})
+            assert doubled.requires_grad and doubled.grad_fn is not None
+    # max.dim and mul were keyed and recorded as not rebuildable; add_ never keyed.
+    assert list(results.known.values()) == [None, None]
