@@ -14,7 +14,9 @@ concrete inputs, without tracing the model again: every shape computation
 of the graph (``sym_size`` and the integer arithmetic on it, the range
 asserts) is evaluated for the inputs' sizes and replaced by its value, and
 every op's result type is derived again by running the op on fake tensors
-of the concrete shapes; the importer then continues from the decomposed
+of the concrete shapes (once per operator and arguments' metadata: a
+repeat, such as the same op of a transformer's next layer, is rebuilt from
+the first result, ``_Results``); the importer then continues from the decomposed
 program (:func:`hloalias.frontend.importer._import_decomposed`: FX import,
 lowering to StableHLO).  What depends on shapes runs again; the trace and
 the decomposition retrace do not.
@@ -326,6 +328,7 @@ def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str,
             raise NotSpecializable(f"size {size} is outside the range {value_range} export inferred")
     _check_guards(dynamic.guards, bindings)
     fake_mode = FakeTensorMode()
+    results = _Results(fake_mode)
     new_graph = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}  # old node -> new node, or a shape value
     values: dict[torch.fx.Node, Any] = {}  # old node -> fake tensor / concrete value
@@ -376,7 +379,7 @@ def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str,
                         value = target(*fake_args, **fake_kwargs)
                         env[node], values[node] = value, value
                         continue
-                    value = target(*fake_args, **fake_kwargs)
+                    value = results.value(target, fake_args, fake_kwargs)
                 except Exception as error:  # an op's own check of these sizes (torch raises many types)
                     raise NotSpecializable(f"{target} fails for these sizes: {error}") from error
                 new = new_graph.create_node(
@@ -402,6 +405,139 @@ def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str,
         if isinstance(new, torch.fx.Node):
             new.meta = _meta(node, values[node], metadata)
     return _program_of(exported, new_graph, (args, kwargs))
+
+
+_MISSING = object()
+#: Argument values an op's key holds as they are (with their type: ``2`` and
+#: ``2.0`` promote differently); any other kind of argument gives no key.
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Result:
+    """What a fake tensor result is made of: its metadata, and the position
+    (among the op's tensor arguments) of the one whose storage it views, or
+    None for a new storage."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    dtype: torch.dtype
+    device: torch.device
+    view_of: int | None
+
+
+class _Results:
+    """The fake tensors of one specialization's ops, each op computed once
+    per (operator, arguments' metadata): the 4 layers of a transformer
+    repeat the same ops on tensors of the same metadata.
+
+    What the fake mode computes for an op on fake tensors depends only on
+    their metadata (sizes, strides, offsets, dtypes, devices) and the other
+    arguments, so a repeat is rebuilt from the first result as the fake
+    mode's own dispatch cache rebuilds a hit (``empty_strided`` on the meta
+    device, ``set_`` onto the viewed input's storage for a view, wrapped
+    as a ``FakeTensor``), without the dispatch: no cache key over the
+    arguments, and views (which the fake mode computes in Python,
+    ``_view_meta``, uncached) computed once.  Only where that rebuild is
+    exact: one strided tensor out, not conjugate or negated, no constant
+    (the fake mode's constant propagation) in or out, an op that mutates
+    nothing and does not return an input itself, a result that does not
+    require grad (a rebuilt one would be a leaf), a new storage exactly as
+    large as ``empty_strided`` makes it; anything else dispatches.  The key
+    holds each tensor argument's storage size and which earlier argument
+    shares its storage, so a repeat sees inputs laid out as the first did."""
+
+    def __init__(self, fake_mode: FakeTensorMode) -> None:
+        self.fake_mode = fake_mode
+        self.known: dict[Any, _Result | None] = {}
+
+    def value(self, target: Any, args: Any, kwargs: Any) -> Any:
+        tensors: list[torch.Tensor] = []
+        key = self._key(target, args, kwargs, tensors)
+        if key is None:
+            return target(*args, **kwargs)
+        known = self.known.get(key, _MISSING)
+        if known is _MISSING:
+            value = target(*args, **kwargs)
+            self.known[key] = self._record(value, tensors)
+            return value
+        if known is None:
+            return target(*args, **kwargs)
+        assert isinstance(known, _Result)
+        return self._rebuild(known, tensors)
+
+    def _key(self, target: Any, args: Any, kwargs: Any, tensors: list[torch.Tensor]) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable or any(
+            tag in target.tags for tag in (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
+        ):
+            return None
+
+        storages: list[int] = []
+
+        def part(value: Any) -> Any:
+            if isinstance(value, FakeTensor):
+                if (
+                    value.fake_mode is not self.fake_mode or value.constant is not None
+                    or value.layout != torch.strided or value.is_conj() or value.is_neg()
+                ):
+                    raise _NoKey
+                tensors.append(value)
+                storage = value.untyped_storage()
+                storages.append(storage._cdata)
+                # Which earlier argument's storage it shares: a repeat then
+                # views the argument the first result viewed.
+                shared = storages.index(storage._cdata)
+                return (torch.Tensor, tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
+                        value.device, value.requires_grad, storage.nbytes(), shared)
+            if isinstance(value, (list, tuple)):
+                return (type(value), tuple(part(item) for item in value))
+            if isinstance(value, _PLAIN):
+                return (type(value), value)
+            raise _NoKey
+
+        try:
+            return (target, part(args), tuple((name, part(value)) for name, value in kwargs.items()))
+        except _NoKey:
+            return None
+
+    def _record(self, value: Any, tensors: list[torch.Tensor]) -> _Result | None:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if (
+            not isinstance(value, FakeTensor) or value.fake_mode is not self.fake_mode or value.constant is not None
+            or value.layout != torch.strided or value.is_conj() or value.is_neg() or value.requires_grad
+            or any(value is tensor for tensor in tensors)
+        ):
+            return None
+        storage = value.untyped_storage()
+        view_of = next(
+            (i for i, tensor in enumerate(tensors) if tensor.untyped_storage()._cdata == storage._cdata), None
+        )
+        # Concrete sizes (the specialization's fake mode has no shape environment).
+        shape, stride = tuple(map(int, value.shape)), tuple(map(int, value.stride()))
+        offset = int(value.storage_offset())
+        if view_of is None:
+            # A new storage: exactly what empty_strided allocates.
+            extent = 0 if 0 in shape else 1 + sum((size - 1) * step for size, step in zip(shape, stride))
+            if offset != 0 or storage.nbytes() != extent * value.element_size():
+                return None
+        return _Result(shape, stride, offset, value.dtype, value.device, view_of)
+
+    def _rebuild(self, known: _Result, tensors: list[torch.Tensor]) -> torch.Tensor:
+        from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+        with in_kernel_invocation_manager(self.fake_mode):
+            empty = torch.empty_strided(known.shape, known.stride, dtype=known.dtype, device="meta")
+            if known.view_of is not None:
+                empty.set_(tensors[known.view_of].untyped_storage(), known.storage_offset, known.shape, known.stride)
+        return FakeTensor(self.fake_mode, empty, known.device)
+
+
+class _NoKey(Exception):
+    """An argument :meth:`_Results._key` cannot key."""
 
 
 #: The attributes of an ``ExportedProgram`` that :func:`_program_of` sets
