@@ -19,6 +19,7 @@ from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewRep
 from hloalias.passes.fold_broadcast_into_dot_general import BroadcastFoldReport, FoldBroadcastIntoDotGeneral
 from hloalias.passes.fold_repeat_into_dot_general import FoldRepeatIntoDotGeneral, RepeatFoldReport
 from hloalias.passes.fold_transpose_into_dot_general import FoldReport, FoldTransposeIntoDotGeneral
+from hloalias.passes.narrow_scatter_indices import NarrowIndicesReport, NarrowScatterIndices
 from hloalias.passes.returned_matvec_as_reduce import MatvecReport, ReturnedMatvecAsReduce
 from hloalias.passes.select_to_dynamic_update_slice import SelectToDynamicUpdateSlice, SelectToUpdateSliceReport
 from hloalias.passes.scatter_to_dynamic_update_slice import ScatterToDynamicUpdateSlice, ScatterToUpdateSliceReport
@@ -45,6 +46,7 @@ def get_all_passes() -> dict[str, Callable[[str], ModulePass[Any]]]:
         FoldBroadcastIntoDotGeneral.name: FoldBroadcastIntoDotGeneral.from_options,
         FoldRepeatIntoDotGeneral.name: FoldRepeatIntoDotGeneral.from_options,
         FoldTransposeIntoDotGeneral.name: FoldTransposeIntoDotGeneral.from_options,
+        NarrowScatterIndices.name: NarrowScatterIndices.from_options,
         ReturnedMatvecAsReduce.name: ReturnedMatvecAsReduce.from_options,
         WindowGatherIndices.name: WindowGatherIndices.from_options,
         WindowScatterIndices.name: WindowScatterIndices.from_options,
@@ -78,6 +80,8 @@ __all__ = [
     "FoldRepeatIntoDotGeneral",
     "FoldTransposeIntoDotGeneral",
     "MatvecReport",
+    "NarrowIndicesReport",
+    "NarrowScatterIndices",
     "LateReadersReport",
     "ModulePass",
     "OneHotReport",

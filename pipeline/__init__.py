@@ -53,6 +53,10 @@ STATE_BITS_PASS = "store-state-as-bits"
 #: keeps no copy of the weight; it guards nothing where every read is
 #: already ordered, as on the inference workloads of ``bench/``: measured by
 #: ``bench.order_updates``).
+#: Appended to the pipeline of every program compiled for a mesh
+#: (``hloalias.runtime.executable``): XLA's SPMD partitioner aborts the
+#: process on a scatter with 64-bit indices.
+SPMD_INDEX_PASS = "narrow-scatter-indices"
 BF16_DOT_PASS = "accumulate-bf16-dots-in-f32"
 ORDER_PASS = "order-in-place-updates"
 
@@ -60,6 +64,13 @@ CPU_PIPELINE = (  # fold-repeat's chunks: exact as measured on XLA:CPU's dot ker
     DEFAULT_PIPELINE.replace(" fold-repeat-into-dot-general,", " fold-repeat-into-dot-general{chunk-bytes=262144},")[:-1]
     + f", {BF16_DOT_PASS}, {POOL_LAYOUT_PASS}, {STATE_LAYOUT_PASS}, {STATE_BITS_PASS}, {ORDER_PASS})"
 )
+
+
+def for_spmd(pipeline: str) -> str:
+    """``pipeline`` with :data:`SPMD_INDEX_PASS` last (once)."""
+    if SPMD_INDEX_PASS in {element.name for element in parse_pipeline(pipeline)}:
+        return pipeline
+    return pipeline.rstrip()[:-1] + f", {SPMD_INDEX_PASS})"
 
 
 def with_fixed_layouts(pipeline: str, layouts: tuple[str, ...]) -> str:

@@ -96,6 +96,7 @@ from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewRep
 from hloalias.pipeline import (
     CPU_PIPELINE,
     DEFAULT_PIPELINE,
+    for_spmd,
     module_cache_key,
     parse_pipeline,
     run_pipeline,
@@ -443,6 +444,8 @@ def _pipeline_for(pipeline: str | None, program: Program, group: _StateGroup, ta
     has a device buffer in ``group`` is read in the layout it is stored in."""
     if pipeline is None:
         pipeline = CPU_PIPELINE if target.platform == "cpu" and not spmd else DEFAULT_PIPELINE
+    if spmd:
+        pipeline = for_spmd(pipeline)
     pipeline = with_fixed_layouts(pipeline, group.fixed_layouts(program.state, target))
     return with_fixed_dtypes(pipeline, group.fixed_dtypes(program.state, target))
 

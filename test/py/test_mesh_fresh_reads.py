@@ -32,9 +32,8 @@ from hloalias.runtime import state as state_module
 
 TOL = 1e-5
 SHARDINGS = {"x": ("dp", None), "cache": (None, "dp", None), "last": ("dp", None)}
-# The input replicated: XLA's SPMD partitioner (jax 0.10.2) aborts the
-# process (a CHECK in spmd_partitioner_util.h) compiling this module with
-# its 4 rows sharded 4 ways.
+# The input replicated: one row per device as well in
+# test_a_read_gathers_every_shard_of_one_row_per_device.
 STATE_SHARDINGS = {name: spec for name, spec in SHARDINGS.items() if name != "x"}
 
 
@@ -143,6 +142,19 @@ def test_a_read_gathers_every_shard(devices: int) -> None:
     assert array.addressable_shards[0].data.shape == (2, 8 // devices, 8)
     _close(pair.model.cache, pair.eager.cache)
     _close(pair.model.last, pair.eager.last)
+
+
+def test_a_read_gathers_every_shard_of_one_row_per_device() -> None:
+    """The input's 4 rows sharded 4 ways: ``self.last[:2] = h[:2] * calls``
+    is a scatter with int64 indices, on which XLA's SPMD partitioner
+    aborted the process ("Check failed: ShapeUtil::IsScalarWithElementType",
+    as jax.jit with x64 does); the mesh pipeline narrows them
+    (``narrow-scatter-indices``)."""
+    pair = Pair(4, SHARDINGS)
+    pair.calls(_inputs(3))
+    _close(pair.model.cache, pair.eager.cache)
+    _close(pair.model.last, pair.eager.last)
+    _close(pair.model.calls, pair.eager.calls)
 
 
 def test_an_edit_after_a_read_is_read_by_the_next_call(called: Pair) -> None:
