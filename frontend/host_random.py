@@ -14,7 +14,8 @@ active, the module-level drawing functions of ``numpy.random`` (the
 methods of its global ``RandomState``, when numpy is loaded) and of
 ``random`` (the methods of its global ``Random``) record the first draw
 made on the tracing thread, with the innermost line of the traced
-program.  When the trace returns and a draw was recorded, the two global
+program; draws made while a module is imported (its top-level code runs
+once per process, traced or not) do not count.  When the trace returns and a draw was recorded, the two global
 generators are put back to their states before the trace (the caller's
 sequence of numbers is as it was) and the given error type is raised,
 naming the function and the line.  A trace that raises keeps its own
@@ -53,6 +54,18 @@ def _drawing_functions(module: ModuleType, generator: object) -> list[tuple[str,
     return found
 
 
+def _importing() -> bool:
+    """Whether a module is being imported on this stack: its top-level code
+    runs once per process, traced or not (jax's ``k8s_cluster`` draws with
+    ``np.random`` as jax loads it lazily during a trace)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
 def _innermost_program_line() -> str | None:
     for frame in reversed(traceback.extract_stack()):
         if is_program_file(frame.filename):
@@ -79,7 +92,7 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
     def watching(qualified: str, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def draw(*args: Any, **kwargs: Any) -> Any:
-            if not first_draw and threading.get_ident() == tracing_thread:
+            if not first_draw and threading.get_ident() == tracing_thread and not _importing():
                 first_draw.append((qualified, _innermost_program_line()))
             return original(*args, **kwargs)
 

@@ -7,8 +7,11 @@ masked the same frames."""
 from __future__ import annotations
 
 import copy
+import importlib
 import random
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,3 +86,21 @@ def test_torch_random_ops_and_other_threads_draws_are_not_refused() -> None:
         other.join()
     out = exe(torch.zeros(3))
     assert out.shape == (3,) and bool(((out >= 0) & (out < 1)).all())
+
+
+def test_a_module_imported_during_the_trace_may_draw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Top-level code runs once per process, traced or not: jax draws with
+    np.random as it loads ``k8s_cluster`` lazily during a trace."""
+    (tmp_path / "draws_on_import.py").write_text("import numpy as np\nJITTER = float(np.random.rand())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("draws_on_import", None)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        importlib.import_module("draws_on_import")
+        return x * 2
+
+    try:
+        exe = hloalias.compile(forward, (torch.ones(2),))
+    finally:
+        sys.modules.pop("draws_on_import", None)
+    assert torch.equal(exe(torch.ones(2)), torch.full((2,), 2.0))
