@@ -136,7 +136,7 @@ from hloalias.runtime.plan import (
     _CallConvention, _CallPlan, _describe_spec, _IndexCheck, _ProgramFacts, check_index_ranges, computes_nothing,
 )
 from hloalias.runtime.state import (
-    _RUNTIME_READ, StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
+    _RUNTIME_READ, StateWatch, _form_text, link_running_stats, _state_group, _StateGroup, _StateSlot, refresh_stale,
     refuse_inference_state,
 )
 
@@ -703,6 +703,7 @@ class Executable:
             )
             for name, value in program.state.items()
         }
+        link_running_stats(self._slots)
         #: Each state slot once (tied names share one), checked at every call
         #: for changes torch made to the module's tensor (``_sync_from_torch``).
         watched: dict[int, tuple[str, _StateSlot]] = {}

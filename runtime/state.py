@@ -154,6 +154,16 @@ class _StateSlot:
         #: The tensor that keeps this slot alive while it lags (see
         #: :meth:`_keep_alive_while_lagging`), else None.
         self._kept_by: weakref.ref[torch.Tensor] | None = None
+        #: For a BatchNorm running statistic: the slot of its module's
+        #: ``num_batches_tracked``, whose version stands in for its own
+        #: (:meth:`counted_by`); else None.
+        self.stats_counter: _StateSlot | None = None
+        #: How often torch's edits of this slot's tensor were read in
+        #: (:meth:`refresh_from_torch`): a ``num_batches_tracked`` slot's
+        #: count tells its statistics an eager forward ran.
+        self.torch_writes = 0
+        #: ``stats_counter``'s ``torch_writes`` when this slot last agreed with its tensor.
+        self._counter_writes = 0
         with _RUNTIME_READ():
             self._made(source, device, put, layout, bits)
 
@@ -421,12 +431,46 @@ class _StateSlot:
 
     def torch_changed(self) -> bool:
         """Whether torch changed the slot's tensor (in place, or its memory
-        swapped) since the buffer last equalled it."""
+        swapped) since the buffer last equalled it.  A BatchNorm running
+        statistic counts as changed, unless the slot lags, when torch
+        changed its module's ``num_batches_tracked`` (:meth:`counted_by`)."""
         source = self.source()
         if source is None:
             return False
         with _RUNTIME_READ():
-            return source._version != self.version or source.data_ptr() != self.source_ptr
+            if source._version != self.version or source.data_ptr() != self.source_ptr:
+                return True
+        counter = self.stats_counter
+        return counter is not None and not self.lags and (
+            counter.torch_writes != self._counter_writes or counter.torch_changed()
+        )
+
+    def counted_by(self, counter: "_StateSlot") -> None:
+        """This slot holds a running statistic (``running_mean``,
+        ``running_var``) of a module whose ``num_batches_tracked``
+        ``counter`` holds.  A train-mode batch norm that torch runs (an
+        eager forward, a ``torch.compile`` graph of another backend)
+        updates the statistics in place without counting a version
+        (aten's ``native_batch_norm`` schema does not mark them written),
+        but the module's forward counts ``num_batches_tracked`` with
+        ``add_``: a change of the counter that torch made since this slot
+        last agreed is taken as one of the statistic (:meth:`torch_changed`),
+        and the next call reads it in.  The per-call check watches the
+        counter's tensor already (it is a slot of the same program).  A
+        lagging slot ignores it: the calls' value is newer, and a forward
+        brings it in before reading it.  Not seen: ``F.batch_norm`` called
+        on the statistics outside a module forward (nothing is counted),
+        a module without ``num_batches_tracked``."""
+        if self.stats_counter is None and counter is not self:
+            self.stats_counter = counter
+            self._note_counter()
+
+    def _note_counter(self) -> None:
+        """Record the counter's torch writes as seen (this slot agrees with
+        its tensor now), including one pending that its next refresh reads."""
+        counter = self.stats_counter
+        if counter is not None:
+            self._counter_writes = counter.torch_writes + (1 if counter.torch_changed() else 0)
 
     def mark_synced(self) -> None:
         """Record that torch's tensor now holds the buffer's value (it was
@@ -437,6 +481,7 @@ class _StateSlot:
                 self.version = source._version
                 self.source_ptr = source.data_ptr()
             self._set_lags(False)
+            self._note_counter()
             _AGREEMENTS[0] += 1
 
     def refresh_from_torch(self, name: str) -> None:
@@ -466,6 +511,8 @@ class _StateSlot:
             self.source_ptr = source.data_ptr()
         self.consumed_by = None
         self._set_lags(False)
+        self.torch_writes += 1
+        self._note_counter()
         _AGREEMENTS[0] += 1
 
     def _forget_cached_lists(self) -> None:
@@ -910,6 +957,27 @@ class StateWatch:
             with _RUNTIME_READ():  # stale tensors' versions, not their values
                 return _first_changed_in_python(self._refs, self._versions, self._pointers) >= 0
         return self._first_changed(self._refs, self._versions, self._pointers) >= 0
+
+
+#: The buffers a batch norm updates in place without counting a version,
+#: and the one its module's forward counts instead (``_NormBase``).
+_RUNNING_STATS = ("running_mean", "running_var")
+_STATS_COUNTER = "num_batches_tracked"
+
+
+def link_running_stats(slots: dict[str, _StateSlot]) -> None:
+    """Link each running statistic among a program's state ``slots``
+    (by name: ``<module>.running_mean``) to the slot of its module's
+    ``num_batches_tracked`` where the program has one
+    (:meth:`_StateSlot.counted_by`): an eager train-mode forward of a
+    batch norm is then read in by the next call.  Costs a call nothing:
+    the counter's tensor is watched already."""
+    for name, slot in slots.items():
+        prefix, dot, leaf = name.rpartition(".")
+        if leaf in _RUNNING_STATS:
+            counter = slots.get(f"{prefix}{dot}{_STATS_COUNTER}")
+            if counter is not None:
+                slot.counted_by(counter)
 
 
 def _form_text(layout: StoredLayout | None, bits: torch.dtype | None = None) -> str:
