@@ -40,7 +40,14 @@ where the payload is PJRT's executable serialization
 (``LoadedExecutable.serialize()``) and ``kind`` the entry's file suffix.
 A missing entry is a miss; an entry that fails any check or does not
 deserialize is reported with a :class:`CacheWarning`, removed, and the
-program is compiled again.  Writes go to a temporary file in the same
+program is compiled again.
+
+Entries beside the key (:func:`read_beside_key`): per-user entries that
+are not a program's (the digest of hloalias's own code,
+:func:`hloalias.runtime.source_key.own_code_digest`), in the key file's
+folder under a fixed name, in the same format and held to the same
+checks; one per name (the next write replaces it), outside the size
+bound and :func:`clear_disk_cache`.  Writes go to a temporary file in the same
 directory and are renamed into place, so concurrent processes see either
 no entry or a whole one."""
 
