@@ -40,7 +40,14 @@ where the payload is PJRT's executable serialization
 (``LoadedExecutable.serialize()``) and ``kind`` the entry's file suffix.
 A missing entry is a miss; an entry that fails any check or does not
 deserialize is reported with a :class:`CacheWarning`, removed, and the
-program is compiled again.  Writes go to a temporary file in the same
+program is compiled again.
+
+Entries beside the key (:func:`read_beside_key`): per-user entries that
+are not a program's (the digest of hloalias's own code,
+:func:`hloalias.runtime.source_key.own_code_digest`), in the key file's
+folder under a fixed name, in the same format and held to the same
+checks; one per name (the next write replaces it), outside the size
+bound and :func:`clear_disk_cache`.  Writes go to a temporary file in the same
 directory and are renamed into place, so concurrent processes see either
 no entry or a whole one."""
 
@@ -290,6 +297,53 @@ def write_entry(key: str, suffix: str, payload: bytes) -> bool:
     return _write(directory, _entry_path(directory, key, suffix), key, suffix, payload, secret)
 
 
+def read_beside_key(name: str, key: str, suffix: str) -> bytes | None:
+    """The authenticated payload of the per-user entry ``name + suffix`` in
+    the key file's folder (one for every cache directory, not cleared with
+    one) when it was written for ``key``; None otherwise: cache disabled,
+    key not trusted, no entry, or one written for another key (such an entry
+    is replaced by the next write: one entry per name).  An entry that fails
+    a check is rejected (warned, removed) as a cache entry is."""
+    if not enabled():
+        return None
+    secret = _secret()  # also checks the folder (created if missing)
+    if secret is None:
+        return None
+    path = os.path.join(os.path.dirname(key_file()), name + suffix)
+    try:
+        data = _read_trusted(path, "the entry")
+    except FileNotFoundError:
+        return None
+    except _Untrusted as error:
+        _reject(path, str(error))
+        return None
+    except OSError as error:
+        _reject(path, f"unreadable ({error})")
+        return None
+    if len(data) < _HEADER or not data.startswith(MAGIC):
+        _reject(path, "not an hloalias cache entry (bad header)")
+        return None
+    if data[len(MAGIC):len(MAGIC) + 64] != key.encode():
+        return None
+    payload = data[_HEADER:]
+    if not hmac.compare_digest(_mac(secret, suffix, key, payload), data[len(MAGIC) + 64:_HEADER]):
+        _reject(path, "its MAC does not verify (corrupted, or not written by this user's hloalias)")
+        return None
+    return payload
+
+
+def write_beside_key(name: str, key: str, suffix: str, payload: bytes) -> bool:
+    """Store ``payload`` for ``key`` as the per-user entry ``name + suffix``
+    (see :func:`read_beside_key`); False when nothing was written."""
+    if not enabled():
+        return False
+    secret = _secret()
+    if secret is None:
+        return False
+    directory = os.path.dirname(key_file())
+    return _store(directory, os.path.join(directory, name + suffix), key, suffix, payload, secret)
+
+
 def _trusted_place(create: bool) -> tuple[str, bytes] | None:
     """The cache directory and the user's secret, or None: cache disabled,
     directory or key not trusted (each warned once)."""
@@ -390,6 +444,17 @@ def _read(path: str, key: str, suffix: str, secret: bytes) -> bytes | None:
 
 
 def _write(directory: str, path: str, key: str, suffix: str, payload: bytes, secret: bytes) -> bool:
+    if not _store(directory, path, key, suffix, payload, secret):
+        return False
+    with _LOCK:
+        _STATS.writes += 1
+    evict(directory, max_bytes())
+    return True
+
+
+def _store(directory: str, path: str, key: str, suffix: str, payload: bytes, secret: bytes) -> bool:
+    """Write the entry to a temporary file in ``directory`` and rename it
+    to ``path``; False (warned) when that fails."""
     data = MAGIC + key.encode() + _mac(secret, suffix, key, payload) + payload
     try:
         handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)  # 0600
@@ -405,11 +470,8 @@ def _write(directory: str, path: str, key: str, suffix: str, payload: bytes, sec
             raise
     except OSError as error:
         warnings.warn(f"hloalias disk cache: cannot write {path} ({error}); not cached",
-                      CacheWarning, stacklevel=4)
+                      CacheWarning, stacklevel=5)
         return False
-    with _LOCK:
-        _STATS.writes += 1
-    evict(directory, max_bytes())
     return True
 
 

@@ -220,8 +220,14 @@ _OWN_PACKAGES = ("hloalias", "hloalias.frontend", "hloalias.passes", "hloalias.p
 def own_code_digest() -> str:
     """A digest of every Python file and native extension of hloalias's
     layers (names and contents; found without importing the layers, which
-    is what the cache before import saves)."""
-    digest = hashlib.sha256()
+    is what the cache before import saves).  See :func:`_code_digest`."""
+    return _code_digest(_own_code_files())
+
+
+def _own_code_files() -> list[tuple[str, str, str]]:
+    """``(package, path relative to its folder, path)`` of every file
+    :func:`own_code_digest` covers, in a fixed order."""
+    found = []
     for package in _OWN_PACKAGES:
         spec = importlib.util.find_spec(package)
         for root in (spec.submodule_search_locations or ()) if spec is not None else ():
@@ -230,8 +236,65 @@ def own_code_digest() -> str:
                 for name in sorted(files):
                     if name.endswith((".py", ".so", ".pyd")):
                         path = os.path.join(folder, name)
-                        digest.update(f"{package}:{os.path.relpath(path, root)}\0{_file_digest(path)}\0".encode())
-    return digest.hexdigest()
+                        found.append((package, os.path.relpath(path, root), path))
+    return found
+
+
+#: The disk cache's file suffix of a stored code digest (:func:`_code_digest`).
+CODE_DIGEST_SUFFIX = ".code"
+
+
+def _code_digest(files: list[tuple[str, str, str]]) -> str:
+    """SHA-256 over the names and contents of ``files`` (``(package,
+    relative path, path)``).
+
+    Reading and hashing every file (~1.4 MB) is done once per set of file
+    versions, not once per process: the digest is stored beside the disk
+    cache's key (an authenticated per-user entry,
+    :func:`hloalias.runtime.disk_cache.read_beside_key`) for a key made of
+    each file's name and ``os.stat`` signature (size,
+    modification and change times in ns, inode, device).  Any write to a
+    file gives it a new change time, which no user tool can set back
+    (``cp -p``, ``touch -d`` and a checkout preserve or set the
+    modification time only), so a signature seen again means the same
+    contents: the stored digest is the one the contents give.  Python's
+    own import trusts less (a ``.pyc`` is valid for a source of the same
+    size and modification second).  Without a usable disk cache
+    (``HLOALIAS_CACHE=0``, an untrusted directory) the files are read."""
+    stat_key = _signatures_key(files)
+    from hloalias.runtime import disk_cache  # loads jax: not at this module's import
+
+    # One entry per set of folders (an installation), beside the cache's key:
+    # not per cache directory, as the digest is not per program.
+    name = "code-" + hashlib.sha256("\0".join(sorted({path for _, _, path in files})).encode()).hexdigest()[:16]
+    stored = disk_cache.read_beside_key(name, stat_key, CODE_DIGEST_SUFFIX)
+    if stored is not None and re.fullmatch(rb"[0-9a-f]{64}", stored):
+        return stored.decode()
+    digest = hashlib.sha256()
+    for package, relative, path in files:
+        digest.update(f"{package}:{relative}\0{_file_digest(path)}\0".encode())
+    found = digest.hexdigest()
+    # Stored only when no file changed while it was read: the contents
+    # hashed are then the ones the signatures describe.
+    if _signatures_key(files) == stat_key:
+        disk_cache.write_beside_key(name, stat_key, CODE_DIGEST_SUFFIX, found.encode())
+    return found
+
+
+def _signatures_key(files: list[tuple[str, str, str]]) -> str:
+    signatures = hashlib.sha256()
+    for package, relative, path in files:
+        signatures.update(f"{package}:{relative}\0{_file_signature(path)}\0".encode())
+    return signatures.hexdigest()
+
+
+def _file_signature(path: str) -> str:
+    """What changes whenever ``path``'s contents do (see :func:`_code_digest`)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return "missing"
+    return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino} {info.st_dev}"
 
 
 def _file_digest(path: str) -> str:

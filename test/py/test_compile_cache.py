@@ -561,10 +561,19 @@ def test_the_source_key_changes_with_hloalias_own_code(monkeypatch: pytest.Monke
     edited = os.path.join(os.path.dirname(source_key.__file__), "..", "passes")
     real_digest = source_key._file_digest
 
-    def digest(path: str) -> str:  # one file of the passes layer edited
-        return "edited" if os.path.basename(path) == "__init__.py" and "passes" in path else real_digest(path)
+    real_signature = source_key._file_signature
+
+    def edited_file(path: str) -> bool:  # one file of the passes layer edited
+        return os.path.basename(path) == "__init__.py" and "passes" in path
+
+    def digest(path: str) -> str:
+        return "edited" if edited_file(path) else real_digest(path)
+
+    def signature(path: str) -> str:  # a write gives the file a new change time
+        return real_signature(path) + (" edited" if edited_file(path) else "")
 
     monkeypatch.setattr(source_key, "_file_digest", digest)
+    monkeypatch.setattr(source_key, "_file_signature", signature)
     source_key.versions.cache_clear()
     try:
         assert os.path.isdir(edited)
@@ -573,6 +582,99 @@ def test_the_source_key_changes_with_hloalias_own_code(monkeypatch: pytest.Monke
         monkeypatch.undo()
         source_key.versions.cache_clear()
     assert _key(module, x) == key
+
+
+def _counting_file_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Paths whose contents the code digest reads from now on, as a new
+    process would (the in-process digests of files forgotten)."""
+    read: list[str] = []
+    real = source_key._file_digest_cached
+
+    def counting(path: str, size: int, mtime_ns: int) -> str:
+        read.append(path)
+        return real(path, size, mtime_ns)
+
+    counting.cache_clear = real.cache_clear  # type: ignore[attr-defined]
+    real.cache_clear()
+    monkeypatch.setattr(source_key, "_file_digest_cached", counting)
+    return read
+
+
+def test_own_code_digest_reads_hloalias_files_once_per_version(cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest of hloalias's own code (part of every program-cache key)
+    is stored beside the cache's key under the files' stat signatures: a
+    new process with the same files reads none of them, and gets the digest
+    their contents give."""
+    read = _counting_file_reads(monkeypatch)
+    first = source_key.own_code_digest()
+    files = len(read)
+    assert files > 20
+    read.clear()
+    source_key._file_digest_cached.cache_clear()  # a new process
+    assert source_key.own_code_digest() == first
+    assert read == []
+    # Stored per user, not per cache directory (the digest is not a program's).
+    monkeypatch.setenv("HLOALIAS_CACHE_DIR", cache_dir + "-another")
+    source_key._file_digest_cached.cache_clear()
+    assert source_key.own_code_digest() == first
+    assert read == []
+    monkeypatch.setenv("HLOALIAS_CACHE", "0")  # nothing stored: from the contents
+    assert source_key.own_code_digest() == first
+    assert len(read) == files
+
+
+def test_code_digest_follows_a_write_that_keeps_size_and_mtime(cache_dir: str, tmp_path: "os.PathLike[str]",
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file rewritten with contents of the same size and its modification
+    time set back (as ``cp -p`` or a checkout may leave it) changes the
+    digest: its change time is part of the signature the stored digest is
+    found under."""
+    folder = os.path.join(str(tmp_path), "code")
+    os.makedirs(folder)
+    files = []
+    for name, text in (("a.py", "x = 1\n"), ("b.py", "y = 2\n")):
+        path = os.path.join(folder, name)
+        with open(path, "w") as handle:
+            handle.write(text)
+        files.append(("pkg", name, path))
+    read = _counting_file_reads(monkeypatch)
+    before = source_key._code_digest(files)
+    assert len(read) == 2
+    read.clear()
+    source_key._file_digest_cached.cache_clear()
+    assert source_key._code_digest(files) == before and read == []
+    info = os.stat(files[0][2])
+    with open(files[0][2], "w") as handle:
+        handle.write("x = 3\n")
+    os.utime(files[0][2], ns=(info.st_atime_ns, info.st_mtime_ns))
+    source_key._file_digest_cached.cache_clear()
+    after = source_key._code_digest(files)
+    assert after != before and len(read) == 2
+    expected = hashlib.sha256()
+    for package, relative, path in files:
+        with open(path, "rb") as handle:
+            expected.update(f"{package}:{relative}\0{hashlib.sha256(handle.read()).hexdigest()}\0".encode())
+    assert after == expected.hexdigest()
+
+
+def test_entries_beside_the_key_are_authenticated_and_one_per_name(cache_dir: str) -> None:
+    """A per-user entry (the code digest's) is found only for the key it
+    was written for, is replaced by the next write, and is rejected when
+    its bytes were changed."""
+    key_a, key_b = "a" * 64, "b" * 64
+    assert disk_cache.write_beside_key("code-test", key_a, ".code", b"payload-a")
+    assert disk_cache.read_beside_key("code-test", key_a, ".code") == b"payload-a"
+    assert disk_cache.read_beside_key("code-test", key_b, ".code") is None
+    assert disk_cache.write_beside_key("code-test", key_b, ".code", b"payload-b")
+    assert disk_cache.read_beside_key("code-test", key_a, ".code") is None
+    path = os.path.join(os.path.dirname(disk_cache.key_file()), "code-test.code")
+    with open(path, "r+b") as handle:
+        data = handle.read()
+        handle.seek(0)
+        handle.write(data[:-1] + b"c")
+    with pytest.warns(CacheWarning, match="MAC"):
+        assert disk_cache.read_beside_key("code-test", key_b, ".code") is None
+    assert not os.path.exists(path)
 
 
 def _install_fake_library(root: str, version: str) -> None:
