@@ -40,6 +40,7 @@ EXPECTED_PASS_NAMES = {
     "recompute-shared-activations",
     "one-hot-scatter-as-select",
     "recompute-for-late-readers",
+    "narrow-scatter-indices",
 }
 
 
