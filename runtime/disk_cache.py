@@ -310,26 +310,8 @@ def read_beside_key(name: str, key: str, suffix: str) -> bytes | None:
     if secret is None:
         return None
     path = os.path.join(os.path.dirname(key_file()), name + suffix)
-    try:
-        data = _read_trusted(path, "the entry")
-    except FileNotFoundError:
-        return None
-    except _Untrusted as error:
-        _reject(path, str(error))
-        return None
-    except OSError as error:
-        _reject(path, f"unreadable ({error})")
-        return None
-    if len(data) < _HEADER or not data.startswith(MAGIC):
-        _reject(path, "not an hloalias cache entry (bad header)")
-        return None
-    if data[len(MAGIC):len(MAGIC) + 64] != key.encode():
-        return None
-    payload = data[_HEADER:]
-    if not hmac.compare_digest(_mac(secret, suffix, key, payload), data[len(MAGIC) + 64:_HEADER]):
-        _reject(path, "its MAC does not verify (corrupted, or not written by this user's hloalias)")
-        return None
-    return payload
+    # An entry written for another key is replaced by the next write: no warning.
+    return _authenticated(path, key, suffix, secret, other_key="")
 
 
 def write_beside_key(name: str, key: str, suffix: str, payload: bytes) -> bool:
@@ -414,6 +396,21 @@ def _reject(path: str, why: str) -> None:
 
 
 def _read(path: str, key: str, suffix: str, secret: bytes) -> bytes | None:
+    payload = _authenticated(path, key, suffix, secret, other_key="entry was written for another key")
+    if payload is not None:
+        try:
+            os.utime(path)  # recently used: LRU order is modification time
+        except OSError:
+            pass
+    return payload
+
+
+def _authenticated(path: str, key: str, suffix: str, secret: bytes, other_key: str) -> bytes | None:
+    """The payload of the entry at ``path`` when it is trusted, well formed,
+    written for ``key`` and its MAC verifies; None otherwise.  A failed check
+    rejects the entry (warned, removed); one written for another key is
+    rejected with ``other_key`` as the reason, or left alone when that is
+    empty."""
     try:
         data = _read_trusted(path, "the entry")
     except FileNotFoundError:
@@ -431,15 +428,12 @@ def _read(path: str, key: str, suffix: str, secret: bytes) -> bytes | None:
     stored_mac = data[len(MAGIC) + 64:_HEADER]
     payload = data[_HEADER:]
     if stored_key != key.encode():
-        _reject(path, "entry was written for another key")
+        if other_key:
+            _reject(path, other_key)
         return None
     if not hmac.compare_digest(_mac(secret, suffix, key, payload), stored_mac):
         _reject(path, "its MAC does not verify (corrupted, or not written by this user's hloalias)")
         return None
-    try:
-        os.utime(path)  # recently used: LRU order is modification time
-    except OSError:
-        pass
     return payload
 
 
