@@ -14,7 +14,12 @@ active, the module-level drawing functions of ``numpy.random`` (the
 methods of its global ``RandomState``, when numpy is loaded) and of
 ``random`` (the methods of its global ``Random``) record the first draw
 made on the tracing thread, with the innermost line of the traced
-program; draws made while a module is imported (its top-level code runs
+program (a number drawn by ``random`` counts at its first use: a
+comparison, arithmetic, a conversion; one the program never uses is
+harmless, as transformers' MusicGen draws its LayerDrop probability in
+eval mode too and then does not test it; torch reads a float's value with
+no call Python can see, so a number not seen used is warned about,
+:class:`HostRandomWarning`); draws made while a module is imported (its top-level code runs
 once per process, traced or not) do not count.  When the trace returns and a draw was recorded, the two global
 generators are put back to their states before the trace (the caller's
 sequence of numbers is as it was) and the given error type is raised,
@@ -31,6 +36,7 @@ import random
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -52,6 +58,48 @@ def _drawing_functions(module: ModuleType, generator: object) -> list[tuple[str,
         if getattr(value, "__self__", None) is generator and callable(value):
             found.append((name, value))
     return found
+
+
+class HostRandomWarning(UserWarning):
+    """A number drawn by Python's ``random`` during a trace that no Python
+    code used (torch may have read it: it would be a constant)."""
+
+
+_USES = (
+    "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__hash__", "__bool__",
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+    "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__divmod__", "__rdivmod__", "__pow__", "__rpow__",
+    "__neg__", "__pos__", "__abs__", "__float__", "__int__", "__index__", "__round__", "__trunc__",
+    "__floor__", "__ceil__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__",
+    "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__invert__",
+)
+
+
+def _drawn(base: type) -> type:
+    """A ``base`` (float or int) drawn by Python's ``random`` while a trace
+    runs: any use of its value (a comparison, arithmetic, a conversion)
+    calls its ``_on_use`` first."""
+
+    def new(cls: type, value: Any, on_use: Callable[[], Any]) -> Any:
+        drawn: Any = base.__new__(cls, value)
+        drawn._on_use = on_use
+        return drawn
+
+    namespace: dict[str, Any] = {"__new__": new, "__doc__": _drawn.__doc__}
+    for name in _USES:
+        method = getattr(base, name, None)
+        if method is None:
+            continue
+
+        def use(self: Any, *args: Any, _method: Any = method) -> Any:
+            self._on_use()
+            return _method(self, *args)
+
+        namespace[name] = use
+    return type(f"Drawn{base.__name__.title()}", (base,), namespace)
+
+
+_DRAWN_TYPES: dict[type, type] = {float: _drawn(float), int: _drawn(int)}
 
 
 def _importing() -> bool:
@@ -78,6 +126,7 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
     """See the module docstring."""
     tracing_thread = threading.get_ident()
     first_draw: list[tuple[str, str | None]] = []
+    unseen: list[tuple[str, str | None]] = []  # Python numbers drawn, perhaps never used
     watched: list[tuple[ModuleType, str, Callable[..., Any]]] = []
     numpy = sys.modules.get("numpy")
     numpy_random = getattr(numpy, "random", None) if numpy is not None else None
@@ -89,12 +138,27 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
     saved_numpy = numpy_generator.get_state() if numpy_generator is not None else None
     saved_python = random.getstate()
 
-    def watching(qualified: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def watching(qualified: str, original: Callable[..., Any], python_number: bool) -> Callable[..., Any]:
         @functools.wraps(original)
         def draw(*args: Any, **kwargs: Any) -> Any:
-            if not first_draw and threading.get_ident() == tracing_thread and not _importing():
-                first_draw.append((qualified, _innermost_program_line()))
-            return original(*args, **kwargs)
+            value = original(*args, **kwargs)
+            if first_draw or threading.get_ident() != tracing_thread or _importing():
+                return value
+            found = (qualified, _innermost_program_line())
+            if python_number and type(value) in _DRAWN_TYPES:
+                # A number the program may never use (MusicGen draws its
+                # LayerDrop probability in eval mode too, then skips the
+                # test): refused at its first use in Python; torch reads a
+                # float's value without any call we could see, so one not
+                # seen used is warned about.
+                def on_use() -> None:
+                    if not first_draw:
+                        first_draw.append(found)
+
+                unseen.append(found)
+                return _DRAWN_TYPES[type(value)](value, on_use)
+            first_draw.append(found)
+            return value
 
         return draw
 
@@ -103,12 +167,23 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
             continue
         for name, original in _drawing_functions(module, generator):
             watched.append((module, name, original))
-            setattr(module, name, watching(f"{prefix}.{name}", original))
+            setattr(module, name, watching(f"{prefix}.{name}", original, module is random))
     try:
         yield
     finally:
         for module, name, original in watched:
             setattr(module, name, original)
+    if not first_draw and unseen:
+        function, line = unseen[0]
+        warnings.warn(
+            f"the program drew a random number on the host ({function})"
+            + (f" at {line}" if line else "")
+            + " while it was traced, and no Python code used it. If a torch op read it (`x * "
+            "random.random()`), the compiled program holds the number drawn now, the same at every "
+            "call: draw it with torch, or pass it in.",
+            HostRandomWarning,
+            stacklevel=3,
+        )
     if first_draw:
         random.setstate(saved_python)
         if numpy_generator is not None:

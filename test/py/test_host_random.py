@@ -19,11 +19,29 @@ import torch
 
 import hloalias
 from hloalias.errors import TorchImportError
+from hloalias.frontend.host_random import HostRandomWarning
 from hloalias.frontend.training import TrainingCaptureError
+
+
+def _python_random_branch(x: torch.Tensor) -> torch.Tensor:
+    if random.random() < 0.5:  # a LayerDrop decision
+        return x * 2
+    return x
 
 
 def _python_random_scale(x: torch.Tensor) -> torch.Tensor:
     return x * random.random()
+
+
+class _LayerDropInEval(torch.nn.Module):
+    """MusicGen's decoder: the probability is drawn in eval mode too, then
+    not tested."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probability = random.uniform(0, 1)
+        if self.training and probability < 0.1:
+            return x
+        return x + 1
 
 
 def _numpy_mask(x: torch.Tensor) -> torch.Tensor:
@@ -34,9 +52,25 @@ def _numpy_mask(x: torch.Tensor) -> torch.Tensor:
 def test_python_random_in_a_forward_is_refused_naming_the_line() -> None:
     random.seed(7)
     expected_next = random.Random(7).random()
-    with pytest.raises(TorchImportError, match=r"draws random numbers on the host \(random\.random\) at .*test_host_random\.py:\d+ in _python_random_scale: return x \* random\.random\(\)"):
-        hloalias.compile(_python_random_scale, (torch.randn(3),))
+    with pytest.raises(TorchImportError, match=r"draws random numbers on the host \(random\.random\) at .*test_host_random\.py:\d+ in _python_random_branch: if random\.random\(\) < 0\.5:"):
+        hloalias.compile(_python_random_branch, (torch.randn(3),))
     assert random.random() == expected_next  # the caller's sequence is as it was
+
+
+def test_a_python_number_only_torch_reads_is_warned_about() -> None:
+    with pytest.warns(HostRandomWarning, match=r"\(random\.random\) at .*in _python_random_scale: return x \* random\.random\(\)"):
+        hloalias.compile(_python_random_scale, (torch.randn(3),))
+
+
+def test_a_python_number_drawn_and_never_used_compiles() -> None:
+    """MusicGen's LayerDrop draw in eval mode: compiled (with the warning),
+    and the program equals eager."""
+    model = _LayerDropInEval().eval()
+    with pytest.warns(HostRandomWarning):
+        exe = hloalias.compile(model, (torch.zeros(2),))
+    assert torch.equal(exe(torch.zeros(2)), torch.ones(2))
+    with pytest.raises(TorchImportError, match=r"\(random\.uniform\) at .*probability = random\.uniform\(0, 1\)"):
+        hloalias.compile(_LayerDropInEval().train(), (torch.zeros(2),))
 
 
 def test_numpy_random_in_a_forward_is_refused_and_its_state_restored() -> None:
