@@ -85,6 +85,60 @@ class _AotJit(Jit):
         return result[0]
 
 
+class _SizedGraph(torch.nn.Module):
+    """A dynamo graph whose int inputs are sizes of its tensor inputs
+    (dynamo's automatic dynamic shapes: ``s0`` beside ``x`` of shape
+    ``(1, s0)``), called with the tensors only: each size is read from
+    its tensor (``sizes[k] = (position, tensor position, dimension)``),
+    so the compiled program's inputs are tensors and a new size is a new
+    shape of the same module, which the shape family specializes
+    (:mod:`hloalias.runtime.shape_family`).  The graph's code is fixed
+    once handed over, so it keys the family itself."""
+
+    #: Dynamo made these sizes symbolic after seeing two of them, so the
+    #: family's dynamic export waits for one more size only.
+    shape_family_static_sizes = 1
+
+    def __init__(self, graph: torch.fx.GraphModule, sizes: tuple[tuple[int, int, int], ...], count: int) -> None:
+        super().__init__()
+        self.graph = graph
+        self.sizes = sizes
+        self.count = count
+
+    def forward(self, *tensors: Any) -> Any:
+        size_at = {position: (tensor, dim) for position, tensor, dim in self.sizes}
+        kept = iter(tensors)
+        full: list[Any] = [None if i in size_at else next(kept) for i in range(self.count)]
+        for position, (tensor, dim) in size_at.items():
+            full[position] = full[tensor].size(dim)
+        return self.graph(*full)
+
+    def shape_family_key(self) -> str:
+        return f"dynamo graph {self.graph.code!r} sizes {self.sizes}"
+
+
+def _sizes_of_tensors(graph: torch.fx.GraphModule) -> tuple[tuple[int, int, int], ...] | None:
+    """For a graph whose every non-tensor input is a size dynamo made
+    symbolic, and that size is a dimension of one of its tensor inputs:
+    ``(position, tensor position, dimension)`` for each; else None."""
+    placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
+    examples = [node.meta.get("example_value") for node in placeholders]
+    dims: dict[Any, tuple[int, int]] = {}
+    for position, example in enumerate(examples):
+        if isinstance(example, torch.Tensor):
+            for dim, size in enumerate(example.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    dims.setdefault(size.node.expr, (position, dim))
+    sizes = []
+    for position, example in enumerate(examples):
+        if isinstance(example, torch.Tensor):
+            continue
+        if not isinstance(example, torch.SymInt) or example.node.expr not in dims:
+            return None
+        sizes.append((position, *dims[example.node.expr]))
+    return tuple(sizes) if sizes else None
+
+
 class CompiledGraph:
     """One graph dynamo (or AOTAutograd) handed over: called with the
     graph's inputs, it runs the executable of their signature."""
@@ -100,10 +154,19 @@ class CompiledGraph:
         #: Inputs the graph only reads as Python numbers (``.item()``), passed as such.
         self.scalar_positions = _numbers_as_inputs(graph) if not boxed else frozenset()
         self.code = graph.code
+        #: Where every int input is a size of a tensor input: the Jit is of
+        #: the graph called with the tensors only (:class:`_SizedGraph`).
+        self.sizes = _sizes_of_tensors(graph) if not boxed and not self.scalar_positions else None
+        compiled: torch.nn.Module = graph if self.sizes is None else _SizedGraph(graph, self.sizes, len(
+            [node for node in graph.graph.nodes if node.op == "placeholder"]))
         self.jit = (_AotJit if boxed else Jit)(
-            graph, pipeline=options.get("pipeline"), device=options.get("device"),
+            compiled, pipeline=options.get("pipeline"), device=options.get("device"),
             cache_size=options.get("cache_size", DEFAULT_CACHE_SIZE),
         )
+        self._graph = graph
+        self._options = options
+        #: The graph as dynamo gave it, for a call whose ints are not its tensors' sizes.
+        self._unsized: Jit | None = None
         #: AOTAutograd calls a compiled graph with one list when this is set.
         self._boxed_call = boxed
 
@@ -127,6 +190,17 @@ class CompiledGraph:
             bring_up_to_date(arguments)
             return list(self.jit(*arguments))
         bring_up_to_date(args)
+        if self.sizes is not None:
+            if all(args[p] == args[t].size(d) for p, t, d in self.sizes):
+                positions = {p for p, _, _ in self.sizes}
+                return self.jit(*(a for i, a in enumerate(args) if i not in positions))
+            # Not dynamo's own binding of the sizes (its guards make this
+            # unreachable): the graph as given, each int its own program.
+            if self._unsized is None:
+                self._unsized = Jit(self._graph, pipeline=self._options.get("pipeline"),
+                                    device=self._options.get("device"),
+                                    cache_size=self._options.get("cache_size", DEFAULT_CACHE_SIZE))
+            return self._unsized(*args)
         return self.jit(*args)
 
     def explain(self) -> str:

@@ -36,6 +36,10 @@ The specialized program is the one a fresh export of the concrete sizes
 gives (``test/py/test_shape_family.py`` compares the imported modules'
 text); its state is the module's own tensors, checked by identity at each
 specialization (a replaced parameter makes the module a new family).
+A module may key itself (a ``shape_family_key()`` method: the text of
+its code and settings, for a module the program-cache key cannot print)
+and set its own ``shape_family_static_sizes``: the ``torch.compile``
+backend's graphs do (:mod:`hloalias.runtime.dynamo_backend`).
 ``HLOALIAS_SHAPE_FAMILY=0`` turns this off.  At most ``MAX_FAMILIES``
 modules are kept (least recently used dropped); a family goes when its
 module is garbage-collected (its dynamic export holds the state tensors)."""
@@ -124,6 +128,7 @@ def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | 
     contiguous tensor, inputs sharing memory, or no sound key."""
     if not isinstance(f, torch.nn.Module):
         return None
+    own_key = getattr(f, "shape_family_key", None)
     leaves, spec = pytree.tree_flatten((args, kwargs))
     storages = set()
     kinds = []
@@ -135,6 +140,11 @@ def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | 
             return None
         storages.add(storage)
         kinds.append((str(leaf.dtype), leaf.dim(), leaf.requires_grad, str(leaf.device)))
+    if callable(own_key):
+        # A module that keys its program itself (a dynamo graph, whose
+        # GraphModule the program-cache key cannot print): found only
+        # under this very object, as every family.
+        return f"{own_key()!r} {spec} {tuple(kinds)} {torch.is_grad_enabled()} {torch.get_default_dtype()}"
     try:
         return source_key(f, (), {}, ("shape family", str(spec), tuple(kinds)))
     except Uncacheable:
@@ -221,7 +231,7 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
     if family.dynamic is None:
         if sizes in family.sizes:
             return import_torch(f, args, kwargs)
-        if len(family.sizes) < static_sizes():
+        if len(family.sizes) < getattr(f, "shape_family_static_sizes", static_sizes()):
             # Traced as it is, as the first compile was (module docstring).
             program = import_torch(f, args, kwargs)
             with _LOCK:
