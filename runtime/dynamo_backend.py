@@ -32,8 +32,16 @@ What dynamo hands a backend, and what is done with it:
 - **Shapes**: every graph is wrapped in a :class:`~hloalias.runtime.jit_cache.Jit`,
   so a call with new shapes compiles once more and is cached.  When dynamo
   marks a dimension dynamic (the second shape it sees, by default) it
-  passes the size as an int input: the Jit specializes on its value, one
-  executable per size, under one dynamo graph.  With ``dynamic=True``
+  passes the size as an int input.  Where every int input of a graph is a
+  dimension of one of its tensor inputs (:func:`_sizes_of_tensors`), the
+  Jit is of the graph called with the tensors only, each size read from
+  its tensor (:class:`_SizedGraph`): one executable per size, and from the
+  graph's second size on, each new size is specialized from one dynamic
+  export of the graph (:mod:`hloalias.runtime.shape_family`), no
+  ``torch.export`` per size.  A call whose int is not its tensor's size
+  (dynamo's guards rule it out) runs the graph as given, the int one more
+  input the Jit specializes on; so does every graph with another int, or
+  with numbers read as below.  With ``dynamic=True``
   dynamo also passes the Python floats the code reads (``Dropout.p``) as
   0-d tensors the graph reads with ``.item()``: they are passed as numbers,
   one executable per value (:func:`_numbers_as_inputs`).  Guards and graph breaks are

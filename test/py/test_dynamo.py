@@ -97,7 +97,7 @@ def test_mlp_new_shapes_compile_once_each_and_are_cached() -> None:
     assert [(g.stats.compiles, g.stats.hits) for g in graphs] == [(1, 0), (3, 2)]
     # Least recently used first; the int input is x's size, read from x (the graph is called with tensors only).
     for signature, batch in zip(graphs[1].jit.signatures, (3, 2, 5), strict=True):
-        assert f", float32[{batch}, 6])" in signature and f", {batch}," not in signature
+        assert f"float32[{batch}, 6]" in signature and f" {batch}," not in signature
     static = dynamo_backend.compiled_graphs()
     with torch.no_grad():
         x = torch.randn(7, 6)
