@@ -1,0 +1,202 @@
+"""``ctc_loss`` (``aten.ctc_loss.Tensor`` and ``.IntList``, both
+composite-implicit) written in aten ops torch-mlir lowers, applied with
+:mod:`hloalias.frontend.decompositions`' table.
+
+Why here: torch's composite calls ``aten._ctc_loss.Tensor``, which has a
+CPU kernel only (no fake or meta rule: its second result, ``log_alpha``,
+is ``[N, T, 2 * max(target_lengths) + 1]``, a shape read from the
+lengths' values), so ``torch.export`` fails on it.  Replacing the
+composite itself keeps ``_ctc_loss`` out of the trace; its result (the
+loss) has a static shape.  The decomposition sits where the composite
+does, above autograd: the training capture differentiates it.
+
+Contract (torch's ``ctc_loss``, static shapes):
+
+- ``log_probs`` ``[T, N, C]`` (or unbatched ``[T, C]``), floating;
+  ``targets`` padded ``[N, S]`` or concatenated 1-d (``sum(target_lengths)``
+  elements: the padded layout is gathered with ``S`` = all the elements,
+  an upper bound of every length); ``input_lengths``/``target_lengths``
+  ``[N]`` tensors (values vary per call) or int lists; ``blank``;
+  ``reduction`` none/mean/sum (mean divides each loss by its target length
+  clamped to >= 1, then means over the batch); ``zero_infinity``.
+- The forward recursion (alpha) in log space over the ``2S + 1`` states
+  of the labels with blanks between, unrolled over the static ``T``: per
+  step one log-sum-exp of the state and its two predecessors (the skip
+  only onto a label that differs from the one two states back), plus the
+  emission.  A sample's result is read at ``t = input_length - 1``
+  (``input_length == 0``: likelihood 1 for an empty target, else 0);
+  states past ``2 * target_length`` get no emission (padding labels may
+  lie outside ``[0, C)``: they are clamped before the gather).
+- Gradients: autograd of the recursion is the posterior, ``-gamma``.
+  torch's ``_ctc_loss_backward`` returns ``exp(log_probs) - gamma``
+  instead (the logits' gradient when ``log_probs`` is a ``log_softmax``,
+  whose backward then leaves it unchanged), for ``t < input_length``; a
+  term of value 0 whose gradient is ``exp(log_probs)`` on those steps
+  gives the same.  Infinite losses (no alignment fits in
+  ``input_length``) get zero gradients where torch's are NaN (with
+  ``zero_infinity`` both are zero).
+
+Cost: ``T`` steps of ``N x (2S + 1)`` elements each (the unrolled loop
+is ~15 ops per step in the program)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+#: torch's ``at::Reduction`` values.
+_NONE, _MEAN, _SUM = 0, 1, 2
+
+
+def _logsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``logsumexp`` whose gradient is 0, not NaN, where every term is
+    ``-inf`` (unreachable states): the peak is detached (the exact
+    gradient does not depend on it) and set to 0 where it is not finite,
+    and the log reads 1 where the sum is 0."""
+    peak = x.amax(dim).detach()
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    total = torch.exp(x - peak.unsqueeze(dim)).sum(dim)
+    positive = total > 0
+    logged = torch.log(torch.where(positive, total, torch.ones_like(total))) + peak
+    return torch.where(positive, logged, torch.full_like(total, -torch.inf))
+
+
+def _shifted(alpha: torch.Tensor, step: int) -> torch.Tensor:
+    """``alpha`` moved ``step`` states up along dim 1, ``-inf`` filling in
+    (any number of states, ``2S + 1 >= 1``)."""
+    fill = torch.full((alpha.shape[0], step), -torch.inf, dtype=alpha.dtype, device=alpha.device)
+    return torch.cat([fill, alpha], 1)[:, : alpha.shape[1]]
+
+
+def _padded_labels(targets: torch.Tensor, target_lengths: torch.Tensor, batch: int) -> torch.Tensor:
+    """``targets`` as ``[N, S]`` int64 labels: the padded layout as is,
+    the concatenated one gathered from each sample's offset (``S`` = all
+    its elements; positions past a sample's length are never read)."""
+    if targets.dim() == 2:
+        return targets.to(torch.int64)
+    total = targets.shape[0]
+    if total == 0:
+        return torch.zeros((batch, 0), dtype=torch.int64, device=targets.device)
+    lengths = target_lengths.to(torch.int64)
+    starts = torch.cumsum(lengths, 0) - lengths
+    positions = starts.unsqueeze(1) + torch.arange(total, device=targets.device).unsqueeze(0)
+    return targets.to(torch.int64)[positions.clamp(0, total - 1)]
+
+
+def _negative_log_likelihood(
+    log_probs: torch.Tensor,
+    labels: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+) -> torch.Tensor:
+    """Per sample ``-log p(target | log_probs)`` (``[N]``) by the alpha
+    recursion (module docstring)."""
+    steps, batch, classes = log_probs.shape
+    device = log_probs.device
+    states = 2 * labels.shape[1] + 1
+    label_lengths = target_lengths.to(torch.int64)
+    lengths = input_lengths.to(torch.int64)
+    # Extended labels: blank, l1, blank, l2, ..., blank.
+    blanks = torch.full_like(labels, blank)
+    extended = torch.cat(
+        [torch.stack([blanks, labels.clamp(0, classes - 1)], 2).reshape(batch, states - 1),
+         torch.full((batch, 1), blank, dtype=torch.int64, device=device)],
+        1,
+    )
+    state = torch.arange(states, device=device).unsqueeze(0)
+    valid = state < (2 * label_lengths + 1).unsqueeze(1)
+    # The skip s-2 -> s: onto a label (odd s) unlike the one before it.
+    skip = torch.cat(
+        [torch.zeros((batch, min(2, states)), dtype=torch.bool, device=device),
+         extended[:, 2:] != extended[:, :-2]],
+        1,
+    )
+    emissions = log_probs.gather(2, extended.unsqueeze(0).expand(steps, batch, states))
+    emissions = torch.where(valid.unsqueeze(0), emissions, torch.full_like(emissions, -torch.inf))
+    neg_inf = torch.full((batch, states), -torch.inf, dtype=log_probs.dtype, device=device)
+    # t = 0: the first blank or the first label.
+    alpha = torch.where(state < 2, emissions[0], neg_inf)
+    # input_length == 0: likelihood 1 in state 0 (an empty target), none elsewhere.
+    empty = torch.where(state == 0, torch.zeros_like(neg_inf), neg_inf)
+    final = torch.where((lengths == 0).unsqueeze(1), empty, neg_inf)
+    final = torch.where((lengths == 1).unsqueeze(1), alpha, final)
+    for t in range(1, steps):
+        previous = torch.where(skip, _shifted(alpha, 2), neg_inf)
+        alpha = _logsumexp(torch.stack([alpha, _shifted(alpha, 1), previous], 0), 0) + emissions[t]
+        final = torch.where((lengths == t + 1).unsqueeze(1), alpha, final)
+    # The last label or the blank after it.
+    last = torch.stack([2 * label_lengths, (2 * label_lengths - 1).clamp(min=0)], 1)
+    ends = final.gather(1, last)
+    ends = torch.where(
+        torch.stack([label_lengths >= 0, label_lengths > 0], 1), ends, torch.full_like(ends, -torch.inf)
+    )
+    return -_logsumexp(ends, 1)
+
+
+def _torch_gradient_term(log_probs: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
+    """Per sample ``[N]`` a term of value 0 whose gradient with respect to
+    ``log_probs`` is ``exp(log_probs)`` for ``t < input_length`` (torch's
+    backward adds it: module docstring)."""
+    steps = log_probs.shape[0]
+    finite = torch.isfinite(log_probs)
+    safe = torch.where(finite, log_probs, torch.zeros_like(log_probs))
+    within = torch.arange(steps, device=log_probs.device).unsqueeze(1) < input_lengths.to(torch.int64).unsqueeze(0)
+    weight = torch.where(finite & within.unsqueeze(2), torch.exp(safe), torch.zeros_like(safe)).detach()
+    return (weight * (safe - safe.detach())).sum((0, 2))
+
+
+def ctc_loss(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int = 0,
+    reduction: int = _MEAN,
+    zero_infinity: bool = False,
+) -> Any:
+    """``aten.ctc_loss.Tensor`` (module docstring); ``NotImplemented``
+    (torch's composite then runs) outside the contract."""
+    if not log_probs.is_floating_point() or log_probs.dim() not in (2, 3) or reduction not in (_NONE, _MEAN, _SUM):
+        return NotImplemented
+    if targets.is_floating_point() or targets.is_complex() or targets.dim() not in (1, 2):
+        return NotImplemented
+    batched = log_probs.dim() == 3
+    if not batched:
+        log_probs, targets = log_probs.unsqueeze(1), targets.unsqueeze(0)
+        input_lengths, target_lengths = input_lengths.reshape(1), target_lengths.reshape(1)
+    if input_lengths.dim() != 1 or target_lengths.dim() != 1:
+        return NotImplemented
+    labels = _padded_labels(targets, target_lengths, log_probs.shape[1])
+    losses = _negative_log_likelihood(log_probs, labels, input_lengths, target_lengths, blank)
+    losses = losses + _torch_gradient_term(log_probs, input_lengths)
+    if zero_infinity:
+        losses = torch.where(losses == torch.inf, torch.zeros_like(losses), losses)
+    if reduction == _MEAN:
+        return (losses / target_lengths.to(losses.dtype).clamp_min(1)).mean()
+    if reduction == _SUM:
+        return losses.sum()
+    return losses if batched else losses.squeeze(0)
+
+
+def ctc_loss_int_list(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: Sequence[int],
+    target_lengths: Sequence[int],
+    blank: int = 0,
+    reduction: int = _MEAN,
+    zero_infinity: bool = False,
+) -> Any:
+    """``aten.ctc_loss.IntList``: the lengths as constants."""
+    as_tensor = lambda values: torch.tensor(list(values), dtype=torch.int64, device=log_probs.device)  # noqa: E731
+    return ctc_loss(log_probs, targets, as_tensor(input_lengths), as_tensor(target_lengths), blank, reduction, zero_infinity)
+
+
+def ctc_loss_decompositions() -> dict[Any, Any]:
+    """The table of this module's decompositions by op."""
+    return {aten.ctc_loss.Tensor: ctc_loss, aten.ctc_loss.IntList: ctc_loss_int_list}
