@@ -41,6 +41,7 @@ is ~15 ops per step in the program)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -195,6 +196,40 @@ def ctc_loss_int_list(
     """``aten.ctc_loss.IntList``: the lengths as constants."""
     as_tensor = lambda values: torch.tensor(list(values), dtype=torch.int64, device=log_probs.device)  # noqa: E731
     return ctc_loss(log_probs, targets, as_tensor(input_lengths), as_tensor(target_lengths), blank, reduction, zero_infinity)
+
+
+#: ``F.ctc_loss``'s and ``torch.ctc_loss``'s parameters (``reduction``: a
+#: name for the first, torch's enum for the second).
+_CALL_SIGNATURE = inspect.signature(
+    lambda log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False: None
+)
+_REDUCTIONS = {"none": _NONE, "mean": _MEAN, "sum": _SUM}
+
+
+def is_ctc_loss_call(func: Any) -> bool:
+    """Whether ``func`` (what a ``TorchFunctionMode`` sees) is
+    ``F.ctc_loss`` or ``torch.ctc_loss``."""
+    return func is torch.nn.functional.ctc_loss or func is torch.ctc_loss
+
+
+def ctc_loss_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A call of ``F.ctc_loss`` or ``torch.ctc_loss`` (a ``TorchFunctionMode``
+    sees either) as the decomposition, above autograd: for the training
+    capture, whose ``make_fx`` does not apply the table to composite ops
+    before autograd (the composite then reaches ``_ctc_loss.Tensor``).
+    Outside the contract, the call itself."""
+    bound = _CALL_SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    reduction = values["reduction"]
+    reduction = _REDUCTIONS.get(reduction, reduction) if isinstance(reduction, str) else reduction
+    result = NotImplemented
+    if isinstance(values["log_probs"], torch.Tensor) and isinstance(values["targets"], torch.Tensor):
+        lengths = (values["input_lengths"], values["target_lengths"])
+        decomposition = ctc_loss if all(isinstance(v, torch.Tensor) for v in lengths) else ctc_loss_int_list
+        result = decomposition(values["log_probs"], values["targets"], *lengths,
+                               int(values["blank"]), reduction, bool(values["zero_infinity"]))
+    return func(*args, **kwargs) if result is NotImplemented else result
 
 
 def ctc_loss_decompositions() -> dict[Any, Any]:

@@ -66,6 +66,7 @@ from hloalias.errors import TorchImportError
 from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend import single_trace
 from hloalias.frontend.backward_decompositions import capture_decompositions
+from hloalias.frontend.ctc_loss import ctc_loss_call, is_ctc_loss_call
 from hloalias.frontend.importer import (
     _decomposition_table_with_custom_ops,
     late_registered_entries,
@@ -407,6 +408,8 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
+        if is_ctc_loss_call(func):
+            return ctc_loss_call(func, args, kwargs or {})
         name = getattr(func, "__name__", "")
         if single_trace.is_write(name, kwargs) or single_trace.mutable_op(func):
             written = [args[0]] if args else []
