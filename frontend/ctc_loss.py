@@ -194,7 +194,9 @@ def ctc_loss_int_list(
     zero_infinity: bool = False,
 ) -> Any:
     """``aten.ctc_loss.IntList``: the lengths as constants."""
-    as_tensor = lambda values: torch.tensor(list(values), dtype=torch.int64, device=log_probs.device)  # noqa: E731
+    def as_tensor(values: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.int64, device=log_probs.device)
+
     return ctc_loss(log_probs, targets, as_tensor(input_lengths), as_tensor(target_lengths), blank, reduction, zero_infinity)
 
 

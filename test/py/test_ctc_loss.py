@@ -173,3 +173,13 @@ def test_tiny_wav2vec2_for_ctc_trains_like_eager() -> None:
     eager_state, state = eager_model.state_dict(), model.state_dict()
     for key in eager_state:
         torch.testing.assert_close(state[key], eager_state[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_lengths_given_as_lists() -> None:
+    """``aten.ctc_loss.IntList``: the lengths are constants of the program."""
+
+    def f(lp: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.ctc_loss(lp, t, [14, 9, 11, 3], [5, 5, 0, 2], reduction="sum")
+
+    args = (_log_probs(0), _targets())
+    torch.testing.assert_close(hloalias.compile(f, list(args))(*args), f(*args), rtol=RTOL, atol=ATOL)
