@@ -23,10 +23,15 @@ Contract (torch's ``ctc_loss``, static shapes):
   of the labels with blanks between, unrolled over the static ``T``: per
   step one log-sum-exp of the state and its two predecessors (the skip
   only onto a label that differs from the one two states back), plus the
-  emission.  A sample's result is read at ``t = input_length - 1``
-  (``input_length == 0``: likelihood 1 for an empty target, else 0);
-  states past ``2 * target_length`` get no emission (padding labels may
-  lie outside ``[0, C)``: they are clamped before the gather).
+  emission.  A sample's result is read at ``t = input_length - 1`` from
+  the stacked steps (``input_length == 0``: likelihood 1 for an empty
+  target, else 0); states past ``2 * target_length`` get no emission
+  (padding labels may lie outside ``[0, C)``: they are clamped before the
+  gather).  Unreachable states hold a finite log-likelihood far below any
+  path's (``finfo.min * 1e-8``), not ``-inf``: a log-sum-exp of only
+  ``-inf`` has a NaN gradient, and guarding each step against it costs
+  ops in every step of the unrolled loop; a likelihood below half that
+  value is torch's ``inf`` loss.
 - Gradients: autograd of the recursion is the posterior, ``-gamma``.
   torch's ``_ctc_loss_backward`` returns ``exp(log_probs) - gamma``
   instead (the logits' gradient when ``log_probs`` is a ``log_softmax``,
@@ -36,8 +41,9 @@ Contract (torch's ``ctc_loss``, static shapes):
   ``input_length``) get zero gradients where torch's are NaN (with
   ``zero_infinity`` both are zero).
 
-Cost: ``T`` steps of ``N x (2S + 1)`` elements each (the unrolled loop
-is ~15 ops per step in the program)."""
+Cost: ``T`` steps of ``N x (2S + 1)`` elements each, ~12 ops per step in
+the program: compile time grows with ``T`` (bench/RESULTS figures in the
+branch's report)."""
 
 from __future__ import annotations
 
@@ -51,26 +57,6 @@ aten = torch.ops.aten
 
 #: torch's ``at::Reduction`` values.
 _NONE, _MEAN, _SUM = 0, 1, 2
-
-
-def _logsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """``logsumexp`` whose gradient is 0, not NaN, where every term is
-    ``-inf`` (unreachable states): the peak is detached (the exact
-    gradient does not depend on it) and set to 0 where it is not finite,
-    and the log reads 1 where the sum is 0."""
-    peak = x.amax(dim).detach()
-    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
-    total = torch.exp(x - peak.unsqueeze(dim)).sum(dim)
-    positive = total > 0
-    logged = torch.log(torch.where(positive, total, torch.ones_like(total))) + peak
-    return torch.where(positive, logged, torch.full_like(total, -torch.inf))
-
-
-def _shifted(alpha: torch.Tensor, step: int) -> torch.Tensor:
-    """``alpha`` moved ``step`` states up along dim 1, ``-inf`` filling in
-    (any number of states, ``2S + 1 >= 1``)."""
-    fill = torch.full((alpha.shape[0], step), -torch.inf, dtype=alpha.dtype, device=alpha.device)
-    return torch.cat([fill, alpha], 1)[:, : alpha.shape[1]]
 
 
 def _padded_labels(targets: torch.Tensor, target_lengths: torch.Tensor, batch: int) -> torch.Tensor:
@@ -88,6 +74,21 @@ def _padded_labels(targets: torch.Tensor, target_lengths: torch.Tensor, batch: i
     return targets.to(torch.int64)[positions.clamp(0, total - 1)]
 
 
+def _unreachable(dtype: torch.dtype) -> float:
+    """The log-likelihood of an unreachable state: finite (so no step's
+    log-sum-exp sees only ``-inf``, whose gradient is NaN), far below any
+    path's, and summable over ``T`` steps without overflowing."""
+    return torch.finfo(dtype).min * 1e-8
+
+
+def _logsumexp_first(x: torch.Tensor) -> torch.Tensor:
+    """``logsumexp`` over dim 0 of finite values, in fewer ops than
+    torch's (which guards against infinite peaks): the peak is detached
+    (the exact gradient does not depend on it)."""
+    peak = x.amax(0, keepdim=True).detach()
+    return torch.log(torch.exp(x - peak).sum(0)) + peak[0]
+
+
 def _negative_log_likelihood(
     log_probs: torch.Tensor,
     labels: torch.Tensor,
@@ -100,6 +101,7 @@ def _negative_log_likelihood(
     steps, batch, classes = log_probs.shape
     device = log_probs.device
     states = 2 * labels.shape[1] + 1
+    low = _unreachable(log_probs.dtype)
     label_lengths = target_lengths.to(torch.int64)
     lengths = input_lengths.to(torch.int64)
     # Extended labels: blank, l1, blank, l2, ..., blank.
@@ -111,32 +113,40 @@ def _negative_log_likelihood(
     )
     state = torch.arange(states, device=device).unsqueeze(0)
     valid = state < (2 * label_lengths + 1).unsqueeze(1)
-    # The skip s-2 -> s: onto a label (odd s) unlike the one before it.
+    # The skip s-2 -> s: onto a label (odd s) unlike the one before it; as
+    # an additive penalty (one op per step).
     skip = torch.cat(
         [torch.zeros((batch, min(2, states)), dtype=torch.bool, device=device),
          extended[:, 2:] != extended[:, :-2]],
         1,
     )
-    emissions = log_probs.gather(2, extended.unsqueeze(0).expand(steps, batch, states))
-    emissions = torch.where(valid.unsqueeze(0), emissions, torch.full_like(emissions, -torch.inf))
-    neg_inf = torch.full((batch, states), -torch.inf, dtype=log_probs.dtype, device=device)
+    skip_penalty = torch.where(skip, torch.zeros((), dtype=log_probs.dtype), torch.full((), low, dtype=log_probs.dtype))
+    emissions = log_probs.gather(2, extended.unsqueeze(0).expand(steps, batch, states)).clamp_min(low)
+    emissions = torch.where(valid.unsqueeze(0), emissions, torch.full_like(emissions, low))
     # t = 0: the first blank or the first label.
-    alpha = torch.where(state < 2, emissions[0], neg_inf)
-    # input_length == 0: likelihood 1 in state 0 (an empty target), none elsewhere.
-    empty = torch.where(state == 0, torch.zeros_like(neg_inf), neg_inf)
-    final = torch.where((lengths == 0).unsqueeze(1), empty, neg_inf)
-    final = torch.where((lengths == 1).unsqueeze(1), alpha, final)
+    alpha = torch.where(state < 2, emissions[0], torch.full_like(emissions[0], low))
+    alphas = [alpha]
     for t in range(1, steps):
-        previous = torch.where(skip, _shifted(alpha, 2), neg_inf)
-        alpha = _logsumexp(torch.stack([alpha, _shifted(alpha, 1), previous], 0), 0) + emissions[t]
-        final = torch.where((lengths == t + 1).unsqueeze(1), alpha, final)
+        if states >= 3:
+            one = torch.constant_pad_nd(alpha[:, :-1], [1, 0], low)
+            two = torch.constant_pad_nd(alpha[:, :-2], [2, 0], low) + skip_penalty
+        else:  # no label: the blank alone
+            one = two = torch.full_like(alpha, low)
+        alpha = _logsumexp_first(torch.stack([alpha, one, two], 0)) + emissions[t]
+        alphas.append(alpha)
+    # Each sample's alpha at t = input_length - 1; input_length == 0:
+    # likelihood 1 in state 0 (an empty target), none elsewhere.
+    last_step = (lengths - 1).clamp(0, steps - 1).reshape(1, batch, 1).expand(1, batch, states)
+    final = torch.stack(alphas, 0).gather(0, last_step)[0]
+    empty = torch.where(state == 0, torch.zeros_like(final), torch.full_like(final, low))
+    final = torch.where((lengths == 0).unsqueeze(1), empty, final)
     # The last label or the blank after it.
     last = torch.stack([2 * label_lengths, (2 * label_lengths - 1).clamp(min=0)], 1)
     ends = final.gather(1, last)
-    ends = torch.where(
-        torch.stack([label_lengths >= 0, label_lengths > 0], 1), ends, torch.full_like(ends, -torch.inf)
-    )
-    return -_logsumexp(ends, 1)
+    ends = torch.where(torch.stack([label_lengths >= 0, label_lengths > 0], 1), ends, torch.full_like(ends, low))
+    likelihood = _logsumexp_first(ends.transpose(0, 1))
+    # Below half the unreachable value: no alignment fits (torch's inf).
+    return torch.where(likelihood > low / 2, -likelihood, torch.full_like(likelihood, torch.inf))
 
 
 def _torch_gradient_term(log_probs: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
