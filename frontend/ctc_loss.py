@@ -12,7 +12,8 @@ does, above autograd: the training capture differentiates it.
 
 Contract (torch's ``ctc_loss``, static shapes):
 
-- ``log_probs`` ``[T, N, C]`` (or unbatched ``[T, C]``), floating;
+- ``log_probs`` ``[T, N, C]`` (or unbatched ``[T, C]``), float32 or
+  float64;
   ``targets`` padded ``[N, S]`` or concatenated 1-d (``sum(target_lengths)``
   elements: the padded layout is gathered with ``S`` = all the elements,
   an upper bound of every length); ``input_lengths``/``target_lengths``
@@ -42,8 +43,7 @@ Contract (torch's ``ctc_loss``, static shapes):
   ``zero_infinity`` both are zero).
 
 Cost: ``T`` steps of ``N x (2S + 1)`` elements each, ~12 ops per step in
-the program: compile time grows with ``T`` (bench/RESULTS figures in the
-branch's report)."""
+the program: compile time grows with ``T`` (bench/RESULTS-opinfo.md)."""
 
 from __future__ import annotations
 
@@ -172,7 +172,10 @@ def ctc_loss(
 ) -> Any:
     """``aten.ctc_loss.Tensor`` (module docstring); ``NotImplemented``
     (torch's composite then runs) outside the contract."""
-    if not log_probs.is_floating_point() or log_probs.dim() not in (2, 3) or reduction not in (_NONE, _MEAN, _SUM):
+    # float32/float64 (eager's CPU kernel's): the unreachable value needs their range.
+    if log_probs.dtype not in (torch.float32, torch.float64) or log_probs.dim() not in (2, 3):
+        return NotImplemented
+    if reduction not in (_NONE, _MEAN, _SUM):
         return NotImplemented
     if targets.is_floating_point() or targets.is_complex() or targets.dim() not in (1, 2):
         return NotImplemented
