@@ -45,6 +45,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
 
+from hloalias.frontend.ctc_loss import ctc_loss_decompositions
+
 aten = torch.ops.aten
 
 #: torch.broadcast_tensors, typed (torch leaves it untyped).
@@ -792,5 +794,6 @@ def unsigned_constants_as_bitcasts(graph: torch.fx.Graph) -> bool:
 
 
 def op_coverage_decompositions() -> dict[Any, Callable[..., Any]]:
-    """The table of this module's decompositions by op."""
-    return _own_entries()
+    """The table of this module's decompositions by op (with
+    :mod:`hloalias.frontend.ctc_loss`'s)."""
+    return {**_own_entries(), **ctc_loss_decompositions()}

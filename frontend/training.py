@@ -35,7 +35,11 @@ graph becomes the ``ExportedProgram`` (state slots as mutated buffers) that
 ``torch.export`` or a decomposition retrace.  The optimizer's update is
 traced once per class of parameters and copied, shapes substituted, for
 the others of the class (:mod:`hloalias.frontend.optimizer_replay`): the
-same operators as tracing each parameter's.
+same operators as tracing each parameter's.  ``make_fx`` applies the table
+below autograd, where a composite op has already become its parts: a call
+of ``F.ctc_loss``/``torch.ctc_loss`` (whose composite reaches
+``_ctc_loss``, which has no fake rule) is replaced by
+:mod:`hloalias.frontend.ctc_loss`'s decomposition before autograd sees it.
 
 Fake-mode tracing makes every host read of a traced value (``.item()``,
 ``if loss > 0``, ``print(loss)``) an error; it is reported as
@@ -66,6 +70,7 @@ from hloalias.errors import TorchImportError
 from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend import single_trace
 from hloalias.frontend.backward_decompositions import capture_decompositions
+from hloalias.frontend.ctc_loss import ctc_loss_call, is_ctc_loss_call
 from hloalias.frontend.importer import (
     _decomposition_table_with_custom_ops,
     late_registered_entries,
@@ -394,7 +399,8 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
     plain tensor is one the step closes over.  The trace reads those as
     constants (at their value at each call, as eager does), but a write to
     one is stopped before it happens (the caller's tensor stays as it was;
-    the compiled step could not keep the write)."""
+    the compiled step could not keep the write).  It also routes
+    ``ctc_loss`` calls to their decomposition (module docstring)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -407,6 +413,8 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
+        if is_ctc_loss_call(func):
+            return ctc_loss_call(func, args, kwargs or {})
         name = getattr(func, "__name__", "")
         if single_trace.is_write(name, kwargs) or single_trace.mutable_op(func):
             written = [args[0]] if args else []
