@@ -35,14 +35,13 @@ import functools
 import random
 import sys
 import threading
-import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
 from hloalias.errors import TorchImportError
-from hloalias.frontend.program_frames import describe_frame, is_program_file
+from hloalias.frontend.program_frames import innermost_on_stack
 
 #: Methods of the global generators that draw nothing.
 _NOT_DRAWS = frozenset({"seed", "get_state", "set_state", "getstate", "setstate", "get_bit_generator", "set_bit_generator"})
@@ -114,13 +113,6 @@ def _importing() -> bool:
     return False
 
 
-def _innermost_program_line() -> str | None:
-    for frame in reversed(traceback.extract_stack()):
-        if is_program_file(frame.filename):
-            return describe_frame(frame)
-    return None
-
-
 @contextlib.contextmanager
 def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportError) -> Iterator[None]:
     """See the module docstring."""
@@ -144,7 +136,7 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
             value = original(*args, **kwargs)
             if first_draw or threading.get_ident() != tracing_thread or _importing():
                 return value
-            found = (qualified, _innermost_program_line())
+            found = (qualified, innermost_on_stack())
             if python_number and type(value) in _DRAWN_TYPES:
                 # A number the program may never use (MusicGen draws its
                 # LayerDrop probability in eval mode too, then skips the

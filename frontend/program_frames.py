@@ -62,6 +62,15 @@ def program_frames(tb: TracebackType | None) -> tuple[str | None, str | None]:
     return describe_frame(innermost), caller
 
 
+def innermost_on_stack() -> str | None:
+    """The innermost program frame of the current stack, described (the
+    line running now, e.g. a random draw's), or None."""
+    for frame in reversed(traceback.extract_stack()):
+        if is_program_file(frame.filename):
+            return describe_frame(frame)
+    return None
+
+
 def where_raised(error: BaseException) -> str:
     """`` at FILE:LINE in FUNCTION: CODE (called from ...)`` for the
     program's line that ``error`` was raised under; empty when none is on

@@ -488,8 +488,9 @@ def _describe_trace_failure(error: BaseException) -> str:
 
 
 def _user_frame_of_stack() -> str | None:
-    """The innermost frame of the user's code on the current stack, as
-    :func:`where_raised` names it."""
+    """The innermost frame of the user's own code on the current stack:
+    neither torch's, hloalias's nor an installed library's (unlike
+    :func:`where_raised`, which names a library model's line too)."""
     torch_root, here = os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))
     for frame in reversed(traceback.extract_stack()):
         path = os.path.abspath(frame.filename)
