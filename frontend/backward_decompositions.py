@@ -1,7 +1,7 @@
 """Decompositions the training capture applies while it traces a step.
 
 The import decomposes every graph with torch-mlir's table
-(:func:`hloalias.frontend.importer.decompose`).  Three kinds of backward
+(:func:`hloalias.frontend.importer.decompose`).  Several kinds of backward
 operators get past that table and torch-mlir then fails on them, so the
 capture (``make_fx`` of forward + autograd + optimizer) decomposes them as
 it traces; :func:`capture_decompositions` is that table:
@@ -19,7 +19,17 @@ it traces; :func:`capture_decompositions` is that table:
   be a multiple of feature_group_count ... 128");
   :func:`grouped_convolution_backward` writes it with valid ones; so too
   every 1-d and 3-d ``convolution_backward`` (torch-mlir's lowering of the
-  1-d one fails on a leftover ``torch.constant.bool``);
+  1-d one fails on a leftover ``torch.constant.bool``), every dilated one
+  (DeepLab's atrous convolutions) and every transposed one (UNet and VAE
+  decoders: the adjoint of a forward convolution);
+- average pooling (``avg_pool2d_backward``, ``avg_pool3d_backward``): a
+  transposed convolution with a kernel of ones over the gradient divided
+  by torch's divisors (:func:`average_pool_backward`);
+  ``_adaptive_avg_pool2d_backward`` with an output other than ``1 x 1``:
+  one averaging matrix per dimension; the max poolings torch-mlir does not
+  differentiate (``adaptive_max_pool2d/3d_backward``,
+  ``max_pool3d_with_indices_backward``): a scatter-add at the argmax
+  indices;
 - ``_weight_norm_interface_backward`` (weight-normed convolutions:
   Wav2Vec2's and HuBERT's positional convolution): torch-mlir does not know
   it; it is written as torch's own ``_weight_norm_differentiable_backward``
@@ -63,6 +73,12 @@ def capture_decompositions() -> dict[Any, Callable[..., Any]]:
         aten.convolution_backward.default: grouped_convolution_backward,
         aten.slice_backward.default: slice_backward_as_pad,
         aten._weight_norm_interface_backward.default: weight_norm_backward,
+        aten.avg_pool2d_backward.default: average_pool_backward(2),
+        aten.avg_pool3d_backward.default: average_pool_backward(3),
+        aten._adaptive_avg_pool2d_backward.default: adaptive_average_pool_backward,
+        aten.adaptive_max_pool2d_backward.default: max_pool_backward_by_indices(2),
+        aten.adaptive_max_pool3d_backward.default: max_pool_backward_by_indices(3),
+        aten.max_pool3d_with_indices_backward.default: max_pool_backward_by_indices(3),
     }
     for op, decomposition in _decomposition_table().items():
         name = op._schema.name
@@ -98,11 +114,13 @@ def grouped_convolution_backward(
     output_mask: Sequence[bool],
 ) -> Any:
     """``aten.convolution_backward`` of a forward (not transposed)
-    convolution with ``groups > 1``, or of any number of spatial dimensions
-    but two, in forward convolutions; anything else returns
-    ``NotImplemented`` (``make_fx`` then records the operator and
-    torch-mlir decomposes it, correctly for 2-d ones with ``groups == 1``;
-    its 1-d lowering fails, as in Whisper's encoder).
+    convolution with ``groups > 1``, or dilated, or of any number of
+    spatial dimensions but two, in forward convolutions, and of every
+    transposed convolution (:func:`_transposed_convolution_backward`);
+    anything else returns ``NotImplemented`` (``make_fx`` then records the
+    operator and torch-mlir decomposes it, correctly for undilated 2-d
+    ones with ``groups == 1``; its 1-d lowering fails, as in Whisper's
+    encoder, and so does its lowering of a dilated one).
 
     - input gradient: the transposed convolution of ``grad_output`` with
       ``weight`` (same stride, padding, dilation and groups), with the
@@ -115,7 +133,11 @@ def grouped_convolution_backward(
       dropped) permuted to ``[O, C/g, k...]`` is the weight gradient;
     - bias gradient: ``grad_output`` summed over batch and space."""
     spatial = input.dim() - 2
-    if transposed or (groups == 1 and spatial == 2):
+    if transposed:
+        return _transposed_convolution_backward(
+            grad_output, input, weight, stride, padding, dilation, groups, output_mask
+        )
+    if groups == 1 and spatial == 2 and all(d == 1 for d in dilation):
         return NotImplemented
     batch, channels = input.shape[0], input.shape[1]
     out_channels = weight.shape[0]
@@ -177,3 +199,177 @@ def slice_backward_as_pad(
     pad = [0, 0] * (rank - 1 - dim) + [start, size - end]
     padded: torch.Tensor = aten.constant_pad_nd.default(grad_output, pad, 0.0)
     return padded
+
+
+def _transposed_convolution_backward(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    output_mask: Sequence[bool],
+) -> Any:
+    """``convolution_backward`` of a transposed convolution (``ConvTranspose``:
+    UNet and VAE decoders), which torch-mlir does not lower to StableHLO.  A
+    transposed convolution is the adjoint of the forward convolution with
+    the same weight (``[C_in, C_out/g, k...]`` is that convolution's
+    ``[out, in/g, k...]``), stride, padding, dilation and groups, so:
+
+    - input gradient: that forward convolution of ``grad_output``;
+      ``output_padding`` only added rows the forward convolution never
+      reads, so its output has the input's size;
+    - weight gradient: the weight gradient of that forward convolution
+      whose input is ``grad_output`` and whose output gradient is
+      ``input`` (a non-transposed ``convolution_backward``, decomposed by
+      :func:`grouped_convolution_backward` or lowered by torch-mlir);
+    - bias gradient: ``grad_output`` summed over batch and space."""
+    spatial = input.dim() - 2
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        grad_input = aten.convolution.default(
+            grad_output, weight, None, stride, padding, dilation, False, [0] * spatial, groups
+        )
+    if output_mask[1]:
+        grad_weight = aten.convolution_backward.default(
+            input, grad_output, weight, None, stride, padding, dilation, False, [0] * spatial, groups,
+            [False, True, False],
+        )[1]
+    if output_mask[2]:
+        grad_bias = grad_output.sum([0, *range(2, 2 + spatial)])
+    return grad_input, grad_weight, grad_bias
+
+
+def _per_dimension(values: Sequence[int], spatial: int, default: Sequence[int] | None = None) -> list[int]:
+    """A pooling argument as one int per spatial dimension (torch accepts
+    one int for all, and an empty stride means the kernel's)."""
+    if not values and default is not None:
+        return list(default)
+    values = list(values)
+    return values * spatial if len(values) == 1 else values
+
+
+def average_pool_backward(spatial: int) -> Callable[..., torch.Tensor]:
+    """``avg_pool2d_backward``/``avg_pool3d_backward`` (``spatial`` 2 or 3:
+    ``nn.AvgPool2d``,
+    ``F.avg_pool1d``, PoolFormer's token mixer, DenseNet's transitions),
+    which torch-mlir does not lower to StableHLO.  Each output's gradient
+    divided by its window's divisor is spread over the window: a transposed
+    convolution with a kernel of ones, stride ``stride`` and no padding,
+    over ``[N*C, 1, out...]``, whose result is in padded coordinates
+    (window ``j`` covers ``[j*s, j*s + k)``); the input's gradient is its
+    ``[p, p + size)`` part (zero-extended where the last windows end
+    before it).  The divisor is torch's: ``divisor_override``; else the
+    product over dimensions of the window's length inside the padded input
+    (``count_include_pad``) or inside the input itself, ceil-mode windows
+    past the padded end counting only what they cover.  Unbatched inputs
+    (``[C, H, W]``) too."""
+
+    def backward(
+        grad_output: torch.Tensor,
+        input: torch.Tensor,
+        kernel_size: Sequence[int],
+        stride: Sequence[int],
+        padding: Sequence[int],
+        ceil_mode: bool,
+        count_include_pad: bool,
+        divisor_override: int | None,
+    ) -> torch.Tensor:
+        return _average_pool_backward(
+            spatial, grad_output, input, kernel_size, stride, padding, count_include_pad, divisor_override
+        )
+
+    return backward
+
+
+def _average_pool_backward(
+    spatial: int,
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    count_include_pad: bool,
+    divisor_override: int | None,
+) -> torch.Tensor:
+    kernel = _per_dimension(kernel_size, spatial)
+    steps = _per_dimension(stride, spatial, kernel)
+    pads = _per_dimension(padding, spatial)
+    out_size = list(grad_output.shape[-spatial:])
+    in_size = list(input.shape[-spatial:])
+    lead = list(grad_output.shape[:-spatial])
+    grad = grad_output.reshape(-1, 1, *out_size)
+    if divisor_override:
+        grad = grad / divisor_override
+    else:
+        divisor = torch.ones((), dtype=grad.dtype, device=grad.device)
+        for d in range(spatial):
+            start = torch.arange(out_size[d], device=grad.device) * steps[d]
+            if count_include_pad:
+                length = torch.clamp(start + kernel[d], max=in_size[d] + 2 * pads[d]) - start
+            else:
+                length = torch.clamp(start + kernel[d], max=in_size[d] + pads[d]) - torch.clamp(start, min=pads[d])
+            shape = [1] * (spatial + 2)
+            shape[2 + d] = out_size[d]
+            length = length.to(grad.dtype).reshape(shape)
+            divisor = divisor * length
+        grad = grad / divisor
+    ones = torch.ones([1, 1, *kernel], dtype=grad.dtype, device=grad.device)
+    spread = aten.convolution.default(grad, ones, None, steps, [0] * spatial, [1] * spatial, True, [0] * spatial, 1)
+    for d in range(spatial):
+        needed = pads[d] + in_size[d]
+        have = spread.shape[2 + d]
+        if have < needed:
+            pad = [0, 0] * (spatial - 1 - d) + [0, needed - have]
+            spread = aten.constant_pad_nd.default(spread, pad, 0.0)
+        spread = spread.narrow(2 + d, pads[d], in_size[d])
+    result: torch.Tensor = spread.reshape(*lead, *in_size)
+    return result
+
+
+def adaptive_average_pool_backward(grad_output: torch.Tensor, input: torch.Tensor) -> Any:
+    """``_adaptive_avg_pool2d_backward`` (``nn.AdaptiveAvgPool2d((3, 3))``,
+    pyramid pooling), which torch-mlir does not lower to StableHLO; a
+    ``1 x 1`` output keeps the path it has (``NotImplemented``).  Output
+    ``o`` of a dimension of size ``n -> m`` averages input
+    ``[floor(o n / m), ceil((o + 1) n / m))``: the pooling is a product of
+    one ``[m, n]`` averaging matrix per dimension, exact integer windows,
+    so the gradient is ``A_h^T @ grad @ A_w``."""
+    out_h, out_w = grad_output.shape[-2:]
+    if out_h == 1 and out_w == 1:
+        return NotImplemented
+    in_h, in_w = input.shape[-2:]
+
+    def averaging(m: int, n: int) -> torch.Tensor:
+        o = torch.arange(m, device=grad_output.device).unsqueeze(1)
+        start = (o * n) // m
+        end = ((o + 1) * n + m - 1) // m
+        h = torch.arange(n, device=grad_output.device).unsqueeze(0)
+        inside = (h >= start) & (h < end)
+        return inside.to(grad_output.dtype) / (end - start).to(grad_output.dtype)
+
+    along_w = torch.matmul(grad_output, averaging(out_w, in_w))
+    return torch.matmul(averaging(out_h, in_h).transpose(0, 1), along_w)
+
+
+def max_pool_backward_by_indices(spatial: int) -> Callable[..., torch.Tensor]:
+    """The backward of a max pooling over ``spatial`` dimensions that
+    returned its argmax ``indices`` as its last argument
+    (``adaptive_max_pool2d/3d_backward(grad, input, indices)``,
+    ``max_pool3d_with_indices_backward(grad, input, kernel, stride, padding,
+    dilation, ceil_mode, indices)``), which torch-mlir does not lower: each
+    output's gradient added at its index, flat over the input's spatial
+    dimensions per image and channel (torch's indices are flat there)."""
+
+    def backward(grad_output: torch.Tensor, input: torch.Tensor, *args: Any) -> torch.Tensor:
+        indices = args[-1]
+        lead = list(input.shape[: input.dim() - spatial])
+        size = 1
+        for extent in input.shape[input.dim() - spatial:]:
+            size *= int(extent)
+        flat = grad_output.new_zeros([*lead, size])
+        added = flat.scatter_add(-1, indices.reshape(*lead, -1), grad_output.reshape(*lead, -1))
+        return added.reshape(input.shape)
+
+    return backward

@@ -71,6 +71,7 @@ from hloalias.frontend.tracing_lock import tracing
 from hloalias.frontend import single_trace
 from hloalias.frontend.backward_decompositions import capture_decompositions
 from hloalias.frontend.ctc_loss import ctc_loss_call, is_ctc_loss_call
+from hloalias.frontend.differentiable_forwards import differentiable_call, is_differentiable_forward_call
 from hloalias.frontend.importer import (
     _decomposition_table_with_custom_ops,
     late_registered_entries,
@@ -243,6 +244,8 @@ def _capture(
             grad = p.grad
             initial[slot.name] = grad.detach().clone() if grad is not None else torch.zeros_like(p.detach())
     lr_count = len(optimizer.param_groups)
+    #: The pytree structure of the step's result, set by the trace.
+    result_structure: list[Any] = []
 
     def functional(flat_state: list[torch.Tensor], lrs: list[torch.Tensor], batch: list[torch.Tensor]) -> Any:
         values = dict(zip((s.name for s in slots), flat_state))
@@ -267,10 +270,14 @@ def _capture(
         still_set = frozenset(fqn for fqn, leaf in leaves.items() if leaf.grad is not None)
         if not still_set <= kept_grads:
             raise _GradientsKept(still_set | kept_grads)
-        if not isinstance(result, torch.Tensor):
-            raise TrainingCaptureError(
-                f"step_fn returned {type(result).__name__}; it must return one tensor (the loss)"
-            )
+        result_leaves, result_spec = pytree.tree_flatten(result)
+        _check_step_results(
+            result, result_leaves,
+            [*leaves.values(), *buffers.values(), *(v for entries in traced_state for v in entries.values()),
+             *(leaf.grad for leaf in leaves.values() if leaf.grad is not None)],
+            [leaf for leaf in batch if isinstance(leaf, torch.Tensor)],
+        )
+        result_structure.append(result_spec)
         new_values = []
         # One ``lr == 0`` per group, not per parameter: each traced op costs
         # the trace and every later stage, and XLA would merge them anyway.
@@ -292,7 +299,7 @@ def _capture(
                 new_values.append(grad.detach() if grad is not None else torch.zeros_like(leaves[slot.fqn]))  # type: ignore[index]
             else:
                 new_values.append(traced_state[slot.param_index][slot.key])  # type: ignore[index]
-        return new_values, result.detach()
+        return new_values, [leaf.detach() for leaf in result_leaves]
 
     lr_examples = [torch.tensor(float(_lr_value(g)), dtype=torch.float32) for g in optimizer.param_groups]
     flat_state = [initial[s.name] for s in slots]
@@ -339,13 +346,52 @@ def _capture(
     input_names = _input_names(step_fn, batch_leaves, batch_spec, lr_count)
     try:  # the captured graph as it is: no second trace by torch.export
         with lazy_graph_modules(), lazy_exported_programs():
-            exported = _exported_from_graph(graph_module, slots, initial, example_inputs, input_names)
+            exported = _exported_from_graph(
+                graph_module, slots, initial, example_inputs, input_names, result_structure[-1]
+            )
     except Exception as error:
         raise TrainingCaptureError(f"the captured step is not a valid exported program: {error}") from None
     hyperparameters = tuple(_hyperparameters(g) for g in optimizer.param_groups)
     return CapturedTrainingStep(
         exported, tuple(slots), lr_count, batch_spec, hyperparameters, tuple(opt_params)
     )
+
+
+def _check_step_results(
+    result: Any, leaves: list[Any], state: list[torch.Tensor], batch: list[torch.Tensor]
+) -> None:
+    """The step's return value must be tensors in a pytree (the loss, or
+    e.g. ``(loss, logits)``, ``{"loss": loss, "grad_norm": norm}``, a
+    ``ModelOutput``) that the step computed: a parameter, buffer, optimizer
+    state, gradient or batch input (or a view of one) is refused, since
+    eager returns that very tensor, which later steps change or the caller
+    owns, while a compiled step can only return a new one."""
+    if result is None or not leaves:
+        raise TrainingCaptureError(
+            f"step_fn returned {type(result).__name__} with no tensor in it; it must return the loss "
+            "(a tensor) or a tuple, list or dict of tensors"
+        )
+    state_storage = {t.untyped_storage()._cdata for t in state}
+    batch_storage = {t.untyped_storage()._cdata for t in batch}
+    for path, leaf in pytree.tree_flatten_with_path(result)[0]:
+        where = f"step_fn's result{pytree.keystr(path)}"
+        if not isinstance(leaf, torch.Tensor):
+            raise TrainingCaptureError(
+                f"{where} is {leaf!r:.60} (type {type(leaf).__name__}); a compiled step returns tensors only: "
+                "return a tensor there or leave the entry out"
+            )
+        storage = leaf.untyped_storage()._cdata
+        if storage in state_storage:
+            raise TrainingCaptureError(
+                f"{where} is a parameter, buffer, gradient or optimizer state of the step (or a view of one): "
+                "eager returns that tensor itself, which later steps change, while a compiled step returns new "
+                "tensors only; return a copy (.detach().clone()) or read it from the model after the call"
+            )
+        if storage in batch_storage:
+            raise TrainingCaptureError(
+                f"{where} is an input of the step (or a view of one): eager returns the caller's own tensor, "
+                "while a compiled step returns new tensors only; return a copy (.detach().clone())"
+            )
 
 
 def _input_names(step_fn: Callable[..., Any], batch_leaves: list[Any], batch_spec: Any, lr_count: int) -> list[str]:
@@ -400,7 +446,10 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
     constants (at their value at each call, as eager does), but a write to
     one is stopped before it happens (the caller's tensor stays as it was;
     the compiled step could not keep the write).  It also routes
-    ``ctc_loss`` calls to their decomposition (module docstring)."""
+    ``ctc_loss`` calls to their decomposition (module docstring), and
+    interpolation, ``grid_sample`` and replication padding to torch's
+    decompositions above autograd
+    (:mod:`hloalias.frontend.differentiable_forwards`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -415,6 +464,8 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
     ) -> Any:
         if is_ctc_loss_call(func):
             return ctc_loss_call(func, args, kwargs or {})
+        if is_differentiable_forward_call(func):
+            return differentiable_call(func, args, kwargs or {})
         name = getattr(func, "__name__", "")
         if single_trace.is_write(name, kwargs) or single_trace.mutable_op(func):
             written = [args[0]] if args else []
@@ -426,7 +477,8 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
                 if refusal is not None:
                     raise TrainingCaptureError(refusal)
         result = func(*args, **(kwargs or {}))
-        if name == "unfold" and args and isinstance(args[0], torch.Tensor) and isinstance(result, torch.Tensor):
+        # ``Tensor.unfold`` (windows, a view), not ``F.unfold`` (im2col, a copy), also named "unfold".
+        if func is torch.Tensor.unfold and args and isinstance(args[0], torch.Tensor) and isinstance(result, torch.Tensor):
             self._note_unfold(args, kwargs or {}, result)
         elif self.lossy_windows:
             self._note_views(args, result)
@@ -802,6 +854,7 @@ def _exported_from_graph(
     initial: dict[str, torch.Tensor],
     example_inputs: tuple[torch.Tensor, ...],
     input_names: list[str],
+    result_spec: Any,
 ) -> ExportedProgram:
     """The ``make_fx`` graph of ``functional(flat_state, lrs, batch)`` as an
     ``ExportedProgram`` whose buffers are the state slots (each mutated to
@@ -809,8 +862,9 @@ def _exported_from_graph(
     batch, with each state slot's value written back to it: what
     ``torch.export`` of a module holding the state as buffers would give,
     without tracing the graph again.  make_fx's placeholders come in that order already
-    (state, learning rates, batch); the output ``([new values], loss)`` is
-    flattened to ``(*new values, loss)``."""
+    (state, learning rates, batch); the output ``([new values], [results])`` is
+    flattened to ``(*new values, *results)``, and ``result_spec`` (the step's
+    return structure) is the program's output tree."""
     graph = graph_module.graph
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
     if len(placeholders) != len(slots) + len(example_inputs):
@@ -829,9 +883,12 @@ def _exported_from_graph(
             node.meta["val"] = node.args[0].meta["val"][node.args[1]]
     output = next(node for node in graph.nodes if node.op == "output")
     flat_outputs = pytree.tree_leaves(output.args[0])
-    if len(flat_outputs) != len(slots) + 1 or not all(isinstance(n, torch.fx.Node) for n in flat_outputs):
-        raise TrainingCaptureError(f"the captured step returns {output.args[0]!r}, expected the new state and the loss")
-    *new_values, loss = flat_outputs
+    result_count = result_spec.num_leaves
+    if len(flat_outputs) != len(slots) + result_count or not all(isinstance(n, torch.fx.Node) for n in flat_outputs):
+        raise TrainingCaptureError(
+            f"the captured step returns {output.args[0]!r}, expected the new state and the step's results"
+        )
+    new_values, results = flat_outputs[: len(slots)], flat_outputs[len(slots):]
     output.args = (tuple(flat_outputs),)
     graph_module._out_spec = None  # the flat outputs are the program's: no make_fx output tree
     graph.lint()
@@ -854,10 +911,9 @@ def _exported_from_graph(
     output_specs = [
         OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(node.name), slot.name)
         for node, slot in zip(new_values, slots)
-    ] + [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(loss.name), None)]
+    ] + [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(node.name), None) for node in results]
     in_spec = pytree.tree_flatten((example_inputs, {}))[1]
-    out_spec = pytree.tree_flatten(loss.meta["val"])[1]
-    call = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec)
+    call = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=result_spec)
     exported = ExportedProgram(
         root=graph_module,
         graph=graph,

@@ -8,7 +8,7 @@
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        return loss
+        return result
 
     train = hloalias.compile_training_step(step, model, optimizer, (x, y), donate=[0, 1])
     for x, y in batches:
@@ -18,8 +18,11 @@
 
 Parameters, model buffers and optimizer state live on the device inside the
 executable and are aliased in place (inferred donors); batch inputs named in
-``donate`` are explicit donors.  The loss is the only result that comes
-back.  The model's and the optimizer's own tensors are not written by
+``donate`` are explicit donors.  What the step returns comes back: the loss,
+or tensors it computed in a tuple, list, dict or ``ModelOutput``
+(``return loss, logits``; ``{"loss": loss, "grad_norm": norm}``), each a
+new tensor (a parameter, state or input returned as such is refused at
+capture: eager would return that very tensor).  The model's and the optimizer's own tensors are not written by
 calls: a call leaves them stale (runtime/state.py), and the first read of
 one (``model.weight * 1``, an EMA over ``model.parameters()``,
 ``optimizer.state[p]["exp_avg"].norm()``, ``p.grad`` of a kept gradient)
@@ -443,7 +446,8 @@ def _step_shardings(
 
 class TrainingStep:
     """A compiled training step.  Call it with a batch shaped like the
-    example batch; it returns the loss (a new tensor)."""
+    example batch; it returns what the step returns (the loss, or a tuple,
+    list, dict or ``ModelOutput`` of tensors it computed), as new tensors."""
 
     def __init__(
         self,
@@ -532,8 +536,8 @@ class TrainingStep:
         )
 
     # -- calling -----------------------------------------------------------
-    def __call__(self, *batch: Any) -> torch.Tensor:
-        """One training step on ``batch``; returns the loss."""
+    def __call__(self, *batch: Any) -> Any:
+        """One training step on ``batch``; returns the step's result."""
         if self._unloaded_optimizer is not None:
             self._reload_optimizer()  # raises again while the loaded state does not fit
         store = self._store
@@ -566,9 +570,9 @@ class TrainingStep:
             # replaced entry (the newest value) and copies into the rest.
             self._adopt_replaced_optimizer_entries()
             self._read_replaced_grads()
-            loss = self.executable(*self._lr_inputs(), *leaves)
+            result = self.executable(*self._lr_inputs(), *leaves)
         self._host_lags = True
-        return loss  # type: ignore[no-any-return]
+        return result
 
     def _read_replaced_grads(self) -> None:
         """A kept gradient whose parameter's ``.grad`` eager code set since

@@ -373,8 +373,26 @@ def test_grouped_convolution_backward_equals_torch(name: str) -> None:
         torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
     only_weight = grouped_convolution_backward(grad, x, w, [out], *geometry, [False, True, False])
     assert only_weight[0] is None and only_weight[2] is None
-    if dims == 2:  # torch-mlir's lowering of the groups == 1 case is kept for 2-d
+    if dims == 2 and dilation == 1:  # torch-mlir's lowering of the undilated groups == 1 case is kept for 2-d
         assert grouped_convolution_backward(grad, x, w, [out], *geometry[:5], 1, [True] * 3) is NotImplemented
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_dilated_2d_convolution_backward_equals_torch(stride: int) -> None:
+    """torch-mlir cannot lower a dilated 2-d ``convolution_backward``
+    (DeepLab's atrous convolutions): it is decomposed for ``groups == 1``
+    too."""
+    from hloalias.frontend.backward_decompositions import grouped_convolution_backward
+
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 10, 8, generator=generator)
+    w = torch.randn(4, 3, 3, 3, generator=generator)
+    geometry = ([stride] * 2, [2, 2], [2, 2], False, [0, 0], 1)
+    grad = torch.randn(torch.ops.aten.convolution(x, w, None, *geometry).shape, generator=generator)
+    expected = torch.ops.aten.convolution_backward(grad, x, w, [4], *geometry, [True, True, True])
+    got = grouped_convolution_backward(grad, x, w, [4], *geometry, [True, True, True])
+    for want, have in zip(expected, got):
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dims", [1, 3])
