@@ -33,7 +33,9 @@ Two parts, both used by :func:`hloalias.frontend.importer.import_torch`:
   it to ``tensor.empty``, which XLA's StableHLO reader does not know); a
   boolean-mask selection summed over its selected elements
   (``grad[mask].sum(0)``, the gradient of ``h[mask] = v``) becomes a sum
-  of ``where(mask, grad, 0)``.
+  of ``where(mask, grad, 0)``; ``topk`` with ``sorted=False`` becomes the
+  sorted ``topk`` (torch-mlir lowers only that; an unsorted order is
+  unspecified).
 
 The scans cost ``log2(n)`` steps of ``n`` elements; the one-hot and
 sort-count decompositions hold an ``n x m`` mask (``n``, ``m``: the sizes
@@ -1203,6 +1205,22 @@ def _mask_selection_sums(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
     return True
 
 
+def _unsorted_topk_to_sorted(node: torch.fx.Node) -> None:
+    """``topk(..., sorted=False)`` -> ``sorted=True`` (DeepSeek-V3's and
+    other MoE routers pick groups and experts unsorted): torch-mlir lowers
+    only the sorted form.  torch leaves the order of unsorted results
+    unspecified, so the sorted order is one it allows; the same elements
+    and indices."""
+    if node.target is not aten.topk.default:
+        return
+    position = _schema_position(node.target, "sorted")
+    if position is None:
+        return
+    given, value = _argument(node, position, "sorted")
+    if given and value is False:
+        _set_argument(node, position, "sorted", True)
+
+
 def prepare_graph(graph: torch.fx.Graph) -> None:
     """Rewrite the decomposed graph in place (see the module docstring)."""
     changed = False
@@ -1219,5 +1237,6 @@ def prepare_graph(graph: torch.fx.Graph) -> None:
             continue
         changed |= _empty_to_zeros(graph, node) or _empty_result_to_zeros(graph, node)
         changed |= _scalar_reduction_to_vector(graph, node)
+        _unsorted_topk_to_sorted(node)
     if changed:
         graph.eliminate_dead_code()
