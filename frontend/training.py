@@ -659,7 +659,8 @@ def _initial_optimizer_state(
     optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], indices: Sequence[int] | None = None
 ) -> list[dict[str, torch.Tensor]]:
     """Per-parameter optimizer state as tensors (copies), created where the
-    optimizer has none yet and the first step equals a step from zeros.
+    optimizer has none yet and the first step equals a step from zeros;
+    none for a frozen parameter without state (eager creates none).
     Errors name ``params[i]`` as parameter ``indices[i]`` (default ``i``)."""
     states: list[dict[str, torch.Tensor]] = []
     group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
@@ -678,6 +679,12 @@ def _initial_optimizer_state(
                         )
                 entries[key] = value.detach().clone()
             states.append(entries)
+            continue
+        if not p.requires_grad:
+            # Frozen: eager's optimizer skips it (no gradient) and creates no
+            # state for it, so neither does the step (an unfrozen parameter
+            # is captured again, with its fresh state then).
+            states.append({})
             continue
         states.append(_fresh_state(optimizer, group, p, index))
     return states

@@ -68,6 +68,29 @@ def test_a_frozen_parameter_in_the_optimizer_is_left_alone(name: str) -> None:
     torch.testing.assert_close(model.embed.weight, frozen, rtol=0, atol=0)
     for key, value in eager.state_dict().items():
         torch.testing.assert_close(model.state_dict()[key], value, rtol=RTOL, atol=ATOL, msg=key)
+    # Eager creates no optimizer state for a frozen parameter: a checkpoint
+    # holds the same entries (there were zeros for the frozen ones).
+    assert sorted(optimizer.state_dict()["state"]) == sorted(eager_optimizer.state_dict()["state"])
+    assert model.embed.weight not in optimizer.state
+
+
+def test_a_frozen_parameter_needs_no_state_an_optimizer_cannot_start() -> None:
+    """Rprop's state starts from its first step's lr, so hloalias needs one
+    eager step first; a frozen parameter gets no state from it, and the
+    capture asked for its state anyway (refused)."""
+    model, eager = _Net(), _Net()
+    for m in (model, eager):
+        m.embed.requires_grad_(False)
+    optimizer, eager_optimizer = torch.optim.Rprop(model.parameters(), lr=1e-2), torch.optim.Rprop(eager.parameters(), lr=1e-2)
+    _step(model, optimizer)(*_batch(9))
+    _step(eager, eager_optimizer)(*_batch(9))
+    train = hloalias.compile_training_step(_step(model, optimizer), model, optimizer, _batch(0))
+    for seed in range(2):
+        torch.testing.assert_close(train(*_batch(seed)), _step(eager, eager_optimizer)(*_batch(seed)).detach(),
+                                   rtol=RTOL, atol=ATOL)
+    train.write_back()
+    for key, value in eager.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[key], value, rtol=RTOL, atol=ATOL, msg=key)
 
 
 def test_unfreezing_after_compiling_trains_the_unfrozen_layer_as_eager() -> None:

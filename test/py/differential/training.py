@@ -4,6 +4,12 @@ parameter groups, and an lr scheduler whose values include 0 (warmup from
 0, decay to 0, a table of multipliers), trained for a few steps eagerly and
 through :func:`hloalias.compile_training_step`.
 
+The step's body is one of the forms users write (:data:`BODIES`):
+``backward``/``step``/``zero_grad`` in either order, gradient clipping by
+norm or by value, gradient accumulation over two micro-batches, and a
+step that returns its prediction and gradient norm beside the loss; the
+embedding may be frozen (``requires_grad=False``).
+
 The model is an embedding (rows not in a batch get gradients of exactly 0,
 which met 0/0 in Adam's capturable update at lr 0) and a linear layer.
 Float rounding differs between the capturable and eager forms, so the test
@@ -52,6 +58,76 @@ SCHEDULERS: dict[str, Callable[[O.Optimizer, tuple[float, ...]], Any]] = {
 }
 
 
+def _mse(model: torch.nn.Module, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(model(ids), target)
+
+
+def _plain(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
+    loss = _mse(model, ids, target)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def _zero_grad_first(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
+    opt.zero_grad()
+    loss = _mse(model, ids, target)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _clip_norm(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
+    loss = _mse(model, ids, target)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def _clip_value(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
+    loss = _mse(model, ids, target)
+    loss.backward()
+    torch.nn.utils.clip_grad_value_(model.parameters(), 0.02)
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def _accumulate(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
+    total = torch.zeros(())
+    for half in (slice(0, 2), slice(2, 4)):
+        loss = _mse(model, ids[half], target[half]) / 2
+        loss.backward()
+        total = total + loss.detach()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    return total
+
+
+def _with_metrics(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
+    prediction = model(ids)
+    loss = torch.nn.functional.mse_loss(prediction, target)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad()
+    return {"loss": loss, "prediction": prediction, "grad_norm": norm}
+
+
+#: name -> step body ``(model, optimizer, ids, target) -> result``.
+BODIES: dict[str, Callable[..., Any]] = {
+    "plain": _plain,
+    "zero_grad_first": _zero_grad_first,
+    "clip_norm": _clip_norm,
+    "clip_value": _clip_value,
+    "accumulate": _accumulate,
+    "with_metrics": _with_metrics,
+}
+
+
 class Model(torch.nn.Module):
     def __init__(self, seed: int) -> None:
         super().__init__()
@@ -72,15 +148,29 @@ class TrainingProgram:
     table: tuple[float, ...]
     steps: int
     seed: int
+    body: str = "plain"
+    frozen_embedding: bool = False
 
     def describe(self) -> str:
         return (
             f"{self.optimizer}({dict(self.hyperparameters)}), two groups: {self.two_groups}, "
-            f"scheduler {self.scheduler} table={self.table}, {self.steps} steps, seed {self.seed}"
+            f"scheduler {self.scheduler} table={self.table}, {self.steps} steps, seed {self.seed}, "
+            f"body {self.body}, frozen embedding: {self.frozen_embedding}"
         )
+
+    def step(self, model: torch.nn.Module, optimizer: O.Optimizer) -> Callable[..., Any]:
+        """The step function of this program's body for ``model`` and ``optimizer``."""
+        body = BODIES[self.body]
+
+        def step(ids: torch.Tensor, target: torch.Tensor) -> Any:
+            return body(model, optimizer, ids, target)
+
+        return step
 
     def build(self) -> tuple[Model, O.Optimizer, Any]:
         model = Model(self.seed)
+        if self.frozen_embedding:
+            model.embedding.weight.requires_grad_(False)
         factory, _ = OPTIMIZERS[self.optimizer]
         if self.two_groups:
             groups: Any = [
@@ -121,4 +211,6 @@ def training_programs(draw: st.DrawFn) -> TrainingProgram:
         table,
         draw(st.integers(2, 4)),
         draw(st.integers(0, 2**16)),
+        draw(st.sampled_from(sorted(BODIES))),
+        draw(st.booleans()),
     )
