@@ -259,7 +259,13 @@ def _capture(
         for slot in slots:
             if slot.kind == "optimizer":
                 assert slot.param_index is not None and slot.key is not None
-                traced_state[slot.param_index][slot.key] = values[slot.name].clone()
+                # The input itself, not a clone: the optimizer's in-place
+                # update of it is functionalized like any other (the graph
+                # returns its last value) and 63 traced clones of a step
+                # like the HF Llama's cost the trace more than the rest of
+                # the wrapper; a state the step leaves alone is copied after
+                # tracing (_unchanged_state_copied).
+                traced_state[slot.param_index][slot.key] = values[slot.name]
         zero_lr_keeps = _params_kept_at_zero_lr(optimizer, lrs, [param_fqn[id(p)] for p in opt_params])
         with _optimizer_pointed_at(optimizer, traced_params, traced_state, lrs):
             with _reparametrize_module(model, {**leaves, **buffers}, tie_weights=True), _ClosedOverWrites():
@@ -331,6 +337,7 @@ def _capture(
     # Graph edits only: _exported_from_graph lints, and the ExportedProgram
     # generates the code once.
     _drop_profiler_nodes(graph_module)
+    _unchanged_state_copied(graph_module)
     _scalar_alphas_to_tensors(graph_module, stack_traces)
     _views_to_reshapes(graph_module)
     _refuse_closed_over_writes(graph_module)
@@ -686,6 +693,27 @@ def _drop_profiler_nodes(graph_module: torch.fx.GraphModule) -> None:
                 graph.erase_node(user)
             if node in graph.nodes:
                 graph.erase_node(node)
+
+
+def _unchanged_state_copied(graph_module: torch.fx.GraphModule) -> None:
+    """A state the step does not update (a frozen parameter's optimizer
+    state) is returned as the input itself: it becomes a ``clone`` of it,
+    as it was when the wrapper cloned every state before the step, so
+    that every new state is a value the program computes."""
+    graph = graph_module.graph
+    output = next(node for node in reversed(graph.nodes) if node.op == "output")
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def copied(value: Any) -> Any:
+        if not (isinstance(value, torch.fx.Node) and value.op == "placeholder"):
+            return value
+        if value not in copies:
+            with graph.inserting_before(output):
+                copies[value] = graph.call_function(torch.ops.aten.clone.default, (value,))
+            copies[value].meta = dict(value.meta)
+        return copies[value]
+
+    output.args = (pytree.tree_map(copied, output.args[0]),)
 
 
 _ALPHA_OPS = {
