@@ -250,10 +250,10 @@ def _capture(
     def functional(flat_state: list[torch.Tensor], lrs: list[torch.Tensor], batch: list[torch.Tensor]) -> Any:
         values = dict(zip((s.name for s in slots), flat_state))
         # A frozen parameter (requires_grad=False) gets no gradient, as in
-        # eager: the optimizer skips it (no update, no weight decay).
-        leaves = {
-            fqn: values[f"param.{fqn}"].clone().requires_grad_(p.requires_grad) for fqn, p in named_params.items()
-        }
+        # eager: the optimizer skips it (no update, no weight decay).  The
+        # traced input itself is the leaf (no traced clone): its old value
+        # is its placeholder, which the lr-0 guards read after tracing.
+        leaves = {fqn: values[f"param.{fqn}"].requires_grad_(p.requires_grad) for fqn, p in named_params.items()}
         for fqn in kept_grads:
             leaves[fqn].grad = values[f"grad.{fqn}"].clone()
         buffers = {fqn: values[f"buffer.{fqn}"].clone() for fqn in named_buffers}
@@ -262,8 +262,13 @@ def _capture(
         for slot in slots:
             if slot.kind == "optimizer":
                 assert slot.param_index is not None and slot.key is not None
-                traced_state[slot.param_index][slot.key] = values[slot.name].clone()
-        zero_lr_keeps = _params_kept_at_zero_lr(optimizer, lrs, [param_fqn[id(p)] for p in opt_params])
+                # The input itself, not a clone: the optimizer's in-place
+                # update of it is functionalized like any other (the graph
+                # returns its last value) and 63 traced clones of a step
+                # like the HF Llama's cost the trace more than the rest of
+                # the wrapper; a state the step leaves alone is copied after
+                # tracing (_unchanged_state_copied).
+                traced_state[slot.param_index][slot.key] = values[slot.name]
         with _optimizer_pointed_at(optimizer, traced_params, traced_state, lrs):
             with _reparametrize_module(model, {**leaves, **buffers}, tie_weights=True), _ClosedOverWrites():
                 result = step_fn(*pytree.tree_unflatten(batch, batch_spec))
@@ -279,18 +284,9 @@ def _capture(
         )
         result_structure.append(result_spec)
         new_values = []
-        # One ``lr == 0`` per group, not per parameter: each traced op costs
-        # the trace and every later stage, and XLA would merge them anyway.
-        lr_is_zero: dict[int, torch.Tensor] = {}
         for slot in slots:
             if slot.kind == "param":
-                new_param = leaves[slot.fqn].detach()  # type: ignore[index]
-                lr = zero_lr_keeps.get(slot.fqn)  # type: ignore[arg-type]
-                if lr is not None:
-                    if id(lr) not in lr_is_zero:
-                        lr_is_zero[id(lr)] = lr == 0
-                    new_param = torch.where(lr_is_zero[id(lr)], values[slot.name], new_param)
-                new_values.append(new_param)
+                new_values.append(leaves[slot.fqn].detach())  # type: ignore[index]
             elif slot.kind == "buffer":
                 new_values.append(buffers[slot.fqn])  # type: ignore[index]
             elif slot.kind == "grad":
@@ -338,6 +334,8 @@ def _capture(
     # Graph edits only: _exported_from_graph lints, and the ExportedProgram
     # generates the code once.
     _drop_profiler_nodes(graph_module)
+    _unchanged_state_copied(graph_module)
+    _kept_at_zero_lr(graph_module, slots, _params_kept_at_zero_lr(optimizer, [param_fqn[id(p)] for p in opt_params]))
     _scalar_alphas_to_tensors(graph_module, stack_traces)
     _views_to_reshapes(graph_module)
     _refuse_closed_over_writes(graph_module)
@@ -564,11 +562,9 @@ def _tracing_flag() -> Iterator[None]:
         torch.compiler._is_compiling_flag = previous
 
 
-def _params_kept_at_zero_lr(
-    optimizer: torch.optim.Optimizer, lrs: list[torch.Tensor], fqns: list[str]
-) -> dict[str, torch.Tensor]:
-    """The traced ``lr`` of each parameter whose group's new value must be
-    its old one where ``lr == 0``, by parameter name.
+def _params_kept_at_zero_lr(optimizer: torch.optim.Optimizer, fqns: list[str]) -> dict[str, int]:
+    """The parameter group (its ``lr`` input) of each parameter whose new
+    value must be its old one where ``lr == 0``, by parameter name.
 
     Adam's and AdamW's ``capturable`` update (the form a traced ``lr``
     needs) divides by ``lr / bias_correction1``: at ``lr == 0`` (step 0 of
@@ -580,13 +576,45 @@ def _params_kept_at_zero_lr(
     ``lr``.)"""
     if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         return {}
-    kept: dict[str, torch.Tensor] = {}
+    kept: dict[str, int] = {}
     position = 0
-    for group, lr in zip(optimizer.param_groups, lrs):
+    for index, group in enumerate(optimizer.param_groups):
         for fqn in fqns[position:position + len(group["params"])]:
-            kept[fqn] = lr
+            kept[fqn] = index
         position += len(group["params"])
     return kept
+
+
+def _kept_at_zero_lr(graph_module: torch.fx.GraphModule, slots: list[StateSlot], groups: dict[str, int]) -> None:
+    """Each parameter in ``groups`` (name -> its group's ``lr`` input) gets
+    ``where(lr == 0, old value, new value)`` as its new value: one
+    ``lr == 0`` per group.  Graph edits after tracing, on make_fx's
+    placeholders (state slots, then learning rates, then the batch: the
+    old values), not traced ops: each traced op costs the trace more than
+    the whole edit."""
+    if not groups:
+        return
+    graph = graph_module.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    output = next(node for node in reversed(graph.nodes) if node.op == "output")
+    outputs = list(output.args[0])
+    lr_is_zero: dict[int, torch.fx.Node] = {}
+    for position, slot in enumerate(slots):
+        group = groups.get(slot.fqn) if slot.kind == "param" else None  # type: ignore[arg-type]
+        if group is None:
+            continue
+        with graph.inserting_before(output):
+            if group not in lr_is_zero:
+                lr = placeholders[len(slots) + group]
+                lr_is_zero[group] = graph.call_function(torch.ops.aten.eq.Scalar, (lr, 0))
+                lr_is_zero[group].meta["val"] = torch.ops.aten.eq.Scalar(lr.meta["val"], 0)
+            new = outputs[position]
+            kept = graph.call_function(torch.ops.aten.where.self, (lr_is_zero[group], placeholders[position], new))
+            kept.meta["val"] = torch.ops.aten.where.self(
+                lr_is_zero[group].meta["val"], placeholders[position].meta["val"], new.meta["val"]
+            )
+        outputs[position] = kept
+    output.args = (type(output.args[0])(outputs),)
 
 
 @contextlib.contextmanager
@@ -745,6 +773,27 @@ def _drop_profiler_nodes(graph_module: torch.fx.GraphModule) -> None:
                 graph.erase_node(user)
             if node in graph.nodes:
                 graph.erase_node(node)
+
+
+def _unchanged_state_copied(graph_module: torch.fx.GraphModule) -> None:
+    """A state the step does not update (a frozen parameter's optimizer
+    state) is returned as the input itself: it becomes a ``clone`` of it,
+    as it was when the wrapper cloned every state before the step, so
+    that every new state is a value the program computes."""
+    graph = graph_module.graph
+    output = next(node for node in reversed(graph.nodes) if node.op == "output")
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def copied(value: Any) -> Any:
+        if not (isinstance(value, torch.fx.Node) and value.op == "placeholder"):
+            return value
+        if value not in copies:
+            with graph.inserting_before(output):
+                copies[value] = graph.call_function(torch.ops.aten.clone.default, (value,))
+            copies[value].meta = dict(value.meta)
+        return copies[value]
+
+    output.args = (pytree.tree_map(copied, output.args[0]),)
 
 
 _ALPHA_OPS = {
