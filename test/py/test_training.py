@@ -741,16 +741,19 @@ def test_capture_traces_the_state_without_copies() -> None:
     lr-0 guard reads the parameter's placeholder), not through a traced
     ``clone`` of each: one traced op per state tensor, 84 of the HF Llama
     step's 1,486 nodes.  A state the step leaves alone (a frozen
-    parameter's optimizer state) is a clone of its input, so that every new
-    state is a value the program computes; the step equals eager."""
+    parameter's optimizer state: one eager step, then frozen) is a clone of
+    its input, so that every new state is a value the program computes;
+    the step equals eager."""
     from hloalias.frontend.training import capture_training_step
 
     model = _mlp()
-    model[2].bias.requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     eager_model = copy.deepcopy(model)
     eager_optimizer = torch.optim.AdamW(eager_model.parameters(), lr=1e-2)
     batches = _batches(3)
+    for m, o in ((model, optimizer), (eager_model, eager_optimizer)):
+        _step_fn(m, o)(*batches[0])
+        m[2].bias.requires_grad_(False)
     captured = capture_training_step(_step_fn(model, optimizer), model, optimizer, batches[0])
     graph = captured.exported.graph
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
