@@ -40,6 +40,7 @@ from hloalias import attributes as A, observe
 from hloalias.contract import ArgRecord, IndexRange, ResultRecord
 from hloalias.errors import TorchImportError
 from hloalias.legalize import legalize_tensor_constants
+from hloalias.pass_runs import run_verifying_result
 from hloalias.mlir import (
     find_main,
     format_diagnostics,
@@ -1553,7 +1554,10 @@ def _lower(
     with module.context:
         module.context.emit_error_diagnostics = False
         try:
-            passmanager.PassManager.parse(pipeline).run(module.operation)
+            # Verified once, after the last pass (hloalias/pass_runs.py):
+            # MLIR's verifier after each of the pipeline's passes cost
+            # about as much as the passes (bench/RESULTS-latency.md).
+            run_verifying_result(passmanager.PassManager.parse(pipeline), module.operation)
         except ir.MLIRError as error:
             path = write_repro(print_module(before, debug_info=True), "import")
             culprit = _unlowered_op(module)
