@@ -40,7 +40,6 @@ from hloalias import attributes as A, observe
 from hloalias.contract import ArgRecord, IndexRange, ResultRecord
 from hloalias.errors import TorchImportError
 from hloalias.legalize import legalize_tensor_constants
-from hloalias.pass_runs import run_verifying_result
 from hloalias.mlir import (
     find_main,
     format_diagnostics,
@@ -51,6 +50,7 @@ from hloalias.mlir import (
     set_result_attr_dicts,
     walk_ops,
 )
+from hloalias.pass_runs import run_verifying_result
 from hloalias.repro import write_repro
 from hloalias.frontend import crash_guard, jax_lowerings, random_key, single_trace, torch_internals
 from hloalias.frontend.closure_tensors import with_sources

@@ -24,8 +24,8 @@ from torch_mlir import ir, passmanager
 
 from hloalias.contract import verification_scope
 from hloalias.errors import IRError, PipelineError
-from hloalias.pass_runs import run_verifying_result
 from hloalias.mlir import format_diagnostics, print_module
+from hloalias.pass_runs import run_verifying_result
 from hloalias.passes import get_all_passes
 from hloalias.passes.base import ModulePass
 
