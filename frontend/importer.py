@@ -50,6 +50,7 @@ from hloalias.mlir import (
     set_result_attr_dicts,
     walk_ops,
 )
+from hloalias.pass_runs import run_verifying_result
 from hloalias.repro import write_repro
 from hloalias.frontend import crash_guard, jax_lowerings, random_key, single_trace, torch_internals
 from hloalias.frontend.closure_tensors import with_sources
@@ -1553,7 +1554,10 @@ def _lower(
     with module.context:
         module.context.emit_error_diagnostics = False
         try:
-            passmanager.PassManager.parse(pipeline).run(module.operation)
+            # Verified once, after the last pass (hloalias/pass_runs.py):
+            # MLIR's verifier after each of the pipeline's passes cost
+            # about as much as the passes (bench/RESULTS-latency.md).
+            run_verifying_result(passmanager.PassManager.parse(pipeline), module.operation)
         except ir.MLIRError as error:
             path = write_repro(print_module(before, debug_info=True), "import")
             culprit = _unlowered_op(module)

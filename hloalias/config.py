@@ -99,7 +99,9 @@ SETTINGS: tuple[Setting, ...] = (
             "1: in a pass pipeline, check the IR contract (`hloalias.contract.verify`) in full before "
             "and after every hloalias pass; unset, a check of an `@main` whose signature (attributes, "
             "arguments, single block ending in `func.return`) is what the pipeline last checked returns "
-            "that check's records (the same result: the contract reads nothing else). A debugging aid."),
+            "that check's records (the same result: the contract reads nothing else); also run MLIR's "
+            "verifier after every pass of a pipeline (hloalias's and torch-mlir's lowering), where unset "
+            "verifies the pipeline's result once (hloalias/pass_runs.py). A debugging aid."),
     Setting("HLOALIAS_LOG", "text", None, "runtime",
             "A logging level (`INFO`, `DEBUG`, ...): attach a stderr handler at that level to the "
             "`hloalias` logger, which logs each compile stage's duration at INFO. Unset: the "

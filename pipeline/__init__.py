@@ -25,6 +25,7 @@ from torch_mlir import ir, passmanager
 from hloalias.contract import verification_scope
 from hloalias.errors import IRError, PipelineError
 from hloalias.mlir import format_diagnostics, print_module
+from hloalias.pass_runs import run_verifying_result
 from hloalias.passes import get_all_passes
 from hloalias.passes.base import ModulePass
 
@@ -284,7 +285,9 @@ def run_pipeline(
         pm.enable_ir_printing()
     try:
         with verification_scope():  # one check per change of @main's signature
-            pm.run(module.operation)
+            # MLIR's verifier once, after the last pass (hloalias/pass_runs.py):
+            # each hloalias pass checks the IR contract on its way out.
+            run_verifying_result(pm, module.operation)
     except ir.MLIRError as error:
         raise IRError(format_diagnostics(error, source_name, line_offset)) from None
     return reports
