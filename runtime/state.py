@@ -52,6 +52,7 @@ from torch.export import ExportedProgram
 
 from hloalias.contract import StoredLayout
 from hloalias.errors import ExecutionError, HloaliasError
+from hloalias.interrupts import deferred
 from torch.utils.weak import WeakIdKeyDictionary
 from hloalias.runtime.ownership import _resolved, _torch_dtype_of_jax, _writable_on_host, array_to_torch, torch_to_device
 
@@ -229,6 +230,14 @@ class _StateSlot:
             self._forget_cached_lists()
 
     def _set_lags(self, lags: bool) -> None:
+        if lags != self.lags:
+            # One step, Ctrl-C held back: cut part way, a lagging slot
+            # would be neither kept alive nor marked (its values lost with
+            # a dropped program, read stale), or an agreeing one kept (a leak).
+            with deferred():
+                self._change_lags(lags)
+
+    def _change_lags(self, lags: bool) -> None:
         if lags != self.lags:
             self.lags = lags
             _LAGGING[0] += 1 if lags else -1
@@ -422,10 +431,13 @@ class _StateSlot:
             source, array = self.source(), self._array
             if not self.lags or source is None or array is None or array.is_deleted() or self.torch_changed():
                 return
-            source.copy_(self.torch_value(array))
-            # Ctrl-C before this line leaves the slot lagging and its tensor
-            # marked: the next read copies the same value again.
-            self.mark_synced()
+            # One step, Ctrl-C held back: cut between the two, the slot
+            # would lag a tensor torch seems to have changed (the copy
+            # counted a version), which no read copies into again, kept
+            # alive for nothing.
+            with deferred():
+                source.copy_(self.torch_value(array))
+                self.mark_synced()
             if self.grad_of is not None:
                 self.publish_grad()
 
@@ -945,14 +957,18 @@ class StateWatch:
         self._starts_seen = self._starts[0]
 
     def changed(self) -> bool:
-        if self._starts_seen != self._starts[0] and self._group is not None:
-            self._starts_seen = self._starts[0]
+        # Each count is recorded only once what it stands for is done: a
+        # Ctrl-C part way leaves it unrecorded, and the next call redoes it.
+        starts = self._starts[0]
+        if self._starts_seen != starts and self._group is not None:
             read_others_stale(self.slots, self._group())
-        if self._agreements != _AGREEMENTS[0]:
-            self._agreements = _AGREEMENTS[0]
+            self._starts_seen = starts
+        agreements = _AGREEMENTS[0]
+        if self._agreements != agreements:
             self._refs = tuple(slot.source for slot in self.slots)
             self._versions = tuple(slot.version for slot in self.slots)
             self._pointers = tuple(slot.source_ptr for slot in self.slots)
+            self._agreements = agreements
         if self._first_changed is _first_changed_in_python:
             with _RUNTIME_READ():  # stale tensors' versions, not their values
                 return _first_changed_in_python(self._refs, self._versions, self._pointers) >= 0
