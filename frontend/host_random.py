@@ -195,7 +195,7 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
     # Everything is put back in one call of C code, which no Ctrl-C can
     # cut short (Python delivers signals only between bytecodes, and none
     # runs between the calls' start and the put-back).
-    unwatching = [functools.partial(setattr, *entry) for entry in watched]
+    unwatching: list[Callable[[], Any]] = [functools.partial(setattr, *entry) for entry in watched]
     unwatch = _in_one_step(unwatching)
     unwatch_and_put_back = _in_one_step(
         unwatching + _generators_put_back(python_generator, saved_python, numpy_generator, saved_numpy)
