@@ -27,7 +27,8 @@ naming the function and the line.  A trace that raises keeps its own
 error; cut short (an error, Ctrl-C) after a draw on the tracing thread, it
 puts the generators back too.  Whatever happens, the watched functions are
 the originals again when :func:`refuse_host_random_draws` is left: each
-put-back is one call of C code, which no Ctrl-C cuts short.  Generators the program creates itself (``np.random.default_rng()``,
+put-back is one call of C code, which no Ctrl-C cuts short.  Generators
+the program creates itself (``np.random.default_rng()``,
 ``random.Random()``) and functions imported by name before the trace
 (``from numpy.random import rand``) are not watched.
 """
@@ -133,7 +134,7 @@ def _generators_put_back(
     ``random.setstate``'s own steps (it is Python code), numpy's ``set_state``."""
     calls: list[Callable[[], Any]] = []
     if python_generator is not None:
-        version, internal, gauss_next = saved_python
+        _, internal, gauss_next = saved_python
         calls.append(functools.partial(_random.Random.setstate, python_generator, internal))
         calls.append(functools.partial(setattr, python_generator, "gauss_next", gauss_next))
     if numpy_generator is not None:
