@@ -87,7 +87,6 @@ from torch.overrides import TorchFunctionMode
 
 from hloalias import attributes as A, config, observe
 from hloalias.observe import traced_compile
-from hloalias.interrupts import deferred
 from hloalias.errors import CompileError, DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage
 from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verification_scope, verify
@@ -1056,13 +1055,10 @@ class Executable:
             values = {name: slot.torch_value(self._slot_array(name)) for name, slot in self._watched}
             with torch.no_grad():
                 for name, slot in self._watched:
-                    # One step, Ctrl-C held back: the copy counts a version,
-                    # and a slot left lagging a tensor torch seems to have
-                    # changed is never copied in again (kept alive for nothing).
-                    with deferred():
-                        source = slot.source()
-                        if source is not None:
-                            source.copy_(values[name])
+                    source = slot.source()
+                    if source is not None:
+                        slot.copy_in(source, values[name])  # Ctrl-C-safe (see copy_in)
+                    else:
                         slot.mark_synced()
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

@@ -65,7 +65,6 @@ import torch
 import torch.utils._pytree as pytree
 
 from hloalias.errors import DonationError, ExecutionError
-from hloalias.interrupts import deferred
 from hloalias.frontend.training import (
     CapturedTrainingStep,
     StateSlot,
@@ -797,11 +796,8 @@ class TrainingStep:
                 if slot.kind in ("param", "buffer"):
                     assert slot.fqn is not None
                     # The module's tensor equals the device state again: a
-                    # later change to it in torch is the newest value.  One
-                    # step, Ctrl-C held back (see Executable.write_back).
-                    with deferred():
-                        named[slot.fqn].copy_(device_state[slot.name])
-                        self.executable._slots[slot.name].mark_synced()
+                    # later change to it in torch is the newest value.
+                    self.executable._slots[slot.name].copy_in(named[slot.fqn], device_state[slot.name])
         with torch.no_grad():
             for slot in self._slots:
                 if slot.kind == "grad":
@@ -816,9 +812,7 @@ class TrainingStep:
                     if source is None:
                         named[slot.fqn].grad = device_state[slot.name]
                         continue
-                    with deferred():  # one step (see Executable.write_back)
-                        source.copy_(device_state[slot.name])
-                        state_slot.mark_synced()
+                    state_slot.copy_in(source, device_state[slot.name])
                     state_slot.publish_grad()
         # Only once every tensor has it: a write-back cut short (Ctrl-C, an
         # error) is done again before the next eager read.
@@ -861,9 +855,7 @@ class TrainingStep:
             if source is None:
                 entries[slot.key] = value
                 return
-            with deferred():  # one step (see Executable.write_back)
-                source.copy_(value)
-                state_slot.mark_synced()
+            state_slot.copy_in(source, value)
             entries[slot.key] = source
 
     def _note_source(self, slot: StateSlot, tensor: torch.Tensor) -> None:
