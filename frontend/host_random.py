@@ -24,14 +24,21 @@ once per process, traced or not) do not count.  When the trace returns and a dra
 generators are put back to their states before the trace (the caller's
 sequence of numbers is as it was) and the given error type is raised,
 naming the function and the line.  A trace that raises keeps its own
-error.  Generators the program creates itself (``np.random.default_rng()``,
+error; cut short (an error, Ctrl-C) after a draw on the tracing thread, it
+puts the generators back too.  Whatever happens, the watched functions are
+the originals again when :func:`refuse_host_random_draws` is left: each
+put-back is one call of C code, which no Ctrl-C cuts short.  Generators
+the program creates itself (``np.random.default_rng()``,
 ``random.Random()``) and functions imported by name before the trace
 (``from numpy.random import rand``) are not watched.
 """
 from __future__ import annotations
 
+import _random
+import collections
 import contextlib
 import functools
+import operator
 import random
 import sys
 import threading
@@ -113,6 +120,28 @@ def _importing() -> bool:
     return False
 
 
+def _in_one_step(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
+    """A callable that makes each of ``calls`` (C functions bound with
+    ``functools.partial``) in one call of C code: no bytecode runs between
+    them, so no Ctrl-C lands between them."""
+    return functools.partial(collections.deque, map(operator.call, calls), 0)
+
+
+def _generators_put_back(
+    python_generator: Any, saved_python: Any, numpy_generator: Any, saved_numpy: Any
+) -> list[Callable[[], Any]]:
+    """C calls that put the global generators back to ``saved_*``:
+    ``random.setstate``'s own steps (it is Python code), numpy's ``set_state``."""
+    calls: list[Callable[[], Any]] = []
+    if python_generator is not None:
+        _, internal, gauss_next = saved_python
+        calls.append(functools.partial(_random.Random.setstate, python_generator, internal))
+        calls.append(functools.partial(setattr, python_generator, "gauss_next", gauss_next))
+    if numpy_generator is not None:
+        calls.append(functools.partial(numpy_generator.set_state, saved_numpy))
+    return calls
+
+
 @contextlib.contextmanager
 def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportError) -> Iterator[None]:
     """See the module docstring."""
@@ -124,17 +153,22 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
     numpy_random = getattr(numpy, "random", None) if numpy is not None else None
     numpy_generator = getattr(getattr(numpy_random, "mtrand", None), "_rand", None)
     python_generator = getattr(random, "_inst", None)
-    sources: list[tuple[ModuleType, object, str]] = [(random, python_generator, "random")]
+    sources: list[tuple[ModuleType, object]] = [(random, python_generator)]
     if numpy_random is not None and numpy_generator is not None:
-        sources.append((numpy_random, numpy_generator, "numpy.random"))
+        sources.append((numpy_random, numpy_generator))
     saved_numpy = numpy_generator.get_state() if numpy_generator is not None else None
     saved_python = random.getstate()
+
+    drew = [False]  # a draw was made on the tracing thread (recorded or not)
 
     def watching(qualified: str, original: Callable[..., Any], python_number: bool) -> Callable[..., Any]:
         @functools.wraps(original)
         def draw(*args: Any, **kwargs: Any) -> Any:
+            mine = threading.get_ident() == tracing_thread
+            if mine:
+                drew[0] = True  # before the draw: a Ctrl-C right after it still puts the generators back
             value = original(*args, **kwargs)
-            if first_draw or threading.get_ident() != tracing_thread or _importing():
+            if first_draw or not mine or _importing():
                 return value
             found = (qualified, innermost_on_stack())
             if python_number and type(value) in _DRAWN_TYPES:
@@ -154,17 +188,34 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
 
         return draw
 
-    for module, generator, prefix in sources:
+    for module, generator in sources:
         if generator is None:
             continue
         for name, original in _drawing_functions(module, generator):
             watched.append((module, name, original))
-            setattr(module, name, watching(f"{prefix}.{name}", original, module is random))
+    # Everything is put back in one call of C code, which no Ctrl-C can
+    # cut short (Python delivers signals only between bytecodes, and none
+    # runs between the calls' start and the put-back).
+    unwatching: list[Callable[[], Any]] = [functools.partial(setattr, *entry) for entry in watched]
+    unwatch = _in_one_step(unwatching)
+    unwatch_and_put_back = _in_one_step(
+        unwatching + _generators_put_back(python_generator, saved_python, numpy_generator, saved_numpy)
+    )
+    failed = False
     try:
-        yield
-    finally:
         for module, name, original in watched:
-            setattr(module, name, original)
+            setattr(module, name, watching(f"{module.__name__}.{name}", original, module is random))
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        # A refused trace, or one cut short (Ctrl-C, an error) after a
+        # draw: the caller's sequence of numbers is as it was.
+        if drew[0] and (failed or first_draw):
+            unwatch_and_put_back()
+        else:
+            unwatch()
     if not first_draw and unseen:
         function, line = unseen[0]
         warnings.warn(
@@ -177,9 +228,6 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
             stacklevel=3,
         )
     if first_draw:
-        random.setstate(saved_python)
-        if numpy_generator is not None:
-            numpy_generator.set_state(saved_numpy)
         function, line = first_draw[0]
         raise error_type(
             f"the program draws random numbers on the host ({function})"

@@ -57,7 +57,7 @@ from hloalias.frontend.closure_tensors import with_sources
 from hloalias.frontend.constant_folding import fold_constants
 from hloalias.frontend.gradient_dependence import parameter_free_outputs
 from hloalias.frontend.host_random import refuse_host_random_draws
-from hloalias.frontend.program_frames import where_raised
+from hloalias.frontend.program_frames import innermost_in_stack_trace, where_raised
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
 from hloalias.frontend.index_normalization import normalize_indices
 from hloalias.frontend.index_ranges import index_ranges
@@ -374,7 +374,7 @@ def _import_decomposed(
     ranges = index_ranges(
         exported.graph_module.graph,
         {spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT},
-        _user_frame,
+        innermost_in_stack_trace,
     )
     normalized = normalize_indices(exported.graph_module.graph, constant_values)
     if fold_constants(exported.graph_module.graph) or normalized:
@@ -854,7 +854,7 @@ def _refuse_returned_as_strided(exported: ExportedProgram) -> None:
         step: torch.fx.Node | None = returned
         while step is not None:
             if step.target is _AS_STRIDED:
-                where = _user_frame(step.meta.get("stack_trace") or "")
+                where = innermost_in_stack_trace(step.meta.get("stack_trace") or "")
                 raise TorchImportError(
                     "the program returns a tensor's as_strided view (or a view of one)"
                     + (f" at {where}" if where else "")
@@ -932,7 +932,7 @@ def _refuse_host_reads(graph: torch.fx.Graph) -> None:
             continue
         if all(user.op == "output" for user in node.users):
             continue  # unused, or returned: _signature names a returned number
-        where = _user_frame(node.meta.get("stack_trace") or "")
+        where = innermost_in_stack_trace(node.meta.get("stack_trace") or "")
         raise TorchImportError(
             "the program reads a traced tensor's value on the host (.item(), float(t), int(t))"
             + (f" at {where}" if where else "")
@@ -957,7 +957,7 @@ def _boolean_mask_selection(exported: ExportedProgram) -> str | None:
         ]
         if not masks:
             continue
-        where = _user_frame(node.meta.get("stack_trace") or "")
+        where = innermost_in_stack_trace(node.meta.get("stack_trace") or "")
         return (
             "the program selects elements by a boolean mask (`x[mask]`)"
             + (f" at {where}" if where else "")
@@ -1280,7 +1280,7 @@ def _refuse_lossy_unfold_writes(exported: ExportedProgram) -> None:
         dim, size, step = (a for a in node.args[1:4] if isinstance(a, int))
         length = base_value.shape[dim] if base_value.dim() else 1
         if not unfold_covers(length, size, step):
-            where = _user_frame(node.meta.get("stack_trace") or "")
+            where = innermost_in_stack_trace(node.meta.get("stack_trace") or "")
             raise TorchImportError(lossy_unfold_write_message(dim, size, step, length, where))
 
 
@@ -1612,25 +1612,7 @@ def _source_line(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], aten_nam
             name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
             trace = node.meta.get("stack_trace")
             if name == aten_name and trace:
-                where = _user_frame(trace)
+                where = innermost_in_stack_trace(trace)
                 if where is not None:
                     return where
     return None
-
-
-def _user_frame(stack_trace: str) -> str | None:
-    """``file:line in function: code`` of the innermost frame of user code
-    in an FX node's ``stack_trace``; None when it has none."""
-    user = [frame for frame in _FRAME_RE.findall(stack_trace) if not _is_library_file(frame[0])]
-    if not user:
-        return None
-    file, line, function, code = user[-1]
-    return f"{file}:{line} in {function}: {code.strip()}"
-
-
-_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
-
-
-def _is_library_file(path: str) -> bool:
-    library_roots = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
-    return path.startswith(library_roots)

@@ -1,4 +1,5 @@
-"""Which frame of a traceback is the traced program's own line.
+"""Which frame is the traced program's own line: the one predicate every
+error message that names a line of the program uses.
 
 An error raised while torch traces a program (``torch.export``, the
 training step's ``make_fx``) carries a traceback that runs through torch,
@@ -9,14 +10,28 @@ model's own line (``modeling_wav2vec2.py: if labels.max() >= ...``), not
 the caller's ``loss = model(**batch).loss``, which names nothing the caller
 could change.  When the two differ, messages name both.
 
-Contract: :func:`program_frames` returns ``(innermost, callers)`` where
-``innermost`` is the innermost program frame and ``callers`` the
-outermost program frame when it is a different one (None otherwise); both
-are None when the traceback holds no program frame.
+Contract: a *program frame* is one whose file :func:`is_program_file`
+accepts: a real file (not ``<string>``, ``<frozen ...>`` or generated
+code) outside torch's and the loaded hloalias packages' folders and
+outside Python's standard library (whose ``site-packages`` holds
+programs: installed libraries' models are program frames).  Every lookup
+here applies it, whatever the frames' source:
+
+- a traceback: :func:`program_frames` returns ``(innermost, caller)``,
+  ``innermost`` the innermost program frame and ``caller`` the outermost
+  one when it is a different one (None otherwise); both are None when
+  the traceback holds no program frame (:func:`where_raised` words it);
+- the current stack: :func:`innermost_on_stack` (a random draw's line,
+  an ``unfold`` whose windows a later write would lose);
+- an FX node's recorded ``stack_trace``: :func:`innermost_in_stack_trace`
+  (the line of a graph operator a message refuses).
+
+Each is described as ``FILE:LINE in FUNCTION: CODE``.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from types import TracebackType
@@ -40,12 +55,24 @@ def library_roots() -> tuple[str, ...]:
     return tuple(root + os.sep for root in roots)
 
 
+#: Python's standard library (its ``site-packages`` excepted): contextlib,
+#: functools and the like run between program frames but are none.
+_STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+_INSTALLED = ("site-packages", "dist-packages")
+
+
 def is_program_file(path: str) -> bool:
     """True for a file of the traced program (the caller's or a library's
-    model code), False for torch, hloalias and generated code."""
+    model code), False for torch, hloalias, the standard library and
+    generated code (the module docstring's contract)."""
     if not path or path.startswith("<"):
         return False
-    return not os.path.abspath(path).startswith(library_roots())
+    path = os.path.abspath(path)
+    if path.startswith(library_roots()):
+        return False
+    if path.startswith(_STDLIB):
+        return any(part in _INSTALLED for part in path[len(_STDLIB):].split(os.sep))
+    return True
 
 
 def describe_frame(frame: traceback.FrameSummary) -> str:
@@ -79,3 +106,17 @@ def where_raised(error: BaseException) -> str:
     if innermost is None:
         return ""
     return f" at {innermost}" + (f" (called from {caller})" if caller else "")
+
+
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+
+
+def innermost_in_stack_trace(stack_trace: str) -> str | None:
+    """The innermost program frame of an FX node's ``stack_trace`` (the
+    text ``traceback.format_list`` writes), described; None when it has none."""
+    frames = [
+        traceback.FrameSummary(file, int(line), function, line=code)
+        for file, line, function, code in _FRAME_RE.findall(stack_trace)
+        if is_program_file(file)
+    ]
+    return describe_frame(frames[-1]) if frames else None

@@ -51,9 +51,7 @@ import contextlib
 import dataclasses
 import inspect
 import operator
-import os
 import re
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -80,7 +78,7 @@ from hloalias.frontend.importer import (
 )
 from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
 from hloalias.frontend.host_random import refuse_host_random_draws
-from hloalias.frontend.program_frames import where_raised
+from hloalias.frontend.program_frames import innermost_in_stack_trace, innermost_on_stack, where_raised
 from hloalias.frontend.optimizer_replay import ReplayRefused, expand_replayed_updates, replayed_updates
 from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules
 
@@ -494,7 +492,7 @@ class _ClosedOverWrites(torch.overrides.TorchFunctionMode):
         base = args[0]
         length = int(base.shape[dim]) if base.dim() else 1
         if not unfold_covers(length, size, step):
-            where = _user_frame_of_stack()
+            where = innermost_on_stack()
             self.lossy_windows[id(result)] = (result, lossy_unfold_write_message(dim, size, step, length, where))
 
     def _note_views(self, args: tuple[Any, ...], result: Any) -> None:
@@ -535,18 +533,6 @@ def _describe_trace_failure(error: BaseException) -> str:
         f"cannot capture the training step as one graph: {construct}{where_raised(error)}"
         f"\n  torch: {message}"
     )
-
-
-def _user_frame_of_stack() -> str | None:
-    """The innermost frame of the user's own code on the current stack:
-    neither torch's, hloalias's nor an installed library's (unlike
-    :func:`where_raised`, which names a library model's line too)."""
-    torch_root, here = os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))
-    for frame in reversed(traceback.extract_stack()):
-        path = os.path.abspath(frame.filename)
-        if not path.startswith(torch_root) and not path.startswith(here) and "site-packages" not in path:
-            return f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
-    return None
 
 
 @contextlib.contextmanager
@@ -860,13 +846,10 @@ def _floating(node: Any) -> bool:
 
 
 def _last_user_frame(stack_trace: str) -> str:
-    torch_root = os.path.dirname(torch.__file__)
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', stack_trace)
-    user = [f for f in frames if not f[0].startswith(torch_root) and os.path.abspath(f[0]) != os.path.abspath(__file__)]
-    if not user:
-        return ""
-    file, line, function, code = user[-1]
-    return f" at {file}:{line} in {function}: {code.strip()}"
+    """`` at FILE:LINE in FUNCTION: CODE`` for the innermost program frame
+    of an FX node's ``stack_trace`` (frontend/program_frames.py), else empty."""
+    where = innermost_in_stack_trace(stack_trace)
+    return f" at {where}" if where is not None else ""
 
 
 def _views_to_reshapes(graph_module: torch.fx.GraphModule) -> None:

@@ -1057,8 +1057,9 @@ class Executable:
                 for name, slot in self._watched:
                     source = slot.source()
                     if source is not None:
-                        source.copy_(values[name])
-                    slot.mark_synced()
+                        slot.copy_in(source, values[name])  # Ctrl-C-safe (see copy_in)
+                    else:
+                        slot.mark_synced()
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Set module state.  Every entry is checked (known name, torch tensor

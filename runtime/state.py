@@ -229,29 +229,41 @@ class _StateSlot:
             self._forget_cached_lists()
 
     def _set_lags(self, lags: bool) -> None:
-        if lags != self.lags:
-            self.lags = lags
-            _LAGGING[0] += 1 if lags else -1
-            self._keep_alive_while_lagging(lags)
+        # Ordered for a Ctrl-C at any point: the flag changes last when the
+        # slot starts lagging and first when it stops, so a lagging slot is
+        # always kept alive by its tensor and marks it stale (its values
+        # are neither lost with a dropped program nor read stale).  Cut
+        # short, the steps leave at most a marked tensor or a kept slot that
+        # agree, which the tensor's next read drops (:func:`refresh_stale`),
+        # and counts counted over, never under; starting again redoes them.
+        if lags == self.lags:
+            return
+        if lags:
+            _LAGGING[0] += 1
             # Once per change of agreement, never per call: a slot that
             # keeps lagging (calls and no reads) marks nothing again.
-            if lags:
-                _LAG_STARTS[0] += 1
-                if self.on_mesh:
-                    _MESH_LAG_STARTS[0] += 1
+            _LAG_STARTS[0] += 1
+            if self.on_mesh:
+                _MESH_LAG_STARTS[0] += 1
             if self._marks:
-                if lags:
-                    _mark_stale(self)
-                else:
-                    for tensor in self._shown_by():
-                        _unmark_if_current(tensor)
+                _mark_stale(self)
+            self._keep_alive_while_lagging(True)
+            self.lags = True
+            return
+        self.lags = False
+        _LAGGING[0] -= 1
+        self._keep_alive_while_lagging(False)
+        if self._marks:
+            for tensor in self._shown_by():
+                _unmark_if_current(tensor)
 
     def _keep_alive_while_lagging(self, lags: bool) -> None:
         """While the buffer holds a value its tensor does not, the tensor
         keeps the slot alive (:data:`_KEPT_WHILE_LAGGING`): a program dropped
         before anyone read what its calls left (a training step made inside
         a function that returns) must not take the module's new values with
-        it.  The next read of the stale tensor copies them in as usual."""
+        it.  The next read of the stale tensor copies them in as usual.
+        Idempotent (see :meth:`_set_lags`)."""
         if lags:
             source = self.source()
             if source is None or source is _REMOVED:
@@ -259,16 +271,17 @@ class _StateSlot:
             kept = _KEPT_WHILE_LAGGING.get(source)  # type: ignore[no-untyped-call]
             if kept is None:
                 _KEPT_WHILE_LAGGING[source] = kept = []
-            kept.append(self)
+            if not any(slot is self for slot in kept):
+                kept.append(self)
             self._kept_by = weakref.ref(source)
             return
-        holder = self._kept_by() if self._kept_by is not None else None
-        self._kept_by = None
+        holder = self._kept_by() if self._kept_by is not None else self.source()
         kept = _KEPT_WHILE_LAGGING.get(holder) if holder is not None else None  # type: ignore[no-untyped-call]
         if kept is not None:
             kept[:] = [slot for slot in kept if slot is not self]
             if not kept:
                 del _KEPT_WHILE_LAGGING[holder]
+        self._kept_by = None
 
     def _shown_by(self) -> list[torch.Tensor]:
         """The torch tensors a read of which must see this slot's buffer:
@@ -422,12 +435,32 @@ class _StateSlot:
             source, array = self.source(), self._array
             if not self.lags or source is None or array is None or array.is_deleted() or self.torch_changed():
                 return
-            source.copy_(self.torch_value(array))
-            # Ctrl-C before this line leaves the slot lagging and its tensor
-            # marked: the next read copies the same value again.
-            self.mark_synced()
+            self.copy_in(source, self.torch_value(array))
             if self.grad_of is not None:
                 self.publish_grad()
+
+    def copy_in(self, target: torch.Tensor, value: torch.Tensor) -> None:
+        """Copy ``value`` (the buffer's, in torch's form) into ``target``
+        (the slot's tensor, or the module attribute it stands for), then
+        record that they agree (:meth:`mark_synced`).  The version the copy
+        counts is recorded before it (no point where Python delivers a
+        Ctrl-C lies between the two): cut after the copy, the slot lags a
+        tensor torch did not change, whose next read copies the same value
+        again and records the agreement, rather than one torch seems to
+        have changed, which no read copies into again."""
+        with _RUNTIME_READ():
+            if target is self.source():
+                before = self.version
+                self.version = target._version + 1
+                try:
+                    target.copy_(value)
+                except BaseException:
+                    if target._version != self.version:  # the copy failed: nothing counted
+                        self.version = before
+                    raise
+            else:
+                target.copy_(value)
+        self.mark_synced()
 
     def torch_changed(self) -> bool:
         """Whether torch changed the slot's tensor (in place, or its memory
@@ -755,12 +788,23 @@ def refresh_stale(tensors: Any, what: str, grads_only: bool = False) -> None:
         for tensor in stale:
             for slot in _lagging_slots(tensor, grads_only):
                 _bring_in(slot, f"{what} of a tensor of the model or the optimizer")
+            _drop_kept_agreeing(tensor)
             fresh = getattr(type(tensor), _FRESH_CLASS, None)
             if grads_only:
                 _unmark_if_current(tensor)
             elif fresh is not None:
                 tensor.__class__ = fresh
     _STALE_READS[0] += 1
+
+
+def _drop_kept_agreeing(tensor: torch.Tensor) -> None:
+    """Let go of the slots ``tensor`` keeps alive that no longer lag it
+    (left by a Ctrl-C in :meth:`_StateSlot._set_lags`)."""
+    kept = _KEPT_WHILE_LAGGING.get(tensor)  # type: ignore[no-untyped-call]
+    if kept and not all(slot.lags for slot in kept):
+        kept[:] = [slot for slot in kept if slot.lags]
+        if not kept:
+            del _KEPT_WHILE_LAGGING[tensor]
 
 
 def _bring_in(slot: "_StateSlot", what: str) -> None:
@@ -945,14 +989,18 @@ class StateWatch:
         self._starts_seen = self._starts[0]
 
     def changed(self) -> bool:
-        if self._starts_seen != self._starts[0] and self._group is not None:
-            self._starts_seen = self._starts[0]
+        # Each count is recorded only once what it stands for is done: a
+        # Ctrl-C part way leaves it unrecorded, and the next call redoes it.
+        starts = self._starts[0]
+        if self._starts_seen != starts and self._group is not None:
             read_others_stale(self.slots, self._group())
-        if self._agreements != _AGREEMENTS[0]:
-            self._agreements = _AGREEMENTS[0]
+            self._starts_seen = starts
+        agreements = _AGREEMENTS[0]
+        if self._agreements != agreements:
             self._refs = tuple(slot.source for slot in self.slots)
             self._versions = tuple(slot.version for slot in self.slots)
             self._pointers = tuple(slot.source_ptr for slot in self.slots)
+            self._agreements = agreements
         if self._first_changed is _first_changed_in_python:
             with _RUNTIME_READ():  # stale tensors' versions, not their values
                 return _first_changed_in_python(self._refs, self._versions, self._pointers) >= 0

@@ -799,10 +799,9 @@ class TrainingStep:
             for slot in self._slots:
                 if slot.kind in ("param", "buffer"):
                     assert slot.fqn is not None
-                    named[slot.fqn].copy_(device_state[slot.name])
                     # The module's tensor equals the device state again: a
                     # later change to it in torch is the newest value.
-                    self.executable._slots[slot.name].mark_synced()
+                    self.executable._slots[slot.name].copy_in(named[slot.fqn], device_state[slot.name])
         with torch.no_grad():
             for slot in self._slots:
                 if slot.kind == "grad":
@@ -817,8 +816,7 @@ class TrainingStep:
                     if source is None:
                         named[slot.fqn].grad = device_state[slot.name]
                         continue
-                    source.copy_(device_state[slot.name])
-                    state_slot.mark_synced()
+                    state_slot.copy_in(source, device_state[slot.name])
                     state_slot.publish_grad()
         # Only once every tensor has it: a write-back cut short (Ctrl-C, an
         # error) is done again before the next eager read.
@@ -861,8 +859,7 @@ class TrainingStep:
             if source is None:
                 entries[slot.key] = value
                 return
-            source.copy_(value)
-            state_slot.mark_synced()
+            state_slot.copy_in(source, value)
             entries[slot.key] = source
 
     def _note_source(self, slot: StateSlot, tensor: torch.Tensor) -> None:

@@ -23,7 +23,8 @@ from torch._dynamo.utils import counters
 
 import hloalias
 from hloalias.runtime import state as state_module
-from test_training_fresh_reads import Pair, _batches, _close, _count_copies, _step_fn
+from state_counts import count_copies
+from test_training_fresh_reads import Pair, _batches, _close, _step_fn
 
 _HAS_CXX = any(shutil.which(name) for name in (os.environ.get("CXX", "c++"), "g++", "clang++"))
 
@@ -182,7 +183,7 @@ def test_a_compiled_forward_writes_the_steps_buffer_and_the_next_step_reads_it(b
 def test_a_compiled_graph_copies_only_after_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each tensor is copied in once after a step, by the first call that
     reads it; later calls, and calls before any step, copy nothing."""
-    copies = _count_copies(monkeypatch)
+    copies = count_copies(monkeypatch)
     pair = Pair()
     forward = torch.compile(lambda v: pair.model.lm_head(v), backend="eager")
     v = torch.randn(2, 8)

@@ -29,6 +29,7 @@ import torch
 import hloalias
 from hloalias import Mesh
 from hloalias.runtime import state as state_module
+from state_counts import count_copies
 
 TOL = 1e-5
 SHARDINGS = {"x": ("dp", None), "cache": (None, "dp", None), "last": ("dp", None)}
@@ -186,21 +187,8 @@ def test_an_eager_forward_between_mesh_calls_sees_and_extends_their_state(called
         _close(called.model.get_buffer(name), called.eager.get_buffer(name))
 
 
-def _count_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    copies = [0]
-    original = state_module._StateSlot.copy_to_source
-
-    def counted(slot: Any) -> None:
-        if slot.lags:
-            copies[0] += 1
-        original(slot)
-
-    monkeypatch.setattr(state_module._StateSlot, "copy_to_source", counted)
-    return copies
-
-
 def test_calls_nobody_reads_between_copy_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    copies = _count_copies(monkeypatch)
+    copies = count_copies(monkeypatch)
     reads = state_module._STALE_READS[0]
     pair = Pair()
     pair.calls(_inputs(4))
@@ -222,7 +210,7 @@ def test_calls_nobody_reads_between_copy_nothing(monkeypatch: pytest.MonkeyPatch
 def test_a_read_of_state_a_mesh_program_only_reads_copies_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Parameters the program reads but never writes do not lag: never
     marked, never copied."""
-    copies = _count_copies(monkeypatch)
+    copies = count_copies(monkeypatch)
     pair = Pair()
     pair.calls(_inputs(2))
     assert not state_module.is_stale(pair.model.lin.weight)

@@ -8,6 +8,8 @@ does (the training step's message named only frames outside it).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import os
 import sys
@@ -36,6 +38,17 @@ class CheckedClassifier(torch.nn.Module):
         if labels.max() >= 4:  # the library checks its labels on the host
             raise ValueError("label out of range")
         return torch.nn.functional.cross_entropy(self.lin(x), labels)
+
+
+class GappedWindows(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("b", torch.arange(4.0))
+
+    def forward(self, x):
+        self.b.unfold(0, 1, 2)[:, 0].add_(1.0)  # the library writes through gapped windows
+        return self.lin(x).sum() + self.b.sum()
 '''
 
 
@@ -85,11 +98,50 @@ def test_export_failure_names_the_library_line(library: ModuleType) -> None:
     assert caught.match(r"uses a tensor's value as a Python number at .*" + _MODEL_LINE)
 
 
+def test_a_write_through_a_librarys_unfold_names_the_library_line(library: ModuleType) -> None:
+    """The one predicate (frontend/program_frames.py): the training
+    capture's unfold check named the caller's line, skipping installed
+    libraries, where every other message names the library model's own."""
+    model = library.GappedWindows()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        loss = model(x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    with pytest.raises(TrainingCaptureError) as caught:
+        hloalias.compile_training_step(step, model, opt, (torch.randn(2, 4),))
+    assert caught.match(r"unfold\(0, 1, 2\).* at .*framelib/checked\.py:\d+ in forward: self\.b\.unfold\(0, 1, 2\)")
+
+
+def test_an_fx_stack_trace_names_its_innermost_program_frame() -> None:
+    inner = os.path.join(sys.prefix, "site-packages", "transformers", "m.py")
+    trace = "".join(
+        f'  File "{path}", line {line}, in {function}\n    {code}\n'
+        for path, line, function, code in [
+            (__file__, 10, "step", "loss = model(x)"),
+            (inner, 20, "forward", "y = x.item()"),
+            (contextlib.__file__, 30, "__exit__", "next(self.gen)"),
+            (torch.__file__, 40, "op", "return f()"),
+        ]
+    )
+    assert program_frames.innermost_in_stack_trace(trace) == f"{inner}:20 in forward: y = x.item()"
+    assert program_frames.innermost_in_stack_trace(trace.split(f'  File "{inner}"')[0]).endswith(
+        "test_program_frames.py:10 in step: loss = model(x)"
+    )
+    assert program_frames.innermost_in_stack_trace("") is None
+
+
 def test_frames_of_torch_and_hloalias_are_not_the_programs() -> None:
     assert not program_frames.is_program_file(torch.__file__)
     assert not program_frames.is_program_file(importer.__file__)
     assert not program_frames.is_program_file(hloalias.__file__)
     assert not program_frames.is_program_file("<string>")
+    assert not program_frames.is_program_file(contextlib.__file__)  # the standard library
+    assert not program_frames.is_program_file(functools.__file__)
     assert program_frames.is_program_file(__file__)
     assert program_frames.is_program_file(os.path.join(sys.prefix, "site-packages", "transformers", "m.py"))
 

@@ -25,6 +25,7 @@ import hloalias
 from distributed import worker
 from hloalias import Mesh
 from hloalias.runtime import state as state_module
+from state_counts import count_copies
 
 TOL = 1e-5
 
@@ -186,21 +187,8 @@ def test_gradients_kept_across_calls_are_read_as_eager_accumulates_them() -> Non
         _close(p.grad, eager_p.grad)
 
 
-def _count_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    copies = [0]
-    original = state_module._StateSlot.copy_to_source
-
-    def counted(slot: Any) -> None:
-        if slot.lags:
-            copies[0] += 1
-        original(slot)
-
-    monkeypatch.setattr(state_module._StateSlot, "copy_to_source", counted)
-    return copies
-
-
 def test_calls_nobody_reads_between_copy_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    copies = _count_copies(monkeypatch)
+    copies = count_copies(monkeypatch)
     reads = state_module._STALE_READS[0]
     pair = Pair()
     for batch in _batches(4):
@@ -214,7 +202,7 @@ def test_calls_nobody_reads_between_copy_nothing(monkeypatch: pytest.MonkeyPatch
 
 
 def test_metadata_reads_copy_nothing(trained: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
-    copies = _count_copies(monkeypatch)
+    copies = count_copies(monkeypatch)
     weight = trained.model.body.weight
     exp_avg = trained.opt.state[weight]["exp_avg"]
     assert weight.shape == (8, 6) and weight.size() == (8, 6) and weight.size(0) == 8
@@ -358,7 +346,7 @@ def test_steps_on_a_mesh_nobody_reads_between_copy_nothing(monkeypatch: pytest.M
     """A step on a mesh brings in what other programs of the model left
     before each call, not its own state: that would gather every
     parameter and moment to the host per call (it did: 12 copies a call)."""
-    copies = _count_copies(monkeypatch)
+    copies = count_copies(monkeypatch)
     model, optimizer, step = worker.trainer()
     eager_model, eager_optimizer, eager_step = worker.trainer()
     x, y = torch.randn(8, 16), torch.randn(8, 16)
