@@ -32,7 +32,10 @@ preservability tests first (:func:`materialize_cia_ops_once`).
 ``torch.export`` traced before its training IR) with the same Python
 table and the same CIA override, so the model runs through
 functionalization and the decompositions once instead of being traced to
-the training IR and retraced.  ``test/py/test_torch_internals.py`` pins every private name used
+the training IR and retraced.  :func:`module_patches_skipped` keeps
+``make_fx``'s tracer from swapping ``nn.Module``'s ``__getattr__`` and
+``__call__`` for wrappers that change nothing for it (a per-class cost at
+every trace).  ``test/py/test_torch_internals.py`` pins every private name used
 here, compares the operator state under :func:`cia_override` with the
 state under torch's override, and checks the decomposed graph and
 signature against ``run_decompositions``; a torch that changes any of
@@ -413,7 +416,7 @@ def decompose(
 
     @private["_disable_prexisiting_fake_mode"]  # type: ignore[untyped-decorator]
     def run() -> ExportedProgram:
-        with cia_override(cia_to_decomp), quiet_torch_deprecations():
+        with cia_override(cia_to_decomp), quiet_torch_deprecations(), module_patches_skipped():
             result: ExportedProgram = retrace(
                 exported,
                 cia_to_decomp={},  # installed above: torch's own override does nothing
@@ -457,7 +460,8 @@ def export_decomposed(
 
     trace._export_to_aten_ir = to_aten_ir_decomposed
     try:
-        with cia_override(cia_to_decomp), quiet_torch_deprecations(), lazy_graph_modules():
+        with cia_override(cia_to_decomp), quiet_torch_deprecations(), lazy_graph_modules(), \
+                module_patches_skipped():
             exported: ExportedProgram = private["_export"](
                 module, args, kwargs, dynamic_shapes, strict=False, pre_dispatch=False
             )
@@ -540,3 +544,119 @@ def lazy_exported_programs() -> Iterator[None]:
             _lazy_export_depth -= 1
             if _lazy_export_depth == 0:
                 exported_program._create_graph_module_for_export = private["_create_graph_module_for_export"]
+
+
+_MODULE_PATCH_LOCK = threading.Lock()
+_module_patch_depth = 0
+_torch_new_patcher: Any = None
+
+
+@functools.cache
+def _tracer_internals() -> dict[str, Any] | None:
+    """``torch.fx``'s tracer patching internals that
+    :func:`module_patches_skipped` reads (pinned by the test), or None when
+    one is missing."""
+    try:
+        import torch.fx._symbolic_trace as symbolic_trace
+        from torch.fx.experimental.proxy_tensor import PythonKeyTracer
+    except ImportError:
+        return None
+    names = ("_new_patcher", "_Patcher", "_orig_module_call", "_orig_module_getattr")
+    if not all(hasattr(symbolic_trace, name) for name in names):
+        return None
+    found = {name: getattr(symbolic_trace, name) for name in names}
+    found["module"] = symbolic_trace
+    found["PythonKeyTracer"] = PythonKeyTracer
+    return found
+
+
+def _identity_tracer(new_fn: Any) -> bool:
+    """Whether ``new_fn`` (the ``nn.Module.__getattr__``/``__call__``
+    wrapper ``Tracer.trace`` makes, a closure over the tracer as ``self``)
+    belongs to a tracer for which both wrappers change nothing: one whose
+    ``call_module`` (``forward(*args, **kwargs)``) and ``getattr`` (the
+    value) are ``PythonKeyTracer``'s, with no functions to autowrap (its
+    wrapper's only other work is looking for them in the called module's
+    globals)."""
+    internals = _tracer_internals()
+    code = getattr(new_fn, "__code__", None)
+    closure = getattr(new_fn, "__closure__", None)
+    if internals is None or code is None or closure is None or "self" not in code.co_freevars:
+        return False
+    tracer = closure[code.co_freevars.index("self")].cell_contents
+    base = internals["PythonKeyTracer"]
+    return (
+        isinstance(tracer, base)
+        and type(tracer).call_module is base.call_module
+        and type(tracer).getattr is base.getattr
+        and not getattr(tracer, "_autowrap_function_ids", True)
+    )
+
+
+def _patch_method_skipping(patcher: Any, cls: type, name: str, new_fn: Callable[..., Any],
+                           deduplicate: bool = True) -> None:
+    """``_Patcher.patch_method``, except that ``Tracer.trace``'s patches of
+    ``nn.Module.__getattr__`` and ``__call__`` are not made where they
+    change nothing (:func:`module_patches_skipped`)."""
+    internals = _tracer_internals()
+    assert internals is not None
+    if cls is torch.nn.Module and (
+        (name == "__getattr__" and cls.__getattr__ is internals["_orig_module_getattr"])
+        or (name == "__call__" and cls.__call__ is internals["_orig_module_call"])
+    ) and _identity_tracer(new_fn):
+        return
+    internals["_Patcher"].patch_method(patcher, cls, name, new_fn, deduplicate)
+
+
+@contextlib.contextmanager
+def _new_patcher_skipping() -> Iterator[Any]:
+    """torch's ``_new_patcher`` (its ``CURRENT_PATCHER`` bookkeeping
+    unchanged), whose patcher skips the module patches that change
+    nothing."""
+    with _torch_new_patcher() as patcher:
+        patcher.patch_method = functools.partial(_patch_method_skipping, patcher)
+        yield patcher
+
+
+@contextlib.contextmanager
+def module_patches_skipped() -> Iterator[None]:
+    """Within the block, a ``make_fx`` trace does not replace
+    ``nn.Module.__getattr__`` and ``nn.Module.__call__`` for its duration.
+
+    ``torch.fx.Tracer.trace`` replaces both on the class (and puts them
+    back after) so that its tracer's ``getattr`` and ``call_module`` see
+    every attribute read and submodule call.  ``make_fx``'s tracer
+    (``PythonKeyTracer``) answers both with what the original would give:
+    ``getattr`` returns the value read, ``call_module`` calls the module's
+    original ``__call__``.  Replacing a dunder method of ``nn.Module``
+    makes CPython update the slot of every subclass (every ``nn.Module``
+    class in the process, and the class each ``GraphModule`` makes of its
+    own, which outlive their modules until a full collection): four such
+    writes a trace, ~2 ms CPU of a warm seed compile
+    (``bench/RESULTS-latency.md``).  The block skips the two patches for
+    exactly those tracers (:func:`_identity_tracer`), and only while the
+    class still holds torch's originals (a trace nested in another
+    tracer's, whose wrappers are installed, patches as torch does); every
+    other tracer (``torch.fx.symbolic_trace``'s, export's module-stack
+    tracer) is patched as before.  torch's function is swapped for the
+    block, nestable and across threads (a trace of another thread in the
+    meantime gets the same skip, which changes nothing for it either);
+    without the private names nothing changes."""
+    global _module_patch_depth, _torch_new_patcher
+    internals = _tracer_internals()
+    if internals is None:
+        yield
+        return
+    module = internals["module"]
+    with _MODULE_PATCH_LOCK:
+        if _module_patch_depth == 0:
+            _torch_new_patcher = module._new_patcher
+            module._new_patcher = _new_patcher_skipping
+        _module_patch_depth += 1
+    try:
+        yield
+    finally:
+        with _MODULE_PATCH_LOCK:
+            _module_patch_depth -= 1
+            if _module_patch_depth == 0:
+                module._new_patcher = _torch_new_patcher
