@@ -288,11 +288,20 @@ def _override_keys() -> tuple[dict[Any, None], dict[Any, None]]:
             dict.fromkeys(private["_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE"]))
 
 
-_PREPARED: dict[int, tuple[dict[Any, Callable[..., Any]], list[tuple[Any, Any, dict[Any, Any], Any]]]] = {}
+_Rows = list[tuple[Any, Any, dict[Any, Any], Any]]
+#: Per table: the table itself, its rows, and its operators (a set) and
+#: their fake rules (a dict in the table's order): :func:`_prepared_entry`.
+_PREPARED: dict[int, tuple[dict[Any, Callable[..., Any]], _Rows, tuple[frozenset[Any], dict[Any, Any]]]] = {}
 _PREPARED_LOCK = threading.Lock()
 
 
-def _prepared(cia_to_decomp: dict[Any, Callable[..., Any]]) -> list[tuple[Any, Any, dict[Any, Any], Any]]:
+def _prepared(cia_to_decomp: dict[Any, Callable[..., Any]]) -> _Rows:
+    return _prepared_entry(cia_to_decomp)[0]
+
+
+def _prepared_entry(
+    cia_to_decomp: dict[Any, Callable[..., Any]],
+) -> tuple[_Rows, tuple[frozenset[Any], dict[Any, Any]]]:
     """Per operator of ``cia_to_decomp`` (a table the caller does not
     modify: the cached split's): the operator, its decomposition, the
     kernel table :func:`cia_override` installs for it when it has no Python
@@ -300,10 +309,13 @@ def _prepared(cia_to_decomp: dict[Any, Callable[..., Any]]) -> list[tuple[Any, A
     rule it installs where the operator has none (a partial of its
     original CIA decomposition: the same every time, :func:`_filled_keys`).
     Built once per table (the last two tables are kept, with the tables
-    themselves, so that an ``id`` is never reused for another)."""
+    themselves, so that an ``id`` is never reused for another).  Also the
+    operators as a set and their fake rules as a dict: both hold each
+    operator's hash, so set and dict operations between them and torch's
+    rule dict call no ``OpOverload.__hash__`` (a Python method)."""
     entry = _PREPARED.get(id(cia_to_decomp))
     if entry is not None and entry[0] is cia_to_decomp:
-        return entry[1]
+        return entry[1], entry[2]
     cia_key = torch._C.DispatchKey.CompositeImplicitAutograd
     rows = []
     for op, decomposition in cia_to_decomp.items():
@@ -311,11 +323,12 @@ def _prepared(cia_to_decomp: dict[Any, Callable[..., Any]]) -> list[tuple[Any, A
         unpatched = filled.copy()
         unpatched[cia_key] = decomposition
         rows.append((op, decomposition, unpatched, functools.partial(_run_original_cia, original_callable=original)))
+    rules = {op: fake_rule for op, _, _, fake_rule in rows}
     with _PREPARED_LOCK:
         while len(_PREPARED) >= 2:
             _PREPARED.pop(next(iter(_PREPARED)))
-        _PREPARED[id(cia_to_decomp)] = (cia_to_decomp, rows)
-    return rows
+        _PREPARED[id(cia_to_decomp)] = (cia_to_decomp, rows, (frozenset(rules), rules))
+    return rows, (frozenset(rules), rules)
 
 
 @contextlib.contextmanager
@@ -349,8 +362,16 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
     # original (never written) put back: what torch's clear-and-update
     # leaves, without copying either table twice.
     saved: list[tuple[Any, dict[Any, Any]]] = []
+    rows, (ops, prepared_rules) = _prepared_entry(cia_to_decomp)
+    # Fake rules are installed after the kernels (nothing runs in between):
+    # where none of the operators has a rule (the usual case: torch's exit
+    # drops every rule), the prepared ones in one dict update that hashes
+    # nothing, then the few built here (an operator with a Python CIA
+    # kernel of its own) over theirs, in the same places.
+    rules: list[Any] = []
+    own_rules: list[tuple[Any, Any]] = []
     try:
-        for op, decomposition, unpatched, fake_rule in _prepared(cia_to_decomp):
+        for op, decomposition, unpatched, fake_rule in rows:
             kernels = op.py_kernels
             if not kernels:  # the usual case: no Python kernel of its own
                 patched = unpatched.copy()
@@ -363,6 +384,7 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
                     patched = dict.fromkeys(backend_keys, original)
                     patched.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
                     fake_rule = functools.partial(_run_original_cia, original_callable=original)
+                    own_rules.append((op, fake_rule))
                 else:
                     patched = _filled_keys(op)[1].copy()
                 # Kernels already registered under a key stay (torch only fills
@@ -371,9 +393,17 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
                 patched[cia_key] = decomposition
             saved.append((op, kernels))
             op.py_kernels = patched
-            if op not in fake_rules:
-                fake_rules[op] = fake_rule
+            rules.append(fake_rule)
             op._dispatch_cache.clear()
+        # set(dict) and set.isdisjoint(set) use the stored hashes.
+        if ops.isdisjoint(set(fake_rules)):
+            fake_rules.update(prepared_rules)
+            for op, fake_rule in own_rules:
+                fake_rules[op] = fake_rule
+        else:
+            for (op, _), fake_rule in zip(saved, rules):
+                if op not in fake_rules:
+                    fake_rules[op] = fake_rule
         yield
     finally:
         # torch's _deregister_op_impl(op): the fake rule goes, and the first
@@ -604,8 +634,17 @@ def _patch_method_skipping(patcher: Any, cls: type, name: str, new_fn: Callable[
         (name == "__getattr__" and cls.__getattr__ is internals["_orig_module_getattr"])
         or (name == "__call__" and cls.__call__ is internals["_orig_module_call"])
     ) and _identity_tracer(new_fn):
+        # The tracer autowraps no function (_identity_tracer): the walks of
+        # the traced function's globals that look for them find none.
+        patcher.visit_once = _visited_before
         return
     internals["_Patcher"].patch_method(patcher, cls, name, new_fn, deduplicate)
+
+
+def _visited_before(thing: object) -> bool:
+    """``_Patcher.visit_once`` answering "seen": ``_autowrap_check`` then
+    skips its walk of a globals dict for functions to autowrap."""
+    return False
 
 
 @contextlib.contextmanager
@@ -634,7 +673,9 @@ def module_patches_skipped() -> Iterator[None]:
     own, which outlive their modules until a full collection): four such
     writes a trace, ~2 ms CPU of a warm seed compile
     (``bench/RESULTS-latency.md``).  The block skips the two patches for
-    exactly those tracers (:func:`_identity_tracer`), and only while the
+    exactly those tracers (:func:`_identity_tracer`; and their walks of
+    the traced function's globals for functions to autowrap, of which they
+    have none), and only while the
     class still holds torch's originals (a trace nested in another
     tracer's, whose wrappers are installed, patches as torch does); every
     other tracer (``torch.fx.symbolic_trace``'s, export's module-stack

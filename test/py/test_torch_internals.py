@@ -258,6 +258,58 @@ def test_cia_override_installs_what_torchs_override_installs() -> None:
     assert sum(state != before[op] for op, state in ours.items()) == len(ops)
 
 
+def test_cia_override_installs_fake_rules_without_hashing_each_operator() -> None:
+    """In the usual case (no operator of the table has a fake rule: torch's
+    exit drops them all) the rules go in with one dict update that reuses
+    the stored hashes, not two ``OpOverload.__hash__`` calls per operator
+    (a Python method; ~1,000 a compile); the state is torch's (the test
+    above)."""
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    with torch_internals.cia_override(cia_to_decomp):
+        pass
+    calls = []
+    original = torch._ops.OpOverload.__hash__
+
+    def counted(self: Any) -> int:
+        calls.append(1)
+        return original(self)
+
+    torch._ops.OpOverload.__hash__ = counted  # type: ignore[method-assign]
+    try:
+        with torch_internals.cia_override(cia_to_decomp):
+            entered = len(calls)
+    finally:
+        torch._ops.OpOverload.__hash__ = original  # type: ignore[method-assign]
+    # (a few per operator with Python kernels of its own: their cached rows)
+    assert entered < len(cia_to_decomp) // 2
+
+
+def test_cia_override_with_one_prior_fake_rule_installs_what_torchs_override_installs() -> None:
+    """An operator of the table that has a fake rule on entry keeps it in
+    the block (each operator's own test, as torch does) and loses it after."""
+    from torch._subclasses import fake_impls
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    ops = list(cia_to_decomp)
+    op = torch.ops.aten.item.default
+
+    def rule(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("not called")
+
+    states = []
+    for override in (_override_composite_implicit_decomp, torch_internals.cia_override):
+        with override(cia_to_decomp):
+            pass
+        fake_impls.op_implementations_dict[op] = rule
+        with override(cia_to_decomp):
+            assert fake_impls.op_implementations_dict[op] is rule
+            states.append(_operator_state(ops))
+        assert op not in fake_impls.op_implementations_dict
+        states.append(_operator_state(ops))
+    assert states[0] == states[2] and states[1] == states[3]
+
+
 def test_cia_override_drops_a_prior_fake_rule_as_torch_does() -> None:
     from torch._subclasses import fake_impls
     from torch.export.exported_program import _override_composite_implicit_decomp
