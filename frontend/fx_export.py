@@ -551,6 +551,9 @@ def _trace(
         # pre-dispatch traces only; export's trace runs under it).
         stack.enter_context(enable_python_dispatcher())
         stack.enter_context(torch_internals.lazy_graph_modules())
+        # make_fx's tracer would swap nn.Module's __getattr__/__call__ for
+        # wrappers that change nothing, at a cost per nn.Module class.
+        stack.enter_context(torch_internals.module_patches_skipped())
         stack.enter_context(torch.no_grad())
         # What torch.export's post-dispatch trace runs under: backend
         # kernels' own decompositions off, torch.compiler.is_exporting()

@@ -32,7 +32,10 @@ preservability tests first (:func:`materialize_cia_ops_once`).
 ``torch.export`` traced before its training IR) with the same Python
 table and the same CIA override, so the model runs through
 functionalization and the decompositions once instead of being traced to
-the training IR and retraced.  ``test/py/test_torch_internals.py`` pins every private name used
+the training IR and retraced.  :func:`module_patches_skipped` keeps
+``make_fx``'s tracer from swapping ``nn.Module``'s ``__getattr__`` and
+``__call__`` for wrappers that change nothing for it (a per-class cost at
+every trace).  ``test/py/test_torch_internals.py`` pins every private name used
 here, compares the operator state under :func:`cia_override` with the
 state under torch's override, and checks the decomposed graph and
 signature against ``run_decompositions``; a torch that changes any of
@@ -285,11 +288,20 @@ def _override_keys() -> tuple[dict[Any, None], dict[Any, None]]:
             dict.fromkeys(private["_AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE"]))
 
 
-_PREPARED: dict[int, tuple[dict[Any, Callable[..., Any]], list[tuple[Any, Any, dict[Any, Any], Any]]]] = {}
+_Rows = list[tuple[Any, Any, dict[Any, Any], Any]]
+#: Per table: the table itself, its rows, and its operators (a set) and
+#: their fake rules (a dict in the table's order): :func:`_prepared_entry`.
+_PREPARED: dict[int, tuple[dict[Any, Callable[..., Any]], _Rows, tuple[frozenset[Any], dict[Any, Any]]]] = {}
 _PREPARED_LOCK = threading.Lock()
 
 
-def _prepared(cia_to_decomp: dict[Any, Callable[..., Any]]) -> list[tuple[Any, Any, dict[Any, Any], Any]]:
+def _prepared(cia_to_decomp: dict[Any, Callable[..., Any]]) -> _Rows:
+    return _prepared_entry(cia_to_decomp)[0]
+
+
+def _prepared_entry(
+    cia_to_decomp: dict[Any, Callable[..., Any]],
+) -> tuple[_Rows, tuple[frozenset[Any], dict[Any, Any]]]:
     """Per operator of ``cia_to_decomp`` (a table the caller does not
     modify: the cached split's): the operator, its decomposition, the
     kernel table :func:`cia_override` installs for it when it has no Python
@@ -297,10 +309,13 @@ def _prepared(cia_to_decomp: dict[Any, Callable[..., Any]]) -> list[tuple[Any, A
     rule it installs where the operator has none (a partial of its
     original CIA decomposition: the same every time, :func:`_filled_keys`).
     Built once per table (the last two tables are kept, with the tables
-    themselves, so that an ``id`` is never reused for another)."""
+    themselves, so that an ``id`` is never reused for another).  Also the
+    operators as a set and their fake rules as a dict: both hold each
+    operator's hash, so set and dict operations between them and torch's
+    rule dict call no ``OpOverload.__hash__`` (a Python method)."""
     entry = _PREPARED.get(id(cia_to_decomp))
     if entry is not None and entry[0] is cia_to_decomp:
-        return entry[1]
+        return entry[1], entry[2]
     cia_key = torch._C.DispatchKey.CompositeImplicitAutograd
     rows = []
     for op, decomposition in cia_to_decomp.items():
@@ -308,11 +323,12 @@ def _prepared(cia_to_decomp: dict[Any, Callable[..., Any]]) -> list[tuple[Any, A
         unpatched = filled.copy()
         unpatched[cia_key] = decomposition
         rows.append((op, decomposition, unpatched, functools.partial(_run_original_cia, original_callable=original)))
+    rules = {op: fake_rule for op, _, _, fake_rule in rows}
     with _PREPARED_LOCK:
         while len(_PREPARED) >= 2:
             _PREPARED.pop(next(iter(_PREPARED)))
-        _PREPARED[id(cia_to_decomp)] = (cia_to_decomp, rows)
-    return rows
+        _PREPARED[id(cia_to_decomp)] = (cia_to_decomp, rows, (frozenset(rules), rules))
+    return rows, (frozenset(rules), rules)
 
 
 @contextlib.contextmanager
@@ -346,8 +362,16 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
     # original (never written) put back: what torch's clear-and-update
     # leaves, without copying either table twice.
     saved: list[tuple[Any, dict[Any, Any]]] = []
+    rows, (ops, prepared_rules) = _prepared_entry(cia_to_decomp)
+    # Fake rules are installed after the kernels (nothing runs in between):
+    # where none of the operators has a rule (the usual case: torch's exit
+    # drops every rule), the prepared ones in one dict update that hashes
+    # nothing, then the few built here (an operator with a Python CIA
+    # kernel of its own) over theirs, in the same places.
+    rules: list[Any] = []
+    own_rules: list[tuple[Any, Any]] = []
     try:
-        for op, decomposition, unpatched, fake_rule in _prepared(cia_to_decomp):
+        for op, decomposition, unpatched, fake_rule in rows:
             kernels = op.py_kernels
             if not kernels:  # the usual case: no Python kernel of its own
                 patched = unpatched.copy()
@@ -360,6 +384,7 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
                     patched = dict.fromkeys(backend_keys, original)
                     patched.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
                     fake_rule = functools.partial(_run_original_cia, original_callable=original)
+                    own_rules.append((op, fake_rule))
                 else:
                     patched = _filled_keys(op)[1].copy()
                 # Kernels already registered under a key stay (torch only fills
@@ -368,9 +393,17 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
                 patched[cia_key] = decomposition
             saved.append((op, kernels))
             op.py_kernels = patched
-            if op not in fake_rules:
-                fake_rules[op] = fake_rule
+            rules.append(fake_rule)
             op._dispatch_cache.clear()
+        # set(dict) and set.isdisjoint(set) use the stored hashes.
+        if ops.isdisjoint(set(fake_rules)):
+            fake_rules.update(prepared_rules)
+            for op, fake_rule in own_rules:
+                fake_rules[op] = fake_rule
+        else:
+            for (op, _), fake_rule in zip(saved, rules):
+                if op not in fake_rules:
+                    fake_rules[op] = fake_rule
         yield
     finally:
         # torch's _deregister_op_impl(op): the fake rule goes, and the first
@@ -413,7 +446,7 @@ def decompose(
 
     @private["_disable_prexisiting_fake_mode"]  # type: ignore[untyped-decorator]
     def run() -> ExportedProgram:
-        with cia_override(cia_to_decomp), quiet_torch_deprecations():
+        with cia_override(cia_to_decomp), quiet_torch_deprecations(), module_patches_skipped():
             result: ExportedProgram = retrace(
                 exported,
                 cia_to_decomp={},  # installed above: torch's own override does nothing
@@ -457,7 +490,8 @@ def export_decomposed(
 
     trace._export_to_aten_ir = to_aten_ir_decomposed
     try:
-        with cia_override(cia_to_decomp), quiet_torch_deprecations(), lazy_graph_modules():
+        with cia_override(cia_to_decomp), quiet_torch_deprecations(), lazy_graph_modules(), \
+                module_patches_skipped():
             exported: ExportedProgram = private["_export"](
                 module, args, kwargs, dynamic_shapes, strict=False, pre_dispatch=False
             )
@@ -540,3 +574,130 @@ def lazy_exported_programs() -> Iterator[None]:
             _lazy_export_depth -= 1
             if _lazy_export_depth == 0:
                 exported_program._create_graph_module_for_export = private["_create_graph_module_for_export"]
+
+
+_MODULE_PATCH_LOCK = threading.Lock()
+_module_patch_depth = 0
+_torch_new_patcher: Any = None
+
+
+@functools.cache
+def _tracer_internals() -> dict[str, Any] | None:
+    """``torch.fx``'s tracer patching internals that
+    :func:`module_patches_skipped` reads (pinned by the test), or None when
+    one is missing."""
+    try:
+        import torch.fx._symbolic_trace as symbolic_trace
+        from torch.fx.experimental.proxy_tensor import PythonKeyTracer
+    except ImportError:
+        return None
+    names = ("_new_patcher", "_Patcher", "_orig_module_call", "_orig_module_getattr")
+    if not all(hasattr(symbolic_trace, name) for name in names):
+        return None
+    found = {name: getattr(symbolic_trace, name) for name in names}
+    found["module"] = symbolic_trace
+    found["PythonKeyTracer"] = PythonKeyTracer
+    return found
+
+
+def _identity_tracer(new_fn: Any) -> bool:
+    """Whether ``new_fn`` (the ``nn.Module.__getattr__``/``__call__``
+    wrapper ``Tracer.trace`` makes, a closure over the tracer as ``self``)
+    belongs to a tracer for which both wrappers change nothing: one whose
+    ``call_module`` (``forward(*args, **kwargs)``) and ``getattr`` (the
+    value) are ``PythonKeyTracer``'s, with no functions to autowrap (its
+    wrapper's only other work is looking for them in the called module's
+    globals)."""
+    internals = _tracer_internals()
+    code = getattr(new_fn, "__code__", None)
+    closure = getattr(new_fn, "__closure__", None)
+    if internals is None or code is None or closure is None or "self" not in code.co_freevars:
+        return False
+    tracer = closure[code.co_freevars.index("self")].cell_contents
+    base = internals["PythonKeyTracer"]
+    return (
+        isinstance(tracer, base)
+        and type(tracer).call_module is base.call_module
+        and type(tracer).getattr is base.getattr
+        and not getattr(tracer, "_autowrap_function_ids", True)
+    )
+
+
+def _patch_method_skipping(patcher: Any, cls: type, name: str, new_fn: Callable[..., Any],
+                           deduplicate: bool = True) -> None:
+    """``_Patcher.patch_method``, except that ``Tracer.trace``'s patches of
+    ``nn.Module.__getattr__`` and ``__call__`` are not made where they
+    change nothing (:func:`module_patches_skipped`)."""
+    internals = _tracer_internals()
+    assert internals is not None
+    if cls is torch.nn.Module and (
+        (name == "__getattr__" and cls.__getattr__ is internals["_orig_module_getattr"])
+        or (name == "__call__" and cls.__call__ is internals["_orig_module_call"])
+    ) and _identity_tracer(new_fn):
+        # The tracer autowraps no function (_identity_tracer): the walks of
+        # the traced function's globals that look for them find none.
+        patcher.visit_once = _visited_before
+        return
+    internals["_Patcher"].patch_method(patcher, cls, name, new_fn, deduplicate)
+
+
+def _visited_before(thing: object) -> bool:
+    """``_Patcher.visit_once`` answering "seen": ``_autowrap_check`` then
+    skips its walk of a globals dict for functions to autowrap."""
+    return False
+
+
+@contextlib.contextmanager
+def _new_patcher_skipping() -> Iterator[Any]:
+    """torch's ``_new_patcher`` (its ``CURRENT_PATCHER`` bookkeeping
+    unchanged), whose patcher skips the module patches that change
+    nothing."""
+    with _torch_new_patcher() as patcher:
+        patcher.patch_method = functools.partial(_patch_method_skipping, patcher)
+        yield patcher
+
+
+@contextlib.contextmanager
+def module_patches_skipped() -> Iterator[None]:
+    """Within the block, a ``make_fx`` trace does not replace
+    ``nn.Module.__getattr__`` and ``nn.Module.__call__`` for its duration.
+
+    ``torch.fx.Tracer.trace`` replaces both on the class (and puts them
+    back after) so that its tracer's ``getattr`` and ``call_module`` see
+    every attribute read and submodule call.  ``make_fx``'s tracer
+    (``PythonKeyTracer``) answers both with what the original would give:
+    ``getattr`` returns the value read, ``call_module`` calls the module's
+    original ``__call__``.  Replacing a dunder method of ``nn.Module``
+    makes CPython update the slot of every subclass (every ``nn.Module``
+    class in the process, and the class each ``GraphModule`` makes of its
+    own, which outlive their modules until a full collection): four such
+    writes a trace, ~2 ms CPU of a warm seed compile
+    (``bench/RESULTS-latency.md``).  The block skips the two patches for
+    exactly those tracers (:func:`_identity_tracer`; and their walks of
+    the traced function's globals for functions to autowrap, of which they
+    have none), and only while the
+    class still holds torch's originals (a trace nested in another
+    tracer's, whose wrappers are installed, patches as torch does); every
+    other tracer (``torch.fx.symbolic_trace``'s, export's module-stack
+    tracer) is patched as before.  torch's function is swapped for the
+    block, nestable and across threads (a trace of another thread in the
+    meantime gets the same skip, which changes nothing for it either);
+    without the private names nothing changes."""
+    global _module_patch_depth, _torch_new_patcher
+    internals = _tracer_internals()
+    if internals is None:
+        yield
+        return
+    module = internals["module"]
+    with _MODULE_PATCH_LOCK:
+        if _module_patch_depth == 0:
+            _torch_new_patcher = module._new_patcher
+            module._new_patcher = _new_patcher_skipping
+        _module_patch_depth += 1
+    try:
+        yield
+    finally:
+        with _MODULE_PATCH_LOCK:
+            _module_patch_depth -= 1
+            if _module_patch_depth == 0:
+                module._new_patcher = _torch_new_patcher

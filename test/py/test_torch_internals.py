@@ -60,6 +60,20 @@ _PINNED_SOURCES = {
         "a225772212a823aad71b5599a0c6eaa06f409bb3574d2ff79868bc2600b362ab",
     ("torch._decomp", "_should_decompose_because_unsafe_op"):
         "f106d112e31ab4596ed9519a3ae21da3125a7d265db93432b08361a0708330d5",
+    # module_patches_skipped: the wrappers Tracer.trace installs, the patcher
+    # it installs them with, and what make_fx's tracer does in them.
+    ("torch.fx._symbolic_trace", "Tracer.trace"):
+        "34f22abf9e6f184ce99e0c42ec91e9fe92618ed6f587341b9f525b02e09a46f0",
+    ("torch.fx._symbolic_trace", "_Patcher.patch_method"):
+        "ac5a4a0e5aba84be38999264301d5fcd05b2d359f911becad8a0ba0feb14b831",
+    ("torch.fx._symbolic_trace", "_new_patcher"):
+        "3e948e37e459d396d8ea1f3af8faf8e2487daa8ea09c8f16d41f69ed34be2312",
+    ("torch.fx._symbolic_trace", "_autowrap_check"):
+        "771eb4ff2e57222067ccc351bcaff027c49c55e22b9710806ac6947989568a3d",
+    ("torch.fx.experimental.proxy_tensor", "PythonKeyTracer.call_module"):
+        "333bdeab06a0dc4669b42027b9e82c854bda17424f41ad238096b6d981f6c399",
+    ("torch.fx.experimental.proxy_tensor", "PythonKeyTracer.getattr"):
+        "56581dd84c98dde6bbde0b02156cfa88921fa66e725da3761998a75975ffc738",
 }
 
 
@@ -242,6 +256,58 @@ def test_cia_override_installs_what_torchs_override_installs() -> None:
     assert ours == theirs
     assert after_ours == after_theirs == before
     assert sum(state != before[op] for op, state in ours.items()) == len(ops)
+
+
+def test_cia_override_installs_fake_rules_without_hashing_each_operator() -> None:
+    """In the usual case (no operator of the table has a fake rule: torch's
+    exit drops them all) the rules go in with one dict update that reuses
+    the stored hashes, not two ``OpOverload.__hash__`` calls per operator
+    (a Python method; ~1,000 a compile); the state is torch's (the test
+    above)."""
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    with torch_internals.cia_override(cia_to_decomp):
+        pass
+    calls = []
+    original = torch._ops.OpOverload.__hash__
+
+    def counted(self: Any) -> int:
+        calls.append(1)
+        return original(self)
+
+    torch._ops.OpOverload.__hash__ = counted  # type: ignore[method-assign]
+    try:
+        with torch_internals.cia_override(cia_to_decomp):
+            entered = len(calls)
+    finally:
+        torch._ops.OpOverload.__hash__ = original  # type: ignore[method-assign]
+    # (a few per operator with Python kernels of its own: their cached rows)
+    assert entered < len(cia_to_decomp) // 2
+
+
+def test_cia_override_with_one_prior_fake_rule_installs_what_torchs_override_installs() -> None:
+    """An operator of the table that has a fake rule on entry keeps it in
+    the block (each operator's own test, as torch does) and loses it after."""
+    from torch._subclasses import fake_impls
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    ops = list(cia_to_decomp)
+    op = torch.ops.aten.item.default
+
+    def rule(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("not called")
+
+    states = []
+    for override in (_override_composite_implicit_decomp, torch_internals.cia_override):
+        with override(cia_to_decomp):
+            pass
+        fake_impls.op_implementations_dict[op] = rule
+        with override(cia_to_decomp):
+            assert fake_impls.op_implementations_dict[op] is rule
+            states.append(_operator_state(ops))
+        assert op not in fake_impls.op_implementations_dict
+        states.append(_operator_state(ops))
+    assert states[0] == states[2] and states[1] == states[3]
 
 
 def test_cia_override_drops_a_prior_fake_rule_as_torch_does() -> None:
@@ -617,3 +683,112 @@ def test_a_compile_after_a_failed_trace_starts_from_the_same_operators() -> None
     got = hloalias.compile(Seed(), (x,))(x)
     assert torch.equal(got[0], x) and torch.equal(got[1], x[0:8].view(2, 4))
     assert _operator_state(ops) == before
+
+
+class _Recording(torch.nn.Module):
+    """Records, while its forward runs, whether ``nn.Module.__call__`` and
+    ``__getattr__`` are torch's own (not a tracer's wrappers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        self.scale = torch.nn.Parameter(torch.full((3,), 2.0))
+        self.seen: list[tuple[bool, bool]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.fx._symbolic_trace as symbolic_trace
+
+        self.seen.append((torch.nn.Module.__call__ is symbolic_trace._orig_module_call,
+                          torch.nn.Module.__getattr__ is symbolic_trace._orig_module_getattr))
+        return self.inner(x) * self.scale
+
+
+def _make_fx_code(module: torch.nn.Module) -> str:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    traced = make_fx(module, tracing_mode="fake", _allow_non_fake_inputs=True)(torch.randn(2, 4))
+    return str(traced.code)
+
+
+def test_make_fx_in_the_block_leaves_nn_module_alone_and_traces_the_same_graph() -> None:
+    """make_fx's tracer swaps ``nn.Module.__getattr__``/``__call__`` for
+    wrappers that change nothing: in the block it does not (the module
+    sees torch's own methods) and the graph is the same."""
+    module = _Recording()
+    outside = _make_fx_code(module)
+    assert module.seen == [(False, False)]  # torch's trace: both wrapped
+    with torch_internals.module_patches_skipped():
+        inside = _make_fx_code(module)
+    assert module.seen[1:] == [(True, True)]
+    assert inside == outside
+    assert "addmm" in inside and "relu" in inside
+
+
+def test_other_tracers_are_patched_in_the_block() -> None:
+    """``torch.fx.symbolic_trace``'s tracer records submodule calls and
+    parameter reads through the wrappers: patched as torch patches it, the
+    same graph (leaf modules as ``call_module``)."""
+    module = _Recording()
+    outside = torch.fx.symbolic_trace(module)
+    with torch_internals.module_patches_skipped():
+        inside = torch.fx.symbolic_trace(module)
+    assert module.seen == [(False, False), (False, False)]
+    assert str(inside.code) == str(outside.code)
+    assert [n.op for n in inside.graph.nodes].count("call_module") == 2
+
+
+def test_a_make_fx_under_another_tracers_wrappers_patches_as_torch_does() -> None:
+    """Where ``nn.Module.__call__`` is not torch's own (another trace's
+    wrapper is installed), the block patches as torch does: the module's
+    calls go to make_fx's wrapper, not to the one found."""
+    import torch.fx._symbolic_trace as symbolic_trace
+
+    found_calls: list[int] = []
+    original = torch.nn.Module.__call__
+
+    def other_wrapper(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        found_calls.append(1)
+        return original(self, *args, **kwargs)
+
+    module = _Recording()
+    torch.nn.Module.__call__ = other_wrapper  # type: ignore[method-assign]
+    try:
+        with torch_internals.module_patches_skipped():
+            inside = _make_fx_code(module)
+        assert torch.nn.Module.__call__ is other_wrapper
+    finally:
+        torch.nn.Module.__call__ = original  # type: ignore[method-assign]
+    assert module.seen == [(False, True)]  # __call__ wrapped by make_fx, __getattr__ torch's own
+    assert not found_calls  # make_fx's wrapper calls torch's original, as without the block
+    assert torch.nn.Module.__call__ is symbolic_trace._orig_module_call
+    assert "addmm" in inside and "relu" in inside
+
+
+def test_module_patches_skipped_restores_torch() -> None:
+    import torch.fx._symbolic_trace as symbolic_trace
+
+    original = symbolic_trace._new_patcher
+    with torch_internals.module_patches_skipped():
+        with torch_internals.module_patches_skipped():
+            assert symbolic_trace._new_patcher is not original
+        assert symbolic_trace._new_patcher is not original
+    assert symbolic_trace._new_patcher is original
+    with pytest.raises(RuntimeError, match="inside"):
+        with torch_internals.module_patches_skipped():
+            raise RuntimeError("inside")
+    assert symbolic_trace._new_patcher is original
+    assert symbolic_trace.CURRENT_PATCHER is None
+
+
+def test_compile_traces_without_patching_nn_module() -> None:
+    """The single trace of ``hloalias.compile`` runs the model with
+    ``nn.Module``'s own methods (no class-wide patch per trace), and the
+    program is eager's."""
+    module = _Recording()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        expected = module(x)
+    module.seen.clear()
+    compiled = hloalias.compile(module, (x,))
+    assert module.seen and all(seen == (True, True) for seen in module.seen)
+    torch.testing.assert_close(compiled(x), expected)
