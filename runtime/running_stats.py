@@ -18,6 +18,9 @@ nothing:
   module, skipped while torch traces, no part of any program or cache
   key): a train-mode eager forward first copies in what calls left, then
   has the slots read the statistics in at the next call.
+- In a ``torch.compile`` graph of another backend the pre-hook is traced,
+  not run: tracing it wraps the backend so that each run of that graph
+  has the statistics read in (:func:`_noted_after_each_run`).
 - A batch-norm function called on statistics that a call left stale (a
   training step's, a train-mode forward program's) runs through the stale
   class's hook, which calls :func:`_after_batch_norm` after it: in train
@@ -31,12 +34,15 @@ statistics, and only after such an eager run."""
 
 from __future__ import annotations
 
+import sys
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from hloalias.runtime.state import (
-    _AFTER_EAGER_RUN, _AGREEMENTS, _RUNNING_STATS, _SLOTS_OF_TENSOR, _SYNC_HOOK, _StateSlot, _tracing,
+    _AFTER_EAGER_RUN, _AGREEMENTS, _RUNNING_STATS, _InputsBroughtIn, _SLOTS_OF_TENSOR, _SYNC_HOOK, _StateSlot, _tracing,
     link_running_stats, refresh_stale,
 )
 
@@ -64,11 +70,64 @@ def _train_forward_updates_stats(module: torch.nn.Module, args: Any) -> None:
     """A train-mode eager forward of a module whose statistics have no
     counter may update them uncounted: copy in what calls left first, then
     have the next call read them in."""
-    if not module.training or _tracing(args):
+    if not module.training:
+        return
+    if torch.compiler.is_compiling():
+        _noted_after_each_run(module)
+        return
+    if _tracing(args):
         return
     stats = [module._buffers.get(name) for name in _RUNNING_STATS]
     refresh_stale(stats, f"an eager forward of {type(module).__name__}")
     _note_uncounted_writes(stats)
+
+
+def _noted_after_each_run(module: torch.nn.Module) -> bool:
+    """Called when dynamo traces the pre-hook (a train-mode forward in a
+    ``torch.compile`` graph): dynamo runs it once, at trace time (marked
+    constant, as ``state._inputs_brought_in_by_this_graph`` is), and it
+    wraps the backend so that each run of the graph it compiles then has
+    ``module``'s statistics read in by the next call.  Not for the hloalias
+    backend's graphs (their state is on the device, not in the tensors) nor
+    an export capture.  True when it wrapped."""
+    symbolic_convert = sys.modules.get("torch._dynamo.symbolic_convert")
+    tx = getattr(symbolic_convert.tls, "current_tx", None) if symbolic_convert is not None else None
+    output = getattr(tx, "output", None)
+    compiler_fn = getattr(output, "compiler_fn", None)
+    if output is None or compiler_fn is None or getattr(output, "export", False):
+        return False
+    output.compiler_fn = _NotesStatsAfterRuns(compiler_fn, weakref.ref(module))
+    return True
+
+
+# What ``torch._dynamo.assume_constant_result`` sets (without importing dynamo).
+_noted_after_each_run._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+class _NotesStatsAfterRuns:
+    """A dynamo backend (``compiler_fn``) whose compiled graphs, after each
+    run, have ``module``'s running statistics read in by the next call."""
+
+    def __init__(self, compiler_fn: Callable[..., Any], module: "weakref.ref[torch.nn.Module]") -> None:
+        #: Where dynamo looks for the backend a wrapper wraps.
+        self.compiler_fn = compiler_fn
+        self.module = module
+        self.__name__ = getattr(compiler_fn, "__name__", type(compiler_fn).__name__)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        compiled = self.compiler_fn(gm, example_inputs, **kwargs)
+        if getattr(compiled, "brings_inputs_up_to_date", False) and not isinstance(compiled, _InputsBroughtIn):
+            return compiled  # the hloalias backend's graph: its state is the device's
+        module = self.module
+
+        def run(*args: Any) -> Any:
+            result = compiled(*args)
+            found = module()
+            if found is not None:
+                _note_uncounted_writes([found._buffers.get(name) for name in _RUNNING_STATS])
+            return result
+
+        return run
 
 
 # A module-level function (deepcopy and pickle keep it); the hook checks
