@@ -113,6 +113,7 @@ from hloalias.runtime.assembly import input_views
 from hloalias.runtime.execution import run_mesh, run_planned
 from hloalias.runtime.module_hooks import ModuleHooks
 from hloalias.runtime.module_modes import ModuleModes
+from hloalias.runtime.running_stats import watch_running_stats
 from hloalias.runtime.carried_objects import callers_objects, carry_objects
 from hloalias.runtime.gradient_boundary import mark_without_gradient
 from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed, native_values_in_range
@@ -136,7 +137,7 @@ from hloalias.runtime.plan import (
     _CallConvention, _CallPlan, _describe_spec, _IndexCheck, _ProgramFacts, check_index_ranges, computes_nothing,
 )
 from hloalias.runtime.state import (
-    _RUNTIME_READ, StateWatch, _form_text, link_running_stats, _state_group, _StateGroup, _StateSlot, refresh_stale,
+    _RUNTIME_READ, StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
     refuse_inference_state,
 )
 
@@ -703,7 +704,7 @@ class Executable:
             )
             for name, value in program.state.items()
         }
-        link_running_stats(self._slots)
+        watch_running_stats(self._slots, self._group.owner() if self._group.owner is not None else None)
         #: Each state slot once (tied names share one), checked at every call
         #: for changes torch made to the module's tensor (``_sync_from_torch``).
         watched: dict[int, tuple[str, _StateSlot]] = {}

@@ -98,8 +98,6 @@ def _lane_refusal(exe: "Executable", plan: _CallPlan | None) -> str | None:
         return "an output is a rebuilt view, a constant or empty"
     if any(step.slot is not None for step in plan.consumed):
         return "module state is consumed by a donation"
-    if plan.stored_layouts:
-        return "module state is read in another layout or dtype than its buffer's"
     if exe._signature.strided_inputs:
         return "an input's storage layout is read (as_strided) and checked on every call"
     for step in plan.user_steps:
@@ -117,7 +115,7 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
     or the plan is of another kind than the lane runs.  That kind: a CPU
     program that runs, every output one of its results (no rebuilt views,
     constants, empty results), no state consumed (a donated torch input is
-    left as it is), state read in the slots' own form, and every user input either read only or written (or donated) in
+    left as it is), and every user input either read only or written (or donated) in
     place into the runtime buffer backing it.  Calls of that kind whose
     inputs it does not take (another type, layout or memory; an input eager
     refuses to write; overlapping inputs; a consumed or tied donated state

@@ -31,7 +31,12 @@ another way is not checked.  Of a non-plain attribute only a ``config``
 object that the code names is followed (its plain attributes: a
 transformers model's ``output_hidden_states``, ``use_cache``), and of a
 Hugging Face module only ``training`` is checked (its other attributes
-are copies of its ``config``, set at construction)."""
+are copies of its ``config``, set at construction).  Of a transformers
+config the checkpoint bookkeeping that ``save_pretrained`` and
+``from_pretrained`` write (``architectures``, ``dtype``, ``_name_or_path``:
+``_CONFIG_METADATA``) is not checked, since no transformers forward
+computes with it; code outside transformers that names ``config`` and such
+a field keeps it checked."""
 
 from __future__ import annotations
 
@@ -97,6 +102,29 @@ def _class_names(cls: type) -> frozenset[str]:
 #: every such attribute at every call would cost more than the change it
 #: guards against, which no library documents; their ``training`` is checked.
 _SETTINGS_IN_CONFIG = frozenset({"transformers"})
+
+#: Fields of a transformers config that record where the weights came from
+#: and how to load them again, not how to compute: ``save_pretrained`` sets
+#: ``architectures`` (to ``[class name]``) and ``dtype`` (to the weights'
+#: dtype name, ``"float32"``) and deletes ``transformers_weights``;
+#: ``from_pretrained`` sets ``_name_or_path``.  A user who checkpoints
+#: mid-training changes them between two calls.  transformers' own forward
+#: code does not read them (its modeling code reads ``architectures``,
+#: ``_name_or_path`` and ``transformers_version`` only when loading; it reads
+#: ``config.dtype`` in a forward only as the cast target of a quantized
+#: model's flash-attention kernel, ``integrations/flash_attention.py``, a
+#: CUDA kernel no program here runs), so they are not checked, unless code
+#: outside transformers that the program runs (a user's module class, the
+#: compiled function) names one: then it is, as any other setting.
+_CONFIG_METADATA = frozenset({"architectures", "dtype", "_name_or_path", "transformers_version",
+                              "transformers_weights", "_commit_hash"})
+
+def _library_config(cls: type) -> bool:
+    """Whether ``cls`` is (or derives from) a config class of a library of
+    ``_SETTINGS_IN_CONFIG``: a user's config subclass gets its fields set
+    by the same ``save_pretrained``."""
+    return any(klass.__module__.split(".")[0] in _SETTINGS_IN_CONFIG for klass in cls.__mro__)
+
 
 class _Identity:
     """A tensor or module a function reads from its enclosing scope, equal
@@ -243,6 +271,10 @@ class ModuleModes:
         entries: list[_Entry] = []
         scopes: list[_FunctionScope] = []
         seen: set[int] = set()
+        # The names code outside the config libraries uses (a user's module
+        # class, the compiled function): metadata it names is checked.
+        outside_names: set[str] = set()
+        configs: list[tuple[Any, str]] = []
         for target in targets:
             function = _plain_function(target)
             if function is not None:
@@ -250,6 +282,7 @@ class ModuleModes:
                 scopes.append(scope)
                 _record(entries, scope, frozenset(scope.__dict__), f"{function.__qualname__}'s enclosing scope")
             for root, caller_names in modules_run_by(target):
+                outside_names |= caller_names
                 for name, module in root.named_modules(remove_duplicate=False):
                     if id(module) in seen:
                         continue
@@ -257,6 +290,8 @@ class ModuleModes:
                     names = class_names = _class_names(type(module))
                     if type(module).__module__.split(".")[0] in _SETTINGS_IN_CONFIG:
                         names = names & {"training"}
+                    else:
+                        outside_names |= class_names
                     if module is root:
                         names = names | caller_names
                     label = f"{type(module).__name__} '{name}'" if name else type(module).__name__
@@ -267,9 +302,16 @@ class ModuleModes:
                         # forward reads its flags (output_hidden_states,
                         # use_cache) through it; every plain one counts.
                         seen.add(id(config))
-                        settings = getattr(config, "__dict__", None)
-                        if isinstance(settings, dict):
-                            _record(entries, config, frozenset(settings), f"{type(config).__name__} (config of {label})")
+                        configs.append((config, f"{type(config).__name__} (config of {label})"))
+        for config, label in configs:
+            settings = getattr(config, "__dict__", None)
+            if isinstance(settings, dict):
+                names = frozenset(settings)
+                if _library_config(type(config)):
+                    # Outside code reaches a config as ``.config`` (the
+                    # only one followed here) and then names the field.
+                    names -= _CONFIG_METADATA - (outside_names if "config" in outside_names else set())
+                _record(entries, config, names, label)
         return cls(tuple(entries), tuple(scopes)) if entries else None
 
     def without_written(self, before: "ModuleModes | None") -> "ModuleModes | None":

@@ -648,7 +648,11 @@ class _CallPlan:
         and ``user_arrays``."""
         state = self.state_arrays
         if state is None:
-            state = self.state_arrays = [slot.array for slot in self.state_slots]
+            state = [slot.array for slot in self.state_slots]
+            # Cached only while every slot holds the form this program reads:
+            # the native call path passes the cached list as it is.
+            if not any(slot.layout != layout or slot.bits != bits for _, _, slot, layout, bits in self.stored_layouts):
+                self.state_arrays = state
         if self.stored_layouts:
             state = list(state)  # the copies below are this call's only
             for position, name, slot, layout, bits in self.stored_layouts:
@@ -770,7 +774,11 @@ class _NativeSteps:
                 for result in plan.outputs
             ),
             tuple(step.index for step in plan.kept), mode,
-            len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots), len(plan.state_slots),
+            # The lane's refill would cache this call's list, copies into
+            # this program's form included: state read in a stored form
+            # leaves the cache to ``_CallPlan.arguments``.
+            len({id(slot) for slot in plan.state_slots}) == len(plan.state_slots) and not plan.stored_layouts,
+            len(plan.state_slots),
             tuple((row_of[check.index], check.low, check.high) for check in exe._index_checks),
         )
 

@@ -491,9 +491,9 @@ class _StateSlot:
         and the next call reads it in.  The per-call check watches the
         counter's tensor already (it is a slot of the same program).  A
         lagging slot ignores it: the calls' value is newer, and a forward
-        brings it in before reading it.  Not seen: ``F.batch_norm`` called
-        on the statistics outside a module forward (nothing is counted),
-        a module without ``num_batches_tracked``."""
+        brings it in before reading it.  A module without
+        ``num_batches_tracked``, and ``F.batch_norm`` on statistics a call
+        left stale: ``runtime/running_stats.py``."""
         if self.stats_counter is None and counter is not self:
             self.stats_counter = counter
             self._note_counter()
@@ -703,7 +703,14 @@ class _StaleTensorHook:
             with _RUNTIME_READ():
                 return func(*args, **kwargs)
         refresh_stale(torch.utils._pytree.tree_leaves((args, kwargs)), getattr(func, "__name__", repr(func)))
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        try:
+            after = _AFTER_EAGER_RUN.get(func)
+        except TypeError:  # unhashable
+            after = None
+        if after is not None:
+            after(args, kwargs)
+        return result
 
     # Not routed through ``__torch_function__`` by Parameter: bring the
     # tensor in, then copy or pickle it as its own class does.
@@ -717,6 +724,11 @@ class _StaleTensorHook:
 
 
 _STALE_CLASSES: dict[type, type] = {}
+
+#: Torch functions that change a tensor uncounted, run on a stale one: what
+#: the hook calls after (``runtime/running_stats.py`` fills it: a train-mode
+#: ``F.batch_norm`` updates the running statistics without a version).
+_AFTER_EAGER_RUN: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], None]] = {}
 
 
 def _stale_class(fresh: type) -> type:

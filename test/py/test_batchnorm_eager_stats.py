@@ -9,8 +9,13 @@ training step and for a forward program, in train and eval mode.  Before,
 the calls ran on the device's old statistics: ``running_mean`` off by
 ~0.1 after five rounds here, the eval program's output by ~4e-3.
 
-Not covered (docs/runtime.md): ``F.batch_norm`` on the module's buffers
-outside a module forward, which counts nothing."""
+A norm module with running statistics and no ``num_batches_tracked``
+(deleted, a custom module) and ``F.batch_norm`` called on statistics a
+call left stale are read in too (runtime/running_stats.py); before, both
+ran the next calls on the device's old statistics.
+
+Not covered (docs/runtime.md): ``F.batch_norm`` outside a module forward on
+statistics no call left stale (an eval program's), which nothing sees."""
 
 from __future__ import annotations
 
@@ -69,6 +74,10 @@ _EAGER_FORWARDS: dict[str, Callable[[torch.nn.Module, torch.Tensor], Any]] = {
     "module": lambda model, x: model(x),
     "submodule": lambda model, x: model.bn(model.conv(x)),
     "dynamo-eager": lambda model, x: torch.compile(model, backend="eager")(x),
+    # Counts nothing: seen by the stale statistics' hook (running_stats.py).
+    "functional": lambda model, x: F.batch_norm(
+        model.conv(x), model.bn.running_mean, model.bn.running_var, training=True
+    ),
 }
 
 
@@ -165,3 +174,117 @@ def test_statistics_are_not_uploaded_again_without_an_eager_train_forward(monkey
     assert sorted(refreshed) == sorted(
         f"buffer.bn.{name}" for name in ("num_batches_tracked", "running_mean", "running_var")
     )
+
+
+class _CustomNorm(torch.nn.Module):
+    """Running statistics and no ``num_batches_tracked``."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.register_buffer("running_mean", torch.zeros(features))
+        self.register_buffer("running_var", torch.ones(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.batch_norm(x, self.running_mean, self.running_var, training=self.training, momentum=0.2)
+
+
+class _Uncounted(torch.nn.Module):
+    def __init__(self, custom: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(6, 4)
+        if custom:
+            self.bn: torch.nn.Module = _CustomNorm(4)
+        else:
+            self.bn = torch.nn.BatchNorm1d(4)
+            self.bn.num_batches_tracked = None
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.bn(self.fc(x))))
+
+
+_UNCOUNTED_FORWARDS: dict[str, Callable[[torch.nn.Module, torch.Tensor], Any]] = {
+    "module": lambda model, x: model(x),
+    "submodule": lambda model, x: model.bn(model.fc(x)),
+    "dynamo-eager": lambda model, x: torch.compile(model, backend="eager")(x),
+    "functional": lambda model, x: F.batch_norm(
+        model.fc(x), model.bn.running_mean, model.bn.running_var, training=True
+    ),
+}
+
+
+def _uncounted_batches(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 6, generator=generator), torch.randn(8, 2, generator=generator)) for _ in range(count)]
+
+
+@pytest.mark.parametrize("custom", [False, True], ids=["no-counter", "custom-norm"])
+@pytest.mark.parametrize("forward", sorted(_UNCOUNTED_FORWARDS))
+@pytest.mark.parametrize("path", PATHS)
+def test_uncounted_statistics_updated_between_training_steps_are_read_in(
+    custom: bool, forward: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: ``running_mean`` off by ~0.1 after the steps that followed."""
+    torch._dynamo.reset()
+    reference = _Uncounted(custom)
+    model = copy.deepcopy(reference)
+    reference_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = _uncounted_batches(4)
+    monkeypatch.setenv("HLOALIAS_NATIVE", "1" if path == "native" else "0")
+    train = hloalias.compile_training_step(_step_fn(model, opt), model, opt, batches[0])
+    reference_step = _step_fn(reference, reference_opt)
+    run_eagerly = _UNCOUNTED_FORWARDS[forward]
+    for x, y in batches[:2]:
+        train(x, y)
+        reference_step(x, y)
+        with torch.no_grad():
+            run_eagerly(model, x + 1)
+            run_eagerly(reference, x + 1)
+    for x, y in batches[2:]:
+        train(x, y)
+        reference_step(x, y)
+    _assert_same_state(model, reference)
+
+
+@pytest.mark.parametrize("custom", [False, True], ids=["no-counter", "custom-norm"])
+@pytest.mark.parametrize("path", PATHS)
+def test_eval_program_reads_uncounted_statistics_of_eager_training(
+    custom: bool, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the eval program's output off by ~5e-2."""
+    reference = _Uncounted(custom).eval()
+    model = copy.deepcopy(reference)
+    x = _uncounted_batches(1)[0][0]
+    exe = compile_on(path, monkeypatch, model, (x,), lane=False)
+    for i in range(2):
+        torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+        for m in (model, reference):
+            m.train()
+            with torch.no_grad():
+                m(x * 2 + i)
+            m.eval()
+    torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+
+
+def test_the_statistics_hook_is_no_part_of_the_program() -> None:
+    """The pre-hook on a module without a counter is registered once, is no
+    user hook (the hook check does not refuse, the compile caches still
+    key the module), and does nothing in eval mode."""
+    model = _Uncounted(custom=False).eval()
+    x = _uncounted_batches(1)[0][0]
+    exe = hloalias.compile(model, (x,))
+    again = hloalias.compile(model, (x,))
+    assert len(model.bn._forward_pre_hooks) == 1
+    torch.testing.assert_close(exe(x), again(x))
+    with torch.no_grad():
+        model(x)  # eval: nothing to read in
+    refreshed: list[str] = []
+    original = state_module._StateSlot.refresh_from_torch
+    try:
+        state_module._StateSlot.refresh_from_torch = lambda slot, name: (refreshed.append(name), original(slot, name))[1]  # type: ignore[method-assign]
+        exe(x)
+    finally:
+        state_module._StateSlot.refresh_from_torch = original  # type: ignore[method-assign]
+    assert refreshed == []

@@ -11,6 +11,7 @@ the program baked the old value in."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -274,3 +275,68 @@ def test_a_transformers_config_flag_set_after_compiling_is_refused_and_jit_compi
             torch.testing.assert_close(a, b)
         model.config.output_hidden_states = False
         assert f(ids).hidden_states is None and f.stats.hits == 1
+
+
+def test_save_pretrained_between_calls_runs_on_compile_and_training_step(tmp_path: Any) -> None:
+    """``model.save_pretrained(dir)`` sets ``config.architectures`` and
+    ``config.dtype`` (checkpoint bookkeeping no forward computes with): a
+    user who checkpoints mid-training kept getting an ExecutionError on the
+    next call.  The checkpoint holds the trained values, and the calls after
+    it equal eager's."""
+    transformers = pytest.importorskip("transformers")
+    ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(2))
+    model = _tiny_llama()
+    exe = hloalias.compile(model, (ids,), {"use_cache": False})
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        torch.testing.assert_close(exe(ids, use_cache=False).logits, want)
+        model.save_pretrained(tmp_path / "inference")
+        assert model.config.architectures == ["LlamaForCausalLM"]
+        torch.testing.assert_close(exe(ids, use_cache=False).logits, want)
+
+    eager, model = _tiny_llama().train(), _tiny_llama().train()
+
+    def stepper(m: torch.nn.Module, opt: torch.optim.Optimizer) -> Any:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            opt.zero_grad()
+            loss = m(input_ids=x, labels=x, use_cache=False).loss
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    eager_step = stepper(eager, torch.optim.SGD(eager.parameters(), lr=0.1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train = hloalias.compile_training_step(stepper(model, opt), model, opt, (ids,))
+    for _ in range(2):
+        torch.testing.assert_close(train(ids), eager_step(ids))
+    model.save_pretrained(tmp_path / "training")
+    two_steps = {name: value.detach().clone() for name, value in eager.state_dict().items()}
+    torch.testing.assert_close(train(ids), eager_step(ids))
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "training")
+    for name, value in loaded.state_dict().items():  # the checkpoint holds the two steps' values
+        torch.testing.assert_close(value, two_steps[name], msg=name)
+    for (name, got), want_p in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(got, want_p, msg=name)
+
+
+def test_a_user_forward_naming_the_config_dtype_keeps_it_checked() -> None:
+    """The bookkeeping fields are free only where no code outside
+    transformers names them: a user's module that reads
+    ``self.config.dtype`` is refused after it changes."""
+    transformers = pytest.importorskip("transformers")
+
+    class Cast(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = transformers.PretrainedConfig(dtype=torch.float32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.to(self.config.dtype) * 2
+
+    model = Cast()
+    exe = hloalias.compile(model, (torch.ones(3, dtype=torch.float64),))
+    exe(torch.ones(3, dtype=torch.float64))
+    model.config.dtype = torch.float64
+    with pytest.raises(ExecutionError, match=r"attribute 'dtype' of PreTrainedConfig \(config of Cast\)"):
+        exe(torch.ones(3, dtype=torch.float64))

@@ -470,3 +470,54 @@ def test_fixed_layouts_go_to_the_pass_without_options() -> None:
     assert with_fixed_layouts(DEFAULT_PIPELINE, ("a.weight:torch",)) == DEFAULT_PIPELINE
     own = "builtin.module(permute-conv-kernel-state{layouts=a.weight:torch})"
     assert with_fixed_layouts(own, ("a.weight:2.3.1.0",)) == own
+
+
+class NormedConv(torch.nn.Module):
+    """A CNN forward: its kernel is read in the stored layout, and in train
+    mode it writes its batch-norm statistics (a state commit per call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(7)
+        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor, mode: str = "conv") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.bn(self.conv(x)))
+        if mode == "view":
+            return y, self.conv.weight[0]
+        return y
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_a_cnn_forward_reading_its_kernel_stored_runs_on_the_native_path(
+    training: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lane refused every program reading state in a stored layout
+    ("module state is read in another layout or dtype than its buffer's"),
+    though the slot holds that layout: a CNN forward took the Python path.
+    It runs natively now; when a later program moves the kernel back to
+    torch's layout, each call copies it into this program's (counted, as on
+    the Python path) and stays equal to eager."""
+    from test_runtime_transaction import compile_on
+
+    model = NormedConv().train(training)
+    eager = copy.deepcopy(model)
+    x = _pixels(2, 4, 8, 8)
+    exe = compile_on("native", monkeypatch, model, (x,), lane=True)
+    assert exe._stored_layouts == {"conv.weight": HWIO} and exe._slots["conv.weight"].layout == HWIO
+    with torch.no_grad():
+        for i in range(3):
+            torch.testing.assert_close(exe(x + i), eager(x + i), rtol=1e-5, atol=1e-5)
+        assert exe._lane.counts["calls"] == 3 and exe.host_copies == {}
+        viewing = hloalias.compile(model, (x, "view"))
+        assert exe._slots["conv.weight"].layout is None
+        viewing(x, "view")
+        eager(x, "view")
+        for i in range(3):
+            torch.testing.assert_close(exe(x - i), eager(x - i), rtol=1e-5, atol=1e-5)
+    assert exe.host_copies == {"conv.weight": 3}
+    assert exe._lane.counts["calls"] == 6
+    state, expected = exe.state_dict(), eager.state_dict()
+    for name, value in expected.items():
+        torch.testing.assert_close(state[name], value, rtol=1e-5, atol=1e-5, msg=name)
