@@ -42,6 +42,7 @@ from hloalias.errors import TorchImportError
 from hloalias.legalize import legalize_tensor_constants
 from hloalias.mlir import (
     find_main,
+    compile_context,
     format_diagnostics,
     new_context,
     parse_module,
@@ -402,7 +403,7 @@ def _import_decomposed(
     state = with_sources(f, _state(exported, signature))
 
     mark = observe.start("FX import")
-    context = new_context()
+    context = compile_context()  # the compile's pooled context (hloalias/mlir.py), if it holds one
     importer = fx_importer_class()(context=context)
     try:
         importer.import_stateless_graph(exported.graph_module.graph, func_name="main")
