@@ -34,16 +34,18 @@ from torch.export import ExportedProgram
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
-from torch_mlir import ir, passmanager
+from torch_mlir import ir
 
 from hloalias import attributes as A, observe
 from hloalias.contract import ArgRecord, IndexRange, ResultRecord
 from hloalias.errors import TorchImportError
 from hloalias.legalize import legalize_tensor_constants
 from hloalias.mlir import (
-    find_main,
     compile_context,
+    drop_pass_manager,
+    find_main,
     format_diagnostics,
+    lowering_pass_manager,
     new_context,
     parse_module,
     print_module,
@@ -1554,8 +1556,11 @@ def _lower(
     with module.context:
         module.context.emit_error_diagnostics = False
         try:
-            passmanager.PassManager.parse(pipeline).run(module.operation)
+            # The leased context's pass manager of an earlier compile, if any
+            # (hloalias/mlir.py): it skips the set-up of each pass.
+            lowering_pass_manager(pipeline, module.context).run(module.operation)
         except ir.MLIRError as error:
+            drop_pass_manager(pipeline, module.context)
             path = write_repro(print_module(before, debug_info=True), "import")
             culprit = _unlowered_op(module)
             if culprit is not None:

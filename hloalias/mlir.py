@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import ParamSpec, TypeVar
 
-from torch_mlir import ir
+from torch_mlir import ir, passmanager
 from torch_mlir._mlir_libs import _stablehlo
 from torch_mlir.dialects import func
 from torch_mlir.dialects import torch as torch_dialect
@@ -76,12 +76,13 @@ class ContextLease:
 
 
 class _PooledContext:
-    __slots__ = ("context", "uses", "charged", "pid")
+    __slots__ = ("context", "uses", "charged", "pid", "pass_managers")
 
     def __init__(self, context: ir.Context) -> None:
         self.context = context
         self.uses = 0
         self.charged = 0
+        self.pass_managers: dict[str, passmanager.PassManager] = {}
         self.pid = os.getpid()  # a forked child never takes it back (ContextPool._after_fork)
 
 
@@ -203,6 +204,33 @@ def leasing_context(function: Callable[_P, _R]) -> Callable[_P, _R]:
     leased.__module__ = function.__module__
     leased.__wrapped__ = function  # type: ignore[attr-defined]
     return leased
+
+
+def lowering_pass_manager(pipeline: str, context: ir.Context) -> passmanager.PassManager:
+    """A ``PassManager`` for ``pipeline`` (textual, passes of torch-mlir's
+    C++ only: no Python pass, whose reports a run would bind) in
+    ``context``.  In this thread's leased context, the one parsed for an
+    earlier compile there: a pass manager initializes its passes on its
+    first run (the canonicalizer gathers every loaded op's patterns), and
+    again only when the context's dialects or registered operations
+    changed since (MLIR keys the initialization on the context's registry
+    hash), so a reused one runs as a new one would.  Elsewhere, a new one.
+    :func:`drop_pass_manager` after a failed run."""
+    lease = CONTEXT_POOL.current()
+    if lease is None or lease.context is not context:
+        return passmanager.PassManager.parse(pipeline, context)
+    cached = lease._slot.pass_managers.get(pipeline)
+    if cached is None:
+        cached = lease._slot.pass_managers[pipeline] = passmanager.PassManager.parse(pipeline, context)
+    return cached
+
+
+def drop_pass_manager(pipeline: str, context: ir.Context) -> None:
+    """Parse ``pipeline`` anew at its next :func:`lowering_pass_manager` (a run of
+    it failed: its passes' state is not reused)."""
+    lease = CONTEXT_POOL.current()
+    if lease is not None and lease.context is context:
+        lease._slot.pass_managers.pop(pipeline, None)
 
 
 def compile_context() -> ir.Context:

@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture
-def pool(monkeypatch: pytest.MonkeyPatch) -> ContextPool:
+def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[ContextPool]:
     """The process's pool, emptied, with every cache off (each compile
     imports again)."""
     monkeypatch.setenv("HLOALIAS_CACHE", "0")
@@ -216,3 +216,54 @@ def test_pool_size_is_bounded(pool: ContextPool, monkeypatch: pytest.MonkeyPatch
         thread.join()
         assert done.is_set() and other[0] is not first.context
     assert len(mlir.CONTEXT_POOL._idle) == 1
+
+
+def _programs() -> list[tuple[str, Any, tuple[torch.Tensor, ...]]]:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 4)
+    conv = torch.nn.Conv2d(3, 4, 3)
+    norm = torch.nn.LayerNorm(8)
+    return [
+        ("seed", lambda x: (x, x[0:8].view(2, 4)), (torch.randn(16),)),
+        ("linear", linear, (torch.randn(2, 8),)),
+        ("erf_bf16", lambda x: torch.erf(x).to(torch.bfloat16).sum(0), (torch.randn(4, 8),)),
+        ("conv", conv, (torch.randn(1, 3, 6, 6),)),
+        ("softmax_norm", lambda x: torch.softmax(norm(x), -1).cumsum(0), (torch.randn(3, 8),)),
+        ("index_put", lambda x, i: x.index_put((i,), torch.ones(2, 8)), (torch.randn(5, 8), torch.tensor([0, 3]))),
+        ("matmul_relu", lambda a, b: torch.relu(a @ b).amax(1), (torch.randn(4, 6), torch.randn(6, 5))),
+    ]
+
+
+def test_reused_context_and_pass_managers_give_a_new_contexts_modules(
+    pool: ContextPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each program, compiled in one reused context after the others (and
+    twice: the lowering's pass managers run again), has the final module
+    it has compiled in a new context, and computes what eager does."""
+    programs = _programs()
+    monkeypatch.setattr(pool, "max_uses", 1)
+    fresh = {name: hloalias.compile(fn, args).mlir for name, fn, args in programs}
+    pool.clear()
+    monkeypatch.setattr(pool, "max_uses", 100)
+    seen = _contexts_of_compiles(monkeypatch)
+    for _ in range(2):
+        for name, fn, args in programs:
+            hloalias.clear_cache()
+            exe = hloalias.compile(fn, args)
+            assert exe.mlir == fresh[name], name
+            torch.testing.assert_close(exe(*args), fn(*args))
+    assert len({id(context) for context in seen}) == 1
+
+
+def test_lowering_pass_managers_are_kept_per_leased_context(pool: ContextPool) -> None:
+    pipeline = "builtin.module(canonicalize)"
+    with context_lease() as lease:
+        first = mlir.lowering_pass_manager(pipeline, lease.context)
+        assert mlir.lowering_pass_manager(pipeline, lease.context) is first
+        other = mlir.new_context()
+        assert mlir.lowering_pass_manager(pipeline, other) is not mlir.lowering_pass_manager(pipeline, other)
+        mlir.drop_pass_manager(pipeline, lease.context)  # after a failed run
+        assert mlir.lowering_pass_manager(pipeline, lease.context) is not first
+    # Outside the lease the context's pass managers are not handed out.
+    assert mlir.lowering_pass_manager(pipeline, lease.context) is not mlir.lowering_pass_manager(
+        pipeline, lease.context)
