@@ -211,11 +211,12 @@ def lowering_pass_manager(pipeline: str, context: ir.Context) -> passmanager.Pas
     C++ only: no Python pass, whose reports a run would bind) in
     ``context``.  In this thread's leased context, the one parsed for an
     earlier compile there: a pass manager initializes its passes on its
-    first run (the canonicalizer gathers every loaded op's patterns), and
-    again only when the context's dialects or registered operations
-    changed since (MLIR keys the initialization on the context's registry
-    hash), so a reused one runs as a new one would.  Elsewhere, a new one.
-    :func:`drop_pass_manager` after a failed run."""
+    first run (the canonicalizer gathers every loaded op's patterns) and
+    again only when the context's registry hash (its counts of loaded
+    dialects and registered operations, attributes, types) changed since,
+    so a reused one runs as a new one would on the context as it is now
+    (``test_context_pool.py`` compares the final modules).  Elsewhere, a
+    new one.  :func:`drop_pass_manager` after a failed run."""
     lease = CONTEXT_POOL.current()
     if lease is None or lease.context is not context:
         return passmanager.PassManager.parse(pipeline, context)
