@@ -34,15 +34,18 @@ from torch.export import ExportedProgram
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
-from torch_mlir import ir, passmanager
+from torch_mlir import ir
 
 from hloalias import attributes as A, observe
 from hloalias.contract import ArgRecord, IndexRange, ResultRecord
 from hloalias.errors import TorchImportError
 from hloalias.legalize import legalize_tensor_constants
 from hloalias.mlir import (
+    compile_context,
+    drop_pass_manager,
     find_main,
     format_diagnostics,
+    lowering_pass_manager,
     new_context,
     parse_module,
     print_module,
@@ -403,7 +406,7 @@ def _import_decomposed(
     state = with_sources(f, _state(exported, signature))
 
     mark = observe.start("FX import")
-    context = new_context()
+    context = compile_context()  # the compile's pooled context (hloalias/mlir.py), if it holds one
     importer = fx_importer_class()(context=context)
     try:
         importer.import_stateless_graph(exported.graph_module.graph, func_name="main")
@@ -1554,11 +1557,13 @@ def _lower(
     with module.context:
         module.context.emit_error_diagnostics = False
         try:
-            # Verified once, after the last pass (hloalias/pass_runs.py):
-            # MLIR's verifier after each of the pipeline's passes cost
-            # about as much as the passes (bench/RESULTS-latency.md).
-            run_verifying_result(passmanager.PassManager.parse(pipeline), module.operation)
+            # The leased context's pass manager of an earlier compile, if any
+            # (hloalias/mlir.py): it skips the set-up of each pass.  Verified
+            # once, after the last pass (hloalias/pass_runs.py): MLIR's
+            # verifier after each pass cost about as much as the passes.
+            run_verifying_result(lowering_pass_manager(pipeline, module.context), module.operation)
         except ir.MLIRError as error:
+            drop_pass_manager(pipeline, module.context)
             path = write_repro(print_module(before, debug_info=True), "import")
             culprit = _unlowered_op(module)
             if culprit is not None:

@@ -1,13 +1,18 @@
 """Small helpers over torch-mlir's MLIR Python bindings shared by the
-importer, the passes and the command line: contexts, parsing with readable
-diagnostics, ``@main`` signature access and tensor type facts."""
+importer, the passes and the command line: contexts (new ones, and the
+bounded reuse of one across compiles: :func:`context_lease`), parsing with
+readable diagnostics, ``@main`` signature access and tensor type facts."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import ParamSpec, TypeVar
 
-from torch_mlir import ir
+from torch_mlir import ir, passmanager
 from torch_mlir._mlir_libs import _stablehlo
 from torch_mlir.dialects import func
 from torch_mlir.dialects import torch as torch_dialect
@@ -42,6 +47,198 @@ def new_context() -> ir.Context:
     torch_dialect.register_dialect(context)
     _stablehlo.register_dialect(context)
     return context
+
+
+class ContextLease:
+    """One compile's hold on a pooled context (:func:`context_lease`).
+    ``charge`` adds to the context's byte budget (the size of what the
+    compile made in it); ``retire`` ends the context's reuse when this
+    lease ends."""
+
+    __slots__ = ("context", "_slot", "_charged", "_retire")
+
+    def __init__(self, context: ir.Context, slot: "_PooledContext") -> None:
+        self.context = context
+        self._slot = slot
+        self._charged = 0
+        self._retire = False
+
+    def charge(self, size: int) -> None:
+        """Count ``size`` bytes (a module's printed size: its attributes,
+        types and resource blobs stay uniqued in the context after the
+        module is gone) against the context's budget."""
+        self._charged += size
+
+    def retire(self) -> None:
+        """Hand the context to no later compile (it stays alive while any
+        module in it does)."""
+        self._retire = True
+
+
+class _PooledContext:
+    __slots__ = ("context", "uses", "charged", "pid", "pass_managers")
+
+    def __init__(self, context: ir.Context) -> None:
+        self.context = context
+        self.uses = 0
+        self.charged = 0
+        self.pass_managers: dict[str, passmanager.PassManager] = {}
+        self.pid = os.getpid()  # a forked child never takes it back (ContextPool._after_fork)
+
+
+class ContextPool:
+    """MLIR contexts reused across compiles, each for a bounded budget.
+
+    A context costs its set-up every compile when new (dialect loading,
+    registration; the dialects a lowering pipeline pulls in load again in
+    each new context).  One context kept forever would instead keep every
+    import's uniqued attributes, types and resource blobs alive, for good:
+    MLIR frees none of them before the context.  So a context serves at
+    most ``max_uses`` leases, and none after its leases charged
+    ``max_bytes`` (:meth:`ContextLease.charge`); then the pool drops it and
+    the next lease gets a new one.  A dropped context is never handed out
+    again; it is freed when the last module in it is (Python's references
+    keep it alive until then), so nothing made in it is ever used after it
+    is freed.
+
+    A lease is exclusive: while a thread holds a context, no other lease
+    gets it (concurrent compiles get contexts of their own; up to
+    ``max_idle`` wait in the pool between leases).  MLIR's diagnostics go to
+    the handlers attached to a context, so two compiles running pass
+    pipelines with Python passes in one context at once could report each
+    other's errors; exclusivity rules that out.  Modules of earlier leases
+    stay in the context (a ``Program`` holds its module), and are only
+    read afterwards by their owners (printing, reports), which never runs
+    a pipeline.  ``max_uses`` of 1 gives a new context to every lease."""
+
+    def __init__(self, max_uses: int = 32, max_bytes: int = 1 << 20, max_idle: int = 2) -> None:
+        self.max_uses = max_uses
+        self.max_bytes = max_bytes
+        self.max_idle = max_idle
+        self._lock = threading.Lock()
+        self._idle: list[_PooledContext] = []
+        self._local = threading.local()
+        self.created = 0
+        self.retired = 0
+
+    def current(self) -> ContextLease | None:
+        """This thread's lease, if it holds one."""
+        lease: ContextLease | None = getattr(self._local, "lease", None)
+        return lease
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[ContextLease]:
+        """A context for this thread until the block ends; the thread's
+        own lease again when it holds one already (a compile inside a
+        compile: one thread, one context at a time)."""
+        held = self.current()
+        if held is not None:
+            yield held
+            return
+        slot = None
+        with self._lock:
+            if self._idle:
+                slot = self._idle.pop()
+        if slot is None:
+            slot = _PooledContext(new_context())
+            with self._lock:
+                self.created += 1
+        lease = ContextLease(slot.context, slot)
+        self._local.lease = lease
+        try:
+            yield lease
+        finally:
+            self._local.lease = None
+            slot.uses += 1
+            slot.charged += lease._charged
+            spent = (lease._retire or slot.uses >= self.max_uses or slot.charged >= self.max_bytes
+                     or slot.pid != os.getpid())
+            with self._lock:
+                if spent or len(self._idle) >= self.max_idle:
+                    self.retired += 1
+                else:
+                    # The importer's lowering sets this flag; the next lease
+                    # starts from what new_context gives.
+                    slot.context.emit_error_diagnostics = False
+                    self._idle.append(slot)
+
+    def clear(self) -> None:
+        """Drop every idle context (leases held now end as budgeted)."""
+        with self._lock:
+            self.retired += len(self._idle)
+            self._idle.clear()
+
+    def _after_fork(self) -> None:
+        # A forked child has none of the parent's threads, MLIR's worker
+        # threads of these contexts included: it starts from new contexts.
+        self._lock = threading.Lock()
+        self._idle = []
+        self._local = threading.local()
+
+
+#: The process's pool (:func:`context_lease`, :func:`compile_context`).
+CONTEXT_POOL = ContextPool()
+os.register_at_fork(after_in_child=CONTEXT_POOL._after_fork)
+
+
+def context_lease() -> contextlib.AbstractContextManager[ContextLease]:
+    """A pooled context for this thread's compile (:class:`ContextPool`):
+    :func:`compile_context` answers it until the block ends."""
+    return CONTEXT_POOL.lease()
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def leasing_context(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``function`` inside a :func:`context_lease` (a compile entry point)."""
+
+    def leased(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with CONTEXT_POOL.lease():
+            return function(*args, **kwargs)
+
+    leased.__name__ = function.__name__
+    leased.__qualname__ = function.__qualname__
+    leased.__doc__ = function.__doc__
+    leased.__module__ = function.__module__
+    leased.__wrapped__ = function  # type: ignore[attr-defined]
+    return leased
+
+
+def lowering_pass_manager(pipeline: str, context: ir.Context) -> passmanager.PassManager:
+    """A ``PassManager`` for ``pipeline`` (textual, passes of torch-mlir's
+    C++ only: no Python pass, whose reports a run would bind) in
+    ``context``.  In this thread's leased context, the one parsed for an
+    earlier compile there: a pass manager initializes its passes on its
+    first run (the canonicalizer gathers every loaded op's patterns) and
+    again only when the context's registry hash (its counts of loaded
+    dialects and registered operations, attributes, types) changed since,
+    so a reused one runs as a new one would on the context as it is now
+    (``test_context_pool.py`` compares the final modules).  Elsewhere, a
+    new one.  :func:`drop_pass_manager` after a failed run."""
+    lease = CONTEXT_POOL.current()
+    if lease is None or lease.context is not context:
+        return passmanager.PassManager.parse(pipeline, context)
+    cached = lease._slot.pass_managers.get(pipeline)
+    if cached is None:
+        cached = lease._slot.pass_managers[pipeline] = passmanager.PassManager.parse(pipeline, context)
+    return cached
+
+
+def drop_pass_manager(pipeline: str, context: ir.Context) -> None:
+    """Parse ``pipeline`` anew at its next :func:`lowering_pass_manager` (a run of
+    it failed: its passes' state is not reused)."""
+    lease = CONTEXT_POOL.current()
+    if lease is not None and lease.context is context:
+        lease._slot.pass_managers.pop(pipeline, None)
+
+
+def compile_context() -> ir.Context:
+    """The context this thread's compile makes its modules in: its leased
+    one (:func:`context_lease`), else a new one (:func:`new_context`)."""
+    lease = CONTEXT_POOL.current()
+    return lease.context if lease is not None else new_context()
 
 
 # The first file position in a location: a plain ``loc("f":l:c)``, or the

@@ -90,7 +90,7 @@ from hloalias.observe import traced_compile
 from hloalias.errors import CompileError, DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
 from hloalias.frontend.importer import Program, Stage
 from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verification_scope, verify
-from hloalias.mlir import find_main, print_module
+from hloalias.mlir import CONTEXT_POOL, find_main, leasing_context, print_module
 from hloalias.passes.alias_donated_buffers import AliasDonatedBuffers, AliasReport
 from hloalias.passes.eliminate_view_results import EliminateViewResults, ViewReport
 from hloalias.pipeline import (
@@ -205,6 +205,7 @@ def clear_cache() -> None:
 
 
 @traced_compile
+@leasing_context  # one pooled MLIR context for the import, passes and XLA input (hloalias/mlir.py)
 @verification_scope()  # the contract of a signature seen in this compile is not read again
 def compile(  # noqa: A001 - the name users expect
     f: torch.nn.Module | Callable[..., Any] | ExportedProgram,
@@ -328,6 +329,14 @@ def compile(  # noqa: A001 - the name users expect
         if cached is not None and cached.key is not None:
             program_cache.store(cached.key, f, program, pipeline_text, final_text)
     observe.dump("final", final_text)
+    lease = CONTEXT_POOL.current()
+    if lease is not None and program.torch_mlir_module.context is lease.context:
+        lease.charge(len(final_text))
+        if "dense_resource<" in final_text:
+            # Resource blobs stay in the context (their bytes), and a later
+            # import's blob of the same name would be renamed there, so its
+            # text would differ from a new context's: no reuse after one.
+            lease.retire()
     key = module_cache_key(final_text)
     facts = _ProgramFacts.read(program)
     # Nothing to compute: no results, nothing donated, an empty @main, one

@@ -64,7 +64,7 @@ from torch.export import ExportedProgram
 
 from hloalias import config
 from hloalias.frontend.importer import Program
-from hloalias.mlir import new_context, parse_module, print_module
+from hloalias.mlir import compile_context, parse_module, print_module
 from hloalias.runtime.state import user_forward_pre_hooks
 
 MAX_ENTRIES = 32
@@ -263,7 +263,7 @@ def import_cached(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             cached = None
     if cached is not None:
         text, template = cached
-        module = parse_module(text, new_context())
+        module = parse_module(text, compile_context())
         return Program(module, template.stage, template.signature, template.state)
     program = do_import()
     try:

@@ -39,7 +39,7 @@ import torch.utils._pytree as pytree
 from hloalias import config
 from hloalias.frontend.importer import Program, Stage, _register_transformers_caches
 from hloalias.frontend.torch_internals import quiet_torch_deprecations
-from hloalias.mlir import new_context, parse_module
+from hloalias.mlir import compile_context, parse_module
 from hloalias.runtime import disk_cache
 from hloalias.runtime.source_key import Uncacheable, source_key
 
@@ -206,7 +206,7 @@ def _decode(payload: bytes, f: Any) -> CachedProgram | None:
             else:
                 tensor = torch.load(io.BytesIO(data), weights_only=True)
             state[name] = tensor
-        module = parse_module(entry["final"], new_context())
+        module = parse_module(entry["final"], compile_context())
     except Exception as error:  # an entry of another build, or unreadable
         warnings.warn(f"hloalias program cache: entry not usable ({error}); compiling",
                       disk_cache.CacheWarning, stacklevel=3)
