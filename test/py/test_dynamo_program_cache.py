@@ -119,14 +119,18 @@ def test_an_edited_graph_is_keyed_by_its_new_code() -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 8)
     for make in (lambda gm: gm, _LazyGraphModule.from_graphmodule):
-        gm, inputs = _graph_of(_Block(), x)
-        gm = make(gm)
-        key = _key(gm, inputs)
-        for node in gm.graph.nodes:
-            if node.target is torch.relu:
-                node.target = torch.sigmoid
-        gm.recompile()  # a lazy module's forward is a stub again until used
-        assert _key(gm, inputs) != key, type(gm).__mro__[1].__name__
+        keys = []
+        for activation in (torch.sigmoid, torch.tanh):
+            gm, inputs = _graph_of(_Block(), x)
+            gm = make(gm)
+            unedited = _key(gm, inputs)
+            for node in gm.graph.nodes:
+                if node.target is torch.relu:
+                    node.target = activation
+            gm.recompile()  # a lazy module's forward is a stub again until used
+            keys.append(_key(gm, inputs))
+            assert keys[-1] != unedited
+        assert keys[0] != keys[1], type(gm).__mro__[1].__name__
 
 
 def test_a_sized_graph_is_keyed_by_its_graph_and_sizes() -> None:
