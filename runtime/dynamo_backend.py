@@ -47,6 +47,14 @@ What dynamo hands a backend, and what is done with it:
   one executable per value (:func:`_numbers_as_inputs`).  Guards and graph breaks are
   dynamo's; each subgraph between breaks is a graph of its own here.
 
+- **Across processes**: each graph's compile goes through
+  ``hloalias.compile``'s program cache (:mod:`hloalias.runtime.program_cache`),
+  keyed by the graph's generated code and the metadata of what it reads
+  (:mod:`hloalias.runtime.source_key`): a fresh process that compiles a
+  model compiled before gets every graph's final program from the disk
+  cache (and its executable from XLA's entry), with no ``torch.export``,
+  lowering, passes or XLA compile; dynamo's own tracing still runs.
+
 :func:`compiled_graphs` lists the graphs compiled so far (live ones);
 :func:`explain` reports each with its signatures, compiles and cache hits."""
 

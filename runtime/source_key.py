@@ -16,7 +16,14 @@ fresh ``torch.export`` and lowering would produce the same final module):
   name, class and ``training`` flag.  A class defined outside the
   libraries below is keyed by everything in its ``__dict__`` and those of
   its bases (methods by code, class attributes by value); a library class by
-  its qualified name and the library's version.  Code's globals (for user
+  its qualified name and the library's version.  A ``torch.fx.GraphModule``
+  (the graphs ``torch.compile`` hands the ``hloalias`` backend, and
+  AOTAutograd's) is keyed by the ``forward`` its graph generates (a
+  function of its per-instance class: bytecode, constants and the globals
+  it reads, such as a library function it calls); a lazy graph module
+  generates it first.  Its graph object, code text, ``meta`` and dynamo's
+  report fields are not keyed: the generated ``forward`` is what runs, and
+  reads none of them.  Code's globals (for user
   code, three calls deep) are keyed by value: scalars, containers,
   tensors (with their bytes: forward may bake a global tensor in), dtypes,
   functions by code, classes as above, a user module by the digest of its
