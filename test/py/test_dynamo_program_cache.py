@@ -153,6 +153,11 @@ def test_a_sized_graph_is_keyed_by_its_graph_and_sizes() -> None:
     minus, _ = _graph_of(_Minus(), x, dynamic=True)
     assert _key(dynamo_backend._SizedGraph(minus, sizes, count), tensors) != key
     assert _key(dynamo_backend._SizedGraph(gm, sizes, count), (torch.randn(5, 8), *tensors[1:])) != key
+    # The number values a dynamic=True graph's _SizedGraph fixes: each value
+    # (1 and 1.0, 0.0 and -0.0 too) its own program.
+    keys = {_key(dynamo_backend._SizedGraph(gm, sizes, count, ((count, value),)), tensors)
+            for value in (0.1, 0.2, 1, 1.0, True, 0.0, -0.0)}
+    assert len(keys) == 7 and key not in keys
 
 
 _CHILD = textwrap.dedent(
