@@ -40,18 +40,31 @@ What dynamo hands a backend, and what is done with it:
   export of the graph (:mod:`hloalias.runtime.shape_family`), no
   ``torch.export`` per size.  A call whose int is not its tensor's size
   (dynamo's guards rule it out) runs the graph as given, the int one more
-  input the Jit specializes on; so does every graph with another int, or
-  with numbers read as below.  With ``dynamic=True``
-  dynamo also passes the Python floats the code reads (``Dropout.p``) as
-  0-d tensors the graph reads with ``.item()``: they are passed as numbers,
-  one executable per value (:func:`_numbers_as_inputs`).  Guards and graph breaks are
+  input the Jit specializes on; so does every graph with another int.
+  With ``dynamic=True`` dynamo also passes the Python floats the code
+  reads (``Dropout.p``, ``eps``, ``math.pi``) as 0-d tensors the graph
+  reads with ``.item()``: they are passed as numbers, one executable per
+  value (:func:`_numbers_as_inputs`).  Where such a graph's ints are sizes
+  of its tensors as above, each distinct set of number values has a
+  :class:`_SizedGraph` of its own with the values fixed in it (at most
+  ``cache_size`` of them, least recently used dropped), so its sizes form a
+  shape family as well.  Guards and graph breaks are
   dynamo's; each subgraph between breaks is a graph of its own here.
+
+- **Across processes**: each graph's compile goes through
+  ``hloalias.compile``'s program cache (:mod:`hloalias.runtime.program_cache`),
+  keyed by the graph's generated code and the metadata of what it reads
+  (:mod:`hloalias.runtime.source_key`): a fresh process that compiles a
+  model compiled before gets every graph's final program from the disk
+  cache (and its executable from XLA's entry), with no ``torch.export``,
+  lowering, passes or XLA compile; dynamo's own tracing still runs.
 
 :func:`compiled_graphs` lists the graphs compiled so far (live ones);
 :func:`explain` reports each with its signatures, compiles and cache hits."""
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -59,6 +72,7 @@ from typing import Any
 
 import torch
 
+from hloalias.errors import ExecutionError
 from hloalias.runtime.executable import Executable
 from hloalias.runtime.jit_cache import DEFAULT_CACHE_SIZE, Jit, JitStats
 from hloalias.runtime.state import bring_up_to_date
@@ -98,48 +112,56 @@ class _SizedGraph(torch.nn.Module):
     (dynamo's automatic dynamic shapes: ``s0`` beside ``x`` of shape
     ``(1, s0)``), called with the tensors only: each size is read from
     its tensor (``sizes[k] = (position, tensor position, dimension)``),
-    so the compiled program's inputs are tensors and a new size is a new
-    shape of the same module, which the shape family specializes
-    (:mod:`hloalias.runtime.shape_family`).  The graph's code is fixed
-    once handed over, so it keys the family itself."""
+    and each number input (:func:`_numbers_as_inputs`) is the value fixed
+    here (``numbers[k] = (position, value)``), so the compiled program's
+    inputs are tensors and a new size is a new shape of the same module,
+    which the shape family specializes (:mod:`hloalias.runtime.shape_family`).
+    The graph's code is fixed once handed over, so it keys the family
+    itself, with the numbers' values."""
 
     #: Dynamo made these sizes symbolic after seeing two of them, so the
     #: family's dynamic export waits for one more size only.
     shape_family_static_sizes = 1
 
-    def __init__(self, graph: torch.fx.GraphModule, sizes: tuple[tuple[int, int, int], ...], count: int) -> None:
+    def __init__(self, graph: torch.fx.GraphModule, sizes: tuple[tuple[int, int, int], ...], count: int,
+                 numbers: tuple[tuple[int, Any], ...] = ()) -> None:
         super().__init__()
         self.graph = graph
         self.sizes = sizes
         self.count = count
+        self.numbers = numbers
 
     def forward(self, *tensors: Any) -> Any:
         size_at = {position: (tensor, dim) for position, tensor, dim in self.sizes}
+        fixed = dict(self.numbers)
         kept = iter(tensors)
-        full: list[Any] = [None if i in size_at else next(kept) for i in range(self.count)]
+        full: list[Any] = [fixed.get(i) if i in size_at or i in fixed else next(kept) for i in range(self.count)]
         for position, (tensor, dim) in size_at.items():
             full[position] = full[tensor].size(dim)
         return self.graph(*full)
 
     def shape_family_key(self) -> str:
-        return f"dynamo graph {self.graph.code!r} sizes {self.sizes}"
+        # repr tells 1 from 1.0 and True, and -0.0 from 0.0: each a program of its own.
+        return f"dynamo graph {self.graph.code!r} sizes {self.sizes} numbers {self.numbers!r}"
 
 
-def _sizes_of_tensors(graph: torch.fx.GraphModule) -> tuple[tuple[int, int, int], ...] | None:
-    """For a graph whose every non-tensor input is a size dynamo made
-    symbolic, and that size is a dimension of one of its tensor inputs:
-    ``(position, tensor position, dimension)`` for each; else None."""
+def _sizes_of_tensors(graph: torch.fx.GraphModule,
+                      numbers: frozenset[int] = frozenset()) -> tuple[tuple[int, int, int], ...] | None:
+    """For a graph whose every non-tensor input (other than the number
+    inputs at ``numbers``) is a size dynamo made symbolic, and that size is
+    a dimension of one of its tensor inputs: ``(position, tensor position,
+    dimension)`` for each; else None."""
     placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
     examples = [node.meta.get("example_value") for node in placeholders]
     dims: dict[Any, tuple[int, int]] = {}
     for position, example in enumerate(examples):
-        if isinstance(example, torch.Tensor):
+        if isinstance(example, torch.Tensor) and position not in numbers:
             for dim, size in enumerate(example.shape):
                 if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                     dims.setdefault(size.node.expr, (position, dim))
     sizes = []
     for position, example in enumerate(examples):
-        if isinstance(example, torch.Tensor):
+        if isinstance(example, torch.Tensor) or position in numbers:
             continue
         if not isinstance(example, torch.SymInt) or example.node.expr not in dims:
             return None
@@ -164,24 +186,64 @@ class CompiledGraph:
         self.code = graph.code
         #: Where every int input is a size of a tensor input: the Jit is of
         #: the graph called with the tensors only (:class:`_SizedGraph`).
-        self.sizes = _sizes_of_tensors(graph) if not boxed and not self.scalar_positions else None
-        compiled: torch.nn.Module = graph if self.sizes is None else _SizedGraph(graph, self.sizes, len(
-            [node for node in graph.graph.nodes if node.op == "placeholder"]))
-        self.jit = (_AotJit if boxed else Jit)(
-            compiled, pipeline=options.get("pipeline"), device=options.get("device"),
-            cache_size=options.get("cache_size", DEFAULT_CACHE_SIZE),
-        )
+        self.sizes = _sizes_of_tensors(graph, self.scalar_positions) if not boxed else None
         self._graph = graph
         self._options = options
+        self._count = len([node for node in graph.graph.nodes if node.op == "placeholder"])
+        #: The Jit of each set of number values (the values' reprs; one set,
+        #: empty, without number inputs), least recently used first.
+        self._jits: collections.OrderedDict[tuple[str, ...], Jit] = collections.OrderedDict()
+        #: What Jits dropped from ``_jits`` did, kept in :attr:`stats`.
+        self._dropped = JitStats()
+        if self.sizes is None:
+            self._jits[()] = (_AotJit if boxed else Jit)(graph, **self._jit_options())
+        elif not self.scalar_positions:
+            self._jits[()] = Jit(_SizedGraph(graph, self.sizes, self._count), **self._jit_options())
         #: The graph as dynamo gave it, for a call whose ints are not its tensors' sizes.
         self._unsized: Jit | None = None
         #: AOTAutograd calls a compiled graph with one list when this is set.
         self._boxed_call = boxed
 
+    def _jit_options(self) -> dict[str, Any]:
+        return {"pipeline": self._options.get("pipeline"), "device": self._options.get("device"),
+                "cache_size": self._options.get("cache_size", DEFAULT_CACHE_SIZE)}
+
+    @property
+    def jit(self) -> Jit:
+        """The Jit of the number values called last (the only one of a
+        graph without number inputs)."""
+        if not self._jits:
+            raise ExecutionError(f"dynamo graph {self.number}: not called yet, no Jit of its number values")
+        return next(reversed(self._jits.values()))
+
+    def _sized_jit(self, args: tuple[Any, ...]) -> Jit:
+        """The Jit of the :class:`_SizedGraph` with ``args``' number values fixed."""
+        numbers = tuple((i, args[i]) for i in sorted(self.scalar_positions))
+        key = tuple(repr(value) for _, value in numbers)
+        jit = self._jits.get(key)
+        if jit is not None:
+            self._jits.move_to_end(key)
+            return jit
+        assert self.sizes is not None
+        jit = Jit(_SizedGraph(self._graph, self.sizes, self._count, numbers), **self._jit_options())
+        self._jits[key] = jit
+        if len(self._jits) > self._options.get("cache_size", DEFAULT_CACHE_SIZE):
+            _, dropped = self._jits.popitem(last=False)
+            self._dropped.compiles += dropped.stats.compiles
+            self._dropped.hits += dropped.stats.hits
+            self._dropped.evictions += dropped.stats.evictions + len(dropped.signatures)
+        return jit
+
     @property
     def stats(self) -> JitStats:
-        """Compiles, cache hits and evictions of this graph's executables."""
-        return self.jit.stats
+        """Compiles, cache hits and evictions of this graph's executables
+        (of every set of number values)."""
+        jits = list(self._jits.values())
+        return JitStats(
+            compiles=self._dropped.compiles + sum(j.stats.compiles for j in jits),
+            hits=self._dropped.hits + sum(j.stats.hits for j in jits),
+            evictions=self._dropped.evictions + sum(j.stats.evictions for j in jits),
+        )
 
     def __call__(self, *args: Any) -> Any:
         if self.scalar_positions:
@@ -200,8 +262,9 @@ class CompiledGraph:
         bring_up_to_date(args)
         if self.sizes is not None:
             if all(args[p] == args[t].size(d) for p, t, d in self.sizes):
-                positions = {p for p, _, _ in self.sizes}
-                return self.jit(*(a for i, a in enumerate(args) if i not in positions))
+                positions = {p for p, _, _ in self.sizes} | self.scalar_positions
+                jit = self._sized_jit(args)
+                return jit(*(a for i, a in enumerate(args) if i not in positions))
             # Not dynamo's own binding of the sizes (its guards make this
             # unreachable): the graph as given, each int its own program.
             if self._unsized is None:
@@ -212,8 +275,9 @@ class CompiledGraph:
         return self.jit(*args)
 
     def explain(self) -> str:
-        """The graph's kind and number, then its Jit's report."""
-        return f"dynamo graph {self.number} ({self.kind})\n" + self.jit.explain()
+        """The graph's kind and number, then its Jits' reports."""
+        reports = [jit.explain() for jit in self._jits.values()]
+        return f"dynamo graph {self.number} ({self.kind})\n" + "\n".join(reports or ["not called yet"])
 
 
 def _numbers_as_inputs(graph: torch.fx.GraphModule) -> frozenset[int]:

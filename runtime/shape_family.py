@@ -37,7 +37,7 @@ gives (``test/py/test_shape_family.py`` compares the imported modules'
 text); its state is the module's own tensors, checked by identity at each
 specialization (a replaced parameter makes the module a new family).
 A module may key itself (a ``shape_family_key()`` method: the text of
-its code and settings, for a module the program-cache key cannot print)
+its code and settings, cheaper than the program-cache key's printing)
 and set its own ``shape_family_static_sizes``: the ``torch.compile``
 backend's graphs do (:mod:`hloalias.runtime.dynamo_backend`).
 ``HLOALIAS_SHAPE_FAMILY=0`` turns this off.  At most ``MAX_FAMILIES``
@@ -141,9 +141,9 @@ def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | 
         storages.add(storage)
         kinds.append((str(leaf.dtype), leaf.dim(), leaf.requires_grad, str(leaf.device)))
     if callable(own_key):
-        # A module that keys its program itself (a dynamo graph, whose
-        # GraphModule the program-cache key cannot print): found only
-        # under this very object, as every family.
+        # A module that keys its program itself (a dynamo graph, by the
+        # text of its generated code): found only under this very object,
+        # as every family.
         return f"{own_key()!r} {spec} {tuple(kinds)} {torch.is_grad_enabled()} {torch.get_default_dtype()}"
     try:
         return source_key(f, (), {}, ("shape family", str(spec), tuple(kinds)))

@@ -16,7 +16,14 @@ fresh ``torch.export`` and lowering would produce the same final module):
   name, class and ``training`` flag.  A class defined outside the
   libraries below is keyed by everything in its ``__dict__`` and those of
   its bases (methods by code, class attributes by value); a library class by
-  its qualified name and the library's version.  Code's globals (for user
+  its qualified name and the library's version.  A ``torch.fx.GraphModule``
+  (the graphs ``torch.compile`` hands the ``hloalias`` backend, and
+  AOTAutograd's) is keyed by the ``forward`` its graph generates (a
+  function of its per-instance class: bytecode, constants and the globals
+  it reads, such as a library function it calls); a lazy graph module
+  generates it first.  Its graph object, code text, ``meta`` and dynamo's
+  report fields are not keyed: the generated ``forward`` is what runs, and
+  reads none of them.  Code's globals (for user
   code, three calls deep) are keyed by value: scalars, containers,
   tensors (with their bytes: forward may bake a global tensor in), dtypes,
   functions by code, classes as above, a user module by the digest of its
@@ -96,6 +103,30 @@ def _nn_module_bookkeeping() -> frozenset[str]:
     """Attribute names every ``nn.Module`` holds for torch itself (hooks,
     the parameter/buffer/module tables): not configuration."""
     return frozenset(torch.nn.Module().__dict__)
+
+
+#: What dynamo sets on the ``GraphModule`` it hands a backend, for its own
+#: reports (where each parameter came from, the user's stack, why the graph
+#: ended): its generated ``forward`` never reads them.
+_DYNAMO_GRAPH_BOOKKEEPING = frozenset({"_param_name_to_source", "_source_to_user_stacks", "compile_subgraph_reason"})
+
+
+@functools.cache
+def _graph_module_bookkeeping() -> frozenset[str]:
+    """Attribute names a ``torch.fx.GraphModule`` holds besides an
+    ``nn.Module``'s: the graph (``_graph``, whose ``_find_nodes_lookup_table``
+    holds C objects no key can print), its generated code's text and line
+    map, the tracer it was made by, graph-editing hooks, ``meta`` and the
+    ``shape_env``.  A graph module runs its generated ``forward`` only, which
+    is keyed by its code (:meth:`_Printer.module`); none of these is read by
+    it.  Found from an empty graph module, eager and lazy, so that a field a
+    later torch adds is found too."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    names: set[str] = set(_DYNAMO_GRAPH_BOOKKEEPING)
+    for kind in (torch.fx.GraphModule, _LazyGraphModule):
+        names |= set(kind(torch.nn.Module(), torch.fx.Graph()).__dict__)
+    return frozenset(names - _nn_module_bookkeeping())
 
 
 def _library_of(module_name: str | None) -> str | None:
@@ -497,6 +528,13 @@ class _Printer:
             where = f"module '{name or type(root).__name__}'"
             if sub._forward_hooks or user_forward_pre_hooks(sub):
                 raise Uncacheable(f"{where} has forward hooks")
+            skipped = bookkeeping
+            if isinstance(sub, torch.fx.GraphModule):
+                # A graph module (dynamo's, AOTAutograd's) runs the forward
+                # its graph generates, a function of its class (keyed by
+                # code below): a lazy one generates it on first use, here.
+                sub.code  # noqa: B018  (the property generates forward)
+                skipped = bookkeeping | _graph_module_bookkeeping()
             own_forward = sub.__dict__.get("forward")
             parts.append((
                 name, self.cls(type(sub), where), sub.training,
@@ -508,7 +546,7 @@ class _Printer:
                     parts.append((table, tensor_name, persistent,
                                   None if tensor is None else self.tensor(tensor, f"{where}.{tensor_name}", False)))
             for attr, value in sorted(sub.__dict__.items()):
-                if attr in bookkeeping or attr in ("forward", "__reduce_ex__"):  # the state group's (runtime/state.py)
+                if attr in skipped or attr in ("forward", "__reduce_ex__"):  # the state group's (runtime/state.py)
                     continue
                 what = f"attribute '{attr}' of {where}"
                 if isinstance(value, torch.Tensor):  # an argument of the program (a lifted constant)

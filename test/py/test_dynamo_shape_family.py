@@ -2,7 +2,9 @@
 (hloalias.runtime.dynamo_backend, hloalias.runtime.shape_family): once
 dynamo passes a size as an int input (automatic dynamic shapes), a new
 size is specialized from one dynamic export of its graph, and results
-equal eager's at every size (MLP, HF GPT-2 and Llama, greedy generate)."""
+equal eager's at every size (MLP, HF GPT-2 and Llama, greedy generate);
+with ``dynamic=True``, whose graphs also read numbers, one family per set
+of the numbers' values."""
 
 from __future__ import annotations
 
@@ -17,7 +19,11 @@ from hloalias.runtime import dynamo_backend, shape_family
 
 
 @pytest.fixture(autouse=True)
-def _fresh() -> Iterator[None]:
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # These tests count the family's imports, which a program-cache hit
+    # skips: the suite's disk cache may hold the same graph, compiled by
+    # another test of the run (test_dynamo_program_cache.py tests hits).
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
     torch._dynamo.reset()
     shape_family.clear_shape_families()
     yield
@@ -44,10 +50,12 @@ def test_mlp_new_batches_are_specialized_from_one_export() -> None:
     # Dynamo's static graph for batch 2; its dynamic graph from batch 3, the
     # batch an int input: batch 3 its family's first (static) import, batch 5
     # the dynamic export, 5 and 7 specialized from it, the second 5 a cache hit.
+    # The static graph is the first of a family of its own (its key is the
+    # program cache's), which dynamo's guards never give a second size.
     assert [(g.stats.compiles, g.stats.hits) for g in graphs] == [(1, 0), (3, 1)]
     ((_, _, dim),) = graphs[1].sizes or ()  # the one int input: dimension 0 of x
     assert dim == 0
-    assert _counts() == (1, 0, 1, 2, 0)
+    assert _counts() == (2, 0, 1, 2, 0)
     # The dynamic graph's Jit sees the tensors only.
     assert all("float32[" in s and ", " not in s.split("float32")[0] for s in graphs[1].jit.signatures)
 
@@ -100,8 +108,9 @@ def test_hf_new_lengths_are_specialized_and_equal_eager(build: Any) -> None:
             ids = torch.randint(1, 100, (1, length))
             ours = compiled(ids, use_cache=False).logits
             torch.testing.assert_close(ours, model(ids, use_cache=False).logits, rtol=1e-4, atol=1e-4)
-    # 16: dynamo's static graph; 24: its dynamic graph's first import; 40 and 9 specialized.
-    assert _counts() == (1, 0, 1, 2, 0)
+    # 16: dynamo's static graph (a family's first, never given another size);
+    # 24: its dynamic graph's first import; 40 and 9 specialized.
+    assert _counts() == (2, 0, 1, 2, 0)
 
 
 @pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
@@ -118,3 +127,53 @@ def test_greedy_generate_of_compiled_forward_equals_eager_at_new_lengths(build: 
     # Prompts and decode steps of new lengths specialized from the graphs' exports.
     assert shape_family.shape_family_stats().specialized > 0
     assert shape_family.shape_family_stats().fallbacks == 0
+
+
+class _ScaledDropout(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.drop = torch.nn.Dropout(0.1)
+        self.scale = 0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.lin(x)) * self.scale
+
+
+def test_dynamic_true_graph_with_numbers_has_a_family_per_set_of_values() -> None:
+    """``dynamic=True``: dynamo passes ``Dropout.p`` and ``self.scale`` as
+    numbers beside the size; each set of their values is a ``_SizedGraph``
+    of its own with the values fixed, whose sizes form a family."""
+    torch.manual_seed(0)
+    model = _ScaledDropout().eval()
+    compiled = torch.compile(model, backend="hloalias", dynamic=True)
+    before = dynamo_backend.compiled_graphs()
+    with torch.no_grad():
+        for rows, scale in ((3, 0.5), (5, 0.5), (7, 0.5), (9, 0.5), (5, 2.0), (7, 0.5)):
+            model.scale = scale
+            x = torch.randn(rows, 4)
+            torch.testing.assert_close(compiled(x), model(x))
+    known = {id(graph) for graph in before}
+    (graph,) = [g for g in dynamo_backend.compiled_graphs() if id(g) not in known]
+    assert len(graph.scalar_positions) == 2 and graph.sizes is not None
+    # scale 0.5: 3 its family's first import, 5 the dynamic export, 5, 7
+    # and 9 specialized from it; scale 2.0: a family of its own (its
+    # first import at 5); the last (7, 0.5) a cache hit.
+    assert _counts() == (2, 0, 1, 3, 0)
+    assert (graph.stats.compiles, graph.stats.hits) == (5, 1)
+
+
+def test_dynamic_true_gpt2_new_lengths_are_specialized_and_equal_eager() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    compiled = torch.compile(model, backend="hloalias", dynamic=True)
+    with torch.no_grad():
+        for length in (8, 12, 16, 5):
+            ids = torch.randint(0, 64, (1, length))
+            torch.testing.assert_close(compiled(ids, use_cache=False).logits,
+                                       model(ids, use_cache=False).logits, rtol=1e-5, atol=1e-5)
+    # One graph (the length and the numbers GPT-2 reads as inputs): 8 its
+    # family's first import, 12 the dynamic export, 12, 16 and 5 specialized.
+    assert _counts() == (1, 0, 1, 3, 0)
