@@ -58,6 +58,7 @@ import torch
 import torch._decomp
 
 from hloalias.frontend.importer import _decomposition_table
+from hloalias.frontend.decompositions import _adaptive_weights
 
 aten = torch.ops.aten
 
@@ -340,17 +341,8 @@ def adaptive_average_pool_backward(grad_output: torch.Tensor, input: torch.Tenso
     if out_h == 1 and out_w == 1:
         return NotImplemented
     in_h, in_w = input.shape[-2:]
-
-    def averaging(m: int, n: int) -> torch.Tensor:
-        o = torch.arange(m, device=grad_output.device).unsqueeze(1)
-        start = (o * n) // m
-        end = ((o + 1) * n + m - 1) // m
-        h = torch.arange(n, device=grad_output.device).unsqueeze(0)
-        inside = (h >= start) & (h < end)
-        return inside.to(grad_output.dtype) / (end - start).to(grad_output.dtype)
-
-    along_w = torch.matmul(grad_output, averaging(out_w, in_w))
-    return torch.matmul(averaging(out_h, in_h).transpose(0, 1), along_w)
+    along_w = torch.matmul(grad_output, _adaptive_weights(in_w, out_w, grad_output.dtype))
+    return torch.matmul(_adaptive_weights(in_h, out_h, grad_output.dtype).transpose(0, 1), along_w)
 
 
 def max_pool_backward_by_indices(spatial: int) -> Callable[..., torch.Tensor]:

@@ -14,7 +14,8 @@ Two parts, both used by :func:`hloalias.frontend.importer.import_torch`:
   ``unfold`` and ``as_strided_copy``/``as_strided_scatter`` by index
   arithmetic, a boolean-mask write of one value (``x[x < 0] = 0``) as a
   ``where``, pools torch-mlir refuses (``ceil_mode``, ``divisor_override``,
-  3-d max pools with indices) by explicit windows, ``cdist``, ``isclose``,
+  3-d max pools with indices, adaptive max pools with windows of different
+  sizes) by explicit windows, ``cdist``, ``isclose``,
   ``angle``; special functions (``lgamma``, ``digamma``, ``polygamma``,
   ``zeta``, ``erfinv``, ...) from :mod:`hloalias.frontend.special_functions`;
   linalg and fft by JAX's lowering rules from
@@ -616,6 +617,44 @@ def _adaptive_avg_pool(x: torch.Tensor, output_size: Sequence[int]) -> Any:
     return x
 
 
+def _adaptive_window_positions(length: int, out: int) -> tuple[torch.Tensor, int]:
+    """``[out, span]`` positions of each adaptive window (``floor(i*L/out)``
+    to ``ceil((i+1)*L/out)``, eager's windows), a shorter window padded
+    with its own last position (a repeat changes no maximum and, coming
+    after it, no first arg-maximum), and ``span``, the longest window."""
+    span = max(-((-(i + 1) * length) // out) - (i * length) // out for i in range(out))
+    rows = torch.arange(out, dtype=torch.int64).unsqueeze(1)
+    start = torch.div(rows * length, out, rounding_mode="floor")
+    end = -torch.div(-(rows + 1) * length, out, rounding_mode="floor")
+    positions = torch.minimum(start + torch.arange(span, dtype=torch.int64).unsqueeze(0), end - 1)
+    return positions, span
+
+
+def adaptive_max_pool2d(x: torch.Tensor, output_size: Sequence[int]) -> Any:
+    """``adaptive_max_pool2d`` whose windows differ in size (``8 -> 3``):
+    torch-mlir lowers it as a ``max_pool2d`` and refuses ("only support
+    cases with fixed stride size").  Each output's window is gathered
+    (``[..., out_h, out_w, span_h * span_w]``, row-major as eager scans
+    it), its maximum and first arg-maximum taken; the index is flat over
+    the input's ``H x W`` as eager's.  Even windows and ``1 x 1`` outputs
+    keep their path (``NotImplemented``)."""
+    out_h, out_w = (int(v) for v in output_size)
+    in_h, in_w = int(x.shape[-2]), int(x.shape[-1])
+    if out_h == 0 or out_w == 0 or (out_h == 1 and out_w == 1) or (in_h % out_h == 0 and in_w % out_w == 0):
+        return NotImplemented
+    rows, span_h = _adaptive_window_positions(in_h, out_h)
+    columns, span_w = _adaptive_window_positions(in_w, out_w)
+    lead = list(x.shape[:-2])
+    picked = x.index_select(-2, rows.reshape(-1)).index_select(-1, columns.reshape(-1))
+    windows = picked.reshape(*lead, out_h, span_h, out_w, span_w).movedim(-3, -2)
+    windows = windows.reshape(*lead, out_h, out_w, span_h * span_w)
+    values = torch.amax(windows, dim=-1)
+    chosen = torch.argmax(windows, dim=-1)
+    row_of = rows.reshape(-1)[torch.arange(out_h).unsqueeze(1) * span_h + torch.div(chosen, span_w, rounding_mode="floor")]
+    column_of = columns.reshape(-1)[torch.arange(out_w) * span_w + chosen % span_w]
+    return values, row_of * in_w + column_of
+
+
 def adaptive_avg_pool1d(x: torch.Tensor, output_size: Sequence[int]) -> Any:
     return _adaptive_avg_pool(x, list(output_size))
 
@@ -1000,6 +1039,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
         aten.max_pool3d_with_indices.default: max_pool3d_with_indices,
         aten.adaptive_avg_pool1d.default: adaptive_avg_pool1d,
+        aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
         aten._adaptive_avg_pool3d.default: adaptive_avg_pool3d,
         aten.isclose.default: isclose,
         aten.angle.default: angle,

@@ -80,6 +80,10 @@ CASES: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...]]] = {
         lambda x: F.avg_pool1d(x.flatten(2), 3, 2, 1),
     ), (2, 3, 9, 7)),
     "average_pooling_3d": (lambda: _Chain(3, 3, torch.nn.AvgPool3d(2, 1, 1)), (1, 3, 4, 4, 2)),
+    # Windows of different sizes (8 -> 3, 6 -> 4): the forward did not lower either.
+    "uneven_adaptive_max_pooling": (lambda: _Chain(
+        3, 2, lambda x: F.adaptive_max_pool2d(x, (3, 4)), lambda x: F.adaptive_avg_pool2d(x, (2, 3)),
+    ), (2, 3, 8, 6)),
     "adaptive_and_3d_max_pooling": (lambda: _Chain(
         3, 2,
         lambda x: F.adaptive_avg_pool2d(x, (3, 3)) + F.adaptive_avg_pool2d(x, (4, 2)).sum() * 0.1
