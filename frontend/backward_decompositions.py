@@ -58,7 +58,6 @@ import torch
 import torch._decomp
 
 from hloalias.frontend.importer import _decomposition_table
-from hloalias.frontend.decompositions import _adaptive_weights
 
 aten = torch.ops.aten
 
@@ -341,6 +340,10 @@ def adaptive_average_pool_backward(grad_output: torch.Tensor, input: torch.Tenso
     if out_h == 1 and out_w == 1:
         return NotImplemented
     in_h, in_w = input.shape[-2:]
+    # Imported on first use: the entry points load no decomposition tables
+    # (test_lazy_imports.py).
+    from hloalias.frontend.decompositions import _adaptive_weights
+
     along_w = torch.matmul(grad_output, _adaptive_weights(in_w, out_w, grad_output.dtype))
     return torch.matmul(_adaptive_weights(in_h, out_h, grad_output.dtype).transpose(0, 1), along_w)
 
