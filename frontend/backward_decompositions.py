@@ -51,6 +51,7 @@ elements.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -241,15 +242,6 @@ def _transposed_convolution_backward(
     return grad_input, grad_weight, grad_bias
 
 
-def _per_dimension(values: Sequence[int], spatial: int, default: Sequence[int] | None = None) -> list[int]:
-    """A pooling argument as one int per spatial dimension (torch accepts
-    one int for all, and an empty stride means the kernel's)."""
-    if not values and default is not None:
-        return list(default)
-    values = list(values)
-    return values * spatial if len(values) == 1 else values
-
-
 def average_pool_backward(spatial: int) -> Callable[..., torch.Tensor]:
     """``avg_pool2d_backward``/``avg_pool3d_backward`` (``spatial`` 2 or 3:
     ``nn.AvgPool2d``,
@@ -272,60 +264,49 @@ def average_pool_backward(spatial: int) -> Callable[..., torch.Tensor]:
         kernel_size: Sequence[int],
         stride: Sequence[int],
         padding: Sequence[int],
-        ceil_mode: bool,
+        ceil_mode: bool,  # read from the gradient's shape
         count_include_pad: bool,
         divisor_override: int | None,
     ) -> torch.Tensor:
-        return _average_pool_backward(
-            spatial, grad_output, input, kernel_size, stride, padding, count_include_pad, divisor_override
-        )
+        # Imported on first use: the entry points load no decomposition
+        # tables (test_lazy_imports.py).
+        from hloalias.frontend.decompositions import _tuple
+
+        kernel = _tuple(kernel_size, spatial)
+        steps = _tuple(stride, spatial) if stride else kernel  # an empty stride is the kernel's
+        pads = _tuple(padding, spatial)
+        out_size = list(grad_output.shape[-spatial:])
+        in_size = list(input.shape[-spatial:])
+        lead = list(grad_output.shape[:-spatial])
+        grad = grad_output.reshape(-1, 1, *out_size)
+        if divisor_override:
+            grad = grad / divisor_override
+        else:
+            divisor = torch.ones((), dtype=grad.dtype, device=grad.device)
+            for d in range(spatial):
+                start = torch.arange(out_size[d], device=grad.device) * steps[d]
+                if count_include_pad:
+                    length = torch.clamp(start + kernel[d], max=in_size[d] + 2 * pads[d]) - start
+                else:
+                    length = torch.clamp(start + kernel[d], max=in_size[d] + pads[d]) - torch.clamp(start, min=pads[d])
+                shape = [1] * (spatial + 2)
+                shape[2 + d] = out_size[d]
+                length = length.to(grad.dtype).reshape(shape)
+                divisor = divisor * length
+            grad = grad / divisor
+        ones = torch.ones([1, 1, *kernel], dtype=grad.dtype, device=grad.device)
+        spread = aten.convolution.default(grad, ones, None, steps, [0] * spatial, [1] * spatial, True, [0] * spatial, 1)
+        for d in range(spatial):
+            needed = pads[d] + in_size[d]
+            have = spread.shape[2 + d]
+            if have < needed:
+                pad = [0, 0] * (spatial - 1 - d) + [0, needed - have]
+                spread = aten.constant_pad_nd.default(spread, pad, 0.0)
+            spread = spread.narrow(2 + d, pads[d], in_size[d])
+        result: torch.Tensor = spread.reshape(*lead, *in_size)
+        return result
 
     return backward
-
-
-def _average_pool_backward(
-    spatial: int,
-    grad_output: torch.Tensor,
-    input: torch.Tensor,
-    kernel_size: Sequence[int],
-    stride: Sequence[int],
-    padding: Sequence[int],
-    count_include_pad: bool,
-    divisor_override: int | None,
-) -> torch.Tensor:
-    kernel = _per_dimension(kernel_size, spatial)
-    steps = _per_dimension(stride, spatial, kernel)
-    pads = _per_dimension(padding, spatial)
-    out_size = list(grad_output.shape[-spatial:])
-    in_size = list(input.shape[-spatial:])
-    lead = list(grad_output.shape[:-spatial])
-    grad = grad_output.reshape(-1, 1, *out_size)
-    if divisor_override:
-        grad = grad / divisor_override
-    else:
-        divisor = torch.ones((), dtype=grad.dtype, device=grad.device)
-        for d in range(spatial):
-            start = torch.arange(out_size[d], device=grad.device) * steps[d]
-            if count_include_pad:
-                length = torch.clamp(start + kernel[d], max=in_size[d] + 2 * pads[d]) - start
-            else:
-                length = torch.clamp(start + kernel[d], max=in_size[d] + pads[d]) - torch.clamp(start, min=pads[d])
-            shape = [1] * (spatial + 2)
-            shape[2 + d] = out_size[d]
-            length = length.to(grad.dtype).reshape(shape)
-            divisor = divisor * length
-        grad = grad / divisor
-    ones = torch.ones([1, 1, *kernel], dtype=grad.dtype, device=grad.device)
-    spread = aten.convolution.default(grad, ones, None, steps, [0] * spatial, [1] * spatial, True, [0] * spatial, 1)
-    for d in range(spatial):
-        needed = pads[d] + in_size[d]
-        have = spread.shape[2 + d]
-        if have < needed:
-            pad = [0, 0] * (spatial - 1 - d) + [0, needed - have]
-            spread = aten.constant_pad_nd.default(spread, pad, 0.0)
-        spread = spread.narrow(2 + d, pads[d], in_size[d])
-    result: torch.Tensor = spread.reshape(*lead, *in_size)
-    return result
 
 
 def adaptive_average_pool_backward(grad_output: torch.Tensor, input: torch.Tensor) -> Any:
@@ -360,10 +341,7 @@ def max_pool_backward_by_indices(spatial: int) -> Callable[..., torch.Tensor]:
     def backward(grad_output: torch.Tensor, input: torch.Tensor, *args: Any) -> torch.Tensor:
         indices = args[-1]
         lead = list(input.shape[: input.dim() - spatial])
-        size = 1
-        for extent in input.shape[input.dim() - spatial:]:
-            size *= int(extent)
-        flat = grad_output.new_zeros([*lead, size])
+        flat = grad_output.new_zeros([*lead, math.prod(input.shape[input.dim() - spatial:])])
         added = flat.scatter_add(-1, indices.reshape(*lead, -1), grad_output.reshape(*lead, -1))
         return added.reshape(input.shape)
 

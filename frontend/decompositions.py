@@ -595,12 +595,19 @@ def max_pool3d_with_indices(
     return _max_pool_with_indices(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-def _adaptive_weights(length: int, out: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[out, length]``: row ``i`` is ``1/len`` over window ``i``
-    (``floor(i*L/out)`` to ``ceil((i+1)*L/out)``), as eager's windows."""
+def _adaptive_bounds(length: int, out: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[out, 1]`` starts and ends of eager's adaptive windows: window
+    ``i`` is ``floor(i*L/out)`` to ``ceil((i+1)*L/out)``."""
     rows = torch.arange(out, dtype=torch.int64).unsqueeze(1)
     start = torch.div(rows * length, out, rounding_mode="floor")
     end = -torch.div(-(rows + 1) * length, out, rounding_mode="floor")
+    return start, end
+
+
+def _adaptive_weights(length: int, out: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[out, length]``: row ``i`` is ``1/len`` over window ``i``
+    (:func:`_adaptive_bounds`), as eager's windows."""
+    start, end = _adaptive_bounds(length, out)
     places = torch.arange(length, dtype=torch.int64).unsqueeze(0)
     inside = (places >= start) & (places < end)
     return inside.to(dtype) / (end - start).to(dtype)
@@ -618,14 +625,12 @@ def _adaptive_avg_pool(x: torch.Tensor, output_size: Sequence[int]) -> Any:
 
 
 def _adaptive_window_positions(length: int, out: int) -> tuple[torch.Tensor, int]:
-    """``[out, span]`` positions of each adaptive window (``floor(i*L/out)``
-    to ``ceil((i+1)*L/out)``, eager's windows), a shorter window padded
-    with its own last position (a repeat changes no maximum and, coming
-    after it, no first arg-maximum), and ``span``, the longest window."""
+    """``[out, span]`` positions of each adaptive window
+    (:func:`_adaptive_bounds`), a shorter window padded with its own last
+    position (a repeat changes no maximum and, coming after it, no first
+    arg-maximum), and ``span``, the longest window."""
     span = max(-((-(i + 1) * length) // out) - (i * length) // out for i in range(out))
-    rows = torch.arange(out, dtype=torch.int64).unsqueeze(1)
-    start = torch.div(rows * length, out, rounding_mode="floor")
-    end = -torch.div(-(rows + 1) * length, out, rounding_mode="floor")
+    start, end = _adaptive_bounds(length, out)
     positions = torch.minimum(start + torch.arange(span, dtype=torch.int64).unsqueeze(0), end - 1)
     return positions, span
 

@@ -6,6 +6,7 @@ readable diagnostics, ``@main`` signature access and tensor type facts."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import threading
@@ -194,15 +195,11 @@ _R = TypeVar("_R")
 def leasing_context(function: Callable[_P, _R]) -> Callable[_P, _R]:
     """Run ``function`` inside a :func:`context_lease` (a compile entry point)."""
 
+    @functools.wraps(function)
     def leased(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with CONTEXT_POOL.lease():
             return function(*args, **kwargs)
 
-    leased.__name__ = function.__name__
-    leased.__qualname__ = function.__qualname__
-    leased.__doc__ = function.__doc__
-    leased.__module__ = function.__module__
-    leased.__wrapped__ = function  # type: ignore[attr-defined]
     return leased
 
 

@@ -30,6 +30,7 @@ is nothing to dump into."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import contextvars
 import dataclasses
 import itertools
@@ -302,17 +303,13 @@ def traced_compile(function: Callable[_P, _R]) -> Callable[_P, _R]:
     """Run ``function(f, ...)`` inside a :func:`compile_trace` named after
     ``f``, with its ``dump_dir`` keyword as the dump folder."""
 
+    @functools.wraps(function)
     def traced(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         target = args[0] if args else kwargs.get("f")
         dump_dir = kwargs.get("dump_dir")
         with compile_trace(program_name(target), dump_dir if isinstance(dump_dir, (str, os.PathLike)) else None):
             return function(*args, **kwargs)
 
-    traced.__name__ = function.__name__
-    traced.__qualname__ = function.__qualname__
-    traced.__doc__ = function.__doc__
-    traced.__module__ = function.__module__
-    traced.__wrapped__ = function  # type: ignore[attr-defined]
     return traced
 
 

@@ -62,12 +62,20 @@ def _mse(model: torch.nn.Module, ids: torch.Tensor, target: torch.Tensor) -> tor
     return torch.nn.functional.mse_loss(model(ids), target)
 
 
-def _plain(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
-    loss = _mse(model, ids, target)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
+def _stepped(clip: Callable[[Any], Any] | None = None) -> Callable[..., Any]:
+    """The usual body (backward, optionally a gradient clip, step,
+    zero_grad), returning the loss."""
+
+    def body(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
+        loss = _mse(model, ids, target)
+        loss.backward()
+        if clip is not None:
+            clip(model.parameters())
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return body
 
 
 def _zero_grad_first(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
@@ -75,24 +83,6 @@ def _zero_grad_first(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor
     loss = _mse(model, ids, target)
     loss.backward()
     opt.step()
-    return loss
-
-
-def _clip_norm(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
-    loss = _mse(model, ids, target)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
-    opt.step()
-    opt.zero_grad()
-    return loss
-
-
-def _clip_value(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, target: torch.Tensor) -> Any:
-    loss = _mse(model, ids, target)
-    loss.backward()
-    torch.nn.utils.clip_grad_value_(model.parameters(), 0.02)
-    opt.step()
-    opt.zero_grad()
     return loss
 
 
@@ -119,10 +109,10 @@ def _with_metrics(model: torch.nn.Module, opt: O.Optimizer, ids: torch.Tensor, t
 
 #: name -> step body ``(model, optimizer, ids, target) -> result``.
 BODIES: dict[str, Callable[..., Any]] = {
-    "plain": _plain,
+    "plain": _stepped(),
     "zero_grad_first": _zero_grad_first,
-    "clip_norm": _clip_norm,
-    "clip_value": _clip_value,
+    "clip_norm": _stepped(lambda parameters: torch.nn.utils.clip_grad_norm_(parameters, 0.05)),
+    "clip_value": _stepped(lambda parameters: torch.nn.utils.clip_grad_value_(parameters, 0.02)),
     "accumulate": _accumulate,
     "with_metrics": _with_metrics,
 }
