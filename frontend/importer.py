@@ -439,11 +439,19 @@ def _import_decomposed(
     if lowered is not None:
         module = lowered
     else:
-        with observe.stage("torch-mlir lowering to the backend contract"):
-            _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract", locate)
-        if stage is Stage.STABLEHLO:
-            with observe.stage("torch-mlir lowering to StableHLO"):
-                _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
+        try:
+            with observe.stage("torch-mlir lowering to the backend contract"):
+                _lower(module, TORCH_BACKEND_PIPELINE, "torch backend contract", locate)
+            if stage is Stage.STABLEHLO:
+                with observe.stage("torch-mlir lowering to StableHLO"):
+                    _lower(module, STABLEHLO_PIPELINE, "StableHLO", locate)
+        except TorchImportError as error:
+            # torch-mlir names a gather's types, not the line whose size
+            # depends on values (`target[valid_mask]` in a model's loss).
+            sized = _data_dependent_size(exported)
+            if sized is None:
+                raise
+            raise TorchImportError(sized + f"\n  torch-mlir: {str(error).splitlines()[0]}", repro_path=error.repro_path) from None
     if stage is Stage.STABLEHLO:
         if jax_lowered:
             with observe.stage("JAX lowerings"):
@@ -969,6 +977,31 @@ def _boolean_mask_selection(exported: ExportedProgram) -> str | None:
             "`torch.where(mask, x + 1, x)` for `x[mask] += 1`, `(x * mask).sum()` for `x[mask].sum()` "
             "(`x[mask] = value`, one value for every selected element, compiles as written)"
         )
+    return None
+
+
+def _data_dependent_size(exported: ExportedProgram) -> str | None:
+    """The message for a tensor whose size depends on tensor values (an
+    unbacked size: ``x[mask]``, ``nonzero()``, ``unique()``) in the
+    decomposed graph, naming the line that made it; None when every size
+    is known from the inputs' shapes."""
+    # torch loads its symbolic shapes on the first trace that needs them.
+    symbolic_shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
+    if symbolic_shapes is None:
+        return None
+    selection = _boolean_mask_selection(exported)
+    if selection is not None:
+        return selection
+    for node in exported.graph.nodes:
+        value = node.meta.get("val")
+        if node.op == "call_function" and isinstance(value, torch.Tensor) and symbolic_shapes.free_unbacked_symbols(value.shape):
+            where = innermost_in_stack_trace(node.meta.get("stack_trace") or "")
+            return (
+                f"the size of `{node.target}`'s result depends on tensor values"
+                + (f" at {where}" if where else "")
+                + ", and an XLA program has static shapes: compute over the full shape instead "
+                "(`torch.where`, a mask multiplied in)"
+            )
     return None
 
 

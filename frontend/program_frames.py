@@ -24,7 +24,11 @@ here applies it, whatever the frames' source:
 - the current stack: :func:`innermost_on_stack` (a random draw's line,
   an ``unfold`` whose windows a later write would lose);
 - an FX node's recorded ``stack_trace``: :func:`innermost_in_stack_trace`
-  (the line of a graph operator a message refuses).
+  (the line of a graph operator a message refuses);
+- the stack torch recorded where it made a data-dependent size (the
+  ``u0`` of ``x[mask]``, ``nonzero()``): :func:`data_dependent_size_origin`,
+  for an error raised later, where torch had to decide something about
+  that size (often in autograd's backward, under ``loss.backward()``).
 
 Each is described as ``FILE:LINE in FUNCTION: CODE``.
 """
@@ -120,3 +124,40 @@ def innermost_in_stack_trace(stack_trace: str) -> str | None:
         if is_program_file(file)
     ]
     return describe_frame(frames[-1]) if frames else None
+
+
+def data_dependent_size_origin(error: BaseException) -> str | None:
+    """For torch's failure to decide a condition on a data-dependent size
+    (``GuardOnDataDependentSymNode``): the program line that made the
+    size, described as ``SYMBOL at FILE:LINE in FUNCTION: CODE``; None
+    for other errors, or when no program frame made it.
+
+    The error names only the condition (``Ne(u0, 1)``); torch's shape
+    environment, a local of a frame on the error's traceback, recorded
+    the stack of each size it made (``var_to_stack``)."""
+    cond = getattr(error, "cond", None)
+    symbolic_shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
+    if cond is None or symbolic_shapes is None or not isinstance(error, symbolic_shapes.GuardOnDataDependentSymNode):
+        return None
+    shape_env = None
+    tb = error.__traceback__
+    while tb is not None and shape_env is None:
+        shape_env = next(
+            (value for value in list(tb.tb_frame.f_locals.values()) if isinstance(value, symbolic_shapes.ShapeEnv)),
+            None,
+        )
+        tb = tb.tb_next
+    if shape_env is None:
+        return None
+    for symbol in sorted(getattr(cond, "free_symbols", ()), key=str):
+        # A value read as a number (``labels.max() >= 4``) is an unbacked
+        # symbol too, but not a size: its own line is where it is used.
+        if symbol not in shape_env.size_like:
+            continue
+        stack = shape_env.var_to_stack.get(symbol)
+        if stack is None:
+            continue
+        frames = [frame for frame in stack.summary() if is_program_file(frame.filename)]
+        if frames:
+            return f"{symbol} at {describe_frame(frames[-1])}"
+    return None

@@ -78,7 +78,9 @@ from hloalias.frontend.importer import (
 )
 from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
 from hloalias.frontend.host_random import refuse_host_random_draws
-from hloalias.frontend.program_frames import innermost_in_stack_trace, innermost_on_stack, where_raised
+from hloalias.frontend.program_frames import (
+    data_dependent_size_origin, innermost_in_stack_trace, innermost_on_stack, where_raised,
+)
 from hloalias.frontend.optimizer_replay import ReplayRefused, expand_replayed_updates, replayed_updates
 from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules
 
@@ -525,6 +527,18 @@ def _describe_trace_failure(error: BaseException) -> str:
     it was raised under (a library model's own line, and the caller's)."""
     message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     lowered = str(error).lower()
+    origin = data_dependent_size_origin(error)
+    if origin is not None:
+        # Raised where torch decides on the size (often in autograd's
+        # backward, under loss.backward()): the line to change is the one
+        # that made it.
+        return (
+            "cannot capture the training step as one graph: a size that depends on a tensor's values "
+            f"(a boolean mask selection `x[mask]`, `nonzero()`, `unique()`), made at {origin.partition(' at ')[2]}, "
+            f"is used{where_raised(error)}; an XLA program has static shapes: compute over the full shape instead "
+            "(`torch.where(mask, x, 0).sum() / mask.sum()` for `x[mask].mean()`)"
+            f"\n  torch: {message}"
+        )
     if "data-dependent" in lowered or "data dependent" in lowered or "guardondatadependent" in type(error).__name__.lower():
         construct = "data-dependent control flow or a host read of a traced value (.item(), bool(), print)"
     else:

@@ -49,6 +49,18 @@ class GappedWindows(torch.nn.Module):
     def forward(self, x):
         self.b.unfold(0, 1, 2)[:, 0].add_(1.0)  # the library writes through gapped windows
         return self.lin(x).sum() + self.b.sum()
+
+
+class MaskedDepthLoss(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, target):
+        pred = self.lin(x).exp()
+        valid_mask = target > 0.5
+        diff_log = torch.log(target[valid_mask]) - torch.log(pred[valid_mask])  # the library's masked loss
+        return torch.sqrt(diff_log.pow(2).mean() - 0.5 * diff_log.mean().pow(2))
 '''
 
 
@@ -96,6 +108,41 @@ def test_export_failure_names_the_library_line(library: ModuleType) -> None:
     with pytest.raises(TorchImportError) as caught:
         hloalias.compile(model, (torch.randn(3, 4), torch.tensor([0, 1, 2])))
     assert caught.match(r"uses a tensor's value as a Python number at .*" + _MODEL_LINE)
+
+
+_MASK_LINE = r"framelib/checked\.py:\d+ in forward: diff_log = torch\.log\(target\[valid_mask\]\)"
+
+
+def test_a_training_steps_data_dependent_size_names_the_line_that_made_it(library: ModuleType) -> None:
+    """GLPN's SiLog loss (``target[valid_mask]``): torch fails on the
+    selection's size in autograd's backward, under ``loss.backward()``,
+    which the message named; the line to change is the model's."""
+    torch.manual_seed(0)
+    model = library.MaskedDepthLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = model(x, target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(TrainingCaptureError) as caught:
+        hloalias.compile_training_step(step, model, opt, (torch.randn(3, 4), torch.rand(3, 4)))
+    assert caught.match(r"depends on a tensor's values .* made at .*" + _MASK_LINE)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_a_forwards_data_dependent_size_names_the_line_that_made_it(library: ModuleType) -> None:
+    """The same loss in a forward: torch.export traces it, and torch-mlir's
+    lowering failed on a gather's types, naming no line of the program."""
+    model = library.MaskedDepthLoss()
+    with pytest.raises(TorchImportError) as caught:
+        hloalias.compile(model, (torch.randn(3, 4), torch.rand(3, 4)))
+    assert caught.match(r"selects elements by a boolean mask \(`x\[mask\]`\) at .*" + _MASK_LINE)
 
 
 def test_a_write_through_a_librarys_unfold_names_the_library_line(library: ModuleType) -> None:
