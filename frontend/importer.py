@@ -383,6 +383,8 @@ def _import_decomposed(
     if fold_constants(exported.graph_module.graph) or normalized:
         exported.graph_module.recompile()
     _float_comparison_scalars(exported.graph_module.graph)
+    if _same_operand_selects_expanded(exported.graph_module.graph):
+        exported.graph_module.recompile()
     if unsigned_constants_as_bitcasts(exported.graph_module.graph):
         exported.graph_module.recompile()
     _strided_copies_to_clones(exported.graph_module.graph)
@@ -1464,6 +1466,54 @@ def _float_comparison_scalars(graph: torch.fx.Graph) -> None:
             continue
         if isinstance(scalar, int) and not isinstance(scalar, bool):
             node.args = (tensor, float(scalar), *node.args[2:])
+
+
+def _same_value(first: Any, second: Any) -> bool:
+    """Whether two operands are one value: one node, or two ``full`` of the
+    same shape, value and options (constant folding writes splats so)."""
+    if first is second:
+        return True
+    return (
+        isinstance(first, torch.fx.Node) and isinstance(second, torch.fx.Node)
+        and first.target is torch.ops.aten.full.default and second.target is torch.ops.aten.full.default
+        and repr(first.args) == repr(second.args) and repr(first.kwargs) == repr(second.kwargs)
+    )
+
+
+def _same_operand_selects_expanded(graph: torch.fx.Graph) -> bool:
+    """Write every ``where(c, a, a)`` whose result is larger than ``a`` as
+    ``a.expand(result shape).clone()``, in place (the value torch computes: both
+    choices are ``a``).  Needed because torch-mlir folds it to ``a``
+    itself, dropping the broadcast: the next op then met a value of
+    ``a``'s shape, and the lowering failed (``scatter_reduce(..., "sum",
+    include_self=False)`` of a constant source, TAPAS's cell selection).
+    Two ``full`` nodes of the same arguments are the same ``a``: torch-mlir
+    merges them before it folds.  Returns whether it changed the graph."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.where.self or len(node.args) != 3:
+            continue
+        _, chosen, other = node.args
+        if not isinstance(chosen, torch.fx.Node) or not _same_value(chosen, other):
+            continue
+        value, operand = node.meta.get("val"), chosen.meta.get("val")
+        if not isinstance(value, torch.Tensor) or not isinstance(operand, torch.Tensor):
+            continue
+        if value.dtype != operand.dtype or tuple(value.shape) == tuple(operand.shape):
+            continue
+        if not all(isinstance(size, int) for size in value.shape):
+            continue  # symbolic sizes: left as they were
+        with graph.inserting_before(node):
+            expanded = graph.call_function(torch.ops.aten.expand.default, (chosen, list(value.shape)))
+            # A new tensor, as where's: a returned expand would come back
+            # as a view of ``a``.
+            copied = graph.call_function(torch.ops.aten.clone.default, (expanded,))
+        expanded.meta = {**node.meta, "val": operand.expand(value.shape)}
+        copied.meta = dict(node.meta)
+        node.replace_all_uses_with(copied)
+        graph.erase_node(node)
+        changed = True
+    return changed
 
 
 def _explicit_copy_conversions(exported: ExportedProgram) -> bool:
