@@ -8,6 +8,7 @@ Each part prints what it saw; none changes hloalias.
 
     .venv/bin/python -m bench.bounded_dynamic_spike entry      # dynamic entry parameters
     .venv/bin/python -m bench.bounded_dynamic_spike translate  # dynamic ops with bounded types
+    .venv/bin/python -m bench.bounded_dynamic_spike scan       # cumsum of ones, f32 and i32, several bounds
     .venv/bin/python -m bench.bounded_dynamic_spike ops [N]    # single ops, every length 1..N
     .venv/bin/python -m bench.bounded_dynamic_spike layer [N]  # a Llama-like layer vs eager, every length
     .venv/bin/python -m bench.bounded_dynamic_spike timing     # compile and per-call A/B, bounded vs static
@@ -123,6 +124,36 @@ def _scan(kind: str, init: str, bounded: str, n: int) -> tuple[str, str, int | N
             f'<{{window_dimensions = array<i64: {n}, 1>, padding = dense<[[{n - 1}, 0], [0, 0]]> : tensor<2x2xi64>}}> ({{\n'
             f'  ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n    %s = stablehlo.{kind} %a, %b : tensor<f32>\n'
             f'    stablehlo.return %s : tensor<f32>\n  }}) : ({bounded}, tensor<f32>) -> {bounded}', bounded, n)
+
+
+def scan() -> None:
+    """The smallest wrong program: cumsum (reduce_window) of ones over a
+    bounded dimension, at every length, f32 and i32 (RoBERTa's position
+    ids are an integer cumsum of the padding mask)."""
+    for dtype, zero, np_type in (("f32", "0.0", np.float32), ("i32", "0", np.int32)):
+        for bound, c in ((16, 1), (17, 1), (32, 1), (64, 32), (256, 4)):
+            b = f"tensor<?x{c}x{dtype}, #stablehlo.bounds<{bound}, ?>>"
+            text = f"""func.func @main(%x: tensor<{bound}x{c}x{dtype}>, %n: tensor<i32>) -> tensor<{bound}x{c}x{dtype}> {{
+  %d = stablehlo.set_dimension_size %x, %n, dim = 0 : (tensor<{bound}x{c}x{dtype}>, tensor<i32>) -> {b}
+  %z = stablehlo.constant dense<{zero}> : tensor<{dtype}>
+  %o = "stablehlo.reduce_window"(%d, %z) <{{window_dimensions = array<i64: {bound}, 1>, padding = dense<[[{bound - 1}, 0], [0, 0]]> : tensor<2x2xi64>}}> ({{
+  ^bb0(%a: tensor<{dtype}>, %b: tensor<{dtype}>):
+    %s = stablehlo.add %a, %b : tensor<{dtype}>
+    stablehlo.return %s : tensor<{dtype}>
+  }}) : ({b}, tensor<{dtype}>) -> {b}
+  %cb = stablehlo.constant dense<{bound}> : tensor<i32>
+  %r = stablehlo.set_dimension_size %o, %cb, dim = 0 : ({b}, tensor<i32>) -> tensor<{bound}x{c}x{dtype}>
+  return %r : tensor<{bound}x{c}x{dtype}>
+}}"""
+            exe = compile_text(text)[0]
+            x = np.ones((bound, c), np_type)
+            wrong = []
+            for n in range(1, bound + 1):
+                out = execute(exe, [x, np.int32(n)])[0]
+                if not np.array_equal(out[:n], np.cumsum(x[:n], 0)):
+                    wrong.append((n, out[:n, 0][-3:].tolist()))
+            print(f"cumsum {dtype} bound {bound:3d} x {c:2d}: wrong at lengths {[n for n, _ in wrong]}"
+                  + (f", last 3 values at n={wrong[0][0]}: {wrong[0][1]} (want {[wrong[0][0] - 2, wrong[0][0] - 1, wrong[0][0]]})" if wrong else ""))
 
 
 def ops(bound: int) -> None:
@@ -530,6 +561,8 @@ def main() -> None:
         entry()
     elif part == "translate":
         translate()
+    elif part == "scan":
+        scan()
     elif part == "ops":
         ops(size)
     elif part == "layer":
