@@ -14,6 +14,10 @@ Each part prints what it saw; none changes hloalias.
     .venv/bin/python -m bench.bounded_dynamic_spike timing     # compile and per-call A/B, bounded vs static
     .venv/bin/python -m bench.bounded_dynamic_spike llama      # torch-mlir's dynamic StableHLO of a tiny HF Llama
 
+``--no-scan-tiling`` sets XLA's ``xla_reduce_window_rewrite_base_length``
+to 0 on every compile (the compile options' overrides, as
+runtime/pjrt.py sets ``xla_allow_excess_precision``).
+
 Programs are written in StableHLO by hand (:class:`Layer`): inputs padded
 to the bound plus the length ``n`` (``stablehlo.set_dimension_size`` makes
 the bounded value inside), results set back to the static bound
@@ -36,6 +40,10 @@ from hloalias.runtime.jaxlib_private import xla_bridge, xla_client
 
 V, D, H, HD = 64, 32, 4, 8  # vocabulary, hidden, heads, head size of the layer
 
+#: XLA debug options set on every compile (``--no-scan-tiling``: XLA's
+#: reduce-window rewriter does not tile scans; the wrong scans are its).
+OVERRIDES: list[tuple[str, Any]] = []
+
 
 def backend() -> Any:
     return xla_bridge.get_backend("cpu")
@@ -45,7 +53,10 @@ def compile_text(text: str) -> tuple[Any, float, float]:
     """The loaded executable, CPU and wall seconds of XLA's compile."""
     be = backend()
     cpu, wall = time.process_time(), time.perf_counter()
-    exe = be.compile_and_load(text, xla_client.DeviceList(tuple(be.devices()[:1])), xla_client.CompileOptions())
+    options = xla_client.CompileOptions()
+    if OVERRIDES:
+        options.env_option_overrides = list(OVERRIDES)
+    exe = be.compile_and_load(text, xla_client.DeviceList(tuple(be.devices()[:1])), options)
     return exe, time.process_time() - cpu, time.perf_counter() - wall
 
 
@@ -156,6 +167,25 @@ def scan() -> None:
                   + (f", last 3 values at n={wrong[0][0]}: {wrong[0][1]} (want {[wrong[0][0] - 2, wrong[0][0] - 1, wrong[0][0]]})" if wrong else ""))
 
 
+_KERNEL = np.linspace(-1.0, 1.0, 4 * 3 * 3, dtype=np.float32).reshape(4, 3, 3)
+
+
+def _cache_write(x: np.ndarray, rows: int, at: int) -> np.ndarray:
+    cache = np.full((rows, x.shape[1]), 5.0, np.float32)
+    cache[at:at + len(x)] = x
+    return cache
+
+
+def _causal_conv(x: np.ndarray) -> np.ndarray:
+    padded = np.concatenate([np.zeros((3, x.shape[1]), np.float32), x], 0)
+    return np.stack([sum(padded[i + j] @ _KERNEL[j] for j in range(4)) for i in range(len(x))])
+
+
+def _window3(x: np.ndarray) -> np.ndarray:
+    padded = np.concatenate([np.zeros((1, x.shape[1]), np.float32), x, np.zeros((1, x.shape[1]), np.float32)], 0)
+    return padded[:-2] + padded[1:-1] + padded[2:]
+
+
 def ops(bound: int) -> None:
     """Each op on ``x: f32[<=bound, 3]`` at every length, against numpy."""
     c = 3
@@ -186,6 +216,41 @@ def ops(bound: int) -> None:
                 lambda x: np.concatenate([np.full((1, c), 7.0, np.float32), x], 0)),
         "slice": (f"%o = stablehlo.slice %d [1:{bound}, 0:{c}] : ({b}) -> {bt(bound - 1)}", bt(bound - 1), bound - 1,
                   lambda x: x[1:]),
+        "cache write (DUS)": (f"%cache = stablehlo.constant dense<5.0> : tensor<{bound + 90}x{c}xf32>\n  "
+                              f"%p = stablehlo.constant dense<10> : tensor<i32>\n  %z = stablehlo.constant dense<0> : "
+                              f"tensor<i32>\n  %o = stablehlo.dynamic_update_slice %cache, %d, %p, %z : "
+                              f"(tensor<{bound + 90}x{c}xf32>, {b}, tensor<i32>, tensor<i32>) -> tensor<{bound + 90}x{c}xf32>",
+                              f"tensor<{bound + 90}x{c}xf32>", None, lambda x: _cache_write(x, bound + 90, 10)),
+        "last row (DS at n-1)": (f"%m = stablehlo.get_dimension_size %d, dim = 0 : ({b}) -> tensor<i32>\n  "
+                                 f"%one = stablehlo.constant dense<1> : tensor<i32>\n  %i = stablehlo.subtract %m, %one "
+                                 f": tensor<i32>\n  %z = stablehlo.constant dense<0> : tensor<i32>\n  "
+                                 f"%o = stablehlo.dynamic_slice %d, %i, %z, sizes = [1, {c}] : ({b}, tensor<i32>, "
+                                 f"tensor<i32>) -> tensor<1x{c}xf32>", f"tensor<1x{c}xf32>", None, lambda x: x[-1:]),
+        "causal conv1d": (f"%k = stablehlo.constant dense<{_KERNEL.tolist()}> : tensor<4x{c}x{c}xf32>\n  "
+                          f"%in = stablehlo.reshape %d : ({b}) -> tensor<1x?x{c}xf32, #stablehlo.bounds<?, {bound}, ?>>\n  "
+                          f"%cv = stablehlo.convolution(%in, %k) dim_numbers = [b, 0, f]x[0, i, o]->[b, 0, f], "
+                          f"window = {{stride = [1], pad = [[3, 0]], lhs_dilate = [1], rhs_dilate = [1]}} "
+                          f"{{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<1x?x{c}xf32, "
+                          f"#stablehlo.bounds<?, {bound}, ?>>, tensor<4x{c}x{c}xf32>) -> tensor<1x?x{c}xf32, "
+                          f"#stablehlo.bounds<?, {bound}, ?>>\n  %o = stablehlo.reshape %cv : (tensor<1x?x{c}xf32, "
+                          f"#stablehlo.bounds<?, {bound}, ?>>) -> {b}", b, bound, _causal_conv),
+        "window sum 3, pad 1": ('%z = stablehlo.constant dense<0.0> : tensor<f32>\n  %o = "stablehlo.reduce_window"(%d, %z) '
+                                '<{window_dimensions = array<i64: 3, 1>, padding = dense<[[1, 1], [0, 0]]> : '
+                                'tensor<2x2xi64>}> ({\n  ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n    %s = stablehlo.add '
+                                f'%a, %b : tensor<f32>\n    stablehlo.return %s : tensor<f32>\n  }}) : ({b}, tensor<f32>) -> {b}',
+                                b, bound, lambda x: _window3(x)),
+        "flatten + sum": (f"%f = stablehlo.reshape %d : ({b}) -> tensor<?xf32, #stablehlo.bounds<{bound * c}>>\n  "
+                          f"%z = stablehlo.constant dense<0.0> : tensor<f32>\n  %s = stablehlo.reduce(%f init: %z) applies "
+                          f"stablehlo.add across dimensions = [0] : (tensor<?xf32, #stablehlo.bounds<{bound * c}>>, "
+                          f"tensor<f32>) -> tensor<f32>\n  %o = stablehlo.reshape %s : (tensor<f32>) -> tensor<1xf32>",
+                          "tensor<1xf32>", None, lambda x: x.sum(keepdims=True).reshape(1)),
+        "argsort (2-operand sort)": (f"%io = stablehlo.iota dim = 0 : tensor<{bound}x{c}xf32>\n  %ib = stablehlo.set_dimension_size "
+                                     f"%io, %n, dim = 0 : (tensor<{bound}x{c}xf32>, tensor<i32>) -> {b}\n  "
+                                     f'%o1, %o = "stablehlo.sort"(%d, %ib) <{{dimension = 0 : i64, is_stable = true}}> ({{\n'
+                                     f"  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<f32>, %e: tensor<f32>):\n    "
+                                     f"%l = stablehlo.compare LT, %a, %b : (tensor<f32>, tensor<f32>) -> tensor<i1>\n    "
+                                     f"stablehlo.return %l : tensor<i1>\n  }}) : ({b}, {b}) -> ({b}, {b})", b, bound,
+                                     lambda x: np.argsort(x, 0, kind="stable").astype(np.float32)),
         "dot over dynamic": (f"%o = stablehlo.dot_general %d, %d, contracting_dims = [0] x [0] : ({b}, {b}) -> "
                              f"tensor<{c}x{c}xf32>", f"tensor<{c}x{c}xf32>", None, lambda x: x.T @ x),
     }
@@ -555,8 +620,11 @@ def llama() -> None:
 
 
 def main() -> None:
-    part = sys.argv[1] if len(sys.argv) > 1 else ""
-    size = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    argv = [a for a in sys.argv if a != "--no-scan-tiling"]
+    if len(argv) != len(sys.argv):
+        OVERRIDES.append(("xla_reduce_window_rewrite_base_length", 0))
+    part = argv[1] if len(argv) > 1 else ""
+    size = int(argv[2]) if len(argv) > 2 else 64
     if part == "entry":
         entry()
     elif part == "translate":
