@@ -393,6 +393,12 @@ PASSING = {
     "whole_buffer_copy_from_another_dtype_returned": _program(
         [f"{BUFFER_LOCAL}.copy_(x0.view(torch.int32))"], [BUFFER_LOCAL], ["b"], buffer=BUFFER
     ),
+    # Found by the session-46 user sweep (TAPAS), fixed in the importer: a
+    # select between two equal broadcasting constants was folded by
+    # torch-mlir to the unbroadcast constant: the sum was 1.5, eager's 9.0.
+    "select_between_one_broadcast_value": _program(
+        ["v0 = torch.where(x0 > 0.25, torch.full((1,), 1.5), torch.full((1,), 1.5)).sum() + x0"], ["v0"], ["v0"]
+    ),
 }
 
 

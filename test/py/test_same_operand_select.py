@@ -1,6 +1,6 @@
 """``where(c, a, a)`` that broadcasts ``a``: torch-mlir folds it to ``a``
-unbroadcast, and the lowering failed (frontend/importer.py,
-``_same_operand_selects_expanded``).  Reached by users through
+unbroadcast; the lowering failed, or a full sum of it silently came out of
+one element (frontend/importer.py, ``_same_operand_selects_expanded``).  Reached by users through
 ``scatter_reduce(..., include_self=False)`` of a constant source, which
 TAPAS's cell selection computes."""
 
@@ -35,7 +35,14 @@ def _scatter_mean_of_zeros(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return torch.full((64,), 2.0).scatter_reduce(0, index, torch.zeros(24), reduce="mean", include_self=False)
 
 
+def _sum_of_one_value(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    # The silent case: the folded select was one element, its sum 1.5
+    # where eager's is 1.5 * 64 * 24 (no error: the sum's types agree).
+    return torch.where(x > 0.25, torch.full((1,), 1.5), torch.full((1,), 1.5)).sum()
+
+
 CASES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum_of_one_value": _sum_of_one_value,
     "same_input": _same_input,
     "same_constant": _same_constant,
     "scatter_sum_of_zeros": _scatter_sum_of_zeros,

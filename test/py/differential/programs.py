@@ -626,7 +626,7 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     if sim.dim() >= 1:
         kinds += ["negative_index_list", "negative_index_tensor", "flip", "roll", "cat", "stack", "repeat", "gather"]
         if is_float:
-            kinds += ["sum_dim", "cumsum", "amax", "where", "clamp", "abs", "maximum"]
+            kinds += ["sum_dim", "cumsum", "amax", "where", "where_one_value", "clamp", "abs", "maximum"]
     kind = draw(st.sampled_from(kinds))
     if kind == "as_strided":
         return draw(_draw_as_strided(builder, operand))
@@ -718,6 +718,22 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
         threshold = draw(st.sampled_from(F32_ADD_CONSTANTS))
         builder.emit_compute(f"torch.where({name} > {threshold!r}, {name}, {other.name})",
                              torch.where(sim > threshold, sim, other.sim), [operand, other])
+    elif kind == "where_one_value":
+        # A select between two equal constants that broadcast (what
+        # scatter_reduce(include_self=False) of a constant source becomes),
+        # then reduced: torch-mlir folded the select to the unbroadcast
+        # constant, and the sum came out of one element.
+        threshold = draw(st.sampled_from(F32_ADD_CONSTANTS))
+        constant = draw(st.sampled_from(F32_ADD_CONSTANTS))
+        ones = tuple([1] * draw(st.integers(1, sim.dim())))
+        dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
+        builder.emit_compute(
+            f"torch.where({name} > {threshold!r}, torch.full({ones!r}, {constant!r}), "
+            f"torch.full({ones!r}, {constant!r})).sum({dim}, keepdim=True) + {name}",
+            torch.where(sim > threshold, torch.full(ones, constant), torch.full(ones, constant)).sum(dim, keepdim=True)
+            + sim,
+            [operand],
+        )
     elif kind == "constant_arithmetic":
         constant = draw(_constant_expression(name))
         value = eval(constant, {"torch": torch, name: sim})  # noqa: S307 - our own generated text
