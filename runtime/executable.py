@@ -1110,14 +1110,32 @@ class Executable:
                     fresh[name] = slot.upload(array_to_torch(value))
                 else:
                     fresh[name] = jax.device_put(value, self.device, may_alias=False)
-            for name, value in staged.items():
-                slot = self._slots[name]
-                if name in fresh:
-                    slot.array = fresh[name]
-                else:
-                    assert slot.array is not None and isinstance(value, torch.Tensor)
-                    slot.write(value)
-                slot.consumed_by = None
+            # Nothing changed so far.  From the first replacement on, an
+            # exception (KeyboardInterrupt included) completes the rest
+            # before it leaves: the state is never part loaded.
+            done: set[str] = set()
+            try:
+                self._replace_state(staged, fresh, done)
+            except BaseException:
+                self._replace_state(staged, fresh, done)
+                raise
+
+    def _replace_state(
+        self, staged: dict[str, torch.Tensor | jax.Array], fresh: dict[str, jax.Array], done: set[str]
+    ) -> None:
+        """:meth:`load_state_dict`'s replacements, each once (``done``: the
+        names replaced; doing one again is harmless)."""
+        for name, value in staged.items():
+            if name in done:
+                continue
+            slot = self._slots[name]
+            if name in fresh:
+                slot.array = fresh[name]
+            else:
+                assert slot.array is not None and isinstance(value, torch.Tensor)
+                slot.write(value)
+            slot.consumed_by = None
+            done.add(name)
 
     def to_device(self, tensor: torch.Tensor, name: str = "tensor") -> DeviceTensor:
         """``tensor`` copied onto this executable's device (donatable for real)."""
