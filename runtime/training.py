@@ -570,8 +570,17 @@ class TrainingStep:
             # replaced entry (the newest value) and copies into the rest.
             self._adopt_replaced_optimizer_entries()
             self._read_replaced_grads()
-            result = self.executable(*self._lr_inputs(), *leaves)
-        self._host_lags = True
+            try:
+                result = self.executable(*self._lr_inputs(), *leaves)
+                self._host_lags = True
+            except BaseException:
+                # Cut short once the program ran (a Ctrl-C as it returned:
+                # the call committed its state to the device first), eager
+                # reads must still copy it in; the first step's optimizer
+                # entries have no host tensor a stale mark could route.
+                if any(slot.lags for slot in self.executable._slots.values()):
+                    self._host_lags = True
+                raise
         return result
 
     def _read_replaced_grads(self) -> None:

@@ -118,9 +118,10 @@ class _Twin:
         assert seen in (self.calls, self.calls + 1), (where, seen, self.calls)
         if seen == self.calls + 1:
             self.eager_call()  # the interrupted call counts
+        model, device = self.model.state_dict(), self.exe.state_dict()
         for name, value in self.eager.state_dict().items():
-            _close(self.model.state_dict()[name], value, f"{name} after {where}")
-            _close(self.exe.state_dict()[name], value, f"{name} (device) after {where}")
+            _close(model[name], value, f"{name} after {where}")
+            _close(device[name], value, f"{name} (device) after {where}")
         _close(self.out, self.eager_out, f"the caller's tensor after {where}")
         x = _inputs(self.calls)
         _close(self.exe(x, self.out), self.eager_call(), f"the next call after {where}")
@@ -141,7 +142,6 @@ def test_a_mesh_call_interrupted_anywhere_is_all_or_nothing() -> None:
     names = {name for name, _, _ in points}
     assert {"run_mesh", "_MeshCommit.run"} <= names, sorted(names)
     assert all(slot.array is not None for slot in twin.exe._slots.values())
-    print(len(points))
 
 
 def _trainer() -> tuple[torch.nn.Module, torch.optim.Optimizer, Callable[..., torch.Tensor]]:
@@ -190,11 +190,15 @@ class _TrainTwin:
         entries = self.optimizer.state[next(iter(self.model.parameters()))]
         return int(entries["step"]) if "step" in entries else 0
 
-    def check_state(self, where: Any) -> None:
-        """The model and optimizer, as eager code reads them and as the
-        step holds them, are eager's."""
-        model, optimizer = self.model.state_dict(), self.optimizer.state_dict()["state"]
+    def device_steps(self) -> tuple[int, dict[str, Any]]:
+        """Adam's step count on the device, and the step's state."""
         device = self.train.state_dict()
+        return int(device["optimizer"]["state"][0]["step"]), device
+
+    def check_state(self, where: Any, device: dict[str, Any]) -> None:
+        """The model and optimizer, as eager code reads them and as the
+        step holds them (``device``), are eager's."""
+        model, optimizer = self.model.state_dict(), self.optimizer.state_dict()["state"]
         for name, value in self.eager.state_dict().items():
             _close(model[name], value, f"{name} after {where}")
             _close(device["model"][name], value, f"{name} (device) after {where}")
@@ -206,13 +210,13 @@ class _TrainTwin:
     def check(self, where: Any) -> None:
         _check_released(self.lock, self.modes, where)
         # The device's step count first: an eager read must agree with it.
-        device_steps = int(self.train.state_dict()["optimizer"]["state"][0]["step"])
+        device_steps, device = self.device_steps()
         seen = self.step_count()
         assert seen == device_steps, f"eager code reads step {seen}, the device holds {device_steps}, after {where}"
         assert seen in (self.steps, self.steps + 1), (where, seen, self.steps)
         if seen == self.steps + 1:
             self.eager_call()
-        self.check_state(where)
+        self.check_state(where, device)
         batch = _batch(self.steps)
         _close(self.train(*batch), self.eager_call(), f"the next step after {where}")
 
@@ -246,7 +250,7 @@ def test_a_checkpoint_save_interrupted_anywhere_changes_no_state(tmp_path: Any) 
 
     def check(_: None, where: Any) -> None:
         _check_released(twin.lock, twin.modes, where)
-        twin.check_state(where)
+        twin.check_state(where, twin.train.state_dict())
         now = checkpoint.read(target)
         assert sorted(now) == sorted(saved[0]), where
         for name, value in now.items():
@@ -283,7 +287,7 @@ def test_a_checkpoint_load_interrupted_anywhere_is_all_or_nothing(tmp_path: Any)
 
     def check(_: None, where: Any) -> None:
         _check_released(twin.lock, twin.modes, where)
-        device_steps = int(twin.train.state_dict()["optimizer"]["state"][0]["step"])
+        device_steps, device = twin.device_steps()
         assert twin.step_count() == device_steps, where
         assert device_steps in (at_save[2], twin.steps), (where, device_steps)
         if device_steps == at_save[2]:  # loaded: eager resumes from the checkpoint
@@ -291,9 +295,97 @@ def test_a_checkpoint_load_interrupted_anywhere_is_all_or_nothing(tmp_path: Any)
             # A copy: torch's Adam keeps the loaded step tensors and counts in them.
             twin.eager_optimizer.load_state_dict(copy.deepcopy(at_save[1]))
             twin.steps = at_save[2]
-        twin.check_state(where)
+        twin.check_state(where, device)
         batch = _batch(twin.steps)
         _close(twin.train(*batch), twin.eager_call(), f"the next step after {where}")
 
     points = sweep(prepare, run, check, CHECKPOINT_FILES)
     assert any(name == "load" for name, _, _ in points), points
+
+
+READS: dict[str, Callable[[Any], Any]] = {
+    "bare": lambda twin: twin.model.cache * 1,  # a program's state, gathered
+    "eager forward": lambda twin: twin.model(_batch(0)[0]),  # a mesh step's hooks write it back
+}
+
+
+@pytest.mark.parametrize("read", list(READS))
+def test_a_read_after_mesh_calls_interrupted_anywhere_loses_nothing(read: str) -> None:
+    """A read copies what the calls left on the devices into the module's
+    tensors (gathered); cut anywhere, the module reads the calls' values
+    next, and the calls after continue from them."""
+    twin: Any = _TrainTwin() if read == "eager forward" else _Twin()
+    is_training = isinstance(twin, _TrainTwin)
+
+    def prepare() -> None:
+        if is_training:
+            twin.train(*_batch(twin.steps))
+        else:
+            twin.exe(_inputs(twin.calls), twin.out)
+        twin.eager_call()
+
+    def check(_: None, where: Any) -> None:
+        _check_released(twin.lock, twin.modes, where)
+        if is_training:
+            steps, device = twin.device_steps()
+            assert steps == twin.steps == twin.step_count(), where
+            twin.check_state(where, device)
+        else:
+            model, device = twin.model.state_dict(), twin.exe.state_dict()
+            for name, value in twin.eager.state_dict().items():
+                _close(model[name], value, f"{name} after {where}")
+                _close(device[name], value, f"{name} (device) after {where}")
+
+    points = sweep(prepare, lambda _: READS[read](twin), check, CALL_FILES | {training.__file__})
+    assert points
+    twin.check("the sweep")
+
+
+def _cut_as_it_returns(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """``Executable.<method>`` runs, then a Ctrl-C is delivered as it
+    returns (what one checked at the return of its call raises), once."""
+    real = getattr(executable_module.Executable, method)
+
+    def cut(self: Any, *args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(executable_module.Executable, method, real)
+        real(self, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(executable_module.Executable, method, cut)
+
+
+def test_a_first_mesh_training_step_cut_as_its_program_returns_is_read_by_eager_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step's first call: the optimizer's entries have no host tensors
+    a stale mark could route a read through, so only the step's own flag
+    (``_host_lags``) has eager reads copy the device state in.  A Ctrl-C
+    as the program's call returned skipped it: the optimizer read step 0
+    and zero moments, the device held step 1."""
+    twin = _TrainTwin()
+    _cut_as_it_returns(monkeypatch, "__call__")
+    with pytest.raises(KeyboardInterrupt):
+        twin.train(*_batch(0))
+    twin.check("a Ctrl-C as the first step's program returned")
+
+
+def test_a_checkpoint_load_into_a_new_step_cut_as_it_returns_is_read_by_eager_code(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """``checkpoint.load`` into a step that never ran, cut as the device
+    took the checkpoint: eager code read the compile-time state."""
+    saved = _TrainTwin()
+    saved.train(*_batch(0))
+    saved.eager_call()
+    checkpoint.save(saved.train, tmp_path / "ckpt")
+    twin = _TrainTwin()
+    _cut_as_it_returns(monkeypatch, "load_state_dict")
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.load(twin.train, tmp_path / "ckpt")
+    # The checkpoint's state is one step on: eager resumes from it.
+    twin.eager.load_state_dict(saved.eager.state_dict())
+    twin.eager_optimizer.load_state_dict(copy.deepcopy(saved.eager_optimizer.state_dict()))
+    twin.steps = 1
+    assert twin.step_count() == 1
+    twin.check_state("a Ctrl-C as the load returned", twin.train.state_dict())
+    _close(twin.train(*_batch(1)), twin.eager_call(), "the next step")
