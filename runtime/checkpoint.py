@@ -205,18 +205,11 @@ def load(target: Any, directory: str | os.PathLike[str]) -> None:
         raise ExecutionError(
             f"checkpoint '{os.fspath(directory)}' has no value for state {', '.join(repr(m) for m in missing)}"
         )
-    training = isinstance(target, TrainingStep)
-    try:
-        executable.load_state_dict({name: values[name] for name in executable._slots if name in values})
-        if training:
-            # The device holds the checkpoint; the model's and optimizer's
-            # own tensors do not (eager code first gets it, or is refused
-            # on a mesh across processes).
-            target._host_lags = True
-    except BaseException:
-        # Cut short once the load began (a Ctrl-C as it returned): the
-        # device holds the checkpoint all the same (load_state_dict
-        # completes), and eager reads must copy it in.
-        if training and any(slot.lags for slot in executable._slots.values()):
-            target._host_lags = True
-        raise
+    # A training step records, as part of the load (also when cut short
+    # as it returns), that the device holds the checkpoint and the
+    # model's and optimizer's own tensors do not: eager code first gets
+    # it, or is refused on a mesh across processes.
+    executable.load_state_dict(
+        {name: values[name] for name in executable._slots if name in values},
+        _then=target._host_lags_device if isinstance(target, TrainingStep) else None,
+    )

@@ -1071,12 +1071,18 @@ class Executable:
                     else:
                         slot.mark_synced()
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict[str, torch.Tensor], *, _then: Callable[[], None] | None = None) -> None:
         """Set module state.  Every entry is checked (known name, torch tensor
         or DeviceTensor with data, matching shape and dtype) and copied to the
         device before any is replaced; on CPU the values are written into the
         existing buffers, so returned views of state see them.  The state is
-        shared by every executable compiled from the same module."""
+        shared by every executable compiled from the same module.
+
+        All or nothing: once the first entry is replaced, an exception
+        (KeyboardInterrupt included) completes the rest before it leaves.
+        (Private: ``_then``, idempotent, is part of that: what the caller
+        records once the device holds the state, run after the last
+        replacement, and again on such an exception.)"""
         if not isinstance(state, dict):
             raise ExecutionError(f"load_state_dict: expected a dict from state name to tensor, got {type(state).__name__}")
         staged: dict[str, torch.Tensor | jax.Array] = {}
@@ -1116,8 +1122,12 @@ class Executable:
             done: set[str] = set()
             try:
                 self._replace_state(staged, fresh, done)
+                if _then is not None:
+                    _then()
             except BaseException:
                 self._replace_state(staged, fresh, done)
+                if _then is not None:
+                    _then()
                 raise
 
     def _replace_state(

@@ -766,11 +766,20 @@ class TrainingStep:
                 f"load_state_dict: {len(groups)} param groups, the optimizer has "
                 f"{len(self._optimizer.param_groups)}"
             )
-        self.executable.load_state_dict(values)
-        self._host_lags = True  # the device holds what was loaded, the model and optimizer do not
-        if groups is not None:
-            for group, saved in zip(self._optimizer.param_groups, groups):
-                group.update({k: v for k, v in saved.items() if k != "params"})
+        def loaded() -> None:
+            # Part of the load (done again if it is cut short): the device
+            # holds what was loaded, the model and optimizer do not; the
+            # hyperparameters go with the state.
+            self._host_lags_device()
+            if groups is not None:
+                for group, saved in zip(self._optimizer.param_groups, groups):
+                    group.update({k: v for k, v in saved.items() if k != "params"})
+
+        self.executable.load_state_dict(values, _then=loaded)
+
+    def _host_lags_device(self) -> None:
+        """The device holds state the model's and optimizer's tensors do not."""
+        self._host_lags = True
 
     def _checked(self, value: Any, slot_name: str, what: str, source: str = "load_state_dict") -> Any:
         """``value`` if its dtype and shape are the slot's; an error naming

@@ -377,3 +377,31 @@ def test_a_checkpoint_load_into_a_new_step_cut_as_it_returns_is_read_by_eager_co
     assert twin.step_count() == 1
     twin.check_state("a Ctrl-C as the load returned", twin.train.state_dict())
     _close(twin.train(*_batch(1)), twin.eager_call(), "the next step")
+
+
+def test_a_step_load_state_dict_cut_as_the_device_took_it_loads_the_rest_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``train.load_state_dict(state)`` cut as the device took the state:
+    the optimizer's hyperparameters (``param_groups``) and the host's
+    lag go with it.  They were set after the device load, so the step
+    went on with the new moments and the old learning rate, and eager
+    code read the compile-time state."""
+    saved = _TrainTwin()
+    saved.train(*_batch(0))
+    saved.eager_call()
+    state = saved.train.state_dict()
+    state["optimizer"]["param_groups"][0]["lr"] = 0.05
+    twin = _TrainTwin()
+    _cut_as_it_returns(monkeypatch, "load_state_dict")
+    with pytest.raises(KeyboardInterrupt):
+        twin.train.load_state_dict(state)
+    assert twin.optimizer.param_groups[0]["lr"] == 0.05
+    twin.eager.load_state_dict(saved.eager.state_dict())
+    eager_state = copy.deepcopy(saved.eager_optimizer.state_dict())
+    eager_state["param_groups"][0]["lr"] = 0.05
+    twin.eager_optimizer.load_state_dict(eager_state)
+    twin.steps = 1
+    assert twin.step_count() == 1
+    twin.check_state("a Ctrl-C as the load returned", twin.train.state_dict())
+    _close(twin.train(*_batch(1)), twin.eager_call(), "the next step")
