@@ -205,9 +205,11 @@ def load(target: Any, directory: str | os.PathLike[str]) -> None:
         raise ExecutionError(
             f"checkpoint '{os.fspath(directory)}' has no value for state {', '.join(repr(m) for m in missing)}"
         )
-    executable.load_state_dict({name: values[name] for name in executable._slots if name in values})
-    if isinstance(target, TrainingStep):
-        # The device holds the checkpoint; the model's and optimizer's own
-        # tensors do not (eager code first gets it, or is refused on a
-        # mesh across processes).
-        target._host_lags = True
+    # A training step records, as part of the load (also when cut short
+    # as it returns), that the device holds the checkpoint and the
+    # model's and optimizer's own tensors do not: eager code first gets
+    # it, or is refused on a mesh across processes.
+    executable.load_state_dict(
+        {name: values[name] for name in executable._slots if name in values},
+        _then=target._host_lags_device if isinstance(target, TrainingStep) else None,
+    )

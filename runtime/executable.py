@@ -1071,12 +1071,18 @@ class Executable:
                     else:
                         slot.mark_synced()
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict[str, torch.Tensor], *, _then: Callable[[], None] | None = None) -> None:
         """Set module state.  Every entry is checked (known name, torch tensor
         or DeviceTensor with data, matching shape and dtype) and copied to the
         device before any is replaced; on CPU the values are written into the
         existing buffers, so returned views of state see them.  The state is
-        shared by every executable compiled from the same module."""
+        shared by every executable compiled from the same module.
+
+        All or nothing: once the first entry is replaced, an exception
+        (KeyboardInterrupt included) completes the rest before it leaves.
+        (Private: ``_then``, idempotent, is part of that: what the caller
+        records once the device holds the state, run after the last
+        replacement, and again on such an exception.)"""
         if not isinstance(state, dict):
             raise ExecutionError(f"load_state_dict: expected a dict from state name to tensor, got {type(state).__name__}")
         staged: dict[str, torch.Tensor | jax.Array] = {}
@@ -1110,14 +1116,36 @@ class Executable:
                     fresh[name] = slot.upload(array_to_torch(value))
                 else:
                     fresh[name] = jax.device_put(value, self.device, may_alias=False)
-            for name, value in staged.items():
-                slot = self._slots[name]
-                if name in fresh:
-                    slot.array = fresh[name]
-                else:
-                    assert slot.array is not None and isinstance(value, torch.Tensor)
-                    slot.write(value)
-                slot.consumed_by = None
+            # Nothing changed so far.  From the first replacement on, an
+            # exception (KeyboardInterrupt included) completes the rest
+            # before it leaves: the state is never part loaded.
+            done: set[str] = set()
+            try:
+                self._replace_state(staged, fresh, done)
+                if _then is not None:
+                    _then()
+            except BaseException:
+                self._replace_state(staged, fresh, done)
+                if _then is not None:
+                    _then()
+                raise
+
+    def _replace_state(
+        self, staged: dict[str, torch.Tensor | jax.Array], fresh: dict[str, jax.Array], done: set[str]
+    ) -> None:
+        """:meth:`load_state_dict`'s replacements, each once (``done``: the
+        names replaced; doing one again is harmless)."""
+        for name, value in staged.items():
+            if name in done:
+                continue
+            slot = self._slots[name]
+            if name in fresh:
+                slot.array = fresh[name]
+            else:
+                assert slot.array is not None and isinstance(value, torch.Tensor)
+                slot.write(value)
+            slot.consumed_by = None
+            done.add(name)
 
     def to_device(self, tensor: torch.Tensor, name: str = "tensor") -> DeviceTensor:
         """``tensor`` copied onto this executable's device (donatable for real)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import threading
 import weakref
 from collections.abc import Sequence
@@ -513,21 +514,31 @@ def run_mesh(exe: "Executable", inputs: dict[int, Any]) -> Any:
         bases[index] = tensor
         bits = exe._input_bits.get(index)
         arrays.append(placement.put(tensor if bits is None else tensor.detach().view(bits), index))
+    # What the commit reads, taken before the run; ``ran`` gets the
+    # results as the execute returns (from C: no point where Python runs
+    # a Ctrl-C's handler lies between the two, SingleDeviceDispatch's
+    # docstring), so an exception at any point after it (KeyboardInterrupt
+    # included) finds them and commits before it leaves: the run's donated
+    # state buffers are gone, the call's results are the only state.
+    ran: list[Any] = []
+    commit = _MeshCommit(exe, inputs, bases, arrays, ran)
     try:
-        results = exe._loaded.execute_sharded(arrays)
-    except Exception as error:
-        raise ExecutionError(f"XLA execution failed: {error}") from None
-    # The program ran (its donated state buffers are gone): from here on,
-    # any exception commits before it leaves.
-    commit = _MeshCommit(exe, inputs, bases, arrays, results)
-    del arrays
-    try:
+        ran.extend(map(exe._loaded.execute_sharded, (arrays,)))
+        del arrays  # the user inputs' shards go now
         exe._calls += 1
         arg_tensors = commit.run()
         return assemble_outputs(exe, inputs, arg_tensors, commit.produced())
-    except BaseException:
+    except BaseException as error:
+        if not ran:  # the program did not run: nothing changed
+            if isinstance(error, Exception):
+                raise ExecutionError(f"XLA execution failed: {error}") from None
+            raise
         commit.settle()
         raise
+
+
+#: An execute's results -> their per-device arrays, per output (a C call).
+_DISASSEMBLE = operator.methodcaller("disassemble_into_single_device_arrays")
 
 
 class _MeshCommit:
@@ -539,15 +550,20 @@ class _MeshCommit:
 
     def __init__(
         self, exe: "Executable", inputs: dict[int, Any], bases: dict[int, torch.Tensor],
-        arrays: list[jax.Array], results: Any,
+        arrays: list[jax.Array], ran: list[Any],
     ) -> None:
         self.exe = exe
         self.inputs = inputs
         self.bases = bases
         # The state arguments' pre-call arrays (the commit reads whether
-        # XLA took them); not the user inputs' shards, which go now.
+        # XLA took them); not the user inputs' shards.
         self.kept = {index: arrays[index] for index, name in exe._arg_plan if name is not None}
-        self.results = results
+        #: The execute's results (``ExecuteResults``), once it returned.
+        self.ran = ran
+        #: Their per-device arrays, taken from C as they are taken out:
+        #: ``ExecuteResults`` gives them once, so a Ctrl-C right after must
+        #: not lose them (:meth:`produced` runs again in :meth:`settle`).
+        self.shards: list[Any] = []
         self.outputs: list[jax.Array] | None = None
         self.done: set[int] = set()
         self.arg_tensors: dict[int, Any] = {}
@@ -557,7 +573,9 @@ class _MeshCommit:
         exe = self.exe
         if self.outputs is None:
             try:
-                self.outputs = exe._placement.assemble_outputs(exe._loaded, self.results, exe._result_shapes)
+                if not self.shards:
+                    self.shards.extend(map(_DISASSEMBLE, self.ran))
+                self.outputs = exe._placement.assemble_outputs(exe._loaded, self.shards[0], exe._result_shapes)
             except Exception as error:
                 raise ExecutionError(f"XLA execution failed: {error}") from None
         return dict(zip(exe._result_keys, self.outputs))

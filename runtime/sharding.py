@@ -269,10 +269,11 @@ class Placement:
         # ``tensor`` at once.
         return host_copy(distributed._numpy_of(host), self.named_sharding(arg_index))
 
-    def assemble_outputs(self, loaded: Any, results: Any, shapes: Sequence[tuple[int, ...]]) -> list[jax.Array]:
+    def assemble_outputs(self, loaded: Any, shards: Sequence[Any], shapes: Sequence[tuple[int, ...]]) -> list[jax.Array]:
         """The executable's outputs as global arrays, each with the sharding
-        XLA chose or was told."""
-        shards = results.disassemble_into_single_device_arrays()
+        XLA chose or was told, from ``shards`` (an execute's results
+        disassembled: per output, its per-device arrays; read, never
+        consumed, so a caller cut short can assemble them again)."""
         outputs = []
         for per_device, op_sharding, shape in zip(shards, loaded.get_output_shardings(), shapes):
             sharding = sharding_impls.GSPMDSharding(

@@ -570,8 +570,17 @@ class TrainingStep:
             # replaced entry (the newest value) and copies into the rest.
             self._adopt_replaced_optimizer_entries()
             self._read_replaced_grads()
-            result = self.executable(*self._lr_inputs(), *leaves)
-        self._host_lags = True
+            try:
+                result = self.executable(*self._lr_inputs(), *leaves)
+                self._host_lags = True
+            except BaseException:
+                # Cut short once the program ran (a Ctrl-C as it returned:
+                # the call committed its state to the device first), eager
+                # reads must still copy it in; the first step's optimizer
+                # entries have no host tensor a stale mark could route.
+                if any(slot.lags for slot in self.executable._slots.values()):
+                    self._host_lags = True
+                raise
         return result
 
     def _read_replaced_grads(self) -> None:
@@ -757,11 +766,20 @@ class TrainingStep:
                 f"load_state_dict: {len(groups)} param groups, the optimizer has "
                 f"{len(self._optimizer.param_groups)}"
             )
-        self.executable.load_state_dict(values)
-        self._host_lags = True  # the device holds what was loaded, the model and optimizer do not
-        if groups is not None:
-            for group, saved in zip(self._optimizer.param_groups, groups):
-                group.update({k: v for k, v in saved.items() if k != "params"})
+        def loaded() -> None:
+            # Part of the load (done again if it is cut short): the device
+            # holds what was loaded, the model and optimizer do not; the
+            # hyperparameters go with the state.
+            self._host_lags_device()
+            if groups is not None:
+                for group, saved in zip(self._optimizer.param_groups, groups):
+                    group.update({k: v for k, v in saved.items() if k != "params"})
+
+        self.executable.load_state_dict(values, _then=loaded)
+
+    def _host_lags_device(self) -> None:
+        """The device holds state the model's and optimizer's tensors do not."""
+        self._host_lags = True
 
     def _checked(self, value: Any, slot_name: str, what: str, source: str = "load_state_dict") -> Any:
         """``value`` if its dtype and shape are the slot's; an error naming

@@ -15,6 +15,14 @@ when it ends, as it would a real one.  Frames of other files are not
 traced: an interrupt inside one of their calls surfaces at the return of
 the call in a watched frame, which is swept.
 
+An interrupt at a call's return is raised, by CPython, as part of the call:
+its handler is the one of the call's own code units (the ``with`` body's
+cleanup for ``with lock: return f()``).  A trace function can raise only
+at the next instruction, whose handler can differ (there, the ``with``'s
+exit code, which would skip ``__exit__``: a lock CPython releases would
+stay held).  Such a point is left out (not counted): the interrupt in the
+callee's last point before it and after the next call are swept.
+
 :func:`sweep` runs a piece of code once per point, the k-th run
 interrupted at its k-th point, until a run ends with no interrupt."""
 
@@ -25,7 +33,7 @@ import gc
 import signal
 import sys
 from collections.abc import Callable, Collection
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -66,10 +74,13 @@ class InterruptAt:
         op = dis.opname[frame.f_code.co_code[frame.f_lasti]]
         key = id(frame)
         checked = op in _CHECKED_AT or key in self._after_call
+        after_call = key in self._after_call
         if op in _CHECKED_AFTER:
             self._after_call.add(key)
         else:
             self._after_call.discard(key)
+        if after_call and op not in _CHECKED_AT and _handler_differs(frame.f_code, frame.f_lasti):
+            checked = False  # raised by CPython within the call's handler: not one a tracer can deliver
         if not checked:
             return self._local
         if self.seen == self.at:
@@ -80,6 +91,26 @@ class InterruptAt:
             return None
         self.seen += 1
         return self._local
+
+
+_HANDLERS: dict[CodeType, list[Any]] = {}
+
+
+def _handler_at(code: CodeType, offset: int) -> int | None:
+    table = _HANDLERS.get(code)
+    if table is None:
+        table = _HANDLERS[code] = dis._parse_exception_table(code)  # type: ignore[attr-defined]
+    for entry in table:
+        if entry.start <= offset < entry.end:
+            return int(entry.target)
+    return None
+
+
+def _handler_differs(code: CodeType, offset: int) -> bool:
+    """Whether the instruction at ``offset``, right after a call, has
+    another exception handler than the call's last code unit (where
+    CPython raises an interrupt checked at the call's return)."""
+    return _handler_at(code, offset - 2) != _handler_at(code, offset)
 
 
 def sweep(
