@@ -414,7 +414,8 @@ class _Block:
 
 def _byte_size(tensor_type: ir.RankedTensorType) -> int | None:
     """The bytes of a tensor of ``tensor_type`` (sub-byte elements round
-    up to a byte, as XLA stores them), or None for a dynamic shape."""
+    up to a byte, as XLA stores them), or None for a dynamic shape or an
+    element type of no known width."""
     if not tensor_type.has_static_shape:
         return None
     element = tensor_type.element_type
@@ -428,8 +429,8 @@ def _byte_size(tensor_type: ir.RankedTensorType) -> int | None:
         return None  # an element type of unknown width: not counted as small
     count = 1
     for extent in tensor_type.shape:
-        count *= extent
-    return count * max(1, (bits + 7) // 8)
+        count *= int(extent)
+    return count * max(1, (int(bits) + 7) // 8)
 
 
 def _clone_chain(chain: list[ir.Operation], mapping: dict[ir.Value, ir.Value], value: ir.Value) -> ir.Value:
