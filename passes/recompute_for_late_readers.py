@@ -54,7 +54,7 @@ branch's chain, the case index, a changed neighbour; measured in
 The floor is on the bytes saved alone, not on their ratio to the bytes
 the copy recomputes: that ratio is set by the chain (a Linear input's
 RMSNorm, a GELU) and is the same on a model of any width, so it does not
-tell a 2-layer, 64-wide test model (8 KiB values: no copies) from one
+tell a 2-layer, 64-wide Llama (8-16 KiB values: no copies) from one
 whose copies take megabytes off the step's peak (``bench/training.py``'s
 GPT-2, 128-512 KiB values: all copied).  ``min-saved-bytes=0`` copies
 every eligible value; a value of a dynamic shape counts as large.
@@ -166,7 +166,7 @@ class _Block:
     """One block's rewrite: positions of its ops, refreshed after each copy."""
 
     def __init__(self, block: ir.Block, min_distance: int, max_ops: int, kept_reshapes: bool,
-                 min_saved_bytes: int = 0) -> None:
+                 min_saved_bytes: int) -> None:
         self.block = block
         self.min_saved_bytes = min_saved_bytes
         self.kept_reshapes = kept_reshapes
