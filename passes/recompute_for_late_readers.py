@@ -47,6 +47,18 @@ operand must be a buffer); a function argument's broadcast is copied, not
 read.  At most ``max-ops``
 ops per copy.
 
+A value smaller than ``min-saved-bytes`` (64 KiB by default) is left
+alone: each value copied costs XLA kernels of its own to compile (the
+branch's chain, the case index, a changed neighbour; measured in
+``bench/RESULTS-latency.md``) and saves only that value's buffer.
+The floor is on the bytes saved alone, not on their ratio to the bytes
+the copy recomputes: that ratio is set by the chain (a Linear input's
+RMSNorm, a GELU) and is the same on a model of any width, so it does not
+tell a 2-layer, 64-wide Llama (8-16 KiB values: no copies) from one
+whose copies take megabytes off the step's peak (``bench/training.py``'s
+GPT-2, 128-512 KiB values: all copied).  ``min-saved-bytes=0`` copies
+every eligible value; a value of a dynamic shape counts as large.
+
 Never applies when a value the chain needs is not alive at the reader (it
 would be kept longer: a chain reaching a dot's result nothing reads
 later), to returned values, to chains of shape ops alone before a dot
@@ -106,12 +118,16 @@ class RecomputeForLateReaders(ModulePass[LateReadersReport]):
     max_ops: int = dataclasses.field(default=24, metadata={"help": "the most ops one copy may hold"})
     kept_reshapes: bool = dataclasses.field(
         default=True, metadata={"help": "elementwise readers read a reshape XLA keeps for a dot, reshaped back"})
+    min_saved_bytes: int = dataclasses.field(
+        default=65536, metadata={"help": "values smaller than this (bytes) are kept, not copied"})
 
     def __post_init__(self) -> None:
         if self.min_distance < 1:
             raise PassError(f"{self.name}: min-distance must be at least 1, got {self.min_distance}")
         if self.max_ops < 1:
             raise PassError(f"{self.name}: max-ops must be at least 1, got {self.max_ops}")
+        if self.min_saved_bytes < 0:
+            raise PassError(f"{self.name}: min-saved-bytes must be at least 0, got {self.min_saved_bytes}")
 
     def apply(self, module: ModuleLike) -> LateReadersReport:
         """Give the later readers of every eligible value their own copy."""
@@ -124,7 +140,8 @@ class RecomputeForLateReaders(ModulePass[LateReadersReport]):
                     continue
                 for region in top.operation.regions:
                     for block in region.blocks:
-                        made_values, made_ops = _Block(block, self.min_distance, self.max_ops, self.kept_reshapes).run()
+                        made_values, made_ops = _Block(block, self.min_distance, self.max_ops, self.kept_reshapes,
+                                                       self.min_saved_bytes).run()
                         values += made_values
                         copied += made_ops
         verify_contract(module)
@@ -148,8 +165,10 @@ def _is_constant(value: ir.Value) -> bool:
 class _Block:
     """One block's rewrite: positions of its ops, refreshed after each copy."""
 
-    def __init__(self, block: ir.Block, min_distance: int, max_ops: int, kept_reshapes: bool) -> None:
+    def __init__(self, block: ir.Block, min_distance: int, max_ops: int, kept_reshapes: bool,
+                 min_saved_bytes: int) -> None:
         self.block = block
+        self.min_saved_bytes = min_saved_bytes
         self.kept_reshapes = kept_reshapes
         self.min_distance = min_distance
         self.max_ops = max_ops
@@ -200,6 +219,9 @@ class _Block:
         value = op.results[0]
         if not isinstance(value.type, ir.RankedTensorType):
             return 0
+        size = _byte_size(ir.RankedTensorType(value.type))
+        if size is not None and size < self.min_saved_bytes:
+            return 0  # its kernels cost XLA more than its buffer is worth
         readers = self.readers(value)
         if readers is None or any(r.name == "func.return" for r in readers):
             return 0
@@ -388,6 +410,27 @@ class _Block:
             if self.position[owner] > best_position:
                 best, best_position = operand, self.position[owner]
         return best
+
+
+def _byte_size(tensor_type: ir.RankedTensorType) -> int | None:
+    """The bytes of a tensor of ``tensor_type`` (sub-byte elements round
+    up to a byte, as XLA stores them), or None for a dynamic shape or an
+    element type of no known width."""
+    if not tensor_type.has_static_shape:
+        return None
+    element = tensor_type.element_type
+    if isinstance(element, ir.ComplexType):
+        bits = 2 * ir.FloatType(element.element_type).width
+    elif isinstance(element, ir.FloatType):
+        bits = element.width
+    elif isinstance(element, ir.IntegerType):
+        bits = element.width
+    else:
+        return None  # an element type of unknown width: not counted as small
+    count = 1
+    for extent in tensor_type.shape:
+        count *= int(extent)
+    return count * max(1, (int(bits) + 7) // 8)
 
 
 def _clone_chain(chain: list[ir.Operation], mapping: dict[ir.Value, ir.Value], value: ir.Value) -> ir.Value:

@@ -14,7 +14,13 @@ import pytest
 
 import hloalias
 from hloalias.mlir import new_context, parse_module, print_module
-from hloalias.passes import AliasDonatedBuffers, EliminateViewResults, ModulePass, get_all_passes
+from hloalias.passes import (
+    AliasDonatedBuffers,
+    EliminateViewResults,
+    ModulePass,
+    RecomputeForLateReaders,
+    get_all_passes,
+)
 from hloalias.pipeline import DEFAULT_PIPELINE, PipelineElement, parse_pipeline
 from hloalias.tools import opt
 
@@ -96,6 +102,9 @@ def _options_of(pipeline_element_text: str) -> str:
         AliasDonatedBuffers(explicit=False, donate=("x", "0")),
         AliasDonatedBuffers(donate=("layer.weight",), exclude_kinds=("parameter", "buffer")),
         AliasDonatedBuffers(inferred=False, explicit=False, exclude_kinds=("user_input",)),
+        RecomputeForLateReaders(),
+        RecomputeForLateReaders(min_saved_bytes=0),
+        RecomputeForLateReaders(min_distance=3, kept_reshapes=False, min_saved_bytes=4096),
     ],
     ids=lambda p: p.option_text(),
 )
@@ -155,6 +164,9 @@ def test_a_pass_built_without_options_reads_no_annotation() -> None:
         (AliasDonatedBuffers, "donate", "donate"),
         (AliasDonatedBuffers, "dead-results=1", "dead-results"),
         (AliasDonatedBuffers, "=x", "=x"),
+        (RecomputeForLateReaders, "min-saved-bytes=-1", "min-saved-bytes"),
+        (RecomputeForLateReaders, "min-saved-bytes=1.5", "min-saved-bytes"),
+        (RecomputeForLateReaders, "min-saved-bytes=64KiB", "min-saved-bytes"),
     ],
 )
 def test_bad_options_raise_pass_error(pass_type: type[ModulePass], option_text: str, culprit: str) -> None:

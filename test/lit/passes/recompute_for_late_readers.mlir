@@ -1,21 +1,37 @@
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3})' | filecheck %s
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3 min-saved-bytes=0})' | filecheck %s
 // Idempotent: the copies it made are not copied again on a second run.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3}, recompute-for-late-readers{min-distance=3})' | filecheck %s
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3 min-saved-bytes=0}, recompute-for-late-readers{min-distance=3 min-saved-bytes=0})' | filecheck %s
 // XLA accepts every module the pass produces.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3 min-saved-bytes=0})' --xla-compile 2>&1 >/dev/null | filecheck %s --check-prefix=XLA
 // With the default distance (16 ops) every reader here is near: nothing changes.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers)' | filecheck %s --check-prefix=NEAR
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-saved-bytes=0})' | filecheck %s --check-prefix=NEAR
+// With the default min-saved-bytes (64 KiB) every value here is small: nothing changes.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3})' | filecheck %s --check-prefix=NEAR
+// The floor is inclusive: the first case's f32[4,16] (256 bytes) is copied
+// at min-saved-bytes=256, the second case's f32[4,8] broadcast (128) is not.
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3 min-saved-bytes=256})' | filecheck %s --check-prefix=FLOOR
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3 min-saved-bytes=257})' | filecheck %s --check-prefix=ABOVE
 // Without kept-reshapes the probabilities' elementwise reader is left alone.
-// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3 kept-reshapes=false})' | filecheck %s --check-prefix=NOKEPT
+// RUN: hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=3 kept-reshapes=false min-saved-bytes=0})' | filecheck %s --check-prefix=NOKEPT
 // Bad options are errors naming the option.
 // RUN: not hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{bogus=1})' 2>&1 | filecheck %s --check-prefix=ERR
 // RUN: not hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-distance=0})' 2>&1 | filecheck %s --check-prefix=ZERO
+// RUN: not hloalias-opt %s --split-input-file --pass-pipeline='builtin.module(recompute-for-late-readers{min-saved-bytes=-1})' 2>&1 | filecheck %s --check-prefix=NEGATIVE
 
 // XLA-COUNT-5: xla: argument_bytes={{[0-9]+}}
 // NEAR-NOT: stablehlo.case
 // NEAR-NOT: optimization_barrier
-// ERR: recompute_for_late_readers.mlir: error: recompute-for-late-readers: unknown option 'bogus' (options: kept-reshapes, max-ops, min-distance)
+// ERR: recompute_for_late_readers.mlir: error: recompute-for-late-readers: unknown option 'bogus' (options: kept-reshapes, max-ops, min-distance, min-saved-bytes)
 // ZERO: error: recompute-for-late-readers: min-distance must be at least 1, got 0
+// NEGATIVE: error: recompute-for-late-readers: min-saved-bytes must be at least 0, got -1
+// FLOOR-LABEL: func.func @main(%arg0: tensor<4x8xf32>, %arg1: tensor<8x16xf32>, %arg2: tensor<16x8xf32>, %arg3: tensor<4x8xf32>)
+// FLOOR:         stablehlo.case
+// FLOOR-LABEL: func.func @main(%arg0: tensor<4x8xf32>, %arg1: tensor<8xf32>, %arg2: tensor<4x8xf32>)
+// FLOOR-NOT:     optimization_barrier
+// FLOOR:         return
+// ABOVE-LABEL: func.func @main(%arg0: tensor<4x8xf32>, %arg1: tensor<8x16xf32>, %arg2: tensor<16x8xf32>, %arg3: tensor<4x8xf32>)
+// ABOVE-NOT:     stablehlo.case
+// ABOVE:         return
 
 // A Linear's input that the backward reads again for the weight gradient
 // (dW = a^T g), an activation of the previous Linear's output h, which the
