@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+import torch._guards
 import torch.compiler
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
@@ -80,7 +81,7 @@ from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
 from hloalias.frontend.host_random import refuse_host_random_draws
 from hloalias.frontend.program_frames import innermost_in_stack_trace, innermost_on_stack, where_raised
 from hloalias.frontend.optimizer_replay import ReplayRefused, expand_replayed_updates, replayed_updates
-from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules
+from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules, signature_checked_once
 
 
 class TrainingCaptureError(TorchImportError):
@@ -341,7 +342,7 @@ def _capture(
     example_inputs = (*lr_examples, *batch_leaves)
     input_names = _input_names(step_fn, batch_leaves, batch_spec, lr_count)
     try:  # the captured graph as it is: no second trace by torch.export
-        with lazy_graph_modules(), lazy_exported_programs():
+        with lazy_graph_modules(), lazy_exported_programs(), signature_checked_once():
             exported = _exported_from_graph(
                 graph_module, slots, initial, example_inputs, input_names, result_structure[-1]
             )
@@ -916,7 +917,15 @@ def _exported_from_graph(
     for node, name in zip(placeholders[len(slots):], input_names):
         node._rename(name)
     constants = _lift_tensor_constants(graph_module, placeholders[len(slots)])
-    graph.eliminate_dead_code()
+    # torch's test (as eliminate_dead_code asks it), asked only of nodes
+    # without users: a node with users is kept whatever it answers, and
+    # asking (schema reads) cost every node of the step.
+    impure_random = True
+    if torch._guards.TracingContext.try_get():
+        import torch._inductor.config as inductor_config
+
+        impure_random = inductor_config.fallback_random
+    graph.eliminate_dead_code(lambda node: bool(node.users) or node.is_impure(impure_random))
     for node in graph.nodes:  # make_fx leaves the unused results of multi-output ops without a value
         if "val" not in node.meta and node.target is operator.getitem:
             node.meta["val"] = node.args[0].meta["val"][node.args[1]]
@@ -930,7 +939,7 @@ def _exported_from_graph(
     new_values, results = flat_outputs[: len(slots)], flat_outputs[len(slots):]
     output.args = (tuple(flat_outputs),)
     graph_module._out_spec = None  # the flat outputs are the program's: no make_fx output tree
-    graph.lint()
+    # (No lint here: the ExportedProgram's verifier lints this graph.)
     graph_module.recompile()
     from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
     from torch.export.graph_signature import (

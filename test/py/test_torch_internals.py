@@ -72,6 +72,10 @@ _PINNED_SOURCES = {
         "771eb4ff2e57222067ccc351bcaff027c49c55e22b9710806ac6947989568a3d",
     ("torch.fx.experimental.proxy_tensor", "PythonKeyTracer.call_module"):
         "333bdeab06a0dc4669b42027b9e82c854bda17424f41ad238096b6d981f6c399",
+    # signature_checked_once: torch's signature check, run with each
+    # signature property read once, must not change the signature it reads.
+    ("torch._export.verifier", "_verify_exported_program_signature"):
+        "28e166748f97611dead44d9a514f2801d07936e613ab6b469426ec08e9777b96",
     ("torch.fx.experimental.proxy_tensor", "PythonKeyTracer.getattr"):
         "56581dd84c98dde6bbde0b02156cfa88921fa66e725da3761998a75975ffc738",
 }
