@@ -52,6 +52,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch._guards
+import torch.fx
 from torch.export import ExportedProgram
 
 # Private names used (module -> names); pinned by the test.
@@ -575,6 +577,21 @@ def lazy_exported_programs() -> Iterator[None]:
             _lazy_export_depth -= 1
             if _lazy_export_depth == 0:
                 exported_program._create_graph_module_for_export = private["_create_graph_module_for_export"]
+
+
+def eliminate_dead_code(graph: torch.fx.Graph) -> bool:
+    """``graph.eliminate_dead_code()``, the same nodes removed: torch asks
+    every node ``is_impure`` (schema and effect reads, ~5 us a node) and
+    then whether it has users; here only nodes without users are asked,
+    since a node with users is kept whatever the answer.  The same
+    ``impure_random`` as torch's (random ops impure outside a tracing
+    context)."""
+    impure_random = True
+    if torch._guards.TracingContext.try_get():
+        import torch._inductor.config as inductor_config
+
+        impure_random = inductor_config.fallback_random
+    return graph.eliminate_dead_code(lambda node: bool(node.users) or node.is_impure(impure_random))
 
 
 class _SignatureRead:

@@ -56,7 +56,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-import torch._guards
 import torch.compiler
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
@@ -81,7 +80,12 @@ from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
 from hloalias.frontend.host_random import refuse_host_random_draws
 from hloalias.frontend.program_frames import innermost_in_stack_trace, innermost_on_stack, where_raised
 from hloalias.frontend.optimizer_replay import ReplayRefused, expand_replayed_updates, replayed_updates
-from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules, signature_checked_once
+from hloalias.frontend.torch_internals import (
+    eliminate_dead_code,
+    lazy_exported_programs,
+    lazy_graph_modules,
+    signature_checked_once,
+)
 
 
 class TrainingCaptureError(TorchImportError):
@@ -917,15 +921,7 @@ def _exported_from_graph(
     for node, name in zip(placeholders[len(slots):], input_names):
         node._rename(name)
     constants = _lift_tensor_constants(graph_module, placeholders[len(slots)])
-    # torch's test (as eliminate_dead_code asks it), asked only of nodes
-    # without users: a node with users is kept whatever it answers, and
-    # asking (schema reads) cost every node of the step.
-    impure_random = True
-    if torch._guards.TracingContext.try_get():
-        import torch._inductor.config as inductor_config
-
-        impure_random = inductor_config.fallback_random
-    graph.eliminate_dead_code(lambda node: bool(node.users) or node.is_impure(impure_random))
+    eliminate_dead_code(graph)
     for node in graph.nodes:  # make_fx leaves the unused results of multi-output ops without a value
         if "val" not in node.meta and node.target is operator.getitem:
             node.meta["val"] = node.args[0].meta["val"][node.args[1]]
