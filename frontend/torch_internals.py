@@ -653,8 +653,8 @@ def signature_checked_once() -> Iterator[None]:
         if _signature_check_depth == 0:
             _signature_check_saved = original = verifier._verify_exported_program_signature
 
-            def check(program: ExportedProgram) -> None:
-                original(_ProgramRead(program))
+            def check(exported_program: Any) -> None:
+                original(_ProgramRead(exported_program))
 
             verifier._verify_exported_program_signature = check
         _signature_check_depth += 1
