@@ -35,7 +35,13 @@ functionalization and the decompositions once instead of being traced to
 the training IR and retraced.  :func:`module_patches_skipped` keeps
 ``make_fx``'s tracer from swapping ``nn.Module``'s ``__getattr__`` and
 ``__call__`` for wrappers that change nothing for it (a per-class cost at
-every trace).  ``test/py/test_torch_internals.py`` pins every private name used
+every trace).  :func:`signature_checked_once` runs torch's signature
+check of an ``ExportedProgram`` with each signature property read once
+(torch's is quadratic in mutated buffers), and :func:`eliminate_dead_code`
+is ``Graph.eliminate_dead_code`` asking ``is_impure`` only of nodes
+without users: both give torch's answers (tested in
+``test/py/test_training_signature_check.py`` and below).
+``test/py/test_torch_internals.py`` pins every private name used
 here, compares the operator state under :func:`cia_override` with the
 state under torch's override, and checks the decomposed graph and
 signature against ``run_decompositions``; a torch that changes any of
