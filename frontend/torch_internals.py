@@ -655,22 +655,29 @@ def signature_checked_once() -> Iterator[None]:
         return
     import torch._export.verifier as verifier
 
-    with _SIGNATURE_CHECK_LOCK:
-        if _signature_check_depth == 0:
-            _signature_check_saved = original = verifier._verify_exported_program_signature
-
-            def check(exported_program: Any) -> None:
-                original(_ProgramRead(exported_program))
-
-            verifier._verify_exported_program_signature = check
-        _signature_check_depth += 1
+    # ``entered`` is set with the count, in a block where Python delivers
+    # no Ctrl-C (no call in it): an interrupt anywhere else either comes
+    # before the count or is inside the ``try``, whose ``finally`` takes
+    # the count back (test_training_signature_check.py sweeps it).
+    entered = False
     try:
+        with _SIGNATURE_CHECK_LOCK:
+            if _signature_check_depth == 0:
+                _signature_check_saved = original = verifier._verify_exported_program_signature
+
+                def check(exported_program: Any) -> None:
+                    original(_ProgramRead(exported_program))
+
+                verifier._verify_exported_program_signature = check
+            _signature_check_depth += 1
+            entered = True
         yield
     finally:
-        with _SIGNATURE_CHECK_LOCK:
-            _signature_check_depth -= 1
-            if _signature_check_depth == 0:
-                verifier._verify_exported_program_signature = _signature_check_saved
+        if entered:
+            with _SIGNATURE_CHECK_LOCK:
+                _signature_check_depth -= 1
+                if _signature_check_depth == 0:
+                    verifier._verify_exported_program_signature = _signature_check_saved
 
 
 _MODULE_PATCH_LOCK = threading.Lock()

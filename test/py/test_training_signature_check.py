@@ -148,3 +148,26 @@ def test_training_capture_checks_the_signature_once(monkeypatch: pytest.MonkeyPa
     assert checked == ["_ProgramRead"]
     assert verifier._verify_exported_program_signature is counted
     assert len(_buffer_outputs(program)) == 8
+
+
+def test_an_interrupt_anywhere_leaves_torchs_check_in_place() -> None:
+    """A Ctrl-C at every point of the block (frontend/torch_internals.py)
+    leaves torch's check in the verifier and no block counted."""
+    from interrupt_points import sweep
+
+    from hloalias.frontend import torch_internals
+
+    program = _program()
+    torchs = verifier._verify_exported_program_signature
+
+    def run(_: None) -> None:
+        with signature_checked_once():
+            with signature_checked_once():
+                program.validate()
+
+    def check(_: None, where: Any) -> None:
+        assert verifier._verify_exported_program_signature is torchs, where
+        assert torch_internals._signature_check_depth == 0, where
+
+    points = sweep(lambda: None, run, check, {torch_internals.__file__})
+    assert {"signature_checked_once", "signature_checked_once.<locals>.check"} <= {name for name, _, _ in points}
