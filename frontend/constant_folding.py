@@ -29,6 +29,8 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_map
 
+from hloalias.frontend.torch_internals import eliminate_dead_code
+
 aten = torch.ops.aten
 
 # Ops whose result is not a function of their arguments.
@@ -89,7 +91,7 @@ def fold_constants(graph: torch.fx.Graph) -> bool:
         known[full] = value
         changed = True
     if changed:
-        graph.eliminate_dead_code()
+        eliminate_dead_code(graph)
     return changed
 
 

@@ -57,6 +57,7 @@ import torch._decomp
 from hloalias.frontend.linalg_fft import linalg_fft_decompositions
 from hloalias.frontend.op_coverage import op_coverage_decompositions, torch_nn_custom_op_entries
 from hloalias.frontend.special_functions import special_decompositions
+from hloalias.frontend.torch_internals import eliminate_dead_code
 
 aten = torch.ops.aten
 
@@ -1284,4 +1285,4 @@ def prepare_graph(graph: torch.fx.Graph) -> None:
         changed |= _scalar_reduction_to_vector(graph, node)
         _unsorted_topk_to_sorted(node)
     if changed:
-        graph.eliminate_dead_code()
+        eliminate_dead_code(graph)

@@ -31,14 +31,27 @@ graph holds the same operators on the same values as the full trace.
 A call with anything else (a gradient scaler's ``grad_scale``, a tensor
 hyperparameter other than ``lr``, complex or sparse or non-contiguous
 tensors, a missing momentum buffer) runs the kernel itself: the full
-trace."""
+trace.
+
+A class's traced update (its template) is kept for later captures in the
+process (:func:`template_cache_stats`): a second capture of the same
+model and optimizer (a new batch shape, a step recompiled) traces no
+update.  The key is everything the template's trace reads: the kernel
+object, every setting (floats by their bits: ``-0.0`` is not ``0.0``),
+which lists are present, each tensor's dtype, role, shape and device (the
+member the template was traced with), the decomposition table's entries
+and torch's default dtype; anything else misses and traces.  A template
+found is checked (:func:`_check_template`) as a new one is."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import operator
+import struct
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -78,6 +91,34 @@ _ALSO_ALLOWED = frozenset({
 #: trace not checked yet): their kernel calls trace in full in later
 #: captures, which then need no second trace.
 _REFUSED: set[Any] = set()
+
+
+@dataclasses.dataclass
+class TemplateCacheStats:
+    """Counters of the template cache (live object)."""
+
+    hits: int = 0
+    misses: int = 0
+
+
+#: Templates kept for later captures, by :func:`_template_key`; the least
+#: recently used goes past ``_TEMPLATE_LIMIT``.
+_TEMPLATES: "collections.OrderedDict[Any, torch.fx.GraphModule]" = collections.OrderedDict()
+_TEMPLATE_LIMIT = 64
+_TEMPLATES_LOCK = threading.Lock()
+_TEMPLATE_STATS = TemplateCacheStats()
+
+
+def template_cache_stats() -> TemplateCacheStats:
+    """The process's template cache counters (live object)."""
+    return _TEMPLATE_STATS
+
+
+def clear_template_cache() -> None:
+    """Drop every kept template and reset the counters."""
+    with _TEMPLATES_LOCK:
+        _TEMPLATES.clear()
+        _TEMPLATE_STATS.hits = _TEMPLATE_STATS.misses = 0
 
 
 @functools.cache
@@ -233,6 +274,55 @@ def replayed_updates() -> Iterator[Replay]:
             setattr(module, name, kernel)
 
 
+def _exact(value: Any) -> Any:
+    """``value`` for a key: a float by its bits (``-0.0 == 0.0`` and NaN
+    payloads are different programs' constants), containers recursively."""
+    if isinstance(value, float):
+        return ("float", struct.pack("<d", value))
+    if isinstance(value, tuple):
+        return tuple(_exact(v) for v in value)
+    return value
+
+
+def _template_key(cls: _Class, decompositions: dict[Any, Callable[..., Any]]) -> Any:
+    """What :func:`_trace_template` of ``cls`` reads (module docstring), or
+    None when some part of it cannot key a dict."""
+    kernel, settings, list_count, present, tensor_keys = cls.key
+    key = (
+        kernel, _exact(settings), list_count, present, tensor_keys, cls.tensor_lr,
+        cls.state_examples, cls.input_examples,
+        torch.get_default_dtype(), torch.compiler.is_compiling(),
+        tuple(decompositions.items()),
+    )
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _template(cls: _Class, decompositions: dict[Any, Callable[..., Any]]) -> torch.fx.GraphModule:
+    """The class's template: kept from an earlier capture with the same
+    key, else traced (and kept).  Raises :class:`ReplayRefused`."""
+    key = _template_key(cls, decompositions)
+    with _TEMPLATES_LOCK:
+        found = _TEMPLATES.get(key) if key is not None else None
+        if found is not None:
+            _TEMPLATES.move_to_end(key)
+    if found is not None:
+        _check_template(found, cls, len(cls.state_examples))
+        _TEMPLATE_STATS.hits += 1
+        return found
+    template = _trace_template(cls, decompositions)
+    _TEMPLATE_STATS.misses += 1
+    if key is not None:
+        with _TEMPLATES_LOCK:
+            _TEMPLATES[key] = template
+            while len(_TEMPLATES) > _TEMPLATE_LIMIT:
+                _TEMPLATES.popitem(last=False)
+    return template
+
+
 def _trace_template(cls: _Class, decompositions: dict[Any, Callable[..., Any]]) -> torch.fx.GraphModule:
     """One member's update traced as ``(state, inputs) -> new state``."""
     state_count = len(cls.state_examples)
@@ -314,7 +404,7 @@ def expand_replayed_updates(
             cls = replay.classes[index]
             if cls.template is None:
                 try:
-                    cls.template = _trace_template(cls, decompositions)
+                    cls.template = _template(cls, decompositions)
                 except ReplayRefused:
                     # This class and those not checked yet: traced in full
                     # from now on (no second trace of a later step).

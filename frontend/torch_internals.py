@@ -35,7 +35,13 @@ functionalization and the decompositions once instead of being traced to
 the training IR and retraced.  :func:`module_patches_skipped` keeps
 ``make_fx``'s tracer from swapping ``nn.Module``'s ``__getattr__`` and
 ``__call__`` for wrappers that change nothing for it (a per-class cost at
-every trace).  ``test/py/test_torch_internals.py`` pins every private name used
+every trace).  :func:`signature_checked_once` runs torch's signature
+check of an ``ExportedProgram`` with each signature property read once
+(torch's is quadratic in mutated buffers), and :func:`eliminate_dead_code`
+is ``Graph.eliminate_dead_code`` asking ``is_impure`` only of nodes
+without users: both give torch's answers (tested in
+``test/py/test_training_signature_check.py`` and below).
+``test/py/test_torch_internals.py`` pins every private name used
 here, compares the operator state under :func:`cia_override` with the
 state under torch's override, and checks the decomposed graph and
 signature against ``run_decompositions``; a torch that changes any of
@@ -52,6 +58,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch._guards
+import torch.fx
 from torch.export import ExportedProgram
 
 # Private names used (module -> names); pinned by the test.
@@ -76,6 +84,7 @@ PRIVATE_NAMES = {
     "torch._subclasses.fake_impls": ("op_implementations_dict", "op_implementations_checks", "_deregister_op_impl"),
     "torch.export._trace": ("_export", "_export_to_aten_ir", "_ignore_backend_decomps", "_get_forward_arg_names"),
     "torch.fx._lazy_graph_module": ("_use_lazy_graph_module", "_make_graph_module"),
+    "torch._export.verifier": ("_verify_exported_program_signature",),
 }
 
 _SplitTable = tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]
@@ -574,6 +583,101 @@ def lazy_exported_programs() -> Iterator[None]:
             _lazy_export_depth -= 1
             if _lazy_export_depth == 0:
                 exported_program._create_graph_module_for_export = private["_create_graph_module_for_export"]
+
+
+def eliminate_dead_code(graph: torch.fx.Graph) -> bool:
+    """``graph.eliminate_dead_code()``, the same nodes removed: torch asks
+    every node ``is_impure`` (schema and effect reads, ~5 us a node) and
+    then whether it has users; here only nodes without users are asked,
+    since a node with users is kept whatever the answer.  The same
+    ``impure_random`` as torch's (random ops impure outside a tracing
+    context)."""
+    impure_random = True
+    if torch._guards.TracingContext.try_get():
+        import torch._inductor.config as inductor_config
+
+        impure_random = inductor_config.fallback_random
+    return graph.eliminate_dead_code(lambda node: bool(node.users) or node.is_impure(impure_random))
+
+
+class _SignatureRead:
+    """An ``ExportGraphSignature`` whose attributes (``buffers``,
+    ``buffers_to_mutate``... properties that walk every spec) are each read
+    once, for one check of a signature that does not change meanwhile."""
+
+    __slots__ = ("_signature", "_read")
+
+    def __init__(self, signature: Any) -> None:
+        self._signature = signature
+        self._read: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        read = self._read
+        if name not in read:
+            read[name] = getattr(self._signature, name)  # one raising is asked again, and raises again
+        return read[name]
+
+
+class _ProgramRead:
+    """An ``ExportedProgram`` as torch's signature check reads it, with the
+    signature read through :class:`_SignatureRead`."""
+
+    __slots__ = ("_program", "graph_signature")
+
+    def __init__(self, program: ExportedProgram) -> None:
+        self._program = program
+        self.graph_signature = _SignatureRead(program.graph_signature)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._program, name)
+
+
+_SIGNATURE_CHECK_LOCK = threading.Lock()
+_signature_check_depth = 0
+#: What the verifier module held when the outermost block began.
+_signature_check_saved: Any = None
+
+
+@contextlib.contextmanager
+def signature_checked_once() -> Iterator[None]:
+    """Within the block, ``ExportedProgram``'s verifier runs torch's own
+    signature check (``_verify_exported_program_signature``: every check,
+    the same errors) on the program with each signature property read once:
+    torch's reads ``buffers_to_mutate`` and ``buffers`` (each a walk of
+    every spec) once per mutated buffer, quadratic in the state of a
+    training step (~86 slots in a 2-layer HF Llama's, ~5 ms; 16x that at 4x
+    the slots).  Nestable and safe across threads (the name is restored
+    when the last block exits; a check of another thread's meanwhile is
+    the same check).  Without the private name the block changes nothing."""
+    global _signature_check_depth, _signature_check_saved
+    if _private() is None:
+        yield
+        return
+    import torch._export.verifier as verifier
+
+    # ``entered`` is set with the count, in a block where Python delivers
+    # no Ctrl-C (no call in it): an interrupt anywhere else either comes
+    # before the count or is inside the ``try``, whose ``finally`` takes
+    # the count back (test_training_signature_check.py sweeps it).
+    entered = False
+    try:
+        with _SIGNATURE_CHECK_LOCK:
+            if _signature_check_depth == 0:
+                _signature_check_saved = original = verifier._verify_exported_program_signature
+
+                def check(exported_program: Any) -> None:
+                    original(_ProgramRead(exported_program))
+
+                verifier._verify_exported_program_signature = check
+            _signature_check_depth += 1
+            entered = True
+        yield
+    finally:
+        if entered:
+            with _SIGNATURE_CHECK_LOCK:
+                _signature_check_depth -= 1
+                if _signature_check_depth == 0:
+                    verifier._verify_exported_program_signature = _signature_check_saved
 
 
 _MODULE_PATCH_LOCK = threading.Lock()

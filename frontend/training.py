@@ -82,7 +82,12 @@ from hloalias.frontend.program_frames import (
     data_dependent_size_origin, innermost_in_stack_trace, innermost_on_stack, where_raised,
 )
 from hloalias.frontend.optimizer_replay import ReplayRefused, expand_replayed_updates, replayed_updates
-from hloalias.frontend.torch_internals import lazy_exported_programs, lazy_graph_modules
+from hloalias.frontend.torch_internals import (
+    eliminate_dead_code,
+    lazy_exported_programs,
+    lazy_graph_modules,
+    signature_checked_once,
+)
 
 
 class TrainingCaptureError(TorchImportError):
@@ -343,7 +348,7 @@ def _capture(
     example_inputs = (*lr_examples, *batch_leaves)
     input_names = _input_names(step_fn, batch_leaves, batch_spec, lr_count)
     try:  # the captured graph as it is: no second trace by torch.export
-        with lazy_graph_modules(), lazy_exported_programs():
+        with lazy_graph_modules(), lazy_exported_programs(), signature_checked_once():
             exported = _exported_from_graph(
                 graph_module, slots, initial, example_inputs, input_names, result_structure[-1]
             )
@@ -930,7 +935,7 @@ def _exported_from_graph(
     for node, name in zip(placeholders[len(slots):], input_names):
         node._rename(name)
     constants = _lift_tensor_constants(graph_module, placeholders[len(slots)])
-    graph.eliminate_dead_code()
+    eliminate_dead_code(graph)
     for node in graph.nodes:  # make_fx leaves the unused results of multi-output ops without a value
         if "val" not in node.meta and node.target is operator.getitem:
             node.meta["val"] = node.args[0].meta["val"][node.args[1]]
@@ -944,7 +949,7 @@ def _exported_from_graph(
     new_values, results = flat_outputs[: len(slots)], flat_outputs[len(slots):]
     output.args = (tuple(flat_outputs),)
     graph_module._out_spec = None  # the flat outputs are the program's: no make_fx output tree
-    graph.lint()
+    # (No lint here: the ExportedProgram's verifier lints this graph.)
     graph_module.recompile()
     from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
     from torch.export.graph_signature import (

@@ -216,3 +216,133 @@ def test_kernels_are_restored_after_capture() -> None:
         capture_training_step(lambda x, y: step(x, y).item(), model, optimizer, batches[0])
     after = (_ADAM._single_tensor_adam, _ADAM._multi_tensor_adam, _SGD._single_tensor_sgd, _SGD._multi_tensor_sgd)
     assert before == after
+
+
+# -- the template cache: a later capture reuses a class's traced update ---------
+
+
+class _Widths(torch.nn.Module):
+    """Two linear layers of the given widths: its classes' first member
+    (``first.weight``) has shape ``(hidden, inputs)``."""
+
+    def __init__(self, inputs: int, hidden: int) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(inputs, hidden)
+        self.second = torch.nn.Linear(hidden, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x)))
+
+
+def _graph(
+    make_optimizer: Callable[[Any], torch.optim.Optimizer], dtype: torch.dtype = torch.float32,
+    inputs: int = 8, hidden: int = 16, batch: int = 6,
+) -> list[tuple[str, ...]]:
+    """The captured graph, node by node: name, target, arguments (scalars
+    by ``repr``: ``-0.0`` is not ``0.0``) and value's shape and dtype."""
+    torch.manual_seed(0)
+    model = _Widths(inputs, hidden).to(dtype)
+    optimizer = make_optimizer(model.parameters())
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    example = (torch.randn(batch, inputs, dtype=dtype), torch.randn(batch, 4, dtype=dtype))
+    graph = capture_training_step(step, model, optimizer, example).exported.graph
+    rows = []
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        rows.append((node.name, str(node.target), repr(node.args), repr(node.kwargs),
+                     f"{tuple(val.shape)} {val.dtype}" if isinstance(val, torch.Tensor) else repr(val)))
+    return rows
+
+
+def _fresh_graph(*args: Any, **kwargs: Any) -> list[tuple[str, ...]]:
+    optimizer_replay.clear_template_cache()
+    return _graph(*args, **kwargs)
+
+
+def _adamw(p: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(p, lr=1e-2, eps=0.0)
+
+
+def test_second_capture_reuses_the_update_template() -> None:
+    stats = optimizer_replay.template_cache_stats()
+    first = _fresh_graph(_adamw)
+    assert (stats.hits, stats.misses) == (0, 1)
+    again = _graph(_adamw)
+    assert (stats.hits, stats.misses) == (1, 1)  # no update traced
+    assert again == first
+    # The batch is not part of the update: a new batch shape reuses it too.
+    assert _graph(_adamw, batch=3) == _fresh_graph(_adamw, batch=3)
+
+
+#: Changes of what the update's trace reads: each must trace again.
+CHANGES: dict[str, dict[str, Any]] = {
+    "weight_decay": {"make_optimizer": lambda p: torch.optim.AdamW(p, lr=1e-2, eps=0.0, weight_decay=0.3)},
+    "eps_negative_zero": {"make_optimizer": lambda p: torch.optim.AdamW(p, lr=1e-2, eps=-0.0)},
+    "betas": {"make_optimizer": lambda p: torch.optim.AdamW(p, lr=1e-2, eps=0.0, betas=(0.5, 0.999))},
+    "amsgrad": {"make_optimizer": lambda p: torch.optim.AdamW(p, lr=1e-2, eps=0.0, amsgrad=True)},
+    "maximize": {"make_optimizer": lambda p: torch.optim.AdamW(p, lr=1e-2, eps=0.0, maximize=True)},
+    "adam_not_adamw": {"make_optimizer": lambda p: torch.optim.Adam(p, lr=1e-2, eps=0.0, weight_decay=0.01)},
+    "sgd": {"make_optimizer": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9)},
+    "dtype": {"make_optimizer": _adamw, "dtype": torch.float64},
+    "parameter_shape": {"make_optimizer": _adamw, "inputs": 5, "hidden": 7},
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_change_of_the_update_traces_it_again(change: str) -> None:
+    """Primed with the AdamW step, a capture differing in one thing the
+    update reads misses the cache, and its graph is the one a capture with
+    nothing kept makes."""
+    stats = optimizer_replay.template_cache_stats()
+    _fresh_graph(_adamw)
+    hits, misses = stats.hits, stats.misses
+    changed = _graph(**CHANGES[change])
+    assert stats.hits == hits and stats.misses > misses
+    assert changed == _fresh_graph(**CHANGES[change])
+
+
+def test_a_new_decomposition_table_traces_the_update_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The template is traced with the capture's decompositions: with
+    another table (here without the optimizer's own entries: torch's
+    reference ``lerp``) the update is traced again, not taken from before."""
+    stats = optimizer_replay.template_cache_stats()
+    _fresh_graph(_adamw)
+    monkeypatch.setattr(frontend_training, "optimizer_decompositions", dict)
+    misses = stats.misses
+    changed = _graph(_adamw)
+    assert stats.misses == misses + 1
+    assert changed == _fresh_graph(_adamw)
+    monkeypatch.undo()
+    assert changed != _fresh_graph(_adamw)
+
+
+def test_another_default_dtype_traces_the_update_again() -> None:
+    stats = optimizer_replay.template_cache_stats()
+    _fresh_graph(_adamw)
+    misses = stats.misses
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        _graph(_adamw)
+    finally:
+        torch.set_default_dtype(previous)
+    assert stats.misses == misses + 1
+
+
+def test_template_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(optimizer_replay, "_TEMPLATE_LIMIT", 2)
+    optimizer_replay.clear_template_cache()
+    for hidden in (3, 4, 5):
+        _graph(_adamw, hidden=hidden)
+    assert len(optimizer_replay._TEMPLATES) == 2
+    stats = optimizer_replay.template_cache_stats()
+    hits = stats.hits
+    _graph(_adamw, hidden=3)  # the oldest went
+    assert stats.hits == hits

@@ -72,6 +72,10 @@ _PINNED_SOURCES = {
         "771eb4ff2e57222067ccc351bcaff027c49c55e22b9710806ac6947989568a3d",
     ("torch.fx.experimental.proxy_tensor", "PythonKeyTracer.call_module"):
         "333bdeab06a0dc4669b42027b9e82c854bda17424f41ad238096b6d981f6c399",
+    # signature_checked_once: torch's signature check, run with each
+    # signature property read once, must not change the signature it reads.
+    ("torch._export.verifier", "_verify_exported_program_signature"):
+        "28e166748f97611dead44d9a514f2801d07936e613ab6b469426ec08e9777b96",
     ("torch.fx.experimental.proxy_tensor", "PythonKeyTracer.getattr"):
         "56581dd84c98dde6bbde0b02156cfa88921fa66e725da3761998a75975ffc738",
 }
@@ -792,3 +796,32 @@ def test_compile_traces_without_patching_nn_module() -> None:
     compiled = hloalias.compile(module, (x,))
     assert module.seen and all(seen == (True, True) for seen in module.seen)
     torch.testing.assert_close(compiled(x), expected)
+
+
+def test_eliminate_dead_code_removes_what_torchs_removes() -> None:
+    """``torch_internals.eliminate_dead_code`` asks ``is_impure`` of nodes
+    without users only: the same nodes go as with torch's own, on a graph
+    with dead pure, random, in-place and effectful nodes and dead chains."""
+    aten = torch.ops.aten
+
+    def dead_ends(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        unused = aten.add.Tensor(x, y)
+        chain = aten.mul.Tensor(aten.sin.default(x), 2)  # noqa: F841 - a dead chain
+        aten.rand.default([3], device="cpu")  # random: impure outside a tracing context
+        aten.add_.Tensor(y.clone(), 1)  # a write to a dead clone
+        aten.copy_.default(y, x)  # a write to an input: kept
+        del unused
+        return aten.cos.default(x)
+
+    def graph() -> torch.fx.GraphModule:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        traced = make_fx(dead_ends, tracing_mode="fake")(torch.randn(3), torch.randn(3))
+        return traced
+
+    torchs, ours = graph(), graph()
+    before = [node.format_node() for node in ours.graph.nodes]
+    assert torchs.graph.eliminate_dead_code() == torch_internals.eliminate_dead_code(ours.graph)
+    kept = [node.format_node() for node in ours.graph.nodes]
+    assert kept == [node.format_node() for node in torchs.graph.nodes]
+    assert len(kept) < len(before) and any("rand" in line for line in kept) and any("copy_" in line for line in kept)
