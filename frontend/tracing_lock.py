@@ -41,15 +41,24 @@ by a cycle, ~1 MiB each) piled up for good over repeated compiles
   being where compiles allocate) landed in a trace again.
 
 A process that turned the collector off, or froze objects itself, is left
-as it is."""
+as it is.
+
+After the outermost trace, torch's fake-tensor dispatch cache
+(``FakeTensorMode.cache``, one entry per op and input metadata, kept for
+the process) is emptied when it holds more than
+``HLOALIAS_FAKE_CACHE_ENTRIES`` entries: every new input shape adds
+entries and torch never drops one.  Emptied, later traces fill it again
+(a trace's own repeated ops still hit it)."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import threading
 from collections.abc import Iterator
 
+from hloalias import config
 from hloalias.frontend.tracing_modules import load_tracing_modules
 
 TRACING_LOCK = threading.RLock()
@@ -117,3 +126,13 @@ def tracing() -> Iterator[None]:
             _depth -= 1
             if _depth == 0:
                 _unfreeze()
+                _bound_fake_cache()
+
+
+def _bound_fake_cache() -> None:
+    fake_tensor = sys.modules.get("torch._subclasses.fake_tensor")
+    if fake_tensor is None:
+        return
+    bound = config.integer("HLOALIAS_FAKE_CACHE_ENTRIES") or 0
+    if bound > 0 and len(fake_tensor.FakeTensorMode.cache) > bound:
+        fake_tensor.FakeTensorMode.cache_clear()

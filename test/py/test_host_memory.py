@@ -59,3 +59,26 @@ def test_eliminating_view_results_leaves_no_cycle_holding_the_module() -> None:
     assert report.removed, "the pass planned removals (its planning ran)"
     del report
     assert _ours(_cyclic_garbage()) == []
+
+
+def _compile_new_length(length: int) -> None:
+    x = torch.randn(length)
+    exe = hloalias.compile(lambda t: t * 2 + 1, (x,))
+    torch.testing.assert_close(exe(x), x * 2 + 1)
+
+
+def test_torchs_fake_tensor_cache_is_emptied_past_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setenv("HLOALIAS_CACHE", "0")  # every compile traces
+    monkeypatch.setenv("HLOALIAS_FAKE_CACHE_ENTRIES", "0")  # unbounded: torch's own behaviour
+    FakeTensorMode.cache_clear()
+    _compile_new_length(7)
+    filled = len(FakeTensorMode.cache)
+    assert filled > 0, "the trace cached fake dispatches"
+    monkeypatch.setenv("HLOALIAS_FAKE_CACHE_ENTRIES", str(filled))
+    _compile_new_length(9)  # new shapes: new entries, past the bound
+    assert len(FakeTensorMode.cache) == 0
+    monkeypatch.setenv("HLOALIAS_FAKE_CACHE_ENTRIES", str(10 * filled))
+    _compile_new_length(11)
+    assert 0 < len(FakeTensorMode.cache) <= 10 * filled
