@@ -79,6 +79,11 @@ SETTINGS: tuple[Setting, ...] = (
             "How many distinct input sizes of a module compile statically, each traced as it is, "
             "before its shape family's one dynamic export serves every later size "
             "(`hloalias.runtime.shape_family`); 1 exports dynamically at the second size."),
+    Setting("HLOALIAS_FAKE_CACHE_ENTRIES", "integer", 16384, "runtime",
+            "Bound on torch's fake-tensor dispatch cache (`FakeTensorMode.cache`, process-wide, which "
+            "torch never empties: one entry, 1-2 KiB, per op and input shapes traced): after a trace "
+            "that leaves more entries than this, hloalias empties it (`hloalias.frontend.tracing_lock`); "
+            "0 leaves it unbounded."),
     Setting("HLOALIAS_NATIVE", "flag", True, "runtime",
             "The native call path (`hloalias.runtime._lane`, C++); 0 keeps every call on the Python "
             "path (whose per-call check of the module's tensors still uses the extension's "

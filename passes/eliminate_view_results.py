@@ -372,12 +372,19 @@ def _plan(signature: _Signature, dead: set[int]) -> list[Removal]:
             return _KEEP
         return Removal(key, reason, base_key, layout, chain + _describe(steps))
 
-    removals = [Removal(signature.keys[p], A.REASON_DEAD) for p in sorted(dead)]
-    for position in live:
-        decision = decide(position)
-        if isinstance(decision, Removal):
-            removals.append(decision)
-    return removals
+    try:
+        removals = [Removal(signature.keys[p], A.REASON_DEAD) for p in sorted(dead)]
+        for position in live:
+            decision = decide(position)
+            if isinstance(decision, Removal):
+                removals.append(decision)
+        return removals
+    finally:
+        # decide and walk reach themselves through their closure cells: a
+        # reference cycle holding ``signature``, so @main, its module and
+        # the module's MLIR context, until a collection finds it.  Emptied
+        # cells leave nothing for the collector.
+        del result_at, decide, same_storage, walk, _rebase
 
 
 def _layout_through(layout: Layout | None, steps: list[ir.Operation]) -> Layout | None:
