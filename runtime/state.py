@@ -528,8 +528,9 @@ class _StateSlot:
         counter's tensor already (it is a slot of the same program).  A
         lagging slot ignores it: the calls' value is newer, and a forward
         brings it in before reading it.  A module without
-        ``num_batches_tracked``, and ``F.batch_norm`` on statistics a call
-        left stale: ``runtime/running_stats.py``."""
+        ``num_batches_tracked``, and ``F.batch_norm`` on statistics no
+        call left stale: their values are compared (:meth:`watch_values`,
+        ``runtime/running_stats.py``)."""
         if self.stats_counter is None and counter is not self:
             self.stats_counter = counter
             self._note_counter()
@@ -1036,7 +1037,11 @@ class StateWatch:
     slots' weakrefs, versions and data pointers are kept as three tuples for
     ``first_changed`` (``_lane.first_changed`` where the native call path is
     built, about a tenth of the Python loop's cost), rebuilt only when some
-    slot recorded a new agreement.
+    slot recorded a new agreement.  The slots compared by value
+    (:meth:`_StateSlot.watch_values`: state torch may change without
+    counting a version) are then compared with their snapshots
+    (``_lane.first_differing``, a memcmp each, else ``torch.equal`` in
+    Python).
 
     With ``group`` (the slots' group), the check first brings in what
     programs of other groups of the module left on their devices
