@@ -165,6 +165,15 @@ class ProgramSignature:
     # index -> the ranges eager accepts (frontend/index_ranges.py), written
     # to the IR contract (``hloalias.index_ranges``), which the runtime reads.
     index_ranges: dict[int, tuple[IndexRange, ...]] = dataclasses.field(default_factory=dict)
+    # State the program feeds to a batch norm (as its running statistics,
+    # or weight and bias), whatever its name: eager's batch norm in train
+    # mode updates running statistics in place without counting a version
+    # (``F.batch_norm(..., training=True)``), so the runtime compares these
+    # tensors' values at every call (runtime/running_stats.py).  Buffers
+    # and constants only (a parameter is a weight or a bias, never updated
+    # by a batch norm), read from the decomposed graph's ``original_aten``;
+    # empty where the graph does not record it (a training step's trace).
+    batch_norm_state: frozenset[str] = frozenset()
 
     def user_input_indices(self) -> list[int]:
         """Indices of user-input arguments, in flattened (args, kwargs) order."""
@@ -1170,6 +1179,10 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
                     )
                 )
     results = _storage_classes(placeholders, results, graph_values)
+    batch_norm_state = frozenset(
+        argument.name for argument, node in zip(arguments, placeholders)
+        if argument.kind in ("buffer", "constant") and _feeds_batch_norm(node)
+    )
     call_spec = exported.call_spec  # read once: torch builds a NamedTuple class on every read
     return ProgramSignature(
         tuple(arguments),
@@ -1179,7 +1192,29 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
         constant_outputs,
         static_inputs,
         parameter_free_outputs=parameter_free,
+        batch_norm_state=batch_norm_state,
     )
+
+
+def _feeds_batch_norm(node: torch.fx.Node) -> bool:
+    """Whether ``node`` (a placeholder of the decomposed graph), or a view
+    of it, is read by an op decomposed from a batch norm (the node's
+    ``original_aten``: ``_native_batch_norm_legit_no_training`` in eval
+    mode, ``_native_batch_norm_legit_functional`` in train mode, ...)."""
+    seen: set[torch.fx.Node] = set()
+    pending = [node]
+    while pending:
+        for user in pending.pop().users:
+            if user in seen:
+                continue
+            seen.add(user)
+            original = user.meta.get("original_aten")
+            name = getattr(original, "_opname", "") or str(original)
+            if "batch_norm" in name and "backward" not in name:
+                return True
+            if getattr(user.target, "is_view", False):
+                pending.append(user)
+    return False
 
 
 def _storage_classes(

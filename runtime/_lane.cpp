@@ -59,6 +59,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -1239,6 +1240,45 @@ PyObject* first_changed(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyLong_FromLong(-1);
 }
 
+// first_differing(refs, snapshots) -> int: the index of the first tensor
+// (weakrefs; a dead one is skipped) whose bytes differ from its snapshot's
+// (another dtype or shape differs), or -1.  runtime/state.py's check, at
+// every call (StateWatch), of the state torch may change in place without
+// counting a version (a batch norm's running statistics: small vectors, so
+// a memcmp each).  A tensor that is not a plain dense CPU one counts as
+// differing: the Python check (_StateSlot.torch_changed) then decides.
+PyObject* first_differing(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
+      PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "first_differing(refs, snapshots): two tuples of one length");
+    return nullptr;
+  }
+  const Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* tensor = PyWeakref_GetObject(PyTuple_GET_ITEM(args[0], i));  // borrowed
+    if (tensor == nullptr) return nullptr;
+    if (tensor == Py_None) continue;
+    PyObject* snapshot = PyTuple_GET_ITEM(args[1], i);
+    if (!THPVariable_Check(tensor) || !THPVariable_Check(snapshot)) {
+      PyErr_SetString(PyExc_TypeError, "first_differing: something other than a tensor");
+      return nullptr;
+    }
+    const at::Tensor& value = THPVariable_Unpack(tensor);
+    const at::Tensor& copy = THPVariable_Unpack(snapshot);
+    const bool plain = value.is_cpu() && copy.is_cpu() && value.layout() == at::kStrided &&
+                       value.is_contiguous() && copy.is_contiguous() && !value.is_conj() && !value.is_neg() &&
+                       !value.unsafeGetTensorImpl()->is_python_dispatch();
+    if (!plain || value.scalar_type() != copy.scalar_type() || !value.sizes().equals(copy.sizes())) {
+      return PyLong_FromSsize_t(i);
+    }
+    const size_t bytes = value.nbytes();
+    if (bytes != 0 && std::memcmp(value.const_data_ptr(), copy.const_data_ptr(), bytes) != 0) {
+      return PyLong_FromSsize_t(i);
+    }
+  }
+  return PyLong_FromLong(-1);
+}
+
 // values_in_range(tensor, low, high) -> bool | None: whether every element
 // of a dense CPU tensor of a signed integer dtype lies in [low, high) (the
 // lane's own check of an index input's row), None for any other tensor.
@@ -1380,6 +1420,8 @@ PyMethodDef module_methods[] = {
      METH_FASTCALL, "values_in_range(tensor, low, high) -> bool | None: see runtime/plan.py's _IndexCheck."},
     {"first_changed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(first_changed)), METH_FASTCALL,
      "first_changed(refs, versions, pointers) -> int: see runtime/state.py's StateWatch."},
+    {"first_differing", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(first_differing)),
+     METH_FASTCALL, "first_differing(refs, snapshots) -> int: see runtime/state.py's StateWatch."},
     {"wait_ready", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(wait_ready)), METH_FASTCALL,
      "wait_ready(arrays, spin_ns) -> bool: see hloalias.runtime.pjrt.wait_ready."},
     {nullptr, nullptr, 0, nullptr}};

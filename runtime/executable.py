@@ -116,7 +116,9 @@ from hloalias.runtime.module_modes import ModuleModes
 from hloalias.runtime.running_stats import watch_running_stats
 from hloalias.runtime.carried_objects import callers_objects, carry_objects
 from hloalias.runtime.gradient_boundary import mark_without_gradient
-from hloalias.runtime.lane import _LANE_FALLBACK, _native_lane, native_first_changed, native_values_in_range
+from hloalias.runtime.lane import (
+    _LANE_FALLBACK, _native_lane, native_first_changed, native_first_differing, native_values_in_range,
+)
 from hloalias.runtime.ownership import (
     DeviceTensor as DeviceTensor,
     _itemsize,
@@ -713,7 +715,7 @@ class Executable:
             )
             for name, value in program.state.items()
         }
-        watch_running_stats(self._slots, self._group.owner() if self._group.owner is not None else None)
+        watch_running_stats(self._slots, self._signature.batch_norm_state)
         #: Each state slot once (tied names share one), checked at every call
         #: for changes torch made to the module's tensor (``_sync_from_torch``).
         watched: dict[int, tuple[str, _StateSlot]] = {}
@@ -733,7 +735,8 @@ class Executable:
         self._follows_replacements: str | None = None
         watched_slots = tuple(slot for _, slot in self._watched)
         self._state_watch = StateWatch(
-            watched_slots, native_first_changed(), self._group, on_mesh=self._placement.spmd
+            watched_slots, native_first_changed(), self._group, on_mesh=self._placement.spmd,
+            first_differing=native_first_differing(),
         )
         self._group.note_written([
             slot for name, slot in self._watched

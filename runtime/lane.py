@@ -69,6 +69,18 @@ def native_first_changed() -> Callable[[tuple[Any, ...], tuple[int, ...], tuple[
     return getattr(_lane, "first_changed", None)
 
 
+def native_first_differing() -> Callable[[tuple[Any, ...], tuple[Any, ...]], int] | None:
+    """``_lane.first_differing`` (the per-call compare of the state torch
+    may change without counting a version with its snapshots,
+    :class:`~hloalias.runtime.state.StateWatch`) where the extension is
+    built (a current build that has it), else None (the same compare in
+    Python, ``state._first_differing_in_python``).  Used on both call
+    paths, as :func:`native_first_changed`."""
+    if _build_refusal() is not None:
+        return None
+    return getattr(_lane, "first_differing", None)
+
+
 def native_values_in_range() -> Callable[[Any, int, int], bool | None] | None:
     """``_lane.values_in_range`` (an index input's range check, the lane's
     own min/max pass: :class:`~hloalias.runtime.plan._IndexCheck`) where the

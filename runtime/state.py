@@ -164,6 +164,11 @@ class _StateSlot:
         self.torch_writes = 0
         #: ``stats_counter``'s ``torch_writes`` when this slot last agreed with its tensor.
         self._counter_writes = 0
+        #: For state torch may change in place without counting a version
+        #: (a batch norm's running statistics: :meth:`watch_values`), a host
+        #: copy of what the tensor held when the two last agreed, which the
+        #: per-call check compares its bytes with; else None.
+        self.snapshot: torch.Tensor | None = None
         with _RUNTIME_READ():
             self._made(source, device, put, layout, bits)
 
@@ -473,10 +478,41 @@ class _StateSlot:
         with _RUNTIME_READ():
             if source._version != self.version or source.data_ptr() != self.source_ptr:
                 return True
+            if self.snapshot is not None and _bits_differ(source, self.snapshot):
+                return True
         counter = self.stats_counter
         return counter is not None and not self.lags and (
             counter.torch_writes != self._counter_writes or counter.torch_changed()
         )
+
+    def watch_values(self) -> None:
+        """Compare this slot's tensor with a copy of what it held when the
+        two last agreed (:attr:`snapshot`) at every call and in
+        :meth:`torch_changed`: torch may change it in place without counting
+        a version (aten's batch norm updates its running statistics so:
+        ``F.batch_norm(x, rm, rv, training=True)``, ``torch.batch_norm``,
+        ``torch.native_batch_norm``, a norm module's train-mode forward),
+        and a difference is then read in as torch's edit.  For small
+        tensors only (the per-call cost is a compare of their bytes).
+        Taken now: a change made before it is not seen.  Idempotent."""
+        source = self.source()
+        if self.snapshot is not None or source is None or source is _REMOVED:
+            return
+        with _RUNTIME_READ(), torch.no_grad():
+            self.snapshot = _resolved(source).clone(memory_format=torch.contiguous_format)
+        _AGREEMENTS[0] += 1  # the watches take it into their tuples
+
+    def _record_snapshot(self) -> None:
+        """The slot agrees with its tensor: its value is the snapshot's now
+        (copied in place, so the watches' tuples stay valid).  Called after
+        the agreement's version is recorded: cut short before, the next
+        check finds a difference and reads the tensor in again (an upload
+        too many, never a change missed)."""
+        snapshot, source = self.snapshot, self.source()
+        if snapshot is None or source is None or source.dtype != snapshot.dtype or source.shape != snapshot.shape:
+            return
+        with _RUNTIME_READ(), torch.no_grad():
+            snapshot.copy_(_resolved(source))
 
     def counted_by(self, counter: "_StateSlot") -> None:
         """This slot holds a running statistic (``running_mean``,
@@ -492,8 +528,9 @@ class _StateSlot:
         counter's tensor already (it is a slot of the same program).  A
         lagging slot ignores it: the calls' value is newer, and a forward
         brings it in before reading it.  A module without
-        ``num_batches_tracked``, and ``F.batch_norm`` on statistics a call
-        left stale: ``runtime/running_stats.py``."""
+        ``num_batches_tracked``, and ``F.batch_norm`` on statistics no
+        call left stale: their values are compared (:meth:`watch_values`,
+        ``runtime/running_stats.py``)."""
         if self.stats_counter is None and counter is not self:
             self.stats_counter = counter
             self._note_counter()
@@ -515,6 +552,7 @@ class _StateSlot:
                 self.source_ptr = source.data_ptr()
             self._set_lags(False)
             self._note_counter()
+            self._record_snapshot()
             _AGREEMENTS[0] += 1
 
     def refresh_from_torch(self, name: str) -> None:
@@ -546,6 +584,7 @@ class _StateSlot:
         self._set_lags(False)
         self.torch_writes += 1
         self._note_counter()
+        self._record_snapshot()
         _AGREEMENTS[0] += 1
 
     def _forget_cached_lists(self) -> None:
@@ -967,6 +1006,30 @@ def _first_changed_in_python(refs: tuple[Any, ...], versions: tuple[int, ...], p
     return -1
 
 
+_SAME_WIDTH_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits_differ(tensor: torch.Tensor, snapshot: torch.Tensor) -> bool:
+    """Whether ``tensor``'s bytes differ from ``snapshot``'s (another
+    dtype or shape differs): bit for bit, so a NaN equals itself.  Run
+    under :data:`_RUNTIME_READ` (a stale tensor's hook would copy in)."""
+    if tensor.dtype != snapshot.dtype or tensor.shape != snapshot.shape:
+        return True
+    tensor = _resolved(tensor)
+    as_int = _SAME_WIDTH_INTEGER.get(tensor.element_size())
+    if as_int is not None and not tensor.is_complex():
+        return not torch.equal(tensor.view(as_int), snapshot.view(as_int))
+    return not torch.equal(tensor, snapshot)
+
+
+def _first_differing_in_python(refs: tuple[Any, ...], snapshots: tuple[torch.Tensor, ...]) -> int:
+    for index, ref in enumerate(refs):
+        tensor = ref()
+        if tensor is not None and _bits_differ(tensor, snapshots[index]):
+            return index
+    return -1
+
+
 class StateWatch:
     """The per-call check that a call never reads a stale copy of the
     module's state: whether torch changed any of ``slots``' tensors since
@@ -974,7 +1037,11 @@ class StateWatch:
     slots' weakrefs, versions and data pointers are kept as three tuples for
     ``first_changed`` (``_lane.first_changed`` where the native call path is
     built, about a tenth of the Python loop's cost), rebuilt only when some
-    slot recorded a new agreement.
+    slot recorded a new agreement.  The slots compared by value
+    (:meth:`_StateSlot.watch_values`: state torch may change without
+    counting a version) are then compared with their snapshots
+    (``_lane.first_differing``, a memcmp each, else ``torch.equal`` in
+    Python).
 
     With ``group`` (the slots' group), the check first brings in what
     programs of other groups of the module left on their devices
@@ -989,13 +1056,19 @@ class StateWatch:
         self, slots: tuple[_StateSlot, ...],
         first_changed: Callable[[tuple[Any, ...], tuple[int, ...], tuple[int, ...]], int] | None,
         group: "_StateGroup | None" = None, on_mesh: bool = False,
+        first_differing: Callable[[tuple[Any, ...], tuple[torch.Tensor, ...]], int] | None = None,
     ) -> None:
         self.slots = slots
         self._first_changed = first_changed or _first_changed_in_python
+        self._first_differing = first_differing or _first_differing_in_python
         self._agreements = -1
         self._refs: tuple[Any, ...] = ()
         self._versions: tuple[int, ...] = ()
         self._pointers: tuple[int, ...] = ()
+        #: The slots compared by value (:meth:`_StateSlot.watch_values`):
+        #: their tensors' weakrefs and snapshots.
+        self._value_refs: tuple[Any, ...] = ()
+        self._snapshots: tuple[torch.Tensor, ...] = ()
         self._group = weakref.ref(group) if group is not None else None
         self._starts = _LAG_STARTS if on_mesh else _MESH_LAG_STARTS
         self._starts_seen = self._starts[0]
@@ -1012,11 +1085,22 @@ class StateWatch:
             self._refs = tuple(slot.source for slot in self.slots)
             self._versions = tuple(slot.version for slot in self.slots)
             self._pointers = tuple(slot.source_ptr for slot in self.slots)
+            valued = [slot for slot in self.slots if slot.snapshot is not None]
+            self._value_refs = tuple(slot.source for slot in valued)
+            self._snapshots = tuple(slot.snapshot for slot in valued if slot.snapshot is not None)
             self._agreements = agreements
         if self._first_changed is _first_changed_in_python:
             with _RUNTIME_READ():  # stale tensors' versions, not their values
-                return _first_changed_in_python(self._refs, self._versions, self._pointers) >= 0
-        return self._first_changed(self._refs, self._versions, self._pointers) >= 0
+                if _first_changed_in_python(self._refs, self._versions, self._pointers) >= 0:
+                    return True
+        elif self._first_changed(self._refs, self._versions, self._pointers) >= 0:
+            return True
+        if not self._value_refs:
+            return False
+        if self._first_differing is _first_differing_in_python:
+            with _RUNTIME_READ():
+                return _first_differing_in_python(self._value_refs, self._snapshots) >= 0
+        return self._first_differing(self._value_refs, self._snapshots) >= 0
 
 
 #: The buffers a batch norm updates in place without counting a version,

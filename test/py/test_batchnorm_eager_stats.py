@@ -11,11 +11,10 @@ the calls ran on the device's old statistics: ``running_mean`` off by
 
 A norm module with running statistics and no ``num_batches_tracked``
 (deleted, a custom module) and ``F.batch_norm`` called on statistics a
-call left stale are read in too (runtime/running_stats.py); before, both
-ran the next calls on the device's old statistics.
-
-Not covered (docs/runtime.md): ``F.batch_norm`` outside a module forward on
-statistics no call left stale (an eval program's), which nothing sees."""
+call left stale are read in too (runtime/running_stats.py: the statistics
+are compared by value at every call); before, both ran the next calls on
+the device's old statistics.  ``F.batch_norm`` on statistics no call left
+stale: test_batchnorm_unversioned_stats.py."""
 
 from __future__ import annotations
 
@@ -268,15 +267,14 @@ def test_eval_program_reads_uncounted_statistics_of_eager_training(
     torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
 
 
-def test_the_statistics_hook_is_no_part_of_the_program() -> None:
-    """The pre-hook on a module without a counter is registered once, is no
-    user hook (the hook check does not refuse, the compile caches still
-    key the module), and does nothing in eval mode."""
+def test_uncounted_statistics_need_no_hook() -> None:
+    """A module without a counter gets no hook (its statistics are compared
+    by value), and an eval-mode eager forward uploads nothing."""
     model = _Uncounted(custom=False).eval()
     x = _uncounted_batches(1)[0][0]
     exe = hloalias.compile(model, (x,))
     again = hloalias.compile(model, (x,))
-    assert len(model.bn._forward_pre_hooks) == 1
+    assert len(model.bn._forward_pre_hooks) == 0
     torch.testing.assert_close(exe(x), again(x))
     with torch.no_grad():
         model(x)  # eval: nothing to read in
