@@ -366,6 +366,7 @@ def compile(  # noqa: A001 - the name users expect
                 loaded = compile_module(
                     final_text, target, options=options, devices=placement.devices, allow_stored_state=True,
                     rewrite=placement.for_xla if placement.spmd else None, context=program.torch_mlir_module.context,
+                    module=program.torch_mlir_module,  # final_text's module: cloned, not parsed again
                 )
             _cache_put(cache_slot, loaded)
     # Reports of the final module (all runs of each pass together), not

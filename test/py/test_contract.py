@@ -360,6 +360,52 @@ def test_xla_input_is_the_same_parsed_in_the_programs_context(monkeypatch: pytes
 
 
 
+def test_final_text_is_parsed_once_for_xla(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile`` prepares what XLA gets from a clone of the final module
+    (the one its text was printed from), not from a parse of that text:
+    the only parse is the prepared text's, for the portable artifact.  The
+    prepared text is the one a parse of the final text gives, and the
+    final module is left as it was."""
+    from hloalias.runtime import pjrt
+
+    parsed: list[str] = []
+    original_parse = pjrt.parse_module
+
+    def counting(text: str, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(text)
+        return original_parse(text, *args, **kwargs)
+
+    prepared: list[tuple[str, Any, str]] = []
+    original_prepare = pjrt.prepare_for_xla
+
+    def spy(text: str, **kwargs: Any) -> str:
+        module = kwargs.get("module")
+        before = None if module is None else pjrt.print_module(module, debug_info=True)
+        result = original_prepare(text, **kwargs)
+        assert module is not None and pjrt.print_module(module, debug_info=True) == before
+        prepared.append((text, kwargs.get("context"), result))
+        return result
+
+    monkeypatch.setattr(pjrt, "parse_module", counting)
+    monkeypatch.setattr(pjrt, "prepare_for_xla", spy)
+    monkeypatch.setenv("HLOALIAS_CACHE", "0")
+    programs = [
+        (lambda x: x.as_strided((2, 2), (1, 2), 1) * 3, (torch.randn(3, 4),)),  # dense_resource constants
+        (lambda x: torch.erf(x).to(torch.bfloat16).sum(0), (torch.randn(4, 8),)),
+        (lambda x: x * torch.tensor([1.0, 2.0]), (torch.randn(3, 2),)),  # a lifted constant
+        (torch.nn.Linear(8, 4), (torch.randn(2, 8),)),
+    ]
+    for fn, args in programs:
+        hloalias.clear_cache()
+        parsed.clear()
+        hloalias.compile(fn, args)
+        assert len(parsed) == 1 and parsed[0] == prepared[-1][2]  # the prepared text, for the artifact
+    assert len(prepared) == len(programs)
+    monkeypatch.setattr(pjrt, "parse_module", original_parse)
+    for text, context, result in prepared:
+        assert result == original_prepare(text, allow_stored_state=True, context=context)
+
+
 def test_xla_artifact_is_serialized_in_the_programs_context(monkeypatch: pytest.MonkeyPatch) -> None:
     """``compile`` serializes the portable artifact from the prepared text
     parsed in the program's own context, not through
