@@ -141,10 +141,13 @@ def _inputs_kinds(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, l
     return spec, kinds
 
 
-def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], program: Any = None) -> str | None:
     """The program-cache key of ``f`` with the inputs' sizes left out, or
     None where there is no family: not a module, an input that is not a
-    contiguous tensor, inputs sharing memory, or no sound key."""
+    contiguous tensor, inputs sharing memory, or no sound key.
+    ``program``: ``f``'s printing from this compile's program-cache key
+    (:func:`hloalias.runtime.source_key.keyed_source`), taken before its
+    import as this key is: not printed again."""
     if not isinstance(f, torch.nn.Module):
         return None
     own_key = getattr(f, "shape_family_key", None)
@@ -158,7 +161,7 @@ def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | 
         # as every family.
         return f"{own_key()!r} {spec} {tuple(kinds)} {torch.is_grad_enabled()} {torch.get_default_dtype()}"
     try:
-        return source_key(f, (), {}, ("shape family", str(spec), tuple(kinds)))
+        return source_key(f, (), {}, ("shape family", str(spec), tuple(kinds)), program)
     except Uncacheable:
         return None
 
@@ -201,10 +204,12 @@ def _fallback(reason: str) -> None:
         _STATS.reasons = [*_STATS.reasons[-7:], reason]
 
 
-def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Program:
+def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], program_print: Any = None) -> Program:
     """The program of ``f`` on ``(args, kwargs)``: from the module's family
     when it has one for these sizes, else ``import_torch`` (see the module
-    docstring)."""
+    docstring).  ``program_print``: ``f``'s printing from the program-cache
+    key its compile took just before (no code ran since), for the family
+    key (:func:`_family_key`)."""
     if not enabled() or not isinstance(f, torch.nn.Module):  # only a module has a family
         return import_torch(f, args, kwargs)
     # A family is found only under its own module: for a module without
@@ -216,7 +221,7 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
     # compiled once pays no key.
     with _LOCK:
         known = any(family.reference() is f for family in _FAMILIES.values())
-    key = _family_key(f, args, kwargs) if known else None
+    key = _family_key(f, args, kwargs, program_print) if known else None
     if known and key is None:
         return import_torch(f, args, kwargs)
     leaves = pytree.tree_leaves((args, kwargs))

@@ -381,3 +381,40 @@ def test_specialization_generates_no_python_code_and_the_program_still_runs(
     assert generated == []
     torch.testing.assert_close(exported.module()(_ids(6)), model(_ids(6)))
     assert exported.range_constraints == {}
+
+
+def test_a_compile_prints_the_module_once_for_both_keys(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    """With the program cache on, a later compile of a module takes the
+    program-cache key and the family key before its import, with no code
+    run between: the module is printed once, for the first, and the
+    second reuses that printing; the family key is the one a printing of
+    its own gives, and a new length is specialized from the family."""
+    from hloalias.runtime import source_key
+
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "1")
+    monkeypatch.setenv("HLOALIAS_CACHE_DIR", str(tmp_path))
+    printed: list[object] = []
+    original = source_key._Printer.module
+
+    def counting(self: object, root: torch.nn.Module) -> object:
+        printed.append(root)
+        return original(self, root)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(source_key._Printer, "module", counting)
+    torch.manual_seed(0)
+    model = Mixer().eval()
+    for length in (8, 12):
+        hloalias.compile(model, (_ids(length),))
+    printed.clear()
+    exe = hloalias.compile(model, (_ids(5),))
+    torch.testing.assert_close(exe(_ids(5)), model(_ids(5)))
+    assert printed == [model]
+    stats = shape_family.shape_family_stats()
+    assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (1, 1, 2, 0), stats.reasons
+    key, program = source_key.keyed_source(model, (_ids(5),), {}, "options")
+    options = ("shape family", "spec", ())
+    assert source_key.source_key(model, (), {}, options, program) == source_key.source_key(model, (), {}, options)
+    with pytest.raises(ValueError):
+        source_key.source_key(model, (_ids(5),), {}, "options", program)
