@@ -465,3 +465,30 @@ def test_as_strided_compiles_and_matches_eager() -> None:
     x = torch.randn(3, 4)
     exe = hloalias.compile(strided, (x,))
     assert torch.equal(exe(x), strided(x))
+
+
+def test_static_extents_are_worked_out_once_per_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check_static_extents`` (run on every module XLA gets) works out
+    each distinct type once, and a type that overflows is still refused
+    where it first appears, after many values of a type that fits."""
+    from hloalias import mlir
+
+    calls: list[object] = []
+    original = mlir.element_bits
+
+    def counting(element_type: Any) -> int:
+        calls.append(element_type)
+        return original(element_type)
+
+    monkeypatch.setattr(mlir, "element_bits", counting)
+    negates = "\n".join(f"  %{i + 1} = stablehlo.negate %{i} : tensor<4xf32>" for i in range(20))
+    text = (
+        "func.func @main(%a: tensor<4xf32>, %s: tensor<f32>) -> tensor<4xf32> {\n"
+        "  %0 = stablehlo.negate %a : tensor<4xf32>\n" + negates + "\n"
+        "  %big = stablehlo.broadcast_in_dim %s, dims = [] : (tensor<f32>) -> tensor<2305843009213693952xf32>\n"
+        "  return %20 : tensor<4xf32>\n}\n"
+    )
+    module = mlir.parse_module(text, mlir.new_context())
+    with pytest.raises(IRError, match="result 0 of 'stablehlo.broadcast_in_dim' .* overflows 64 bits"):
+        mlir.check_static_extents(module)
+    assert len(calls) == 3  # tensor<4xf32>, tensor<f32>, the one that overflows
