@@ -297,8 +297,14 @@ def check_static_extents(module: ir.Module | ir.Operation, source_name: str = "-
     count or byte size does not fit in 64 bits: XLA aborts the process on
     those instead of reporting an error."""
     operation = module.operation if isinstance(module, ir.Module) else module
+    # Types are uniqued in their context and whether one fits depends on
+    # nothing else: each is worked out once (an HF model's ~580 values
+    # have a few dozen types).  Only types that fit are remembered.
+    fits: set[ir.Type] = set()
 
     def check(value_type: ir.Type, op: ir.Operation, what: str) -> None:
+        if value_type in fits:
+            return
         if not isinstance(value_type, ir.RankedTensorType):
             return
         tensor = ir.RankedTensorType(value_type)
@@ -317,6 +323,7 @@ def check_static_extents(module: ir.Module | ir.Operation, source_name: str = "-
                 f"{where}: error: {what} of '{op.name}' has type {value_type}, whose size "
                 "overflows 64 bits: XLA cannot hold it"
             )
+        fits.add(value_type)
 
     for op in [operation, *walk_ops(operation)]:
         for index, result in enumerate(op.results):

@@ -305,7 +305,12 @@ def compile(  # noqa: A001 - the name users expect
         pass_report: tuple[str, ...] = (f"passes: from the program cache ({pipeline_text})",)
     else:
         with _refusing_training_steps():
-            program = import_cached(f, example_args, kwargs, lambda: import_program(f, example_args, kwargs))
+            # The family key reuses the program-cache key's printing of f:
+            # both are taken before the import, with no code run between.
+            printed = cached.program_print if cached is not None else None
+            program = import_cached(
+                f, example_args, kwargs, lambda: import_program(f, example_args, kwargs, printed)
+            )
         if _state_sources:
             # A new dict: the import cache may share the program's.
             program.state = {name: _state_sources.get(name, value) for name, value in program.state.items()}
@@ -368,6 +373,7 @@ def compile(  # noqa: A001 - the name users expect
                 loaded = compile_module(
                     final_text, target, options=options, devices=placement.devices, allow_stored_state=True,
                     rewrite=placement.for_xla if placement.spmd else None, context=program.torch_mlir_module.context,
+                    module=program.torch_mlir_module,  # final_text's module: cloned, not parsed again
                 )
             _cache_put(cache_slot, loaded)
     # Reports of the final module (all runs of each pass together), not

@@ -172,7 +172,8 @@ def target_stablehlo_version() -> str:
 
 
 def prepare_for_xla(
-    module_text: str, *, allow_stored_state: bool = False, context: ir.Context | None = None
+    module_text: str, *, allow_stored_state: bool = False, context: ir.Context | None = None,
+    module: ir.Module | None = None,
 ) -> str:
     """``module_text`` as XLA takes it: without ``hloalias.*`` attributes
     (host-side metadata XLA needs none of), tensor ``arith.constant``s as
@@ -181,13 +182,23 @@ def prepare_for_xla(
     stored layout (``hloalias.state_form``) is a CompileError unless
     ``allow_stored_state`` (the runtime, which stores that state so).
     The text is parsed in ``context`` when given (the context of the module
-    it was printed from: no new context to set up), else in a new one."""
-    if context is None:
-        context = foreign_ir.context_for(module_text)
-    elif "chlo." in module_text:
-        foreign_ir.load_chlo(context)
-    module = parse_module(module_text, context)
-    check_static_extents(module)  # XLA aborts the process on these
+    it was printed from: no new context to set up), else in a new one.
+    ``module``: the module ``module_text`` was printed from
+    (:func:`~hloalias.mlir.print_module`, no debug info: the same text as
+    the module parsed from it, so the same result), already verified;
+    it is cloned instead of parsing the text (a parse of the whole final
+    module, milliseconds for an HF model), and left as it was."""
+    prepared: Any  # a Module, or the clone's ModuleOp (the same .operation, .body and .context)
+    if module is not None:
+        prepared = module.operation.clone()
+    else:
+        if context is None:
+            context = foreign_ir.context_for(module_text)
+        elif "chlo." in module_text:
+            foreign_ir.load_chlo(context)
+        prepared = parse_module(module_text, context)
+    module = prepared
+    check_static_extents(module.operation)  # XLA aborts the process on these
     module_attributes = module.operation.attributes
     if A.MODULE_STATE_FORM in module_attributes:
         if not allow_stored_state:
@@ -233,6 +244,7 @@ def precision_options(options: Any, excess_precision: bool) -> Any:
 def compile_module(
     module_text: str, device: Any, *, options: Any = None, devices: Any = None, allow_stored_state: bool = False,
     rewrite: Callable[[str, Any], str] | None = None, context: ir.Context | None = None,
+    module: ir.Module | None = None,
 ) -> Any:
     """Compile final StableHLO ``module_text`` for ``device`` (or, with SPMD
     ``options``, for ``devices``); return the loaded executable, from the
@@ -244,11 +256,13 @@ def compile_module(
     ``options`` before either keys the cache.  ``context``: the MLIR context
     of the module ``module_text`` was printed from, to parse it in
     (:func:`prepare_for_xla`) and to parse the prepared text in for the
-    portable artifact (:func:`_xla_input`)."""
+    portable artifact (:func:`_xla_input`).  ``module``: the module
+    ``module_text`` was printed from (no debug info), cloned instead of
+    parsing the text (:func:`prepare_for_xla`)."""
     if not allow_stored_state and A.MODULE_STATE_FORM in module_text:
         prepare_for_xla(module_text)  # raises its CompileError, naming the attribute
     try:
-        stripped = prepare_for_xla(module_text, allow_stored_state=True, context=context)
+        stripped = prepare_for_xla(module_text, allow_stored_state=True, context=context, module=module)
         if "@lapack_" in stripped:
             _initialize_lapack()
         if options is None:

@@ -41,7 +41,7 @@ from hloalias.frontend.importer import Program, Stage, _register_transformers_ca
 from hloalias.frontend.torch_internals import quiet_torch_deprecations
 from hloalias.mlir import compile_context, parse_module
 from hloalias.runtime import disk_cache
-from hloalias.runtime.source_key import Uncacheable, source_key
+from hloalias.runtime.source_key import Uncacheable, keyed_source
 
 SUFFIX = ".program"
 _FORMAT = 1
@@ -92,6 +92,9 @@ class Lookup:
     key: str | None
     found: CachedProgram | None
     status: str
+    #: The printing of the program the key holds (:func:`keyed_source`),
+    #: for a later key of the same object in this compile; None without a key.
+    program_print: Any = None
 
 
 def lookup(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Lookup:
@@ -103,7 +106,7 @@ def lookup(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) 
     # them: the inputs' structure and the signature's output spec hold them.
     _register_transformers_caches(f)
     try:
-        key = source_key(f, args, kwargs, options)
+        key, program_print = keyed_source(f, args, kwargs, options)
     except Uncacheable as error:
         with _LOCK:
             _STATS.uncacheable += 1
@@ -115,8 +118,9 @@ def lookup(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) 
         if found is None:
             _STATS.misses += 1
     if found is None:
-        return Lookup(key, None, f"program cache: miss (key {key[:16]}); imported, lowered and stored")
-    return Lookup(key, found, f"program cache: hit (key {key[:16]}); no torch.export, torch-mlir or passes ran")
+        return Lookup(key, None, f"program cache: miss (key {key[:16]}); imported, lowered and stored", program_print)
+    return Lookup(key, found, f"program cache: hit (key {key[:16]}); no torch.export, torch-mlir or passes ran",
+                  program_print)
 
 
 def usable(found: CachedProgram, pipeline_text: str) -> CachedProgram | None:

@@ -122,13 +122,11 @@ def static_sizes() -> int:
     return max(1, config.integer("HLOALIAS_SHAPE_FAMILY_STATIC_SIZES") or 1)
 
 
-def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """The program-cache key of ``f`` with the inputs' sizes left out, or
-    None where there is no family: not a module, an input that is not a
-    contiguous tensor, inputs sharing memory, or no sound key."""
-    if not isinstance(f, torch.nn.Module):
-        return None
-    own_key = getattr(f, "shape_family_key", None)
+def _inputs_kinds(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any]] | None:
+    """The inputs' pytree spec and, per leaf, what the family key holds of
+    it (dtype, rank, ``requires_grad``, device), or None where there is no
+    family: an input that is not a contiguous tensor, inputs sharing
+    memory.  Cheap (no printing of the module)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     storages = set()
     kinds = []
@@ -140,15 +138,40 @@ def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | 
             return None
         storages.add(storage)
         kinds.append((str(leaf.dtype), leaf.dim(), leaf.requires_grad, str(leaf.device)))
+    return spec, kinds
+
+
+def _family_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], program: Any = None) -> str | None:
+    """The program-cache key of ``f`` with the inputs' sizes left out, or
+    None where there is no family: not a module, an input that is not a
+    contiguous tensor, inputs sharing memory, or no sound key.
+    ``program``: ``f``'s printing from this compile's program-cache key
+    (:func:`hloalias.runtime.source_key.keyed_source`), taken before its
+    import as this key is: not printed again."""
+    if not isinstance(f, torch.nn.Module):
+        return None
+    own_key = getattr(f, "shape_family_key", None)
+    found = _inputs_kinds(args, kwargs)
+    if found is None:
+        return None
+    spec, kinds = found
     if callable(own_key):
         # A module that keys its program itself (a dynamo graph, by the
         # text of its generated code): found only under this very object,
         # as every family.
         return f"{own_key()!r} {spec} {tuple(kinds)} {torch.is_grad_enabled()} {torch.get_default_dtype()}"
     try:
-        return source_key(f, (), {}, ("shape family", str(spec), tuple(kinds)))
+        return source_key(f, (), {}, ("shape family", str(spec), tuple(kinds)), program)
     except Uncacheable:
         return None
+
+
+def _unkeyed(f: Any) -> str:
+    """Where the family of module ``f`` waits for its key (import_program):
+    no key is this (keys are SHA-256 hex digits or a module's own key's
+    ``repr``, which starts with a quote or a letter), and the family's
+    weak reference (checked at every use) tells a reused ``id`` apart."""
+    return f"\0unkeyed {id(f)}"
 
 
 def _forget(dead: weakref.ref[Any]) -> None:
@@ -181,19 +204,24 @@ def _fallback(reason: str) -> None:
         _STATS.reasons = [*_STATS.reasons[-7:], reason]
 
 
-def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Program:
+def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], program_print: Any = None) -> Program:
     """The program of ``f`` on ``(args, kwargs)``: from the module's family
     when it has one for these sizes, else ``import_torch`` (see the module
-    docstring)."""
+    docstring).  ``program_print``: ``f``'s printing from the program-cache
+    key its compile took just before (no code ran since), for the family
+    key (:func:`_family_key`)."""
     if not enabled() or not isinstance(f, torch.nn.Module):  # only a module has a family
         return import_torch(f, args, kwargs)
     # A family is found only under its own module: for a module without
-    # one (every first compile of a module object) no key can find one, so
-    # the key (the program-cache key's printing, milliseconds for a large
-    # model) is taken once, after the import.
+    # one (every first compile of a module object) no key can find one.
+    # Nor is the key taken after such a compile's import: the family is
+    # recorded unkeyed (_unkeyed), and the module's next compile, which
+    # keys it before its import (the program-cache key's printing,
+    # milliseconds for a large model), gives it that key.  A module
+    # compiled once pays no key.
     with _LOCK:
         known = any(family.reference() is f for family in _FAMILIES.values())
-    key = _family_key(f, args, kwargs) if known else None
+    key = _family_key(f, args, kwargs, program_print) if known else None
     if known and key is None:
         return import_torch(f, args, kwargs)
     leaves = pytree.tree_leaves((args, kwargs))
@@ -207,20 +235,29 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pro
             family = _FAMILIES.get(key)
             if family is not None and family.reference() is not f:
                 family = None
+            if family is None:
+                # The module's unkeyed family, recorded by its first compile
+                # (or by a compile whose key found none): this key is its.
+                family = _FAMILIES.pop(_unkeyed(f), None)
+                if family is not None and family.reference() is f:
+                    _FAMILIES[key] = family
+                else:
+                    family = None
             if family is not None:
                 _FAMILIES.move_to_end(key)
     if family is None:
         program = import_torch(f, args, kwargs)
-        # Keyed after the import: a model may set attributes on its first
-        # forward (transformers records its modules' output names), and
-        # later compiles see it that way.  No key (inputs that are not
-        # contiguous tensors or share memory, no sound key): no family.
-        key = _family_key(f, args, kwargs) or key
-        if key is None or sizes is None:
+        # Keyed at the module's next compile (above), before its import:
+        # a model may set attributes on its first forward (transformers
+        # records its modules' output names), which that key sees.  No
+        # family for inputs that are not contiguous tensors or share
+        # memory; a module without a sound key keeps an unkeyed family
+        # that no compile finds.
+        if sizes is None or _inputs_kinds(args, kwargs) is None:
             return program
         with _LOCK:
             _STATS.first += 1
-            _FAMILIES[key] = _Family(weakref.ref(f, _forget), [sizes])
+            _FAMILIES[_unkeyed(f)] = _Family(weakref.ref(f, _forget), [sizes])
             while len(_FAMILIES) > MAX_FAMILIES:
                 _FAMILIES.popitem(last=False)
         return program

@@ -608,22 +608,42 @@ def _constant(constant: Any) -> Any:
     return (type(constant).__name__, repr(constant))
 
 
-def source_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> str:
+def source_key(
+    f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any, program: Any = None
+) -> str:
     """The key of compiling ``f`` on ``(args, kwargs)`` with ``options`` (a
     value of plain Python types); :class:`Uncacheable` with the reason when
-    some part cannot be printed (see the module docstring)."""
+    some part cannot be printed (see the module docstring).
+
+    ``program``: the printing of ``f`` that :func:`keyed_source` returned
+    for ``f`` in the same state (no code ran in between that could change
+    it: the caller's word), used instead of printing ``f`` again; only for
+    a key without inputs (an input's printing numbers its storage after
+    the state's, which the printing alone does not carry)."""
+    return keyed_source(f, args, kwargs, options, program)[0]
+
+
+def keyed_source(
+    f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any, program: Any = None
+) -> tuple[str, Any]:
+    """:func:`source_key` and the printing of ``f`` it holds (the costly
+    part: every submodule, its code and configuration), for a later key of
+    the same object in the same state (``program``)."""
     from torch.export import ExportedProgram
 
     printer = _Printer()
     if isinstance(f, ExportedProgram):
         raise Uncacheable("an ExportedProgram is keyed by identity only (import it again per process)")
-    if isinstance(f, torch.nn.Module):
-        program: Any = ("module", printer.module(f))
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    if program is not None:
+        if leaves:
+            raise ValueError("a printing of the program is reused only for a key without inputs")
+    elif isinstance(f, torch.nn.Module):
+        program = ("module", printer.module(f))
     elif isinstance(f, (types.FunctionType, functools.partial, types.MethodType)):
         program = ("function", printer.code_value(f, "the compiled function", 0))
     else:
         raise Uncacheable(f"the compiled object is a {type(f).__name__}")
-    leaves, spec = pytree.tree_flatten((args, kwargs))
     inputs = tuple(
         printer.tensor(leaf, f"input {i}", False) if isinstance(leaf, torch.Tensor)
         else printer.value(leaf, f"input {i}")
@@ -634,5 +654,5 @@ def source_key(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: A
     if "transformers" in sys.modules:
         library_versions += (f"transformers={_distribution_version('transformers')}",)
     printed = (library_versions, program, str(spec), inputs, settings, options)
-    return hashlib.sha256(repr(printed).encode()).hexdigest()
+    return hashlib.sha256(repr(printed).encode()).hexdigest(), program
 

@@ -360,6 +360,52 @@ def test_xla_input_is_the_same_parsed_in_the_programs_context(monkeypatch: pytes
 
 
 
+def test_final_text_is_parsed_once_for_xla(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile`` prepares what XLA gets from a clone of the final module
+    (the one its text was printed from), not from a parse of that text:
+    the only parse is the prepared text's, for the portable artifact.  The
+    prepared text is the one a parse of the final text gives, and the
+    final module is left as it was."""
+    from hloalias.runtime import pjrt
+
+    parsed: list[str] = []
+    original_parse = pjrt.parse_module
+
+    def counting(text: str, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(text)
+        return original_parse(text, *args, **kwargs)
+
+    prepared: list[tuple[str, Any, str]] = []
+    original_prepare = pjrt.prepare_for_xla
+
+    def spy(text: str, **kwargs: Any) -> str:
+        module = kwargs.get("module")
+        before = None if module is None else pjrt.print_module(module, debug_info=True)
+        result = original_prepare(text, **kwargs)
+        assert module is not None and pjrt.print_module(module, debug_info=True) == before
+        prepared.append((text, kwargs.get("context"), result))
+        return result
+
+    monkeypatch.setattr(pjrt, "parse_module", counting)
+    monkeypatch.setattr(pjrt, "prepare_for_xla", spy)
+    monkeypatch.setenv("HLOALIAS_CACHE", "0")
+    programs = [
+        (lambda x: x.as_strided((2, 2), (1, 2), 1) * 3, (torch.randn(3, 4),)),  # dense_resource constants
+        (lambda x: torch.erf(x).to(torch.bfloat16).sum(0), (torch.randn(4, 8),)),
+        (lambda x: x * torch.tensor([1.0, 2.0]), (torch.randn(3, 2),)),  # a lifted constant
+        (torch.nn.Linear(8, 4), (torch.randn(2, 8),)),
+    ]
+    for fn, args in programs:
+        hloalias.clear_cache()
+        parsed.clear()
+        hloalias.compile(fn, args)
+        assert len(parsed) == 1 and parsed[0] == prepared[-1][2]  # the prepared text, for the artifact
+    assert len(prepared) == len(programs)
+    monkeypatch.setattr(pjrt, "parse_module", original_parse)
+    for text, context, result in prepared:
+        assert result == original_prepare(text, allow_stored_state=True, context=context)
+
+
 def test_xla_artifact_is_serialized_in_the_programs_context(monkeypatch: pytest.MonkeyPatch) -> None:
     """``compile`` serializes the portable artifact from the prepared text
     parsed in the program's own context, not through
@@ -419,3 +465,30 @@ def test_as_strided_compiles_and_matches_eager() -> None:
     x = torch.randn(3, 4)
     exe = hloalias.compile(strided, (x,))
     assert torch.equal(exe(x), strided(x))
+
+
+def test_static_extents_are_worked_out_once_per_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check_static_extents`` (run on every module XLA gets) works out
+    each distinct type once, and a type that overflows is still refused
+    where it first appears, after many values of a type that fits."""
+    from hloalias import mlir
+
+    calls: list[object] = []
+    original = mlir.element_bits
+
+    def counting(element_type: Any) -> int:
+        calls.append(element_type)
+        return original(element_type)
+
+    monkeypatch.setattr(mlir, "element_bits", counting)
+    negates = "\n".join(f"  %{i + 1} = stablehlo.negate %{i} : tensor<4xf32>" for i in range(20))
+    text = (
+        "func.func @main(%a: tensor<4xf32>, %s: tensor<f32>) -> tensor<4xf32> {\n"
+        "  %0 = stablehlo.negate %a : tensor<4xf32>\n" + negates + "\n"
+        "  %big = stablehlo.broadcast_in_dim %s, dims = [] : (tensor<f32>) -> tensor<2305843009213693952xf32>\n"
+        "  return %20 : tensor<4xf32>\n}\n"
+    )
+    module = mlir.parse_module(text, mlir.new_context())
+    with pytest.raises(IRError, match="result 0 of 'stablehlo.broadcast_in_dim' .* overflows 64 bits"):
+        mlir.check_static_extents(module)
+    assert len(calls) == 3  # tensor<4xf32>, tensor<f32>, the one that overflows

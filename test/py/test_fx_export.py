@@ -607,3 +607,23 @@ def test_node_stack_traces_are_make_fxs(name: str, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(fx_export, "_FAST_STACK_TRACES", False)
     assert ours == stack_traces()
     assert any(trace for _, trace in ours)
+
+
+def test_the_signature_reads_the_call_specs_without_torchs_call_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The importer reads the program's input and output specs from the
+    root of its module call graph, as ``ExportedProgram.call_spec`` does,
+    without that property (which defines a NamedTuple class on every
+    read): the same specs, and a compile that never reads the property."""
+    exported = torch.export.export(_Seed(), (torch.randn(32),))
+    assert importer._call_specs(exported) == (exported.call_spec.in_spec, exported.call_spec.out_spec)
+    empty = copy.copy(exported)
+    empty._module_call_graph = []
+    assert importer._call_specs(empty) == (None, None) == tuple(empty.call_spec)
+
+    def refused(self: Any) -> Any:
+        raise AssertionError("call_spec read")
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "call_spec", property(refused))
+    x = torch.randn(32)
+    first, second = hloalias.compile(_Seed(), (x,))(x)
+    torch.testing.assert_close(second, x[0:16].view(2, 8))

@@ -196,13 +196,13 @@ def test_a_changed_attribute_is_a_new_family() -> None:
 
 
 
-def test_a_new_module_is_keyed_once_and_its_family_still_serves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first compile of a module object takes its family key once,
-    after the import (before it, no key can find a family for a module
-    that has none); a later compile of the module keys it once, before,
-    to find its family (and once more after the family's dynamic export,
-    which can rebuild module attributes the key reads), and new lengths
-    are specialized from it."""
+def test_a_new_module_is_not_keyed_and_its_family_still_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first compile of a module object takes no family key (before
+    the import no key can find a family for a module that has none, and
+    its family is recorded unkeyed); a later compile of the module keys
+    it once, before its import, which finds the family (and once more
+    after the family's dynamic export, which can rebuild module
+    attributes the key reads), and new lengths are specialized from it."""
     keyed: list[object] = []
     original = shape_family._family_key
 
@@ -215,16 +215,34 @@ def test_a_new_module_is_keyed_once_and_its_family_still_serves(monkeypatch: pyt
     first, second = Mixer().eval(), Mixer().eval()
     second.scale = 3.0  # another key: one family per key
     hloalias.compile(first, (_ids(8),))
-    assert keyed == [first]
     hloalias.compile(second, (_ids(8),))
-    assert keyed == [first, second]
-    keyed.clear()
+    assert keyed == []
     for length in (12, 5):
         exe = hloalias.compile(first, (_ids(length),))
         torch.testing.assert_close(exe(_ids(length)), first(_ids(length)))
     assert keyed == [first, first, first]  # 12: find, re-key after the export; 5: find
     stats = shape_family.shape_family_stats()
     assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (2, 1, 2, 0)
+
+
+def test_a_change_after_the_first_compile_is_in_the_key_the_family_gets() -> None:
+    """The first compile records its family unkeyed; the key it gets is
+    taken at the module's next compile, from the module as it is then:
+    a value changed in between is in that key and in every program of
+    the family (each new length equals eager with the new value), and
+    changing it back misses that family."""
+    torch.manual_seed(0)
+    model = Mixer().eval()
+    hloalias.compile(model, (_ids(8),))
+    model.scale = 3.0
+    for length in (12, 16):
+        exe = hloalias.compile(model, (_ids(length),))
+        torch.testing.assert_close(exe(_ids(length)), model(_ids(length)))
+    model.scale = 1.0
+    exe = hloalias.compile(model, (_ids(20),))
+    torch.testing.assert_close(exe(_ids(20)), model(_ids(20)))
+    stats = shape_family.shape_family_stats()
+    assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (2, 1, 2, 0), stats.reasons
 
 
 def test_a_function_has_no_family() -> None:
@@ -363,3 +381,40 @@ def test_specialization_generates_no_python_code_and_the_program_still_runs(
     assert generated == []
     torch.testing.assert_close(exported.module()(_ids(6)), model(_ids(6)))
     assert exported.range_constraints == {}
+
+
+def test_a_compile_prints_the_module_once_for_both_keys(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    """With the program cache on, a later compile of a module takes the
+    program-cache key and the family key before its import, with no code
+    run between: the module is printed once, for the first, and the
+    second reuses that printing; the family key is the one a printing of
+    its own gives, and a new length is specialized from the family."""
+    from hloalias.runtime import source_key
+
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "1")
+    monkeypatch.setenv("HLOALIAS_CACHE_DIR", str(tmp_path))
+    printed: list[object] = []
+    original = source_key._Printer.module
+
+    def counting(self: object, root: torch.nn.Module) -> object:
+        printed.append(root)
+        return original(self, root)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(source_key._Printer, "module", counting)
+    torch.manual_seed(0)
+    model = Mixer().eval()
+    for length in (8, 12):
+        hloalias.compile(model, (_ids(length),))
+    printed.clear()
+    exe = hloalias.compile(model, (_ids(5),))
+    torch.testing.assert_close(exe(_ids(5)), model(_ids(5)))
+    assert printed == [model]
+    stats = shape_family.shape_family_stats()
+    assert (stats.first, stats.exported, stats.specialized, stats.fallbacks) == (1, 1, 2, 0), stats.reasons
+    key, program = source_key.keyed_source(model, (_ids(5),), {}, "options")
+    options = ("shape family", "spec", ())
+    assert source_key.source_key(model, (), {}, options, program) == source_key.source_key(model, (), {}, options)
+    with pytest.raises(ValueError):
+        source_key.source_key(model, (_ids(5),), {}, "options", program)
