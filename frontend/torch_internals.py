@@ -24,8 +24,9 @@ lets torch do (c) with an empty CIA table (torch's own override is then a
 no-op).  The first split in a process (and building torch-mlir's table)
 materializes torch's CIA operators once instead of once per ``torch.ops``
 namespace, and walks the registered operators for the preservable CIA set
-once for both, asking each operator the cheaper of torch's two
-preservability tests first (:func:`materialize_cia_ops_once`).
+once for both (once per operator registry across processes, where the
+runtime hands over a store), asking each operator the cheaper of torch's
+two preservability tests first (:func:`materialize_cia_ops_once`).
 
 :func:`export_decomposed` is ``torch.export.export`` followed by
 :func:`decompose` in one trace: torch's post-dispatch export (what
@@ -170,7 +171,11 @@ def materialize_cia_ops_once() -> Iterator[None]:
     holds what the walk reads that can change (the split cache,
     :func:`split_decomposition_table`, relies on the same key), and it is
     taken after a walk, which materializes operators into ``torch.ops``.
-    Each caller gets its own copy.  ``_is_preservable_cia_op``, which the
+    Each caller gets its own copy.  Across processes the set is kept in
+    :data:`CIA_OPS_STORE` (the disk cache, handed over by the runtime) under
+    a digest of the key and torch's version, so a process whose registry
+    matches an earlier one's does not walk (:func:`_stored_cia_ops`).
+    ``_is_preservable_cia_op``, which the
     walks and the split ask of each operator, is answered with its two
     tests in the cheaper order (:func:`_cia_first_preservable`).  Without
     the private names the block changes nothing."""
@@ -195,11 +200,21 @@ def materialize_cia_ops_once() -> Iterator[None]:
             done = True
 
     def collect_once() -> set[Any]:
-        cached = _CIA_OPS_CACHE.get(registry_key())
+        # (An empty cache cannot hit: no key taken, ~0.5 ms in a cold process.)
+        cached = _CIA_OPS_CACHE.get(registry_key()) if _CIA_OPS_CACHE else None
         if cached is None:
-            cached = frozenset(original_collect())
+            # The walk materializes first (idempotent): doing it before
+            # taking the key makes the key the one the walk's answer is
+            # stored under.  Not on an in-process hit (~2 ms).
+            materialize_once()
+            key = registry_key()
+            cached = _CIA_OPS_CACHE.get(key) or _stored_cia_ops(key)
+            if cached is None:
+                cached = frozenset(original_collect())
+                key = registry_key()
+                _store_cia_ops(key, cached)
             _CIA_OPS_CACHE.clear()
-            _CIA_OPS_CACHE[registry_key()] = cached
+            _CIA_OPS_CACHE[key] = cached
         return set(cached)
 
     checkers = [importlib.import_module(name) for name in _PRESERVABLE_CHECKERS]
@@ -226,6 +241,68 @@ def materialize_cia_ops_once() -> Iterator[None]:
         if reorder:
             for module in checkers:
                 module._is_preservable_cia_op = original_preservable  # type: ignore[attr-defined]
+
+
+#: Where :func:`materialize_cia_ops_once` keeps the walk's answer across
+#: processes: ``[(read, write)]`` with ``read(key) -> bytes | None`` and
+#: ``write(key, payload)``, installed by the runtime layer, which owns the
+#: disk cache (this layer may not import it); empty: every process walks.
+CIA_OPS_STORE: list[tuple[Callable[[str], bytes | None], Callable[[str, bytes], object]]] = []
+
+
+def _cia_store_key(key: tuple[Any, Any]) -> str:
+    """A digest of :func:`registry_key` ``key`` with torch's version: the
+    registrations and each namespace's operators sorted (the dispatcher's
+    and ``torch.ops``'s orders follow what a process touched first; the
+    walk's answer is a set)."""
+    import hashlib
+
+    registrations, namespaces = key
+    text = repr((torch.__version__, sorted(registrations), [(name, sorted(ops)) for name, ops in namespaces]))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _operator_name(op: Any) -> str:
+    """``namespace::name.overload`` of an ``OpOverload``."""
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+def _stored_cia_ops(key: tuple[Any, Any]) -> frozenset[Any] | None:
+    """The preservable CIA set a process with the same :func:`registry_key`
+    stored (:data:`CIA_OPS_STORE`), or None: no store, no entry, or an
+    operator it names not found.  Only the non-aten operators are stored:
+    torch caches the aten namespace's part itself (unkeyed), and it is
+    taken from that cache as torch's walk takes it."""
+    if not CIA_OPS_STORE:
+        return None
+    import json
+
+    import torch._export.utils as export_utils
+
+    read, _ = CIA_OPS_STORE[0]
+    payload = read(_cia_store_key(key))
+    if payload is None:
+        return None
+    try:
+        names = json.loads(payload)
+        found = set(export_utils._collect_all_valid_cia_ops_for_aten_namespace())
+        for name in names:
+            qualified, overload = name.rsplit(".", 1)
+            namespace, op_name = qualified.split("::")
+            if namespace == "aten":
+                return None
+            found.add(getattr(getattr(getattr(torch.ops, namespace), op_name), overload))
+    except (ValueError, TypeError, AttributeError, RuntimeError):
+        return None  # not what this process would store: walk
+    return frozenset(found)
+
+
+def _store_cia_ops(key: tuple[Any, Any], ops: frozenset[Any]) -> None:
+    if CIA_OPS_STORE:
+        import json
+
+        names = sorted(_operator_name(op) for op in ops if op.namespace != "aten")
+        CIA_OPS_STORE[0][1](_cia_store_key(key), json.dumps(names).encode())
 
 
 def split_decomposition_table(table: dict[Any, Callable[..., Any]]) -> _SplitTable:

@@ -38,6 +38,7 @@ import torch.utils._pytree as pytree
 
 from hloalias import config
 from hloalias.frontend.importer import Program, Stage, _register_transformers_caches
+from hloalias.frontend import torch_internals
 from hloalias.frontend.torch_internals import quiet_torch_deprecations
 from hloalias.mlir import compile_context, parse_module
 from hloalias.runtime import disk_cache
@@ -45,6 +46,24 @@ from hloalias.runtime.source_key import Uncacheable, keyed_source
 
 SUFFIX = ".program"
 _FORMAT = 1
+#: The disk cache's suffix of the stored preservable-CIA operator set.
+CIA_OPS_SUFFIX = ".cia"
+
+
+def _read_cia_ops(key: str) -> bytes | None:
+    return disk_cache.read_beside_key("cia-ops", key, CIA_OPS_SUFFIX)
+
+
+def _write_cia_ops(key: str, payload: bytes) -> bool:
+    return disk_cache.write_beside_key("cia-ops", key, CIA_OPS_SUFFIX, payload)
+
+
+# torch's walk over every registered operator for the preservable CIA set
+# (~5 ms CPU of each process's first import) is kept across processes under
+# the operator registry's key (frontend/torch_internals.py), beside the disk
+# cache's key: per user, not per cache directory, as the set is not per
+# program.  The frontend layer cannot import the disk cache; it is handed it.
+torch_internals.CIA_OPS_STORE[:] = [(_read_cia_ops, _write_cia_ops)]
 
 
 @dataclasses.dataclass

@@ -134,14 +134,18 @@ def test_materializing_cia_ops_once_gives_torchs_split() -> None:
     assert ours[0] == theirs[0] and ours[1] == theirs[1]
 
 
-def test_the_cia_walk_is_shared_until_the_operator_registry_changes() -> None:
+def test_the_cia_walk_is_shared_until_the_operator_registry_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Building torch-mlir's table and splitting it each walk every
     registered operator for the preservable CIA set; inside
     ``materialize_cia_ops_once`` the second walk is answered from the
     first while the registry is unchanged, with torch's result, and a new
-    CIA operator makes the next block walk again and find it."""
+    CIA operator makes the next block walk again and find it.  (Without
+    the cross-process store, which would answer the first walk too:
+    ``test_cia_ops_store.py``.)"""
     import torch._export.utils as export_utils
     from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+    monkeypatch.setattr(torch_internals, "CIA_OPS_STORE", [])
 
     torch_internals._private()  # its imports register operators: done before counting
     original = export_utils._collect_all_valid_cia_ops
