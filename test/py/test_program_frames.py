@@ -80,13 +80,14 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleT
 _MODEL_LINE = r"framelib/checked\.py:\d+ in forward: if labels\.max\(\) >= 4:"
 
 
-def test_training_capture_names_the_library_line_and_the_caller(library: ModuleType) -> None:
+def _refused_capture(model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> pytest.ExceptionInfo[TrainingCaptureError]:
+    """The refusal of an SGD step of ``model`` on ``batch``; the model's
+    state is as it was."""
     torch.manual_seed(0)
-    model = library.CheckedClassifier()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
-    def step(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = model(x, labels)
+    def step(*batch: torch.Tensor) -> torch.Tensor:
+        loss = model(*batch)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -94,13 +95,18 @@ def test_training_capture_names_the_library_line_and_the_caller(library: ModuleT
 
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(TrainingCaptureError) as caught:
-        hloalias.compile_training_step(step, model, opt, (torch.randn(3, 4), torch.tensor([0, 1, 2])))
-    assert caught.match(
-        r"data-dependent control flow .* at .*" + _MODEL_LINE
-        + r"[^\n]* \(called from .*test_program_frames\.py:\d+ in step: loss = model\(x, labels\)\)"
-    )
+        hloalias.compile_training_step(step, model, opt, batch)
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
+    return caught
+
+
+def test_training_capture_names_the_library_line_and_the_caller(library: ModuleType) -> None:
+    caught = _refused_capture(library.CheckedClassifier(), (torch.randn(3, 4), torch.tensor([0, 1, 2])))
+    assert caught.match(
+        r"data-dependent control flow .* at .*" + _MODEL_LINE
+        + r"[^\n]* \(called from .*test_program_frames\.py:\d+ in step: loss = model\(\*batch\)\)"
+    )
 
 
 def test_export_failure_names_the_library_line(library: ModuleType) -> None:
@@ -117,23 +123,8 @@ def test_a_training_steps_data_dependent_size_names_the_line_that_made_it(librar
     """GLPN's SiLog loss (``target[valid_mask]``): torch fails on the
     selection's size in autograd's backward, under ``loss.backward()``,
     which the message named; the line to change is the model's."""
-    torch.manual_seed(0)
-    model = library.MaskedDepthLoss()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def step(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss = model(x, target)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(TrainingCaptureError) as caught:
-        hloalias.compile_training_step(step, model, opt, (torch.randn(3, 4), torch.rand(3, 4)))
+    caught = _refused_capture(library.MaskedDepthLoss(), (torch.randn(3, 4), torch.rand(3, 4)))
     assert caught.match(r"depends on a tensor's values .* made at .*" + _MASK_LINE)
-    for key, value in model.state_dict().items():
-        assert torch.equal(value, before[key]), key
 
 
 def test_a_forwards_data_dependent_size_names_the_line_that_made_it(library: ModuleType) -> None:
