@@ -139,7 +139,7 @@ from hloalias.runtime.plan import (
     _CallConvention, _CallPlan, _describe_spec, _IndexCheck, _ProgramFacts, check_index_ranges, computes_nothing,
 )
 from hloalias.runtime.state import (
-    _RUNTIME_READ, StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
+    _ATTACHMENT_EDITS, _REMOVED, _RUNTIME_READ, StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
     refuse_inference_state,
 )
 
@@ -744,6 +744,14 @@ class Executable:
             watched_slots, native_first_changed(), self._group, on_mesh=self._placement.spmd,
             first_differing=native_first_differing(),
         )
+        #: The watched slots that stand for an attribute of the owner module,
+        #: by its dotted name there, looked up again where no registration
+        #: hook re-points them (``_follow_attachments``).
+        self._attached = self._module_attachments()
+        #: Each attached slot's attribute name, which errors name.
+        self._attached_names = {id(slot): name for name, slot in self._attached}
+        if self._attached:
+            self._follow_attachments()
         self._group.note_written([
             slot for name, slot in self._watched
             if self._mutation_keys[self._names.index(self._signature.state_aliases.get(name, name))] is not None
@@ -1282,11 +1290,64 @@ class Executable:
         ExecutionError naming the tensor (``_StateSlot.refresh_from_torch``).
         Checked before every call and ``state_dict()``."""
         with self._group.lock, _RUNTIME_READ():
+            if self._attached and self._state_watch.attachments_moved():
+                self._follow_attachments()
             for name, slot in self._watched:
                 if slot.replacements != self._replacements.get(id(slot), 0):
-                    self._check_follow(name, slot)
+                    self._check_follow(self._attached_names.get(id(slot), name), slot)
                 if slot.torch_changed():
-                    slot.refresh_from_torch(name)
+                    slot.refresh_from_torch(self._attached_names.get(id(slot), name))
+
+    def _module_attachments(self) -> tuple[tuple[str, _StateSlot], ...]:
+        """Each watched slot whose tensor the owner module holds as a
+        parameter, buffer or plain tensor attribute, with that attribute's
+        dotted name (a training step's slots are named otherwise:
+        ``param.<fqn>``, ``_tensor_constant0``)."""
+        owner = self._group.owner() if self._group.owner is not None else None
+        if owner is None or not self._watched:
+            return ()
+        where: dict[int, str] = {}
+        for prefix, module in owner.named_modules(remove_duplicate=False):
+            for table in (module._parameters, module._buffers, vars(module)):
+                for key, value in table.items():
+                    if isinstance(value, torch.Tensor):
+                        where.setdefault(id(value), f"{prefix}.{key}" if prefix else key)
+        return tuple(
+            (where[id(tensor)], slot) for _, slot in self._watched
+            if (tensor := slot.source()) is not None and id(tensor) in where
+        )
+
+    def _follow_attachments(self) -> None:
+        """Re-point each attached slot at the tensor its module attribute
+        holds now, where torch's registration hooks could not: the name's
+        tensor was deleted before another was registered (``del m.bias;
+        m.bias = ...``, also a deleted submodule), or it is a plain tensor
+        attribute (``m.scale = t``).  An attribute gone, or holding no
+        tensor, is a removal the next ``_check_follow`` refuses, as eager
+        would fail.  Records the lookup last: a Ctrl-C part way redoes it."""
+        edits = _ATTACHMENT_EDITS[0]
+        plain = []
+        if self._group.owner is None or self._group.owner() is None:
+            # The module is gone (compiled from a temporary): nothing can
+            # hold another tensor under its names, and its state lives on.
+            self._state_watch.attach((), edits)
+            return
+        for name, slot in self._attached:
+            found = self._group.attribute_table(name)
+            current = None
+            if found is not None:
+                table, key, is_plain = found
+                value = table.get(key)
+                current = value if isinstance(value, torch.Tensor) else None
+                if is_plain and current is not None:
+                    plain.append((table, key, slot))
+            source = slot.source()
+            if current is None:
+                if source is not _REMOVED:
+                    slot.follow(None)
+            elif current is not source:
+                slot.follow(current)
+        self._state_watch.attach(tuple(plain), edits)
 
     def _check_follow(self, name: str, slot: _StateSlot) -> None:
         """Refuse a slot that followed its module attribute to a new tensor

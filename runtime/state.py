@@ -10,8 +10,15 @@ another tensor under that attribute (``m.weight = nn.Parameter(...)``,
 ``m.cache = torch.zeros(...)``, ``load_state_dict(..., assign=True)``, a
 replaced submodule), torch's registration hooks re-point the slot to the new
 tensor (:func:`_on_registration`), and the next call reads it as it reads
-any tensor torch changed.  A removed attribute (set to None) or a new tensor
-of another dtype or shape is an ExecutionError at the next call.
+any tensor torch changed.  A tensor registered under a name whose tensor was
+deleted (``del m.bias`` first), or under a replaced submodule, and a plain
+tensor attribute given another object (``m.scale = t``, which no hook
+sees) are found by name at the next call (:meth:`StateWatch.attach`).  A
+removed attribute (set to None, or a plain one given a non-tensor) or a
+new tensor of another dtype or shape is an ExecutionError at the next
+call.  Not seen: a registered tensor only deleted (``del m.bias``: eager
+would fail, the program runs on), or written into ``_parameters`` or
+``_buffers`` directly, which no hook hears.
 
 The owner module's ``state_dict()`` and eager forward first copy every
 slot some program of the group writes, where it lags the module's tensor,
@@ -375,7 +382,7 @@ class _StateSlot:
             except Exception:  # noqa: BLE001 - called from torch's registration hooks
                 pass
         if new is None:
-            self.unfollowable = "was removed from the module (set to None)"
+            self.unfollowable = "was removed from the module (deleted or set to None)"
             new = _REMOVED
         elif new.is_inference():
             # No version counter to read: the slot cannot see torch's edits
@@ -997,6 +1004,14 @@ _inputs_brought_in_by_this_graph._dynamo_marked_constant = True  # type: ignore[
 #: its tuples when it moved.
 _AGREEMENTS = [0]
 
+#: Counts the registrations torch's hooks saw that no slot's tensor was
+#: replaced by: a tensor or submodule registered under a name that held
+#: none (``del m.bias; m.bias = nn.Parameter(...)``, ``del m.lin;
+#: m.lin = nn.Linear(...)``), and every submodule registration.  The slot
+#: of the deleted tensor cannot be found from the hook, so each
+#: :class:`StateWatch` looks its names up again when this moved.
+_ATTACHMENT_EDITS = [0]
+
 
 def _first_changed_in_python(refs: tuple[Any, ...], versions: tuple[int, ...], pointers: tuple[int, ...]) -> int:
     for index, ref in enumerate(refs):
@@ -1072,10 +1087,38 @@ class StateWatch:
         self._group = weakref.ref(group) if group is not None else None
         self._starts = _LAG_STARTS if on_mesh else _MESH_LAG_STARTS
         self._starts_seen = self._starts[0]
+        #: The plain tensor attributes among the slots' module attributes,
+        #: which no registration hook sees replaced (``m.scale = t``): the
+        #: table holding each (a submodule's ``__dict__``), its key and its
+        #: slot, compared by identity at every call (:meth:`attach`).
+        self._plain: tuple[tuple[dict[str, Any], str, _StateSlot], ...] = ()
+        #: ``_ATTACHMENT_EDITS`` when the attachments were last looked up;
+        #: -1: never (no module attributes to look up).
+        self._edits_seen = -1
+
+    def attach(self, plain: tuple[tuple[dict[str, Any], str, _StateSlot], ...], edits: int) -> None:
+        """Record the slots' module attributes as looked up when
+        ``_ATTACHMENT_EDITS`` was ``edits``: :meth:`changed` reports a
+        change when it moves, or when a ``plain`` attribute holds another
+        object than its slot's tensor."""
+        self._plain = plain
+        self._edits_seen = edits
+
+    def attachments_moved(self) -> bool:
+        """Whether a module attribute may hold another tensor than its slot's
+        (see :meth:`attach`)."""
+        if self._edits_seen >= 0 and self._edits_seen != _ATTACHMENT_EDITS[0]:
+            return True
+        for table, key, slot in self._plain:
+            if table.get(key) is not slot.source():
+                return True
+        return False
 
     def changed(self) -> bool:
         # Each count is recorded only once what it stands for is done: a
         # Ctrl-C part way leaves it unrecorded, and the next call redoes it.
+        if self._edits_seen >= 0 and self.attachments_moved():
+            return True
         starts = self._starts[0]
         if self._starts_seen != starts and self._group is not None:
             read_others_stale(self.slots, self._group())
@@ -1234,8 +1277,22 @@ class _StateGroup:
                 slot.copy_to_source()
 
     def module_tensor(self, name: str) -> torch.Tensor | None:
-        """The owner module's parameter or buffer ``name`` (a dotted FQN) as
-        it is now, or None (no owner module, or no such attribute)."""
+        """The owner module's parameter, buffer or plain tensor attribute
+        ``name`` (a dotted FQN) as it is now, or None (no owner module, or
+        no such attribute)."""
+        found = self.attribute_table(name)
+        if found is None:
+            return None
+        table, leaf, _ = found
+        value = table.get(leaf)
+        return value if isinstance(value, torch.Tensor) else None
+
+    def attribute_table(self, name: str) -> tuple[dict[str, Any], str, bool] | None:
+        """Where the owner module holds ``name`` (a dotted FQN) now: the
+        table (a submodule's ``_parameters``, ``_buffers`` or, for a plain
+        tensor attribute, ``__dict__``), the key in it, and whether it is
+        the plain attribute's ``__dict__``; None when there is no owner
+        module or no such attribute."""
         owner = self.owner() if self.owner is not None else None
         if owner is None:
             return None
@@ -1244,8 +1301,12 @@ class _StateGroup:
             module = owner.get_submodule(prefix) if prefix else owner
         except AttributeError:
             return None
-        found = module._parameters.get(leaf)
-        return found if found is not None else module._buffers.get(leaf)
+        if leaf in module._parameters:
+            return module._parameters, leaf, False
+        if leaf in module._buffers:
+            return module._buffers, leaf, False
+        attributes = vars(module)
+        return (attributes, leaf, True) if leaf in attributes else None
 
     def slot(
         self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None = None,
@@ -1377,10 +1438,17 @@ def _on_tensor_registration(module: torch.nn.Module, name: str, value: Any) -> N
     old: torch.Tensor | None = module._parameters.get(name)
     if old is None:
         old = module._buffers.get(name)
+    if old is None:
+        # Nothing to follow from here: a slot of a tensor deleted from this
+        # name (``del m.bias``) is found by name at the next call.
+        _ATTACHMENT_EDITS[0] += 1
     _replaced(old, value)
 
 
 def _on_module_registration(module: torch.nn.Module, name: str, value: Any) -> None:
+    # The new submodule's plain tensor attributes, and every tensor of one
+    # registered where another was deleted, are found by name at the next call.
+    _ATTACHMENT_EDITS[0] += 1
     old = module._modules.get(name)
     if not isinstance(old, torch.nn.Module) or old is value:
         return

@@ -369,7 +369,9 @@ def _compile_step(
     )
     # A replaced parameter (``model.w = nn.Parameter(...)``) leaves the
     # optimizer holding the old one: eager would go on training that.
-    executable._follows_replacements = "the optimizer of compile_training_step still holds the old tensor"
+    executable._follows_replacements = (
+        "a training step follows no replaced tensor (its optimizer would go on updating the old parameters)"
+    )
     # A kept gradient is the parameter's ``.grad`` for eager code: reading
     # the parameter (``p.grad``) copies it in (runtime/state.py).
     for slot in captured.slots:
