@@ -190,7 +190,12 @@ class Jit:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         modes = self._modes.key() if self._modes is not None else None
         hooks = self._hooks.key() if self._hooks is not None else None
-        return (spec, tuple(_leaf_key(leaf) for leaf in leaves), torch.is_grad_enabled(), modes, hooks)
+        # The default dtype decides what ``torch.ones(4)`` inside the program
+        # makes: a program traced under another would return other dtypes.
+        return (
+            spec, tuple(_leaf_key(leaf) for leaf in leaves), torch.is_grad_enabled(), torch.get_default_dtype(),
+            modes, hooks,
+        )
 
     def _check_statics(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         named = [(f"argument {i}", args[i]) for i in self.static_argnums if i < len(args)]

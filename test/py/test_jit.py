@@ -159,6 +159,27 @@ def test_training_flag_and_grad_mode_are_part_of_the_signature() -> None:
     torch.testing.assert_close(jitted.state_dict()["1.running_mean"], eager[1].running_mean)
 
 
+def test_the_default_dtype_is_part_of_the_signature() -> None:
+    """A program that makes a tensor of the default dtype: before, a jit
+    compiled under float32 went on returning float32 after
+    ``torch.set_default_dtype(torch.float64)``, where eager returns float64."""
+    jitted = hloalias.jit(lambda x: x + torch.arange(4) / 3)
+    x = torch.randn(2, 4)
+    assert jitted(x).dtype == torch.float32
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        eager = x + torch.arange(4) / 3
+        assert eager.dtype == torch.float64
+        got = jitted(x)
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, eager, rtol=0, atol=0)
+    finally:
+        torch.set_default_dtype(previous)
+    assert jitted(x).dtype == torch.float32
+    assert jitted.stats.compiles == 2
+
+
 def test_device_accepts_a_torch_device() -> None:
     jitted = hloalias.jit(lambda x: x + 1, device=torch.device("cpu"))
     torch.testing.assert_close(jitted(torch.zeros(2)), torch.ones(2))
