@@ -1438,17 +1438,21 @@ def _on_tensor_registration(module: torch.nn.Module, name: str, value: Any) -> N
     old: torch.Tensor | None = module._parameters.get(name)
     if old is None:
         old = module._buffers.get(name)
-    if old is None:
+    if old is None and not torch.compiler.is_compiling():
         # Nothing to follow from here: a slot of a tensor deleted from this
-        # name (``del m.bias``) is found by name at the next call.
+        # name (``del m.bias``) is found by name at the next call.  Not
+        # while dynamo traces (a lazily registered cache buffer): it would
+        # guard its graph on the count, and every call would compile again.
         _ATTACHMENT_EDITS[0] += 1
     _replaced(old, value)
 
 
 def _on_module_registration(module: torch.nn.Module, name: str, value: Any) -> None:
     # The new submodule's plain tensor attributes, and every tensor of one
-    # registered where another was deleted, are found by name at the next call.
-    _ATTACHMENT_EDITS[0] += 1
+    # registered where another was deleted, are found by name at the next
+    # call (not counted while dynamo traces: see _on_tensor_registration).
+    if not torch.compiler.is_compiling():
+        _ATTACHMENT_EDITS[0] += 1
     old = module._modules.get(name)
     if not isinstance(old, torch.nn.Module) or old is value:
         return
