@@ -139,7 +139,7 @@ from hloalias.runtime.plan import (
     _CallConvention, _CallPlan, _describe_spec, _IndexCheck, _ProgramFacts, check_index_ranges, computes_nothing,
 )
 from hloalias.runtime.state import (
-    _ATTACHMENT_EDITS, _REMOVED, _RUNTIME_READ, StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
+    _AGREEMENTS, _ATTACHMENT_EDITS, _REMOVED, _RUNTIME_READ, StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
     refuse_inference_state,
 )
 
@@ -752,10 +752,17 @@ class Executable:
         self._attached_names = {id(slot): name for name, slot in self._attached}
         if self._attached:
             self._follow_attachments()
-        self._group.note_written([
-            slot for name, slot in self._watched
+        written_state = [
+            (name, slot) for name, slot in self._watched
             if self._mutation_keys[self._names.index(self._signature.state_aliases.get(name, name))] is not None
-        ])
+        ]
+        self._group.note_written([slot for _, slot in written_state])
+        #: The state a caller's input must not share memory with (see
+        #: ``_check_state_aliases``), by name: what the program writes.
+        self._written_state: tuple[tuple[str, _StateSlot], ...] = tuple(written_state)
+        #: ``_AGREEMENTS`` and the storages (address -> state name, written)
+        #: ``_check_state_aliases`` last looked at.
+        self._state_storages: tuple[int, dict[int, tuple[str, bool]]] = (-1, {})
         # A tensor reachable under several names (tied weights) is one
         # buffer: XLA counts each argument, the device holds it once.
         seen: set[int] = set()
@@ -824,6 +831,9 @@ class Executable:
             for second in callers[position + 1:]
             if first in self._writes or second in self._writes
         )
+        #: Whether a call checks its inputs against the module state's
+        #: memory: the program writes an input in place or some state.
+        self._checks_state_aliases = bool(self._watched) and bool(self._written_in_place or self._written_state)
         self._plan = _CallPlan(self) if not self._placement.spmd else None
         #: The check that torch did not change the module's tensors
         #: (``_state_watch``) runs while the program executes, not before:
@@ -1213,6 +1223,8 @@ class Executable:
             key = draw_rng_key(self._key_sharding) if self._plan is not None else draw_rng_bits()
         if self._watched and not self._watch_late and self._state_watch.changed():
             self._sync_from_torch()
+        if self._checks_state_aliases:
+            self._check_state_aliases(leaves)
         if self._lane is not None:
             outputs = self._lane(leaves if key is None else [*leaves, key])
             if outputs is not _LANE_FALLBACK:
@@ -1459,6 +1471,47 @@ class Executable:
                     f"program {verb} '{self._names[writer]}'; XLA cannot reproduce what eager "
                     f"PyTorch would do (one input seeing the other's update); pass separate "
                     f"tensors, e.g. '{self._names[other]}'.clone()"
+                )
+
+    def _check_state_aliases(self, leaves: Sequence[Any]) -> None:
+        """Refuse, before anything runs, a caller's input that shares memory
+        (a storage) with the module's state where the program writes either:
+        eager would have one see the other's update (``f(m.bias)`` with
+        ``a.mul_(2)`` then ``m(x)`` reads the doubled bias), the program
+        reads each from its own buffer."""
+        agreements = _AGREEMENTS[0]
+        seen, storages = self._state_storages
+        if seen != agreements:
+            written = {id(slot) for _, slot in self._written_state}
+            storages = {}
+            with _RUNTIME_READ():
+                for name, slot in self._watched:
+                    tensor = slot.source()
+                    if tensor is None or tensor is _REMOVED or not isinstance(tensor, torch.Tensor):
+                        continue
+                    address = tensor.untyped_storage().data_ptr()
+                    if address:
+                        storages[address] = (self._attached_names.get(id(slot), name), id(slot) in written)
+            self._state_storages = (agreements, storages)
+        if not storages:
+            return
+        for index, value in zip(self._user_indices[: self._caller_inputs], leaves):
+            if not isinstance(value, torch.Tensor):
+                continue
+            found = storages.get(value.untyped_storage().data_ptr())
+            if found is None:
+                continue
+            state, state_written = found
+            if state_written or index in self._written_in_place:
+                held = (
+                    f"a tensor the function reads from its closure or globals (state '{state}')"
+                    if state.startswith(("lifted_tensor", "_tensor_constant")) else f"module state '{state}'"
+                )
+                writer = "that state" if state_written else f"input '{self._names[index]}'"
+                raise ExecutionError(
+                    f"input '{self._names[index]}' shares memory with {held} and the program writes "
+                    f"{writer}; XLA cannot reproduce what eager PyTorch would do (one seeing the other's "
+                    f"update); pass a separate tensor, e.g. '{self._names[index]}'.clone()"
                 )
 
     def _check_strided_layouts(self, inputs: dict[int, Any]) -> None:
