@@ -184,8 +184,37 @@ def _edits(text: str) -> dict[str, str]:
         r"collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, "
         r"slice_sizes = array<i64: 1, 64>}> : (tensor<256x64xf32>, tensor<32x1xi64>) -> tensor<32x64xf32>\n"
         r"    \1 = stablehlo.reshape %g_0 : (tensor<32x64xf32>) -> tensor<2x16x64xf32>", text)
-    print(f"edits: lr-0 predicates {n_lr0}, order guards {n_guard}, gather {gather != text}")
-    return {"no lr-0 where": no_lr0, "no order guards": no_guard, "gather as [32,64]": gather}
+    folded = _fold_layer0_o_proj(text)
+    print(f"edits: lr-0 predicates {n_lr0}, order guards {n_guard}, gather {gather != text}, "
+          f"o_proj fold {folded != text}")
+    return {"no lr-0 where": no_lr0, "no order guards": no_guard, "gather as [32,64]": gather,
+            "layer 0 o_proj transpose in the dots": folded}
+
+
+def _fold_layer0_o_proj(text: str) -> str:
+    """Layer 0's ``attn_output.transpose(1, 2).reshape(...)`` folded into
+    both dots that read it (o_proj's forward and its weight gradient) as
+    dot_general dimension numbers, by hand: what a fold of a transpose
+    behind a reshape would emit.  SSA names of this model's module; the
+    text is returned unchanged when they are not there."""
+    fwd = ("    %131 = stablehlo.dot_general %130, %arg4, contracting_dims = [1] x [1] : "
+           "(tensor<32x64xf32>, tensor<64x64xf32>) -> tensor<32x64xf32>\n")
+    grad = ("    %574 = stablehlo.dot_general %573, %130, contracting_dims = [0] x [0] : "
+            "(tensor<32x64xf32>, tensor<32x64xf32>) -> tensor<64x64xf32>\n")
+    source = "%127 = stablehlo.reshape %126 : (tensor<8x16x16xf32>) -> tensor<2x4x16x16xf32>"
+    if fwd not in text or grad not in text or source not in text:
+        return text
+    return text.replace(fwd, (
+        "    %wo_r = stablehlo.reshape %arg4 : (tensor<64x64xf32>) -> tensor<64x4x16xf32>\n"
+        "    %o131 = stablehlo.dot_general %127, %wo_r, contracting_dims = [1, 3] x [1, 2] : "
+        "(tensor<2x4x16x16xf32>, tensor<64x4x16xf32>) -> tensor<2x16x64xf32>\n"
+        "    %131 = stablehlo.reshape %o131 : (tensor<2x16x64xf32>) -> tensor<32x64xf32>\n"
+    )).replace(grad, (
+        "    %g573 = stablehlo.reshape %573 : (tensor<32x64xf32>) -> tensor<2x16x64xf32>\n"
+        "    %o574 = stablehlo.dot_general %g573, %127, contracting_dims = [0, 1] x [0, 2] : "
+        "(tensor<2x16x64xf32>, tensor<2x4x16x16xf32>) -> tensor<64x4x16xf32>\n"
+        "    %574 = stablehlo.reshape %o574 : (tensor<64x4x16xf32>) -> tensor<64x64xf32>\n"
+    ))
 
 
 def variants(reps: int) -> None:
