@@ -221,7 +221,7 @@ def variants(reps: int) -> None:
     import jax
     from jax._src.lib import xla_client
 
-    from runtime import pjrt
+    from hloalias.runtime import pjrt
 
     text = _hf_step_final_module()
     device = jax.devices("cpu")[0]
