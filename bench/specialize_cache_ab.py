@@ -5,11 +5,15 @@ child's 4-layer HF Llama at lengths 16 (first), 24 (static), 40 (dynamic
 export + specialization), 9, 33, 12, 57, 20 (specialized).
 
     python -m bench.specialize_cache_ab old|new
+    python -m bench.specialize_cache_ab alone [ROUNDS]
 
-prints one JSON line: CPU and wall seconds per compile, the CPU of
-``specialize`` and of the XLA compile (``disk_cache._count_compile``) in
-it, the fake-tensor cache's entries after the run, a digest of each final
-module (equal on both sides), and whether outputs equal eager."""
+``old``/``new`` print one JSON line: CPU and wall seconds per compile, the
+CPU of ``specialize`` and of the XLA compile (``disk_cache._count_compile``)
+in it, the fake-tensor cache's entries after the run, a digest of each final
+module (equal on both sides), and whether outputs equal eager.  ``alone``:
+``specialize`` by itself in one process, old and new alternating (ROUNDS,
+default 6, of 4 lengths never specialized before per side), the length-40
+dynamic export's; prints each side's median and minimum CPU ms."""
 
 from __future__ import annotations
 
@@ -74,5 +78,46 @@ def main(side: str) -> dict[str, Any]:
     return result
 
 
+def alone(rounds: int) -> dict[str, Any]:
+    import itertools
+    import statistics
+
+    os.environ["HLOALIAS_CACHE_DIR"] = tempfile.mkdtemp(prefix="specialize_cache_ab")
+    import torch
+    import transformers
+
+    import hloalias
+    from bench.latency import LLAMA
+    from hloalias.frontend import shape_specialization
+    from hloalias.runtime import shape_family
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+    for length in (16, 24, 40):
+        hloalias.compile(model, (torch.randint(0, 256, (1, length)),))
+    dynamic = next(family.dynamic for family in shape_family._FAMILIES.values() if family.dynamic is not None)
+    sides: dict[str, Callable[..., Any]] = {
+        "old": lambda mode: contextlib.nullcontext(), "new": shape_specialization.disable_fake_tensor_cache,
+    }
+    spent: dict[str, list[float]] = {side: [] for side in sides}
+    fresh = itertools.count(41)
+    result: dict[str, Any] = {"at": time.strftime("%H:%M:%S", time.gmtime()), "load": os.getloadavg()[0]}
+    for round_ in range(rounds):
+        for side in ("old", "new") if round_ % 2 == 0 else ("new", "old"):
+            shape_specialization.disable_fake_tensor_cache = sides[side]  # type: ignore[assignment]
+            for _ in range(4):
+                ids = torch.randint(0, 256, (1, next(fresh)))
+                start = time.process_time()
+                shape_specialization.specialize(dynamic, (ids,), {})
+                spent[side].append(time.process_time() - start)
+    result["until"], result["load_after"] = time.strftime("%H:%M:%S", time.gmtime()), os.getloadavg()[0]
+    for side, seconds in spent.items():
+        result[side] = {"median_ms": statistics.median(seconds) * 1e3, "min_ms": min(seconds) * 1e3, "n": len(seconds)}
+    return result
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1])))
+    if sys.argv[1] == "alone":
+        print(json.dumps(alone(int(sys.argv[2]) if len(sys.argv) > 2 else 6)))
+    else:
+        print(json.dumps(main(sys.argv[1])))
