@@ -16,7 +16,8 @@ asserts) is evaluated for the inputs' sizes and replaced by its value, and
 every op's result type is derived again by running the op on fake tensors
 of the concrete shapes (once per operator and arguments' metadata: a
 repeat, such as the same op of a transformer's next layer, is rebuilt from
-the first result, ``_Results``); the importer then continues from the decomposed
+the first result, ``_Results``; outside torch's process-wide fake-tensor
+cache, which a specialization leaves as it was); the importer then continues from the decomposed
 program (:func:`hloalias.frontend.importer._import_decomposed`: FX import,
 lowering to StableHLO).  What depends on shapes runs again; the trace and
 the decomposition retrace do not.
