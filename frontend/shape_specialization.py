@@ -16,7 +16,8 @@ asserts) is evaluated for the inputs' sizes and replaced by its value, and
 every op's result type is derived again by running the op on fake tensors
 of the concrete shapes (once per operator and arguments' metadata: a
 repeat, such as the same op of a transformer's next layer, is rebuilt from
-the first result, ``_Results``); the importer then continues from the decomposed
+the first result, ``_Results``; outside torch's process-wide fake-tensor
+cache, which a specialization leaves as it was); the importer then continues from the decomposed
 program (:func:`hloalias.frontend.importer._import_decomposed`: FX import,
 lowering to StableHLO).  What depends on shapes runs again; the trace and
 the decomposition retrace do not.
@@ -52,7 +53,7 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.fx.node import map_aggregate
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, disable_fake_tensor_cache
 
 from hloalias.errors import TorchImportError
 from hloalias.frontend.carried_objects import CarriedObjects
@@ -342,7 +343,16 @@ def _specialize(dynamic: DynamicExport, args: tuple[Any, ...], kwargs: dict[str,
     # One entry into the fake mode for the whole graph (each entry and exit
     # costs about what a cached op does); a shape computation's ops (sizes
     # of fake tensors, integer arithmetic) give the same values in it.
-    with fake_mode:
+    # Without torch's fake-tensor cache (process-wide, FakeTensorMode.cache):
+    # an op this dispatches is the first of its metadata in the graph for
+    # these sizes (repeats are _Results'), so its lookup is mostly a miss
+    # (141 of 197 for a 4-layer Llama at a new length; the hits are ops
+    # whose metadata does not depend on the length), and keying the
+    # arguments and building the entry cost about a fifth of the
+    # propagation (bench/RESULTS-latency.md, "lenpath"); the entries would
+    # serve no later length, only grow the cache by each one.  The results
+    # are the meta kernels' either way (a hit replays one).
+    with fake_mode, disable_fake_tensor_cache(fake_mode):
         for node in graph.nodes:
             old = node.meta.get("val")
             if node.op == "placeholder":

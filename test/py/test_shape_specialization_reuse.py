@@ -8,12 +8,14 @@ view is a view of its own input)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from hloalias.frontend import shape_specialization
 from hloalias.frontend.shape_specialization import _Results, export_dynamic, specialize
 
 aten = torch.ops.aten
@@ -160,3 +162,20 @@ def test_results_dispatch_what_they_cannot_rebuild() -> None:
             assert doubled.requires_grad and doubled.grad_fn is not None
     # max.dim and mul were keyed and recorded as not rebuildable; add_ never keyed.
     assert list(results.known.values()) == [None, None]
+
+
+def test_a_specialization_adds_nothing_to_torchs_fake_tensor_cache() -> None:
+    """Its ops are the first of their metadata at these sizes (misses):
+    dispatched without the process-wide cache, which each new length would
+    otherwise grow, and the values are the cached dispatch's."""
+    torch.manual_seed(0)
+    model = Blocks().eval()
+    dynamic = export_dynamic(model, (_ids(8),), {}, [frozenset({1})])
+    for length in (5, 19):
+        entries, misses = len(FakeTensorMode.cache), FakeTensorMode.cache_misses
+        uncached = _described(specialize(dynamic, (_ids(length),), {}))
+        assert (len(FakeTensorMode.cache), FakeTensorMode.cache_misses) == (entries, misses)
+        with pytest.MonkeyPatch.context() as patch:
+            # The cached dispatch, as before: the same values node for node.
+            patch.setattr(shape_specialization, "disable_fake_tensor_cache", lambda mode: contextlib.nullcontext())
+            assert _described(specialize(dynamic, (_ids(length),), {})) == uncached
