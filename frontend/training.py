@@ -129,6 +129,10 @@ class CapturedTrainingStep:
     batch_spec: Any
     hyperparameters: tuple[dict[str, Any], ...]
     parameters: tuple[torch.nn.Parameter, ...]
+    #: The kept gradients (by parameter FQN) the step sets to None again
+    #: (``optimizer.zero_grad()`` last): their slots hold zeros, and the
+    #: parameter's ``.grad`` must read None, as eager's does.
+    cleared_grads: frozenset[str] = frozenset()
 
 
 def capture_training_step(
@@ -251,6 +255,7 @@ def _capture(
     lr_count = len(optimizer.param_groups)
     #: The pytree structure of the step's result, set by the trace.
     result_structure: list[Any] = []
+    cleared: list[frozenset[str]] = []
 
     def functional(flat_state: list[torch.Tensor], lrs: list[torch.Tensor], batch: list[torch.Tensor]) -> Any:
         values = dict(zip((s.name for s in slots), flat_state))
@@ -280,6 +285,7 @@ def _capture(
         still_set = frozenset(fqn for fqn, leaf in leaves.items() if leaf.grad is not None)
         if not still_set <= kept_grads:
             raise _GradientsKept(still_set | kept_grads)
+        cleared.append(kept_grads - still_set)
         result_leaves, result_spec = pytree.tree_flatten(result)
         _check_step_results(
             result, result_leaves,
@@ -356,7 +362,7 @@ def _capture(
         raise TrainingCaptureError(f"the captured step is not a valid exported program: {error}") from None
     hyperparameters = tuple(_hyperparameters(g) for g in optimizer.param_groups)
     return CapturedTrainingStep(
-        exported, tuple(slots), lr_count, batch_spec, hyperparameters, tuple(opt_params)
+        exported, tuple(slots), lr_count, batch_spec, hyperparameters, tuple(opt_params), cleared[-1]
     )
 
 

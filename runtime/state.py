@@ -153,6 +153,9 @@ class _StateSlot:
         #: What that parameter's ``.grad`` was when hloalias last set or
         #: saw it (:meth:`note_grad_shown`): a weakref, or None for None.
         self._grad_shown: weakref.ref[torch.Tensor] | None = None
+        #: Whether the last step that ran set this kept gradient to None
+        #: again (:meth:`show_grad_cleared`): its parameter's ``.grad`` reads None.
+        self.grad_cleared = False
         #: Whether a lagging buffer marks its tensors stale (:func:`_mark_stale`):
         #: not while the slot is being made (the buffer is the tensor's copy).
         self._marks = False
@@ -335,11 +338,30 @@ class _StateSlot:
 
     def publish_grad(self) -> None:
         """After the buffer was copied into the slot's tensor: the
-        parameter's ``.grad`` is that tensor (as eager's accumulated one)."""
+        parameter's ``.grad`` is that tensor (as eager's accumulated one),
+        unless the last step set it to None (:meth:`show_grad_cleared`)."""
         parameter = self.grad_of() if self.grad_of is not None else None
         source = self.source()
-        if parameter is not None and source is not None and parameter.grad is not source:
+        if parameter is not None and source is not None and parameter.grad is not source and not self.grad_cleared:
             parameter.grad = source
+        self.note_grad_shown()
+
+    def show_grad_cleared(self, cleared: bool) -> None:
+        """The last step that ran set this kept gradient to None again
+        (``cleared``: ``optimizer.zero_grad()`` last) or left it set: for
+        None the buffer holds zeros (what the next accumulating call adds
+        to, as eager's backward into None starts from nothing) and the
+        parameter's ``.grad`` reads None, as eager's does, until a call
+        sets it again.  Where eager code set ``.grad`` since hloalias last
+        did, it stays the user's."""
+        self.grad_cleared = cleared
+        parameter = self.grad_of() if self.grad_of is not None else None
+        if not cleared or parameter is None:
+            return
+        replaced, _ = self.grad_replaced()
+        if not replaced:
+            with _RUNTIME_READ():
+                parameter.grad = None
         self.note_grad_shown()
 
     def note_grad_shown(self) -> None:

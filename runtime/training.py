@@ -469,6 +469,7 @@ class TrainingStep:
         self._model = model
         self._optimizer = optimizer
         self._slots = captured.slots
+        self._cleared_grads = captured.cleared_grads
         # dtype and shape of every state slot, to name a mismatched entry of
         # load_state_dict by the user's key (the slots' names are internal).
         self._slot_types = {
@@ -523,6 +524,7 @@ class TrainingStep:
         self._hyperparameters = captured.hyperparameters
         self._parameters = captured.parameters
         self._slots = captured.slots
+        self._cleared_grads = captured.cleared_grads
         self._trainable = self._trainable_now()
         self._optimizer_entry_slots = self._entry_slots()
         self._publish_optimizer_entries()
@@ -575,6 +577,7 @@ class TrainingStep:
             try:
                 result = self.executable(*self._lr_inputs(), *leaves)
                 self._host_lags = True
+                self._show_cleared_grads()
             except BaseException:
                 # Cut short once the program ran (a Ctrl-C as it returned:
                 # the call committed its state to the device first), eager
@@ -582,8 +585,21 @@ class TrainingStep:
                 # entries have no host tensor a stale mark could route.
                 if any(slot.lags for slot in self.executable._slots.values()):
                     self._host_lags = True
+                    self._show_cleared_grads()
                 raise
         return result
+
+    def _show_cleared_grads(self) -> None:
+        """After a call: each kept gradient reads as the step left it, None
+        where it set it to None again (``zero_grad()`` last: another step
+        of the model accumulates into it, so its slot exists, holding
+        zeros).  Before, ``.grad`` read zeros, and an eager
+        ``optimizer.step()`` with momentum then moved every parameter where
+        eager's skips gradients that are None."""
+        cleared = self._cleared_grads
+        for slot in self._slots:
+            if slot.kind == "grad":
+                self.executable._slots[slot.name].show_grad_cleared(slot.fqn in cleared)
 
     def _read_replaced_grads(self) -> None:
         """A kept gradient whose parameter's ``.grad`` eager code set since
