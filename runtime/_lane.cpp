@@ -38,10 +38,12 @@
 // - The dispatch and the wait are the plan's own (SingleDeviceDispatch's
 //   fast-path `entry`, else `run`, and `wait`); the lock is the module's,
 //   held as the Python path holds it.
-// - ABI_VERSION (a module attribute) numbers the Lane constructor's arguments
-//   and what the lane reads of the plan and the executable; runtime/lane.py
-//   uses a build only when it carries the number that file expects (a stale
-//   build takes the Python path, saying why in explain()).  Bump both
+// - ABI_VERSION (a module attribute) numbers the Lane constructor's arguments,
+//   what the lane reads of the plan and the executable, and the module's
+//   functions (first_changed, first_differing, values_in_range, ...: one added
+//   or changed is a new interface too); runtime/lane.py uses a build only when
+//   it carries the number that file expects (a stale build takes the Python
+//   path, saying why in explain() and in a NativePathWarning).  Bump both
 //   together whenever either changes.
 #include <Python.h>
 
@@ -121,7 +123,8 @@ struct Output {
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
 // See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
-constexpr long kAbiVersion = 8;
+// 9: the module function first_differing (a build of 8 may lack it).
+constexpr long kAbiVersion = 9;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
