@@ -607,10 +607,21 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     return PyObject_Vectorcall(fn, commit_args, 7, nullptr);
   };
   // The program ran and an error stops the call before its commit is done:
-  // execution.settle completes it; the error is raised as it came.
+  // execution.settle completes it; the error is raised as it came.  The
+  // call is counted (exe._calls) once, here if it was not yet: its effects
+  // are committed, as run_planned counts a settled call.
+  bool counted = false;
   auto settle = [&](PyObject* ran) -> PyObject* {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
+    if (!counted) {
+      const long long before = int_attribute(self->refs[EXE], s_calls);
+      PyObject* after = before < 0 ? nullptr : PyLong_FromLongLong(before + 1);
+      if (after != nullptr) PyObject_SetAttr(self->refs[EXE], s_calls, after);
+      Py_XDECREF(after);
+      PyErr_Clear();
+      counted = true;
+    }
     PyObject* sequence = PySequence_Fast(ran, "results");
     if (sequence != nullptr) {
       refs.keep(sequence);
@@ -721,6 +732,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   if (calls < 0) return settle(results_fast);
   PyObject* new_calls = refs.keep(PyLong_FromLongLong(calls + 1));
   if (new_calls == nullptr || PyObject_SetAttr(self->refs[EXE], s_calls, new_calls) < 0) return settle(results_fast);
+  counted = true;
 
   // The usual results?  The plan's check steps, in order.
   bool usual = true;

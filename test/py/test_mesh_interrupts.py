@@ -119,6 +119,9 @@ class _Twin:
         _check_released(self.lock, self.modes, where)
         seen = int(self.model.calls)  # a bare read: whatever the calls left
         assert seen in (self.calls, self.calls + 1), (where, seen, self.calls)
+        # The program's call count (named by a consumed buffer's error)
+        # counts every call whose effects were committed, this one included.
+        assert self.exe._calls == seen, (where, self.exe._calls, seen)
         if seen == self.calls + 1:
             self.eager_call()  # the interrupted call counts
         model, device = self.model.state_dict(), self.exe.state_dict()
@@ -217,6 +220,7 @@ class _TrainTwin:
         seen = self.step_count()
         assert seen == device_steps, f"eager code reads step {seen}, the device holds {device_steps}, after {where}"
         assert seen in (self.steps, self.steps + 1), (where, seen, self.steps)
+        assert self.train.executable._calls == seen, (where, self.train.executable._calls, seen)
         if seen == self.steps + 1:
             self.eager_call()
         self.check_state(where, device)
