@@ -5,11 +5,12 @@ runtime/_lane.cpp.
 
 Contract: a build of the extension is used only when it carries the
 interface number this file expects (``_lane.ABI_VERSION`` ==
-:data:`_LANE_ABI_VERSION`), for the ``Lane`` and for each of the module's
-functions alike (a build has all of them or none is used: never some
-natively and the rest in Python); a stale build (from an older
-``_lane.cpp``) leaves every call and every per-call check on the Python
-path, ``explain()`` says so, and importing the runtime warns once
+:data:`_LANE_ABI_VERSION`), for the ``Lane`` and for the per-call checks
+this file hands out alike (``first_changed``, ``first_differing``,
+``values_in_range``: never some natively and the rest silently in
+Python); a stale build (from an older ``_lane.cpp``) leaves every call
+and those checks on the Python path, ``explain()`` says so, and
+importing the runtime warns once
 (:class:`~hloalias.config.NativePathWarning`, unless ``HLOALIAS_NATIVE=0``),
 both with how to rebuild it."""
 
