@@ -285,7 +285,22 @@ def warn_native_missing(error: BaseException) -> None:
     )
 
 
+def warn_native_stale(reason: str) -> None:
+    """The one warning that the built native call path is of another
+    interface than the runtime's (a build of an older ``_lane.cpp``,
+    ``reason`` says which and how to rebuild it): every call and per-call
+    check takes the Python path.  Unless ``HLOALIAS_NATIVE=0``."""
+    if not flag("HLOALIAS_NATIVE"):
+        return
+    warnings.warn(
+        f"hloalias: {reason}. Until then every call takes the Python path: same results, about twice the "
+        "host time per call. HLOALIAS_NATIVE=0 silences this.",
+        NativePathWarning,
+        stacklevel=2,
+    )
+
+
 __all__ = [
     "ConfigWarning", "NativePathWarning", "SETTINGS", "Setting", "flag", "integer", "markdown_table", "number",
-    "setting", "text", "warn_native_missing",
+    "setting", "text", "warn_native_missing", "warn_native_stale",
 ]

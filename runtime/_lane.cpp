@@ -38,10 +38,12 @@
 // - The dispatch and the wait are the plan's own (SingleDeviceDispatch's
 //   fast-path `entry`, else `run`, and `wait`); the lock is the module's,
 //   held as the Python path holds it.
-// - ABI_VERSION (a module attribute) numbers the Lane constructor's arguments
-//   and what the lane reads of the plan and the executable; runtime/lane.py
-//   uses a build only when it carries the number that file expects (a stale
-//   build takes the Python path, saying why in explain()).  Bump both
+// - ABI_VERSION (a module attribute) numbers the Lane constructor's arguments,
+//   what the lane reads of the plan and the executable, and the module's
+//   functions (first_changed, first_differing, values_in_range, ...: one added
+//   or changed is a new interface too); runtime/lane.py uses a build only when
+//   it carries the number that file expects (a stale build takes the Python
+//   path, saying why in explain() and in a NativePathWarning).  Bump both
 //   together whenever either changes.
 #include <Python.h>
 
@@ -121,7 +123,8 @@ struct Output {
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
 // See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
-constexpr long kAbiVersion = 8;
+// 9: the module function first_differing (a build of 8 may lack it).
+constexpr long kAbiVersion = 9;
 
 // The Python objects a Lane holds (Lane::refs), by position.
 enum {
@@ -604,10 +607,21 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
     return PyObject_Vectorcall(fn, commit_args, 7, nullptr);
   };
   // The program ran and an error stops the call before its commit is done:
-  // execution.settle completes it; the error is raised as it came.
+  // execution.settle completes it; the error is raised as it came.  The
+  // call is counted (exe._calls) once, here if it was not yet: its effects
+  // are committed, as run_planned counts a settled call.
+  bool counted = false;
   auto settle = [&](PyObject* ran) -> PyObject* {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
+    if (!counted) {
+      const long long before = int_attribute(self->refs[EXE], s_calls);
+      PyObject* after = before < 0 ? nullptr : PyLong_FromLongLong(before + 1);
+      if (after != nullptr) PyObject_SetAttr(self->refs[EXE], s_calls, after);
+      Py_XDECREF(after);
+      PyErr_Clear();
+      counted = true;
+    }
     PyObject* sequence = PySequence_Fast(ran, "results");
     if (sequence != nullptr) {
       refs.keep(sequence);
@@ -718,6 +732,7 @@ PyObject* run_call(Lane* self, PyObject* args, PyObject* kwargs) {
   if (calls < 0) return settle(results_fast);
   PyObject* new_calls = refs.keep(PyLong_FromLongLong(calls + 1));
   if (new_calls == nullptr || PyObject_SetAttr(self->refs[EXE], s_calls, new_calls) < 0) return settle(results_fast);
+  counted = true;
 
   // The usual results?  The plan's check steps, in order.
   bool usual = true;

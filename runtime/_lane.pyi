@@ -19,6 +19,10 @@ def first_changed(refs: tuple[Any, ...], versions: tuple[int, ...], pointers: tu
     """The index of the first live tensor whose version or data pointer
     differs from the given ones, or -1 (runtime/state.py's StateWatch)."""
 
+def first_differing(refs: tuple[Any, ...], snapshots: tuple[Any, ...], /) -> int:
+    """The index of the first live tensor whose bytes differ from its
+    snapshot's, or -1 (runtime/state.py's StateWatch)."""
+
 def values_in_range(tensor: Any, low: int, high: int, /) -> bool | None:
     """Whether every element of a dense CPU tensor of a signed integer dtype
     lies in [low, high); None for another tensor (runtime/plan.py's _IndexCheck)."""

@@ -17,8 +17,21 @@ A checkpoint is a directory:
   ...], "data": tensor}``: every element of every tensor is in exactly one
   file.
 
+``save`` is all or nothing: the files are written into a new sibling
+directory (``.NAME.saving-*``) that is renamed into place once complete,
+replacing an existing checkpoint in one step (Linux's ``renameat2``
+exchange; elsewhere the earlier one is renamed aside, the new one in, then
+the earlier one removed).  A save cut short anywhere (an error, a full
+disk, Ctrl-C, a process of the run that could not write its file) leaves
+the earlier checkpoint complete and loadable and removes its staging
+directory (a process killed outright may leave one, never a torn
+checkpoint).  The directory is the checkpoint's alone: one holding other
+files is refused, not replaced.
+
 ``save`` and ``load`` are collectives on a multi-process mesh (every process
-calls them; ``save`` returns once every file is written).  ``load`` reads
+calls them; ``save`` returns once the checkpoint is in place: process 0
+makes the staging directory, which must be shared by every process, and
+renames it into place once each process reported its file written).  ``load`` reads
 every shard file and assembles each tensor's global value, then places it
 as the program's shardings say (each process keeps its own devices'
 shards): a checkpoint loads under any sharding.  What is saved is the
@@ -31,15 +44,21 @@ optimizer and are not part of it.  The global view without files is
 
 from __future__ import annotations
 
-import glob
+import ctypes
+import errno
+import functools
 import itertools
 import json
 import os
+import re
+import shutil
+import uuid
 from typing import Any
 
 import torch
 
-from hloalias.errors import ExecutionError
+from hloalias import interrupts
+from hloalias.errors import DistributedError, ExecutionError
 from hloalias.runtime import distributed
 from hloalias.runtime.executable import Executable
 from hloalias.runtime.ownership import array_to_torch
@@ -104,47 +123,224 @@ def local_shards(target: Any) -> dict[str, list[dict[str, Any]]]:
 
 def save(target: Any, directory: str | os.PathLike[str]) -> None:
     """Write ``target``'s device state to ``directory`` (see the module
-    docstring); every process of the run calls it."""
+    docstring); every process of the run calls it.  All or nothing: the
+    checkpoint is written into a new sibling directory and renamed into
+    place whole (an existing one replaced in one step), so a save cut
+    short anywhere (an error, a full disk, Ctrl-C) leaves the earlier
+    checkpoint complete and removes what it wrote.  ``directory`` is
+    replaced as a whole: one holding anything but a checkpoint's files is
+    refused (ExecutionError naming the file), never deleted."""
     executable = _executable(target)
     if isinstance(target, TrainingStep):
         # Another step of the same model on a mesh may have run since this
         # one: its state is the model's newest (as for train.state_dict()).
         target._read_other_steps_state()
-    path = os.fspath(directory)
-    os.makedirs(path, exist_ok=True)
+    shown = os.fspath(directory)
+    # A link to a checkpoint is saved through: the directory it names is replaced.
+    path = os.path.realpath(shown)
     rank, count = distributed.process_index(), distributed.process_count()
-    if not executable._placement.multiprocess:
+    multiprocess = executable._placement.multiprocess
+    if not multiprocess:
         rank, count = 0, 1  # a program of this process alone: one file
     shards = local_shards(executable)
-    _atomic_save(shards, os.path.join(path, f"shards-{rank}.pt"))
-    if rank == 0:
-        for stale in glob.glob(os.path.join(path, "shards-*.pt")):
-            if _rank_of(stale) is not None and _rank_of(stale) >= count:  # type: ignore[operator]
-                os.remove(stale)
-        tensors = {}
-        for name, slot in _unique_state(executable).items():
-            shape, dtype = executable._arg_types[executable._names.index(
-                executable._signature.state_aliases.get(name, name)
-            )]
-            tensors[name] = {"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
-        metadata = {"format": FORMAT, "version": VERSION, "process_count": count, "tensors": tensors}
-        temporary = os.path.join(path, "metadata.json.tmp")
-        with open(temporary, "w") as handle:
-            json.dump(metadata, handle, indent=1)
-        os.replace(temporary, os.path.join(path, "metadata.json"))
-    if executable._placement.multiprocess:
-        distributed.barrier(f"checkpoint-save-{next(_SAVES)}")
+    metadata = _metadata(executable, count) if rank == 0 else None
+    if not multiprocess:
+        _check_target(shown, path)
+        staging: list[str] = []
+        try:
+            with interrupts.deferred():  # made and recorded together: never left unremoved
+                staging.append(_make_staging(path))
+            torch.save(shards, os.path.join(staging[0], "shards-0.pt"))
+            _write_metadata(staging[0], metadata)
+            with interrupts.deferred():  # the swap and the earlier checkpoint's removal, together
+                _remove(_replace(staging[0], path))
+                staging.clear()
+        except BaseException:
+            _remove(*staging)
+            raise
+        return
+    _save_across_processes(shown, path, rank, count, next(_SAVES), shards, metadata)
 
 
-def _atomic_save(value: Any, path: str) -> None:
-    temporary = path + ".tmp"
-    torch.save(value, temporary)
-    os.replace(temporary, path)
+def _save_across_processes(
+    shown: str, path: str, rank: int, count: int, serial: int, shards: dict[str, Any], metadata: dict[str, Any] | None,
+) -> None:
+    """:func:`save` on a mesh across processes (a shared directory): process
+    0 makes the staging directory and names it to the others, each writes
+    its file into it and reports, and process 0 renames it into place once
+    every file is written (removing it when one is not), then reports the
+    outcome, which every process returns or raises."""
+    key = f"checkpoint-save-{serial}"
+    staging: list[str] = []
+    if rank != 0:
+        named = distributed.receive(f"{key}/staging")
+        if named.startswith(_FAILED):
+            raise ExecutionError(f"checkpoint '{shown}': process 0 could not start the save: {named[len(_FAILED):]}")
+        reported = False
+        try:
+            torch.save(shards, os.path.join(named, f"shards-{rank}.pt"))
+            distributed.publish(f"{key}/wrote/{rank}", "ok")
+            reported = True
+        except BaseException as error:
+            if not reported:
+                distributed.publish(f"{key}/wrote/{rank}", _FAILED + _words(error))
+                if isinstance(error, Exception):  # not a Ctrl-C: raised once process 0 cleaned up
+                    try:
+                        distributed.receive(f"{key}/done")
+                    except DistributedError:
+                        pass
+            raise
+        outcome = distributed.receive(f"{key}/done")
+        if outcome != "ok":
+            raise ExecutionError(f"checkpoint '{shown}' was not saved (the earlier one, if any, is kept): {outcome}")
+        return
+    try:
+        _check_target(shown, path)
+        with interrupts.deferred():  # made and recorded together: never left unremoved
+            staging.append(_make_staging(path))
+    except BaseException as error:
+        _remove(*staging)
+        distributed.publish(f"{key}/staging", _FAILED + _words(error))
+        raise
+    distributed.publish(f"{key}/staging", staging[0])
+    swapped = False
+    try:
+        torch.save(shards, os.path.join(staging[0], "shards-0.pt"))
+        for other in range(1, count):
+            wrote = distributed.receive(f"{key}/wrote/{other}")
+            if wrote != "ok":
+                raise ExecutionError(
+                    f"checkpoint '{shown}' was not saved (the earlier one, if any, is kept): process {other} "
+                    f"could not write its shard file: {wrote[len(_FAILED):]}"
+                )
+        _write_metadata(staging[0], metadata)
+        with interrupts.deferred():  # the swap and the earlier checkpoint's removal, together
+            _remove(_replace(staging[0], path))
+            staging.clear()
+            swapped = True
+    except BaseException as error:
+        _remove(*staging)
+        distributed.publish(f"{key}/done", "ok" if swapped else f"process 0: {_words(error)}")
+        raise
+    distributed.publish(f"{key}/done", "ok")
 
 
-def _rank_of(path: str) -> int | None:
-    stem = os.path.basename(path).removeprefix("shards-").removesuffix(".pt")
-    return int(stem) if stem.isdigit() else None
+_FAILED = "failed: "
+
+
+def _words(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".splitlines()[0]
+
+
+def _metadata(executable: Executable, count: int) -> dict[str, Any]:
+    tensors = {}
+    for name, slot in _unique_state(executable).items():
+        shape, dtype = executable._arg_types[executable._names.index(
+            executable._signature.state_aliases.get(name, name)
+        )]
+        tensors[name] = {"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
+    return {"format": FORMAT, "version": VERSION, "process_count": count, "tensors": tensors}
+
+
+def _write_metadata(directory: str, metadata: dict[str, Any] | None) -> None:
+    with open(os.path.join(directory, "metadata.json"), "w") as handle:
+        json.dump(metadata, handle, indent=1)
+
+
+#: The files of a checkpoint directory (and of an earlier format's
+#: cut-short writes): what :func:`save` may replace.
+_CHECKPOINT_FILE = re.compile(r"(metadata\.json|shards-[0-9]+\.pt)(\.tmp)?")
+
+
+def _check_target(shown: str, path: str) -> None:
+    """ExecutionError naming what keeps ``path`` from being replaced by a
+    checkpoint: a file that is not a directory, or a file in it that is
+    not a checkpoint's (the user's own, which a save would delete)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ExecutionError(f"checkpoint.save: '{shown}' exists and is not a directory")
+    if not os.path.isdir(path):
+        return
+    for name in sorted(os.listdir(path)):
+        if not _CHECKPOINT_FILE.fullmatch(name):
+            raise ExecutionError(
+                f"checkpoint.save: '{os.path.join(shown, name)}' is not a file of a checkpoint; a save replaces "
+                f"the directory '{shown}' as a whole: save into a directory of its own"
+            )
+
+
+def _sibling(path: str, what: str) -> str:
+    """A new name beside ``path`` (the same file system: renames stay renames)."""
+    parent, base = os.path.split(path)
+    return os.path.join(parent, f".{base}.{what}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+
+
+def _make_staging(path: str) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    staging = _sibling(path, "saving")
+    os.mkdir(staging)
+    return staging
+
+
+def _replace(staging: str, path: str) -> str | None:
+    """Put the complete checkpoint ``staging`` at ``path``; returns the
+    directory that now holds the earlier checkpoint (to remove), or None.
+    Where the system can (Linux's ``renameat2`` exchange) the two swap in
+    one step; elsewhere the earlier one is renamed aside first and put
+    back if the second rename fails."""
+    if not os.path.lexists(path):
+        try:
+            os.rename(staging, path)
+            return None
+        except OSError as error:  # made meanwhile: replaced below
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    if _exchange(staging, path):
+        return staging
+    aside = _sibling(path, "replaced")
+    os.rename(path, aside)
+    try:
+        os.rename(staging, path)
+    except BaseException:
+        os.rename(aside, path)
+        raise
+    return aside
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+@functools.cache
+def _renameat2() -> Any:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # not glibc >= 2.28: two renames
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _exchange(first: str, second: str) -> bool:
+    """Swap two directories in one step; False where the system or file
+    system cannot (then nothing changed)."""
+    function = _renameat2()
+    if function is None:
+        return False
+    if function(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), second)
+
+
+def _remove(*paths: str | None) -> None:
+    """Remove what a save wrote or replaced and no longer needs; a Ctrl-C
+    during it finishes the removal before it is raised."""
+    for path in paths:
+        if path is not None:
+            with interrupts.deferred():
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def read(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:

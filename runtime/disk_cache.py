@@ -49,7 +49,10 @@ folder under a fixed name, in the same format and held to the same
 checks; one per name (the next write replaces it), outside the size
 bound and :func:`clear_disk_cache`.  Writes go to a temporary file in the same
 directory and are renamed into place, so concurrent processes see either
-no entry or a whole one."""
+no entry or a whole one (two writing one key: the last rename wins, whole).
+A write cut short (an error, Ctrl-C) removes its temporary file; one a
+killed process left is removed by the next eviction once it is
+:data:`STALE_TEMPORARY_S` old."""
 
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ import os
 import stat
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -67,9 +71,14 @@ from typing import Any
 import jax
 import jaxlib.version
 
-from hloalias import config
+from hloalias import config, interrupts
 
 MAGIC = b"HLOALIAS-XLA-EXECUTABLE-2\n"
+#: Names of the temporary files writes rename into place.
+_TEMPORARY = ".tmp-"
+#: Seconds after which :func:`evict` takes a temporary file for a killed
+#: writer's and removes it (a write lasts well under a second per entry).
+STALE_TEMPORARY_S = 3600
 DEFAULT_MAX_BYTES = 2 * 1024**3
 XLA_SUFFIX = ".xla"
 _SUFFIXES = (XLA_SUFFIX, ".program")  # every kind of entry the bound counts
@@ -450,17 +459,21 @@ def _store(directory: str, path: str, key: str, suffix: str, payload: bytes, sec
     """Write the entry to a temporary file in ``directory`` and rename it
     to ``path``; False (warned) when that fails."""
     data = MAGIC + key.encode() + _mac(secret, suffix, key, payload) + payload
+    made: list[str] = []
     try:
-        handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)  # 0600
         try:
+            with interrupts.deferred():  # made and recorded together: a Ctrl-C never leaks it
+                handle, temporary = tempfile.mkstemp(prefix=_TEMPORARY, suffix=suffix, dir=directory)  # 0600
+                made.append(temporary)
             with os.fdopen(handle, "wb") as stream:
                 stream.write(data)
             os.replace(temporary, path)  # atomic: readers see no entry or all of it
         except BaseException:
-            try:
-                os.unlink(temporary)
-            except OSError:
-                pass
+            for temporary in made:
+                try:
+                    os.unlink(temporary)
+                except OSError:
+                    pass
             raise
     except OSError as error:
         warnings.warn(f"hloalias disk cache: cannot write {path} ({error}); not cached",
@@ -478,8 +491,12 @@ def evict(directory: str, limit: int) -> list[str]:
         names = os.listdir(directory)
     except OSError:
         return []
+    stale_before = time.time() - STALE_TEMPORARY_S
     for name in names:
-        if not name.endswith(_SUFFIXES) or name.startswith(".tmp-"):
+        if name.startswith(_TEMPORARY):
+            _remove_if_stale(os.path.join(directory, name), stale_before)
+            continue
+        if not name.endswith(_SUFFIXES):
             continue
         full = os.path.join(directory, name)
         try:
@@ -499,6 +516,17 @@ def evict(directory: str, limit: int) -> list[str]:
         total -= size
         deleted.append(full)
     return deleted
+
+
+def _remove_if_stale(path: str, before: float) -> None:
+    """Remove the temporary file of a write that ended before ``before``
+    without renaming it (its process was killed mid-write): nothing else
+    would, and the size bound does not count it."""
+    try:
+        if os.lstat(path).st_mtime < before:
+            os.unlink(path)
+    except OSError:  # gone meanwhile (renamed into place, or removed by another process)
+        pass
 
 
 def clear_disk_cache() -> None:

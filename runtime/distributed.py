@@ -263,3 +263,29 @@ def barrier(name: str, timeout_s: int = AGREEMENT_TIMEOUT_S) -> None:
             f"process {jax.process_index()} waited {timeout_s} s at '{name}' for the other processes: "
             f"{str(error).splitlines()[0]}"
         ) from None
+
+
+def publish(name: str, value: str) -> None:
+    """Make ``value`` readable by every process under ``name`` (the
+    coordination service's key-value store; once per name; nothing on one
+    process).  :func:`receive` reads it."""
+    if jax.process_count() == 1:
+        return
+    client = jax_distributed.global_state.client
+    assert client is not None
+    client.key_value_set(f"hloalias/{name}", value)
+
+
+def receive(name: str, timeout_s: int = AGREEMENT_TIMEOUT_S) -> str:
+    """The value another process published under ``name``, waiting for it
+    up to ``timeout_s`` (then a :class:`DistributedError`: that process
+    crashed or does something else)."""
+    client = jax_distributed.global_state.client
+    assert client is not None
+    try:
+        return str(client.blocking_key_value_get(f"hloalias/{name}", timeout_s * 1000))
+    except Exception as error:  # the coordination service's timeout or shutdown
+        raise DistributedError(
+            f"process {jax.process_index()} waited {timeout_s} s for '{name}' from another process: "
+            f"{str(error).splitlines()[0]}"
+        ) from None

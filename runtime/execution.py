@@ -129,6 +129,9 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
     # point (KeyboardInterrupt included) finds them and commits before it
     # leaves, so the module state is the call's, never half of it (settle).
     ran: list[Sequence[jax.Array]] = []
+    # The count before this call: a call whose program ran is counted once
+    # whatever stops it (the commit completes it: its effects are the call's).
+    calls = exe._calls
     try:
         # The launch of SingleDeviceDispatch's docstring.
         if dispatch.unreturned:  # a launch interrupted earlier on this thread
@@ -180,6 +183,8 @@ def run_planned(exe: "Executable", plan: _CallPlan, inputs: dict[int, Any]) -> A
         arrays = []
         ran_outputs = dispatch.ran_results(ran)
         if ran_outputs is not None:
+            if exe._calls == calls:  # stopped before it was counted
+                exe._calls = calls + 1
             settle(exe, plan, inputs, bases, backings, reseatable, kept, ran_outputs)
         if isinstance(error, Exception):  # not an interrupt: the execution's error, in words
             execution_failed(exe, plan, error)
@@ -525,8 +530,7 @@ def run_mesh(exe: "Executable", inputs: dict[int, Any]) -> Any:
     try:
         ran.extend(map(exe._loaded.execute_sharded, (arrays,)))
         del arrays  # the user inputs' shards go now
-        exe._calls += 1
-        arg_tensors = commit.run()
+        arg_tensors = commit.run()  # counts the call, as settle() does
         return assemble_outputs(exe, inputs, arg_tensors, commit.produced())
     except BaseException as error:
         if not ran:  # the program did not run: nothing changed
@@ -567,6 +571,10 @@ class _MeshCommit:
         self.outputs: list[jax.Array] | None = None
         self.done: set[int] = set()
         self.arg_tensors: dict[int, Any] = {}
+        #: Whether ``exe._calls`` counts this call (once, by the first
+        #: :meth:`run`: an interrupt right after the program ran is
+        #: completed by :meth:`settle`, which counts it then).
+        self.counted = False
 
     def produced(self) -> dict[str, jax.Array]:
         """The program's results by key, as global arrays."""
@@ -584,6 +592,11 @@ class _MeshCommit:
         """Commit every argument not committed yet; returns the tensors
         rebuilt views of user inputs are views of."""
         exe = self.exe
+        if not self.counted:
+            # The two statements have no point between them where Python
+            # runs a signal handler: counted exactly once.
+            exe._calls += 1
+            self.counted = True
         produced = self.produced()
         call_name = f"in call {exe._calls}"
         for index, state_name in exe._arg_plan:

@@ -5,9 +5,14 @@ runtime/_lane.cpp.
 
 Contract: a build of the extension is used only when it carries the
 interface number this file expects (``_lane.ABI_VERSION`` ==
-:data:`_LANE_ABI_VERSION`); a stale build (from an older ``_lane.cpp``)
-leaves every call on the Python path and ``explain()`` says so, with how
-to rebuild it."""
+:data:`_LANE_ABI_VERSION`), for the ``Lane`` and for the per-call checks
+this file hands out alike (``first_changed``, ``first_differing``,
+``values_in_range``: never some natively and the rest silently in
+Python); a stale build (from an older ``_lane.cpp``) leaves every call
+and those checks on the Python path, ``explain()`` says so, and
+importing the runtime warns once
+(:class:`~hloalias.config.NativePathWarning`, unless ``HLOALIAS_NATIVE=0``),
+both with how to rebuild it."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils._pytree as pytree
 
+from hloalias import config
 from hloalias.runtime import execution
 from hloalias.runtime.ownership import _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking, _register_backing
 from hloalias.runtime.pjrt import native_enabled
@@ -35,9 +41,11 @@ except ImportError:  # not built here: every call takes the Python path
 _LANE_FALLBACK = object()
 
 #: The interface number of the ``Lane`` this file builds (its constructor's
-#: arguments, what it reads of the plan and the executable): runtime/_lane.cpp's
-#: ``kAbiVersion``.  Bump both together.
-_LANE_ABI_VERSION = 8
+#: arguments, what it reads of the plan and the executable) and of the
+#: module's functions this runtime calls: runtime/_lane.cpp's
+#: ``kAbiVersion``.  Bump both together.  9: ``first_differing`` (a build
+#: of 8 may lack it, and was then silently compared in Python).
+_LANE_ABI_VERSION = 9
 
 _REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
 
@@ -54,6 +62,18 @@ def _build_refusal() -> str | None:
             f"{built if built is not None else 'none'}, this runtime needs {_LANE_ABI_VERSION}); {_REBUILD}"
         )
     return None
+
+
+def warn_if_stale() -> None:
+    """The one warning that the built extension is stale (run when this
+    module is first imported; a missing build warns in ``pjrt``):
+    :func:`~hloalias.config.warn_native_stale` with :func:`_build_refusal`'s
+    words."""
+    if _lane is None:
+        return
+    refusal = _build_refusal()
+    if refusal is not None:
+        config.warn_native_stale(refusal)
 
 
 def native_first_changed() -> Callable[[tuple[Any, ...], tuple[int, ...], tuple[int, ...]], int] | None:
@@ -73,11 +93,14 @@ def native_first_differing() -> Callable[[tuple[Any, ...], tuple[Any, ...]], int
     """``_lane.first_differing`` (the per-call compare of the state torch
     may change without counting a version with its snapshots,
     :class:`~hloalias.runtime.state.StateWatch`) where the extension is
-    built (a current build that has it), else None (the same compare in
+    built (a current build), else None (the same compare in
     Python, ``state._first_differing_in_python``).  Used on both call
     paths, as :func:`native_first_changed`."""
     if _build_refusal() is not None:
         return None
+    # A current build has it (interface 9 on): a build without it is
+    # refused as stale above, where it used to be used with this compare
+    # alone silently in Python.
     return getattr(_lane, "first_differing", None)
 
 
@@ -154,3 +177,6 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
     except TypeError as error:  # a build whose Lane takes other arguments than these
         return None, f"the native call path's build does not match this runtime ({error}); {_REBUILD}"
     return lane, None
+
+
+warn_if_stale()

@@ -197,6 +197,23 @@ def test_misuse_is_named(trained: tuple[Path, list[dict[str, Any]]]) -> None:
         assert f"process {1 - rank} compiled" in message
 
 
+def test_a_save_one_process_cannot_write_keeps_the_earlier_checkpoint(
+    trained: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    """Process 1's disk is full as it writes its shard file over an
+    existing checkpoint (of the step before): both processes raise, naming
+    it, and the checkpoint stays the earlier one, whole (the load tests
+    below read it), with nothing staged left beside it.  Before, process
+    0's new shard file replaced its old one beside process 1's old file,
+    and process 0 waited at the final barrier until its timeout."""
+    _, reports = trained
+    assert reports[0]["failed_save"].startswith("ExecutionError: ")
+    assert "process 1 could not write its shard file: OSError" in reports[0]["failed_save"]
+    assert "No space left" in reports[1]["failed_save"]
+    for report in reports:
+        assert report["beside_ckpt"] == [], report["beside_ckpt"]
+
+
 def test_checkpoint_saved_by_two_processes_loads_in_two(
     trained: tuple[Path, list[dict[str, Any]]]
 ) -> None:

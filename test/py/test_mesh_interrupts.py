@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import hloalias
-from hloalias import Mesh
+from hloalias import Mesh, interrupts
 from hloalias.runtime import (
     assembly,
     checkpoint,
@@ -35,6 +35,7 @@ from hloalias.runtime import (
     training,
 )
 from interrupt_points import sweep
+from test_checkpoint_save import write_as_two_processes
 
 #: The call path on a mesh: binding and checks, placement, execution and
 #: commit, the state store, the outputs.
@@ -43,7 +44,7 @@ TRAIN_FILES = CALL_FILES | {training.__file__}
 CHECKPOINT_FILES = CALL_FILES | {checkpoint.__file__, training.__file__}
 #: A save reads the state (reads are swept below and in
 #: test_lagging_interrupts.py): its own steps and the step's.
-SAVE_FILES = {checkpoint.__file__, training.__file__, executable_module.__file__}
+SAVE_FILES = {checkpoint.__file__, training.__file__, executable_module.__file__, interrupts.__file__}
 MESH = Mesh((2,), ("dp",))
 
 
@@ -119,6 +120,9 @@ class _Twin:
         _check_released(self.lock, self.modes, where)
         seen = int(self.model.calls)  # a bare read: whatever the calls left
         assert seen in (self.calls, self.calls + 1), (where, seen, self.calls)
+        # The program's call count (named by a consumed buffer's error)
+        # counts every call whose effects were committed, this one included.
+        assert self.exe._calls == seen, (where, self.exe._calls, seen)
         if seen == self.calls + 1:
             self.eager_call()  # the interrupted call counts
         model, device = self.model.state_dict(), self.exe.state_dict()
@@ -217,6 +221,7 @@ class _TrainTwin:
         seen = self.step_count()
         assert seen == device_steps, f"eager code reads step {seen}, the device holds {device_steps}, after {where}"
         assert seen in (self.steps, self.steps + 1), (where, seen, self.steps)
+        assert self.train.executable._calls == seen, (where, self.train.executable._calls, seen)
         if seen == self.steps + 1:
             self.eager_call()
         self.check_state(where, device)
@@ -238,15 +243,29 @@ def test_a_mesh_training_step_interrupted_anywhere_is_all_or_nothing() -> None:
 
 
 def test_a_checkpoint_save_interrupted_anywhere_changes_no_state(tmp_path: Any) -> None:
-    """The state is read, never changed; the directory holds the earlier
-    checkpoint or the new one (each file is replaced whole), and a save
-    after the interrupt writes the state."""
+    """The state is read, never changed; the directory holds exactly the
+    earlier checkpoint or exactly the new one (the save is renamed into
+    place whole), nothing the save staged is left beside it, and a save
+    after the interrupt writes the state.  The earlier checkpoint is one
+    of two processes (test_checkpoint_save.py): before, a save cut after
+    its shard file left it beside the earlier metadata and the earlier
+    second file, which ``load`` refused or read as a mix."""
     twin = _TrainTwin()
     twin.train(*_batch(0))
     twin.eager_call()
-    target = tmp_path / "ckpt"
-    checkpoint.save(twin.train, target)
-    saved = [checkpoint.read(target)]
+    target = tmp_path / "root" / "ckpt"
+    checkpoint.save(twin.train, tmp_path / "first")
+    old = checkpoint.read(tmp_path / "first")
+    new: dict[str, torch.Tensor] = {}
+    seen: set[str] = set()
+
+    def prepare() -> None:
+        twin.train(*_batch(twin.steps))  # the state moves on from the earlier checkpoint
+        twin.eager_call()
+        write_as_two_processes(old, target)
+        checkpoint.save(twin.train, tmp_path / "fresh")
+        new.clear()
+        new.update(checkpoint.read(tmp_path / "fresh"))
 
     def run(_: None) -> None:
         checkpoint.save(twin.train, target)
@@ -255,19 +274,24 @@ def test_a_checkpoint_save_interrupted_anywhere_changes_no_state(tmp_path: Any) 
         _check_released(twin.lock, twin.modes, where)
         twin.check_state(where, twin.train.state_dict())
         now = checkpoint.read(target)
-        assert sorted(now) == sorted(saved[0]), where
-        for name, value in now.items():
-            _close(value, saved[0][name], f"the checkpoint's {name} after {where}")
-        leftover = sorted(name for name in os.listdir(target) if name.endswith(".tmp"))
-        # A temporary file a cut-short save left is replaced by the next.
-        twin.train(*_batch(twin.steps))
-        twin.eager_call()
-        checkpoint.save(twin.train, target)
-        saved[0] = checkpoint.read(target)
-        assert not [n for n in os.listdir(target) if n.endswith(".tmp") and n not in leftover], where
+        assert sorted(os.listdir(target.parent)) == [target.name], (where, os.listdir(target.parent))
+        assert sorted(now) == sorted(old) == sorted(new), where
+        if all(torch.equal(value, old[name]) for name, value in now.items()):
+            seen.add("old")
+        else:
+            for name, value in now.items():
+                assert torch.equal(value, new[name]), f"the checkpoint's {name} is a mix after {where}"
+            seen.add("new")
 
-    points = sweep(lambda: None, run, check, SAVE_FILES)
+    points = sweep(prepare, run, check, SAVE_FILES)
     assert any(name == "save" for name, _, _ in points), points
+    assert seen == {"old", "new"}, seen
+    # A save after the sweep's writes the state.
+    twin.train(*_batch(twin.steps))
+    twin.eager_call()
+    checkpoint.save(twin.train, target)
+    checkpoint.load(twin.train, target)
+    twin.check_state("the last save", twin.train.state_dict())
 
 
 def test_a_checkpoint_load_interrupted_anywhere_is_all_or_nothing(tmp_path: Any) -> None:

@@ -558,3 +558,50 @@ def test_a_call_left_to_the_python_path_checks_torchs_edits_once_per_run() -> No
     checks.clear()
     assert torch.equal(exe(torch.zeros(4)), torch.full((4,), 3.0)) and len(checks) == 1
     assert counts(exe)["calls"] == start["calls"] + 1
+
+
+def test_a_build_of_an_older_interface_is_refused_and_warned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build of ``_lane.cpp`` from before ``first_differing`` (interface
+    8, which it was added to without a new number): the runtime used it,
+    the batch-norm statistics' per-call compare silently fell back to
+    Python (``getattr``), and a build with it and one without carried the
+    same number.  Now such a build is stale as a whole: every call and
+    check on the Python path, ``explain()`` and a warning say so."""
+    import types
+
+    from hloalias.config import NativePathWarning
+    from hloalias.runtime import state
+
+    assert lane_module._LANE_ABI_VERSION > 8
+    real = lane_module._lane
+    stale = types.SimpleNamespace(
+        ABI_VERSION=8, Lane=getattr(real, "Lane", None), first_changed=getattr(real, "first_changed", None),
+        values_in_range=getattr(real, "values_in_range", None),
+    )
+    monkeypatch.setattr(lane_module, "_lane", stale)
+    refusal = lane_module._build_refusal()
+    assert refusal is not None
+    assert "interface version 8" in refusal and f"needs {lane_module._LANE_ABI_VERSION}" in refusal
+    assert "scripts/venv.sh" in refusal
+    assert lane_module.native_first_differing() is None
+    assert lane_module.native_first_changed() is None
+    assert lane_module.native_values_in_range() is None
+    monkeypatch.setenv("HLOALIAS_NATIVE", "1")
+    with pytest.warns(NativePathWarning, match="interface version 8"):
+        lane_module.warn_if_stale()
+    exe = hloalias.compile(torch.nn.BatchNorm1d(3), (torch.randn(4, 3),))
+    assert exe._lane is None
+    assert "stale" in exe.explain()
+    assert exe._state_watch._first_differing is state._first_differing_in_python
+    monkeypatch.setenv("HLOALIAS_NATIVE", "0")  # the user chose the Python path: nothing to say
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NativePathWarning)
+        lane_module.warn_if_stale()
+
+
+def test_a_current_build_compares_natively() -> None:
+    assert lane_module.native_first_differing() is lane_module._lane.first_differing
+    exe = hloalias.compile(torch.nn.BatchNorm1d(3), (torch.randn(4, 3),))
+    assert exe._state_watch._first_differing is lane_module._lane.first_differing

@@ -130,6 +130,7 @@ def _stop_at_every_stage(
     torch.testing.assert_close(exe(x.clone())["y"], eager(x.clone())["y"])
     for stage in ("before-run", "after-run", "commit", "outputs"):
         before = exe.state_dict()["count"]
+        calls = exe._calls
         with monkeypatch.context():
             inject(stage, exe)
             with pytest.raises(Fault):
@@ -138,10 +139,14 @@ def _stop_at_every_stage(
         assert torch.equal(after, before) or torch.equal(after, before + x), (stage, before, after)
         if not torch.equal(after, before):
             eager(x.clone())  # the interrupted call took effect: eager's too
+        # The call count (named by a consumed buffer's error) counts the
+        # call exactly when its effects were committed.
+        assert exe._calls == calls + (not torch.equal(after, before)), (stage, calls, exe._calls)
         # Later calls see that state and update it in place as before.
         for _ in range(2):
             torch.testing.assert_close(exe(x.clone())["y"], eager(x.clone())["y"])
         torch.testing.assert_close(exe.state_dict()["count"], eager.count)
+        assert exe._calls == calls + (not torch.equal(after, before)) + 2, stage
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -168,8 +173,10 @@ def test_a_training_write_back_after_an_interrupted_call_keeps_the_weights(
         exe(torch.ones(4))
     monkeypatch.undo()
     assert torch.equal(exe.state_dict()["count"], torch.ones(4))
+    assert exe._calls == 1  # the call's effects were committed: it counts
     exe(torch.ones(4))
     assert torch.equal(exe.state_dict()["count"], torch.full((4,), 2.0))
+    assert exe._calls == 2
 
 
 # -- donated tensors are left as they were ------------------------------------------
@@ -316,8 +323,10 @@ def test_a_mesh_call_interrupted_after_it_ran_keeps_the_call_state() -> None:
     finally:
         placement.assemble_outputs = original  # type: ignore[method-assign]
     assert torch.equal(exe.state_dict()["count"], torch.ones(4))
+    assert exe._calls == 1  # the call's effects were committed: it counts
     exe(torch.ones(4))
     assert torch.equal(exe.state_dict()["count"], torch.full((4,), 2.0))
+    assert exe._calls == 2
 
 
 # -- an interrupt at every point of a call ----------------------------------------------
@@ -375,6 +384,7 @@ def _interrupt_at_every_point(exe: hloalias.Executable, *, new_placement: bool) 
             if new_placement:
                 plan.dispatch = plan.new_dispatch(exe)
             before = exe.state_dict()["count"]
+            calls = exe._calls
             arg = x.clone()
             hook = _InterruptAt(at)
             sys.setprofile(hook)
@@ -395,6 +405,8 @@ def _interrupt_at_every_point(exe: hloalias.Executable, *, new_placement: bool) 
             assert torch.equal(after, before) or torch.equal(after, before + x), (where, before, after)
             if not torch.equal(after, before):
                 eager(x.clone())  # the interrupted call took effect: eager's too
+            # Counted exactly when its effects were committed.
+            assert exe._calls == calls + (not torch.equal(after, before)), (where, calls, exe._calls)
             torch.testing.assert_close(exe(x.clone())["y"], eager(x.clone())["y"], msg=lambda m: f"{where}: {m}")
             torch.testing.assert_close(exe.state_dict()["count"], eager.count)
             if hook.fired is None:

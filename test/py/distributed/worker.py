@@ -7,7 +7,8 @@ for the workers and for the test's reference.
 
 ``worker.py train OUT``: data-parallel and tensor-parallel training steps,
 a tensor-parallel decode step, per-device bytes, a sharded checkpoint of
-the tensor-parallel step (``OUT/ckpt``), and the misuses (initialize
+the tensor-parallel step (``OUT/ckpt``) and a save over it that process 1
+cannot write, and the misuses (initialize
 twice, a mesh larger than the devices, processes compiling different
 programs).  ``worker.py load OUT``: a fresh tensor-parallel step loads
 ``OUT/ckpt`` and takes one more step.  ``worker.py random OUT``: each
@@ -205,6 +206,11 @@ def train(out: Path) -> dict[str, Any]:
     weight = tp.executable._slots["param.fc1.weight"].array
     report["tp_local_shard_shapes"] = [tuple(s.data.shape) for s in weight.addressable_shards]
     hloalias.checkpoint.save(tp, out / "ckpt")
+    # A save of the next step's state that process 1 cannot write (a full
+    # disk): every process raises, and OUT/ckpt stays the one above whole.
+    tp(*data[STEPS])
+    report["failed_save"] = _save_with_process_1_failing(tp, out / "ckpt")
+    report["beside_ckpt"] = sorted(p.name for p in out.iterdir() if p.name.startswith(".ckpt"))
 
     forward = hloalias.compile(MLP().eval(), (data[0][0],), mesh=mesh_2d, shardings={
         "fc1.weight": ("tp", None), "fc1.bias": ("tp",), "fc2.weight": (None, "tp"), "x": ("dp", None),
@@ -254,6 +260,29 @@ def train(out: Path) -> dict[str, Any]:
         MLP().eval(), (torch.randn(rows, WIDTH),), mesh=dp_mesh, shardings={"x": ("dp", None)}
     ))
     return report
+
+
+def _save_with_process_1_failing(target: Any, directory: Path) -> str:
+    """The error ``checkpoint.save`` raises when process 1's disk is full."""
+    import errno
+    import os
+
+    import hloalias
+
+    real = torch.save
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if hloalias.distributed.process_index() == 1:
+        torch.save = full_disk
+    try:
+        hloalias.checkpoint.save(target, directory)
+    except Exception as error:  # process 1's own OSError included
+        return f"{type(error).__name__}: {error}"
+    finally:
+        torch.save = real
+    return ""
 
 
 def load(out: Path) -> dict[str, Any]:
