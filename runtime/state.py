@@ -876,7 +876,8 @@ def _stale_class(fresh: type) -> type:
 
 #: A watched class's attribute naming the plain class it stands in for.
 _PLAIN_CLASS = "_hloalias_plain_class"
-_TENSOR_DATA = torch.Tensor.data
+#: The ``Tensor.data`` descriptor (a getset: ``__get__``/``__set__``).
+_TENSOR_DATA: Any = torch.Tensor.data
 
 
 def _note_escape(tensor: torch.Tensor, alias: Any) -> None:
@@ -900,9 +901,9 @@ class _WatchedTensorHook:
 
     @property
     def data(self) -> torch.Tensor:
-        alias = _TENSOR_DATA.__get__(self)  # a stale tensor's hook brings it in first
+        alias: torch.Tensor = _TENSOR_DATA.__get__(self)  # a stale tensor's hook brings it in first
         _note_escape(self, alias)  # type: ignore[arg-type]
-        return alias  # type: ignore[no-any-return]
+        return alias
 
     @data.setter
     def data(self, value: torch.Tensor) -> None:
@@ -988,7 +989,7 @@ def fresh_type(tensor: Any) -> type:
     plain class a watched one stands in for."""
     cls = type(tensor)
     cls = getattr(cls, _FRESH_CLASS, cls)
-    return getattr(cls, _PLAIN_CLASS, cls)  # type: ignore[no-any-return]
+    return getattr(cls, _PLAIN_CLASS, cls)
 
 
 def is_stale(tensor: Any) -> bool:
