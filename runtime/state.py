@@ -29,6 +29,14 @@ stale module tensor, except one that shares memory with it and was made
 before the calls (``v = p.detach()`` taken before), and state of other
 tensor classes, which is not marked.
 
+Writes torch does not count in the tensor's version, through ``.data``,
+``.numpy()``/``__array__``, ``__dlpack__`` or ``untyped_storage()``/
+``storage()`` taken from a tensor a slot stands for, are read in by the
+next call: the tensor's class is a watched subclass whose escape hatches
+mark its slots (:class:`_WatchedTensorHook`, :meth:`_StateSlot.host_may_change`),
+at no cost to a call or an op without an escape.  What it cannot see is
+listed at the class.
+
 A program on a mesh has a group of its own (its state is placed by its
 shardings), with the same hooks and marks: a read gathers the buffer in
 one process; across processes, where that gather is a collective every
