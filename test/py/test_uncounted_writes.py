@@ -337,6 +337,27 @@ def test_saved_model_and_state_dict_load_without_hloalias() -> None:
     assert [float(v) for v in lines[1].split()] == [expected, expected]
 
 
+@pytest.mark.parametrize("escape", ["data", "__array__"])
+def test_mesh_program_reads_uncounted_writes(escape: str) -> None:
+    """A program on a mesh (its state in a group of its own, sharded):
+    the same marks reach its slots."""
+    reference = Net()
+    model = copy.deepcopy(reference)
+    x = _x(12, 4)
+    exe = hloalias.compile(model, (x,), mesh=hloalias.Mesh((2,), ("dp",)), shardings={"x": ("dp", None)})
+    for _ in range(2):
+        with torch.no_grad():
+            torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+        _write(model, escape)
+        if ESCAPES[escape][1]:
+            _write_counted(reference)
+        else:
+            with torch.no_grad():
+                reference.scale.mul_(0.5).add_(0.25)
+    with torch.no_grad():
+        torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+
+
 # -- Ctrl-C -------------------------------------------------------------------------
 
 FILES = {state_module.__file__}
