@@ -197,6 +197,10 @@ class _StateSlot:
         self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None,
         layout: StoredLayout | None, bits: torch.dtype | None,
     ) -> None:
+        # Memory another holder shares already (a ``w = p.data`` kept from
+        # before compiling) is written where no escape is taken: compared
+        # by value (:func:`_memory_shared`).  Counted before the upload.
+        shared = _memory_shared(source)
         #: What torch's tensor was when the buffer last equalled it: its
         #: version counter and memory (``.data =`` and ``module.to(dtype)``
         #: swap the memory without counting a version).
@@ -225,6 +229,8 @@ class _StateSlot:
         self.unfollowable: str | None = None
         _slots_of(source).append(weakref.ref(self))
         self._marks = True
+        if shared:
+            self.watch_values()
 
     @property
     def stored_dtype(self) -> torch.dtype:
@@ -944,6 +950,26 @@ class _WatchedTensorHook:
         return _as_plain(self, lambda: self.__reduce_ex__(protocol))  # type: ignore[arg-type]
 
 
+def _memory_shared(tensor: torch.Tensor) -> bool:
+    """Whether something besides ``tensor`` holds its memory: another
+    tensor (``w = p.data`` or ``p.detach()`` kept, the array of
+    ``p.detach().numpy()`` kept, a view's base or sibling views, a DLPack
+    consumer), by torch's count of the storage's references (less the
+    tensor's own and the storage object's taken here).  Such a holder may
+    write the memory without counting the tensor's version and without an
+    escape the watched class sees, so the slot made now compares the
+    tensor by value at every call (:meth:`_StateSlot.watch_values`): exact,
+    at a host copy and a memcmp per call, for these tensors only.  Not
+    counted: an array ``p.numpy()`` returned (it holds the tensor, not the
+    storage).  Views and tensors sharing a version counter (``p.detach()``)
+    are counted too, though torch counts their writes: a compare too many."""
+    try:
+        storage = torch._C.TensorBase.untyped_storage(tensor)
+        return bool(torch._C._storage_Use_Count(storage._cdata) > 2)
+    except (RuntimeError, NotImplementedError):  # no storage: nothing to share
+        return False
+
+
 def _as_plain(tensor: torch.Tensor, run: Callable[[], Any]) -> Any:
     """``run()`` while ``tensor`` has its plain class (its escapes mark
     nothing meanwhile: ``run`` copies, it does not write).  No Ctrl-C
@@ -982,6 +1008,26 @@ for _plain, _lists in (
         _supported = getattr(sys.modules.get(_module_name) or __import__(_module_name, fromlist=["_"]), "_foreach_supported_types", None)
         if isinstance(_supported, list) and _watched_class(_plain) not in _supported:
             _supported.append(_watched_class(_plain))
+
+
+# Torch's tracing and aot_autograd's first-run analysis
+# (``_AnalyzeCustomOpInputOutputMode``) handle the tensors whose exact class
+# is in ``HANDLED_TYPES`` and refuse others (a ``torch.compile`` graph of
+# aot_eager or inductor run on the module's buffers failed): the watched
+# classes behave as their plain ones there.  ``runtime_wrappers`` imports
+# the tuple by name, when first imported (after this) or already.
+def _handled_as_plain() -> None:
+    watched = tuple(_watched_class(plain) for plain in (torch.Tensor, torch.nn.Parameter))
+    for module_name in ("torch.fx.experimental.proxy_tensor", "torch._functorch._aot_autograd.runtime_wrappers"):
+        module = sys.modules.get(module_name)
+        handled = getattr(module, "HANDLED_TYPES", None)
+        if isinstance(handled, tuple) and not set(watched) <= set(handled):
+            setattr(module, "HANDLED_TYPES", (*handled, *(cls for cls in watched if cls not in handled)))
+
+
+import torch.fx.experimental.proxy_tensor  # noqa: E402 - what _handled_as_plain extends
+
+_handled_as_plain()
 
 
 def _watch_escapes(tensor: torch.Tensor) -> None:

@@ -190,6 +190,31 @@ def test_data_alias_held_across_calls_is_watched(path: str, monkeypatch: pytest.
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_aliases_taken_before_compiling_are_compared_by_value(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``w = p.data`` and ``a = b.detach().numpy()`` kept from before
+    compiling: no escape is taken after, but the storage's reference count
+    shows the memory shared, so those tensors (and only those) are
+    compared by value at every call."""
+    reference = Net()
+    model = copy.deepcopy(reference)
+    weight, array = model.fc.weight.data, model.scale.detach().numpy()
+    x = _x(13)
+    exe = compile_on(path, monkeypatch, model, (x,))
+    compared = {name for name, slot in exe._watched if slot.snapshot is not None}
+    assert compared == {"fc.weight", "scale"}, compared
+    for i in range(3):
+        with torch.no_grad():
+            torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+        weight.mul_(0.5)
+        array += np.float32(i + 1)
+        with torch.no_grad():
+            reference.fc.weight.mul_(0.5)
+            reference.scale.add_(i + 1)
+    with torch.no_grad():
+        torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_manual_sgd_loop_matches_eager(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled forward serves inference between manual SGD steps
     ``p.data.add_(-lr * p.grad)`` that eager code runs on the same module."""
@@ -258,6 +283,7 @@ def test_no_upload_without_an_escape(monkeypatch: pytest.MonkeyPatch) -> None:
         refreshed.append(name)
         original(slot, name)
 
+    assert not [name for name, slot in exe._watched if slot.snapshot is not None]  # nothing compared by value
     monkeypatch.setattr(state_module._StateSlot, "refresh_from_torch", counting)
     for _ in range(3):
         with torch.no_grad():
