@@ -342,7 +342,7 @@ def test_a_bare_read_after_mesh_steps_across_processes_is_refused(monkeypatch: p
     train.write_back()
     monkeypatch.setattr(train.executable._placement, "multiprocess", True)
     model.fc1.weight.sum()
-    assert type(model.fc1.weight) is torch.nn.Parameter
+    assert not state_module.is_stale(model.fc1.weight) and state_module.fresh_type(model.fc1.weight) is torch.nn.Parameter
 
 
 def test_steps_on_a_mesh_nobody_reads_between_copy_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
