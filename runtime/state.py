@@ -882,11 +882,13 @@ def _stale_class(fresh: type) -> type:
 # to load them); optimizers keep their foreach kernels (the class is listed
 # where torch lists the classes they take, as DTensor is).
 #
-# Not seen (docs/runtime.md): the same escapes taken from another tensor
-# sharing the memory (``p.detach().numpy()``, ``p[0].data``), the function
-# ``torch.utils.dlpack.to_dlpack(p)``, ``Tensor.data.__get__(p)``, aliases
-# taken before the slot was made (before compiling), and writes through a
-# storage, DLPack capsule or ``.data``-of-``.data`` after the next call.
+# Aliases that exist when the slot is made take no escape: such a tensor is
+# compared by value (:func:`_memory_shared`).  Not seen (docs/runtime.md):
+# the same escapes taken later from another tensor sharing the memory
+# (``p.detach().numpy()``, ``p[0].data``) and written after the next call,
+# the function ``torch.utils.dlpack.to_dlpack(p)``,
+# ``Tensor.data.__get__(p)``, and writes through a storage, DLPack
+# consumer or ``.data``-of-``.data`` after the call that follows the escape.
 
 #: A watched class's attribute naming the plain class it stands in for.
 _PLAIN_CLASS = "_hloalias_plain_class"
