@@ -25,7 +25,9 @@ from typing import Any
 import torch
 
 import hloalias
-from hloalias.runtime.state import _AGREEMENTS, _RUNTIME_READ, StateWatch, _first_changed_in_python, _first_differing_in_python, read_others_stale
+from hloalias.runtime.state import (
+    _AGREEMENTS, _RUNTIME_READ, StateWatch, _first_changed_in_python, _first_differing_in_python, read_others_stale,
+)
 
 
 def _changed_as_on_main(self: Any) -> bool:

@@ -48,6 +48,7 @@ copies in what another group's programs of the module left
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import threading
 import weakref
@@ -1004,10 +1005,11 @@ def _watched_class(plain: type) -> type:
 # Optimizers and clip_grad_norm_ take their foreach kernels only for the
 # classes listed here (torch lists DTensor so too).
 for _plain, _lists in (
-    (torch.Tensor, ("torch.optim.optimizer", "torch.utils._foreach_utils")), (torch.nn.Parameter, ("torch.optim.optimizer",)),
+    (torch.Tensor, ("torch.optim.optimizer", "torch.utils._foreach_utils")),
+    (torch.nn.Parameter, ("torch.optim.optimizer",)),
 ):
     for _module_name in _lists:
-        _supported = getattr(sys.modules.get(_module_name) or __import__(_module_name, fromlist=["_"]), "_foreach_supported_types", None)
+        _supported = getattr(importlib.import_module(_module_name), "_foreach_supported_types", None)
         if isinstance(_supported, list) and _watched_class(_plain) not in _supported:
             _supported.append(_watched_class(_plain))
 
