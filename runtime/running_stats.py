@@ -25,10 +25,11 @@ Two older ways in cost a call nothing and stay: a change of the module's
 a call left stale (their class's hook) has them read in
 (:func:`_after_batch_norm`).
 
-Not seen (docs/runtime.md): uncounted writes to other state (through
-``.data``, ``.numpy()``, DLPack): every other tensor is checked by its
-version alone.  A read-in costs one upload of the statistics, and only
-after such an eager run."""
+Uncounted writes to other state through ``.data``, ``.numpy()``,
+``__array__``, ``__dlpack__`` or the storage are seen where the escape is
+taken (``runtime/state.py``: ``_WatchedTensorHook``; what it does not see
+is listed there and in docs/runtime.md).  A read-in costs one upload of
+the statistics, and only after such an eager run."""
 
 from __future__ import annotations
 

@@ -36,6 +36,14 @@ stale module tensor, except one that shares memory with it and was made
 before the calls (``v = p.detach()`` taken before), and state of other
 tensor classes, which is not marked.
 
+Writes torch does not count in the tensor's version, through ``.data``,
+``.numpy()``/``__array__``, ``__dlpack__`` or ``untyped_storage()``/
+``storage()`` taken from a tensor a slot stands for, are read in by the
+next call: the tensor's class is a watched subclass whose escape hatches
+mark its slots (:class:`_WatchedTensorHook`, :meth:`_StateSlot.host_may_change`),
+at no cost to a call or an op without an escape.  What it cannot see is
+listed at the class.
+
 A program on a mesh has a group of its own (its state is placed by its
 shardings), with the same hooks and marks: a read gathers the buffer in
 one process; across processes, where that gather is a collective every
@@ -47,6 +55,7 @@ copies in what another group's programs of the module left
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import threading
 import weakref
@@ -179,6 +188,19 @@ class _StateSlot:
         #: copy of what the tensor held when the two last agreed, which the
         #: per-call check compares its bytes with; else None.
         self.snapshot: torch.Tensor | None = None
+        #: Tensors eager code took from the slot's tensor through ``.data``
+        #: (:func:`_note_escape`): each shares its memory under a version
+        #: counter of its own, recorded (with its address) when the two
+        #: last agreed; the per-call check watches them as it watches the
+        #: tensor.  Dead ones are dropped at the next agreement.
+        self.aliases: tuple[tuple[weakref.ref[torch.Tensor], int, int], ...] = ()
+        #: What else eager code took that shares the memory and counts no
+        #: version (the array ``.numpy()`` returned): while one lives, the
+        #: tensor is compared by value (:attr:`snapshot`, taken at the next
+        #: agreement and dropped at the first one after the last died).
+        self.held: tuple[weakref.ref[Any], ...] = ()
+        #: Whether the snapshot stays for good (:meth:`watch_values`).
+        self.compares_values = False
         with _RUNTIME_READ():
             self._made(source, device, put, layout, bits)
 
@@ -186,6 +208,10 @@ class _StateSlot:
         self, source: torch.Tensor, device: Any, put: Callable[[torch.Tensor], jax.Array] | None,
         layout: StoredLayout | None, bits: torch.dtype | None,
     ) -> None:
+        # Memory another holder shares already (a ``w = p.data`` kept from
+        # before compiling) is written where no escape is taken: compared
+        # by value (:func:`_memory_shared`).  Counted before the upload.
+        shared = _memory_shared(source)
         #: What torch's tensor was when the buffer last equalled it: its
         #: version counter and memory (``.data =`` and ``module.to(dtype)``
         #: swap the memory without counting a version).
@@ -214,6 +240,8 @@ class _StateSlot:
         self.unfollowable: str | None = None
         _slots_of(source).append(weakref.ref(self))
         self._marks = True
+        if shared:
+            self.watch_values()
 
     @property
     def stored_dtype(self) -> torch.dtype:
@@ -420,6 +448,7 @@ class _StateSlot:
                 if new is not _REMOVED and self.unfollowable is None:
                     group._slots[(id(new), self.device.platform, self.device.id)] = weakref.ref(self)
         self.source = weakref.ref(new)
+        self.aliases, self.held = (), ()  # they show the old tensor's memory
         if new is not _REMOVED:
             _slots_of(new).append(weakref.ref(self))
         self.version = -1
@@ -452,6 +481,7 @@ class _StateSlot:
                 group._slots[(id(new), self.device.platform, self.device.id)] = weakref.ref(self)
             old = self.source()
             self.source = weakref.ref(new)
+            self.aliases, self.held = (), ()  # they show the old tensor's memory
             _slots_of(new).append(weakref.ref(self))
             self.mark_synced()
         if old is not None and old is not new:
@@ -509,6 +539,13 @@ class _StateSlot:
                 return True
             if self.snapshot is not None and _bits_differ(source, self.snapshot):
                 return True
+            if self.aliases or self.held:
+                for ref, version, pointer in self.aliases:
+                    alias = ref()
+                    if alias is not None and (alias._version != version or alias.data_ptr() != pointer):
+                        return True
+                if self.snapshot is None and any(ref() is not None for ref in self.held):
+                    return True  # no copy to compare with yet (:meth:`_record_aliases`)
         counter = self.stats_counter
         return counter is not None and not self.lags and (
             counter.torch_writes != self._counter_writes or counter.torch_changed()
@@ -525,6 +562,7 @@ class _StateSlot:
         tensors only (the per-call cost is a compare of their bytes).
         Taken now: a change made before it is not seen.  Idempotent."""
         source = self.source()
+        self.compares_values = True
         if self.snapshot is not None or source is None or source is _REMOVED:
             return
         with _RUNTIME_READ(), torch.no_grad():
@@ -542,6 +580,50 @@ class _StateSlot:
             return
         with _RUNTIME_READ(), torch.no_grad():
             snapshot.copy_(_resolved(source))
+
+    def _record_aliases(self) -> None:
+        """The slot agrees with its tensor, so with the memory its aliases
+        show: record their versions and addresses as of now, and drop the
+        dead ones.  Called after the agreement's version is recorded (as
+        :meth:`_record_snapshot`): cut short before, the next check finds
+        an alias changed and reads the tensor in again (an upload too many,
+        never a change missed)."""
+        if not self.aliases and not self.held:
+            return
+        with _RUNTIME_READ():
+            self.aliases = tuple(
+                (ref, alias._version, alias.data_ptr()) for ref, _, _ in self.aliases if (alias := ref()) is not None
+            )
+        self.held = tuple(ref for ref in self.held if ref() is not None)
+        source = self.source()
+        if self.held and self.snapshot is None and source is not None and source is not _REMOVED:
+            with _RUNTIME_READ(), torch.no_grad():
+                self.snapshot = _resolved(source).clone(memory_format=torch.contiguous_format)
+        elif not self.held and not self.compares_values:
+            self.snapshot = None
+
+    def host_may_change(self, alias: Any) -> None:
+        """Eager code took ``alias`` from the slot's tensor (``.data``,
+        ``.numpy()``, DLPack, its storage: :func:`_note_escape`), through
+        which torch writes the memory without counting the tensor's
+        version: the next call reads the tensor in, and a ``.data`` tensor
+        (or a live array) is watched from then on (:attr:`aliases`,
+        :attr:`held`).  The version is forgotten last, with the count the
+        watches rebuild on, in one step no Ctrl-C can split: cut short
+        before, the alias never reached the caller."""
+        if isinstance(alias, torch.Tensor):
+            with _RUNTIME_READ():
+                entry = (weakref.ref(alias), alias._version, alias.data_ptr())
+            self.aliases = (*(kept for kept in self.aliases if kept[0]() is not None), entry)
+        elif alias is not None:
+            try:
+                ref = weakref.ref(alias)
+            except TypeError:  # no weak reference (a DLPack capsule): read in once
+                pass
+            else:
+                self.held = (*(kept for kept in self.held if kept() is not None), ref)
+        self.version = -1  # no tensor's version: never equal
+        _AGREEMENTS[0] += 1
 
     def counted_by(self, counter: "_StateSlot") -> None:
         """This slot holds a running statistic (``running_mean``,
@@ -582,6 +664,7 @@ class _StateSlot:
             self._set_lags(False)
             self._note_counter()
             self._record_snapshot()
+            self._record_aliases()
             _AGREEMENTS[0] += 1
 
     def refresh_from_torch(self, name: str) -> None:
@@ -614,6 +697,7 @@ class _StateSlot:
         self.torch_writes += 1
         self._note_counter()
         self._record_snapshot()
+        self._record_aliases()
         _AGREEMENTS[0] += 1
 
     def _forget_cached_lists(self) -> None:
@@ -809,10 +893,190 @@ def _stale_class(fresh: type) -> type:
     return found
 
 
+# -- uncounted aliases ---------------------------------------------------------
+#
+# Torch counts an in-place write in the version counter of the tensor it
+# writes through, which views share; but ``.data`` returns a tensor with a
+# counter of its own, and ``.numpy()``, ``__array__``, ``__dlpack__`` and
+# the storage (``untyped_storage()``, ``storage()``) hand out the memory
+# with none: ``p.data.mul_(2)``, a manual SGD step ``p.data.add_(...)``, an
+# EMA ``ema.data.mul_(d).add_(...)``, ``p.data.copy_(init)``, a load through
+# numpy.  So a tensor a slot stands for gets a class (:func:`_watch_escapes`:
+# a subclass of its own, as the stale class is) that overrides these five in
+# Python and nothing else: taking one of them marks the tensor's slots
+# (:meth:`_StateSlot.host_may_change`), so the next call reads the tensor in
+# and watches a ``.data`` tensor's counter (or, while it lives, an array)
+# from then on.  Its ``__torch_function__`` is torch's disabled one, as
+# ``nn.Parameter``'s: ops run as on the plain class and return plain tensors,
+# at no cost.  Copies and pickles are of the plain class (no hloalias needed
+# to load them); optimizers keep their foreach kernels (the class is listed
+# where torch lists the classes they take, as DTensor is).
+#
+# Aliases that exist when the slot is made take no escape: such a tensor is
+# compared by value (:func:`_memory_shared`).  Not seen (docs/runtime.md):
+# the same escapes taken later from another tensor sharing the memory
+# (``p.detach().numpy()``, ``p[0].data``) and written after the next call,
+# the function ``torch.utils.dlpack.to_dlpack(p)``,
+# ``Tensor.data.__get__(p)``, and writes through a storage, DLPack
+# consumer or ``.data``-of-``.data`` after the call that follows the escape.
+
+#: A watched class's attribute naming the plain class it stands in for.
+_PLAIN_CLASS = "_hloalias_plain_class"
+#: The ``Tensor.data`` descriptor (a getset: ``__get__``/``__set__``).
+_TENSOR_DATA: Any = torch.Tensor.data
+
+
+def _note_escape(tensor: torch.Tensor, alias: Any) -> None:
+    """Eager code took ``alias`` from ``tensor``: each slot standing for
+    it (and agreeing with it: a lagging one's tensor is stale, and a read
+    brings the calls' value in first) reads it in at the next call.
+    hloalias's own reads (under :data:`_RUNTIME_READ`, or with torch
+    functions off) mark nothing."""
+    if not torch._C._is_torch_function_enabled():
+        return
+    for ref in _SLOTS_OF_TENSOR.get(tensor) or ():  # type: ignore[no-untyped-call]
+        slot = ref()
+        if slot is not None and slot.source() is tensor and not slot.lags:
+            slot.host_may_change(alias)
+
+
+class _WatchedTensorHook:
+    """The escape hatches of a watched tensor's class (made by
+    :func:`_watched_class`; see above): each runs torch's own, then marks
+    the tensor's slots (:func:`_note_escape`)."""
+
+    @property
+    def data(self) -> torch.Tensor:
+        alias: torch.Tensor = _TENSOR_DATA.__get__(self)  # a stale tensor's hook brings it in first
+        _note_escape(self, alias)  # type: ignore[arg-type]
+        return alias
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        # Swaps the memory: the slot sees the new address.
+        _TENSOR_DATA.__set__(self, value)
+
+    def numpy(self, *, force: bool = False) -> Any:
+        array = torch.Tensor.numpy(self, force=force)  # type: ignore[arg-type]
+        # ``force`` may return a copy (no alias): marking it costs an upload.
+        _note_escape(self, array)  # type: ignore[arg-type]
+        return array
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        capsule = torch.Tensor.__dlpack__(self, *args, **kwargs)  # type: ignore[arg-type]
+        _note_escape(self, capsule)  # type: ignore[arg-type]
+        return capsule
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        # ``storage()`` and ``__array__`` (through ``numpy``) come here too.
+        storage = torch.Tensor.untyped_storage(self)  # type: ignore[arg-type]
+        _note_escape(self, None)  # type: ignore[arg-type]
+        return storage
+
+    # Copies and pickles are of the plain class: no hloalias to load them,
+    # and torch's own code (which insists on the copy's class) runs as is.
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return _as_plain(self, lambda: self.__deepcopy__(memo))  # type: ignore[arg-type]
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _as_plain(self, lambda: self.__reduce_ex__(protocol))  # type: ignore[arg-type]
+
+
+def _memory_shared(tensor: torch.Tensor) -> bool:
+    """Whether something besides ``tensor`` holds its memory: another
+    tensor (``w = p.data`` or ``p.detach()`` kept, the array of
+    ``p.detach().numpy()`` kept, a view's base or sibling views, a DLPack
+    consumer), by torch's count of the storage's references (less the
+    tensor's own and the storage object's taken here).  Such a holder may
+    write the memory without counting the tensor's version and without an
+    escape the watched class sees, so the slot made now compares the
+    tensor by value at every call (:meth:`_StateSlot.watch_values`): exact,
+    at a host copy and a memcmp per call, for these tensors only.  Not
+    counted: an array ``p.numpy()`` returned (it holds the tensor, not the
+    storage).  Views and tensors sharing a version counter (``p.detach()``)
+    are counted too, though torch counts their writes: a compare too many."""
+    try:
+        storage = torch._C.TensorBase.untyped_storage(tensor)
+        return bool(torch._C._storage_Use_Count(storage._cdata) > 2)
+    except (RuntimeError, NotImplementedError):  # no storage: nothing to share
+        return False
+
+
+def _as_plain(tensor: torch.Tensor, run: Callable[[], Any]) -> Any:
+    """``run()`` while ``tensor`` has its plain class (its escapes mark
+    nothing meanwhile: ``run`` copies, it does not write).  No Ctrl-C
+    point lies between the class swap and the ``try``."""
+    watched = type(tensor)
+    tensor.__class__ = getattr(watched, _PLAIN_CLASS)
+    try:
+        return run()
+    finally:
+        tensor.__class__ = watched
+
+
+_WATCHED_CLASSES: dict[type, type] = {}
+#: The watched classes (not their stale subclasses).
+_WATCHED: set[type] = set()
+
+
+def _watched_class(plain: type) -> type:
+    found = _WATCHED_CLASSES.get(plain)
+    if found is None:
+        found = _WATCHED_CLASSES[plain] = type(plain.__name__, (_WatchedTensorHook, plain), {
+            _PLAIN_CLASS: plain, "__module__": __name__, "__qualname__": plain.__qualname__,
+            "__torch_function__": torch._C._disabled_torch_function_impl,
+            "__doc__": f"A {plain.__qualname__} held by a state slot (runtime/state.py).",
+        })
+        _WATCHED.add(found)
+    return found
+
+
+# Optimizers and clip_grad_norm_ take their foreach kernels only for the
+# classes listed here (torch lists DTensor so too).
+for _plain, _lists in (
+    (torch.Tensor, ("torch.optim.optimizer", "torch.utils._foreach_utils")),
+    (torch.nn.Parameter, ("torch.optim.optimizer",)),
+):
+    for _module_name in _lists:
+        _supported = getattr(importlib.import_module(_module_name), "_foreach_supported_types", None)
+        if isinstance(_supported, list) and _watched_class(_plain) not in _supported:
+            _supported.append(_watched_class(_plain))
+
+
+# Torch's tracing and aot_autograd's first-run analysis
+# (``_AnalyzeCustomOpInputOutputMode``) handle the tensors whose exact class
+# is in ``HANDLED_TYPES`` and refuse others (a ``torch.compile`` graph of
+# aot_eager or inductor run on the module's buffers failed): the watched
+# classes behave as their plain ones there.  ``runtime_wrappers`` imports
+# the tuple by name, when first imported (after this) or already.
+def _handled_as_plain() -> None:
+    watched = tuple(_watched_class(plain) for plain in (torch.Tensor, torch.nn.Parameter))
+    for module_name in ("torch.fx.experimental.proxy_tensor", "torch._functorch._aot_autograd.runtime_wrappers"):
+        module = sys.modules.get(module_name)
+        handled = getattr(module, "HANDLED_TYPES", None)
+        if isinstance(handled, tuple) and not set(watched) <= set(handled):
+            setattr(module, "HANDLED_TYPES", (*handled, *(cls for cls in watched if cls not in handled)))
+
+
+import torch.fx.experimental.proxy_tensor  # noqa: E402 - what _handled_as_plain extends
+
+_handled_as_plain()
+
+
+def _watch_escapes(tensor: torch.Tensor) -> None:
+    """Give ``tensor`` (a plain Tensor or Parameter a slot stands for) its
+    watched class; a stale one keeps its class (refresh gives it the watched one)."""
+    watched = _WATCHED_CLASSES.get(type(tensor))
+    if watched is not None:
+        tensor.__class__ = watched
+
+
 def fresh_type(tensor: Any) -> type:
-    """``type(tensor)``, or the class a stale tensor will get back."""
+    """``type(tensor)``, or the class a stale tensor will get back, as the
+    plain class a watched one stands in for."""
     cls = type(tensor)
-    return getattr(cls, _FRESH_CLASS, cls)
+    cls = getattr(cls, _FRESH_CLASS, cls)
+    return getattr(cls, _PLAIN_CLASS, cls)
 
 
 def is_stale(tensor: Any) -> bool:
@@ -825,7 +1089,7 @@ def _mark_stale(slot: "_StateSlot") -> None:
         # Only torch's own classes: a subclass keeps its class (and its
         # bare reads show the last copied value, as before).
         cls = type(tensor)
-        if cls is torch.Tensor or cls is torch.nn.Parameter:
+        if cls is torch.Tensor or cls is torch.nn.Parameter or cls in _WATCHED:
             tensor.__class__ = _stale_class(cls)
 
 
@@ -1106,6 +1370,9 @@ class StateWatch:
         #: their tensors' weakrefs and snapshots.
         self._value_refs: tuple[Any, ...] = ()
         self._snapshots: tuple[torch.Tensor, ...] = ()
+        #: The slots with :attr:`_StateSlot.held` arrays: a live one is a
+        #: change until the slot has a snapshot to compare with.
+        self._held: tuple[_StateSlot, ...] = ()
         self._group = weakref.ref(group) if group is not None else None
         self._starts = _LAG_STARTS if on_mesh else _MESH_LAG_STARTS
         self._starts_seen = self._starts[0]
@@ -1146,14 +1413,37 @@ class StateWatch:
             read_others_stale(self.slots, self._group())
             self._starts_seen = starts
         agreements = _AGREEMENTS[0]
-        if self._agreements != agreements:
-            self._refs = tuple(slot.source for slot in self.slots)
-            self._versions = tuple(slot.version for slot in self.slots)
-            self._pointers = tuple(slot.source_ptr for slot in self.slots)
-            valued = [slot for slot in self.slots if slot.snapshot is not None]
-            self._value_refs = tuple(slot.source for slot in valued)
-            self._snapshots = tuple(slot.snapshot for slot in valued if slot.snapshot is not None)
-            self._agreements = agreements
+        rebuilt = self._agreements != agreements
+        if rebuilt:
+            self._rebuild(agreements)
+        if not self._tuples_changed():
+            return False
+        if rebuilt:
+            return True
+        # A slot may have recorded an agreement whose count a Ctrl-C cut
+        # off (the count comes after): the tuples would show a change no
+        # slot finds, at every call.  Only when they show one: look again.
+        self._rebuild(_AGREEMENTS[0])
+        return self._tuples_changed()
+
+    def _rebuild(self, agreements: int) -> None:
+        # The ``.data`` tensors taken from the slots' tensors are
+        # watched as the tensors are (:attr:`_StateSlot.aliases`).
+        aliases = [entry for slot in self.slots for entry in slot.aliases]
+        self._refs = (*(slot.source for slot in self.slots), *(ref for ref, _, _ in aliases))
+        self._versions = (*(slot.version for slot in self.slots), *(version for _, version, _ in aliases))
+        self._pointers = (*(slot.source_ptr for slot in self.slots), *(pointer for _, _, pointer in aliases))
+        self._held = tuple(slot for slot in self.slots if slot.held)
+        valued = [slot for slot in self.slots if slot.snapshot is not None]
+        self._value_refs = tuple(slot.source for slot in valued)
+        self._snapshots = tuple(slot.snapshot for slot in valued if slot.snapshot is not None)
+        self._agreements = agreements
+
+    def _tuples_changed(self) -> bool:
+        if self._held and any(
+            slot.snapshot is None and any(ref() is not None for ref in slot.held) for slot in self._held
+        ):
+            return True  # compared by value from the next agreement on
         if self._first_changed is _first_changed_in_python:
             with _RUNTIME_READ():  # stale tensors' versions, not their values
                 if _first_changed_in_python(self._refs, self._versions, self._pointers) >= 0:
@@ -1433,6 +1723,9 @@ def refuse_inference_state(module: torch.nn.Module, error: type[HloaliasError]) 
 
 
 def _slots_of(tensor: torch.Tensor) -> list[weakref.ref[_StateSlot]]:
+    """The slots standing for ``tensor``, which one is about to join: its
+    escapes are watched from now on (:func:`_watch_escapes`)."""
+    _watch_escapes(tensor)
     found: list[weakref.ref[_StateSlot]] | None = _SLOTS_OF_TENSOR.get(tensor)  # type: ignore[no-untyped-call]
     if found is None:
         found = []

@@ -130,13 +130,16 @@ def test_the_read_tensor_keeps_its_class_and_identity(trained: Pair) -> None:
     assert isinstance(weight, torch.nn.Parameter) and type(weight).__name__ == "Parameter"
     assert weight is trained.opt.param_groups[0]["params"][-2]
     weight.sum()
-    assert type(weight) is torch.nn.Parameter
+    # Fresh again: its class is the watched one of a state tensor
+    # (runtime/state.py: _WatchedTensorHook), a Parameter named so.
+    assert not state_module.is_stale(weight) and state_module.fresh_type(weight) is torch.nn.Parameter
+    assert isinstance(weight, torch.nn.Parameter) and type(weight).__name__ == "Parameter"
     exp_avg = trained.opt.state[weight]["exp_avg"]
     assert isinstance(exp_avg, torch.Tensor) and type(exp_avg).__name__ == "Tensor" and type(exp_avg) is not torch.Tensor
     exp_avg.norm()
-    assert type(exp_avg) is torch.Tensor
+    assert not state_module.is_stale(exp_avg) and state_module.fresh_type(exp_avg) is torch.Tensor
     assert repr(trained.model.body.weight).startswith("Parameter containing:")
-    assert type(trained.model.body.weight) is torch.nn.Parameter
+    assert not state_module.is_stale(trained.model.body.weight)
 
 
 def test_an_ema_over_parameters_between_compiled_steps_matches_eager() -> None:
@@ -339,7 +342,7 @@ def test_a_bare_read_after_mesh_steps_across_processes_is_refused(monkeypatch: p
     train.write_back()
     monkeypatch.setattr(train.executable._placement, "multiprocess", True)
     model.fc1.weight.sum()
-    assert type(model.fc1.weight) is torch.nn.Parameter
+    assert not state_module.is_stale(model.fc1.weight) and state_module.fresh_type(model.fc1.weight) is torch.nn.Parameter
 
 
 def test_steps_on_a_mesh_nobody_reads_between_copy_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
