@@ -1489,7 +1489,7 @@ class Executable:
                     tensor = slot.source()
                     if tensor is None or tensor is _REMOVED or not isinstance(tensor, torch.Tensor):
                         continue
-                    address = tensor.untyped_storage().data_ptr()
+                    address = torch._C.TensorBase.untyped_storage(tensor).data_ptr()
                     if address:
                         storages[address] = (self._attached_names.get(id(slot), name), id(slot) in written)
             self._state_storages = (agreements, storages)
@@ -1498,7 +1498,9 @@ class Executable:
         for index, value in zip(self._user_indices[: self._caller_inputs], leaves):
             if not isinstance(value, torch.Tensor):
                 continue
-            found = storages.get(value.untyped_storage().data_ptr())
+            # torch's own method: a watched state tensor passed as an input
+            # takes no escape here (runtime/state.py: _WatchedTensorHook).
+            found = storages.get(torch._C.TensorBase.untyped_storage(value).data_ptr())
             if found is None:
                 continue
             state, state_written = found
