@@ -64,7 +64,11 @@ in :mod:`~hloalias.runtime.ownership`.  What every call guarantees:
   in native code (``hloalias.runtime._lane``) with the same results and
   errors: a call it does not take runs here, in Python, before anything
   changed.  ``HLOALIAS_NATIVE=0`` (read when an executable is made) keeps
-  every call in Python."""
+  every call in Python.
+- A dropped executable is freed by reference counting: nothing it holds
+  refers back to it strongly (the native call path reaches it through a
+  weak proxy), so its host memory and the device buffers only it holds
+  go at ``del``, not at the next cyclic GC."""
 
 from __future__ import annotations
 
