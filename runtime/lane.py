@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import functools
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch.utils._pytree as pytree
 
@@ -146,7 +146,7 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
     # dropped executable (its host memory and device buffers) would wait
     # for the cyclic GC.  The lane runs only inside a call of the
     # executable, so the proxy is alive whenever it is used.
-    me = weakref.proxy(exe)
+    me = cast("Executable", weakref.proxy(exe))  # stands for it: the callees read its attributes
     try:
         lane = _lane.Lane(
             me, plan, steps.inputs, steps.sources, steps.pairs, steps.checks, steps.commits, steps.donated_state, steps.outputs,
