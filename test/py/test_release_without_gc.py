@@ -55,11 +55,20 @@ def _freed_without_gc(make: Callable[[], tuple[Any, list[Any]]]) -> None:
         references = [weakref.ref(obj) for obj in objects]
         del objects
         assert len(jax.live_arrays()) >= arrays
+        gc.collect()  # the compile's own garbage (the GC was off meanwhile)
+        gc.set_debug(gc.DEBUG_SAVEALL)
         del holder
         alive = [type(ref()).__name__ for ref in references if ref() is not None]
         assert alive == [], f"kept alive by a reference cycle: {alive}"
         assert len(jax.live_arrays()) == arrays
+        # Nor a cycle left among what they held (the dispatch with its
+        # loaded program, jaxlib's fast-path function).
+        gc.collect()
+        cyclic = sorted({type(obj).__qualname__ for obj in gc.garbage})
+        assert cyclic == [], f"freed only by the cyclic GC: {cyclic}"
     finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
         gc.enable()
 
 
