@@ -522,7 +522,7 @@ def test_programs_of_many_arguments_call_execute_sharded_with_the_fast_paths_res
     assert len(native._arg_plan) >= SingleDeviceDispatch.SHARDED_FROM_ARGUMENTS
     for exe in (native, python, fast):
         assert exe._plan is not None and exe._plan.dispatch.entry is None
-        assert exe._plan.dispatch.run == exe._plan.dispatch._execute_sharded
+        assert exe._plan.dispatch.run.func is SingleDeviceDispatch._execute_sharded  # type: ignore[attr-defined]
     # The third executable driven through jaxlib's fast path where it exists.
     assert fast._plan is not None
     fast._plan.dispatch = SingleDeviceDispatch(
@@ -585,7 +585,7 @@ def test_dispatch_falls_back_to_execute_sharded_after_many_signatures() -> None:
         (result,) = dispatch.run(arrays)
         assert float(result) == 10.0
     assert dispatch._misses == SingleDeviceDispatch.MAX_MISSES + 1
-    assert dispatch.run == dispatch._execute_sharded
+    assert dispatch.run.func is SingleDeviceDispatch._execute_sharded  # type: ignore[attr-defined]  # a partial of a weak proxy: no cycle
 
 
 class _SlowResult:
