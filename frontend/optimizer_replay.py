@@ -41,11 +41,12 @@ object, every setting (floats by their bits: ``-0.0`` is not ``0.0``),
 which lists are present, each tensor's dtype, role, shape and device (the
 member the template was traced with), the decomposition table's entries
 and torch's default dtype; anything else misses and traces.  A template
-found is checked (:func:`_check_template`) as a new one is."""
+found is checked (:func:`_check_template`) as a new one is.  At most
+``HLOALIAS_OPTIMIZER_TEMPLATE_CACHE_SIZE`` templates (64; read at each new
+template, 0 keeps none) are kept, least recently used dropped first."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -60,6 +61,9 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode, dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from hloalias import config
+from hloalias.lru import BoundedLRU
 
 aten = torch.ops.aten
 
@@ -101,10 +105,20 @@ class TemplateCacheStats:
     misses: int = 0
 
 
-#: Templates kept for later captures, by :func:`_template_key`; the least
-#: recently used goes past ``_TEMPLATE_LIMIT``.
-_TEMPLATES: "collections.OrderedDict[Any, torch.fx.GraphModule]" = collections.OrderedDict()
+#: The default of ``HLOALIAS_OPTIMIZER_TEMPLATE_CACHE_SIZE``.
 _TEMPLATE_LIMIT = 64
+
+
+def _template_limit() -> int:
+    """How many templates are kept: ``HLOALIAS_OPTIMIZER_TEMPLATE_CACHE_SIZE``
+    (else ``_TEMPLATE_LIMIT``), read at each new template; 0 keeps none."""
+    configured = config.integer("HLOALIAS_OPTIMIZER_TEMPLATE_CACHE_SIZE")
+    return _TEMPLATE_LIMIT if configured is None else configured
+
+
+#: Templates kept for later captures, by :func:`_template_key`; the least
+#: recently used goes past :func:`_template_limit`.
+_TEMPLATES: "BoundedLRU[Any, torch.fx.GraphModule]" = BoundedLRU(_template_limit)
 _TEMPLATES_LOCK = threading.Lock()
 _TEMPLATE_STATS = TemplateCacheStats()
 
@@ -307,8 +321,6 @@ def _template(cls: _Class, decompositions: dict[Any, Callable[..., Any]]) -> tor
     key = _template_key(cls, decompositions)
     with _TEMPLATES_LOCK:
         found = _TEMPLATES.get(key) if key is not None else None
-        if found is not None:
-            _TEMPLATES.move_to_end(key)
     if found is not None:
         _check_template(found, cls, len(cls.state_examples))
         _TEMPLATE_STATS.hits += 1
@@ -317,9 +329,7 @@ def _template(cls: _Class, decompositions: dict[Any, Callable[..., Any]]) -> tor
     _TEMPLATE_STATS.misses += 1
     if key is not None:
         with _TEMPLATES_LOCK:
-            _TEMPLATES[key] = template
-            while len(_TEMPLATES) > _TEMPLATE_LIMIT:
-                _TEMPLATES.popitem(last=False)
+            _TEMPLATES.put(key, template)
     return template
 
 

@@ -67,6 +67,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Reuse of an import (`torch.export`, lowering) when the same program object is compiled "
             "again on inputs of the same shapes, dtypes and static values "
             "(`hloalias.runtime.export_cache`); 0 turns it off."),
+    Setting("HLOALIAS_EXPORT_CACHE_SIZE", "integer", 32, "runtime",
+            "How many imports the in-process import cache (`hloalias.runtime.export_cache`) keeps, least "
+            "recently used dropped first; read at each new entry; 0 keeps none."),
     Setting("HLOALIAS_PROGRAM_CACHE", "flag", True, "runtime",
             "The program cache (`hloalias.runtime.program_cache`): a program compiled before, in any "
             "process, found before `torch.export` runs; 0/off/false/no turns it off (HLOALIAS_CACHE=0 "
@@ -79,6 +82,19 @@ SETTINGS: tuple[Setting, ...] = (
             "How many distinct input sizes of a module compile statically, each traced as it is, "
             "before its shape family's one dynamic export serves every later size "
             "(`hloalias.runtime.shape_family`); 1 exports dynamically at the second size."),
+    Setting("HLOALIAS_SHAPE_FAMILY_CACHE_SIZE", "integer", 16, "runtime",
+            "How many modules' shape families (each may hold a dynamic export and the module's state "
+            "tensors) the process keeps, least recently used dropped first (`hloalias.runtime.shape_family`); "
+            "read at each new family; 0 keeps none."),
+    Setting("HLOALIAS_JIT_CACHE_SIZE", "integer", 8, "runtime",
+            "The default `cache_size` of `hloalias.jit` (signatures kept per Jit) and of the "
+            "`torch.compile(backend=\"hloalias\")` graphs (signatures per Jit, sets of number values per "
+            "graph; `options={\"cache_size\": n}` overrides it), least recently used dropped first; read "
+            "when a Jit or graph is made; at least 1 (0 or less is an `ExecutionError`)."),
+    Setting("HLOALIAS_OPTIMIZER_TEMPLATE_CACHE_SIZE", "integer", 64, "runtime",
+            "How many traced optimizer update templates the process keeps for later captures, least "
+            "recently used dropped first (`hloalias.frontend.optimizer_replay`); read at each new "
+            "template; 0 keeps none."),
     Setting("HLOALIAS_FAKE_CACHE_ENTRIES", "integer", 16384, "runtime",
             "Bound on torch's fake-tensor dispatch cache (`FakeTensorMode.cache`, process-wide, which "
             "torch never empties: one entry, 1-2 KiB, per op and input shapes traced): after a trace "

@@ -64,7 +64,7 @@ What dynamo hands a backend, and what is done with it:
 
 from __future__ import annotations
 
-import collections
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -73,8 +73,9 @@ from typing import Any
 import torch
 
 from hloalias.errors import ExecutionError
+from hloalias.lru import BoundedLRU
 from hloalias.runtime.executable import Executable
-from hloalias.runtime.jit_cache import DEFAULT_CACHE_SIZE, Jit, JitStats
+from hloalias.runtime.jit_cache import Jit, JitStats, default_cache_size
 from hloalias.runtime.state import bring_up_to_date
 
 _OPTIONS = ("pipeline", "device", "cache_size")
@@ -190,15 +191,20 @@ class CompiledGraph:
         self._graph = graph
         self._options = options
         self._count = len([node for node in graph.graph.nodes if node.op == "placeholder"])
-        #: The Jit of each set of number values (the values' reprs; one set,
-        #: empty, without number inputs), least recently used first.
-        self._jits: collections.OrderedDict[tuple[str, ...], Jit] = collections.OrderedDict()
+        #: ``options["cache_size"]``, else ``HLOALIAS_JIT_CACHE_SIZE`` (read now).
+        self._cache_size: int = options["cache_size"] if "cache_size" in options else default_cache_size()
         #: What Jits dropped from ``_jits`` did, kept in :attr:`stats`.
         self._dropped = JitStats()
+        #: The Jit of each set of number values (the values' reprs; one set,
+        #: empty, without number inputs), least recently used first, at most
+        #: ``cache_size`` (a dropped Jit's counts go to ``_dropped``; the
+        #: callback holds that, not ``self``: no reference cycle).
+        self._jits: BoundedLRU[tuple[str, ...], Jit] = BoundedLRU(
+            self._cache_size, on_evict=functools.partial(_keep_counts, self._dropped))
         if self.sizes is None:
-            self._jits[()] = (_AotJit if boxed else Jit)(graph, **self._jit_options())
+            self._jits.put((), (_AotJit if boxed else Jit)(graph, **self._jit_options()))
         elif not self.scalar_positions:
-            self._jits[()] = Jit(_SizedGraph(graph, self.sizes, self._count), **self._jit_options())
+            self._jits.put((), Jit(_SizedGraph(graph, self.sizes, self._count), **self._jit_options()))
         #: The graph as dynamo gave it, for a call whose ints are not its tensors' sizes.
         self._unsized: Jit | None = None
         #: AOTAutograd calls a compiled graph with one list when this is set.
@@ -206,15 +212,16 @@ class CompiledGraph:
 
     def _jit_options(self) -> dict[str, Any]:
         return {"pipeline": self._options.get("pipeline"), "device": self._options.get("device"),
-                "cache_size": self._options.get("cache_size", DEFAULT_CACHE_SIZE)}
+                "cache_size": self._cache_size}
 
     @property
     def jit(self) -> Jit:
         """The Jit of the number values called last (the only one of a
         graph without number inputs)."""
-        if not self._jits:
+        newest = self._jits.newest()
+        if newest is None:
             raise ExecutionError(f"dynamo graph {self.number}: not called yet, no Jit of its number values")
-        return next(reversed(self._jits.values()))
+        return newest
 
     def _sized_jit(self, args: tuple[Any, ...]) -> Jit:
         """The Jit of the :class:`_SizedGraph` with ``args``' number values fixed."""
@@ -222,16 +229,10 @@ class CompiledGraph:
         key = tuple(repr(value) for _, value in numbers)
         jit = self._jits.get(key)
         if jit is not None:
-            self._jits.move_to_end(key)
             return jit
         assert self.sizes is not None
         jit = Jit(_SizedGraph(self._graph, self.sizes, self._count, numbers), **self._jit_options())
-        self._jits[key] = jit
-        if len(self._jits) > self._options.get("cache_size", DEFAULT_CACHE_SIZE):
-            _, dropped = self._jits.popitem(last=False)
-            self._dropped.compiles += dropped.stats.compiles
-            self._dropped.hits += dropped.stats.hits
-            self._dropped.evictions += dropped.stats.evictions + len(dropped.signatures)
+        self._jits.put(key, jit)
         return jit
 
     @property
@@ -269,8 +270,7 @@ class CompiledGraph:
             # unreachable): the graph as given, each int its own program.
             if self._unsized is None:
                 self._unsized = Jit(self._graph, pipeline=self._options.get("pipeline"),
-                                    device=self._options.get("device"),
-                                    cache_size=self._options.get("cache_size", DEFAULT_CACHE_SIZE))
+                                    device=self._options.get("device"), cache_size=self._cache_size)
             return self._unsized(*args)
         return self.jit(*args)
 
@@ -278,6 +278,14 @@ class CompiledGraph:
         """The graph's kind and number, then its Jits' reports."""
         reports = [jit.explain() for jit in self._jits.values()]
         return f"dynamo graph {self.number} ({self.kind})\n" + "\n".join(reports or ["not called yet"])
+
+
+def _keep_counts(dropped: JitStats, _key: tuple[str, ...], jit: Jit) -> None:
+    """Add what an evicted Jit did (its cached signatures as evictions) to
+    its graph's ``dropped`` counts."""
+    dropped.compiles += jit.stats.compiles
+    dropped.hits += jit.stats.hits
+    dropped.evictions += jit.stats.evictions + len(jit.signatures)
 
 
 def _numbers_as_inputs(graph: torch.fx.GraphModule) -> frozenset[int]:

@@ -64,11 +64,14 @@ in :mod:`~hloalias.runtime.ownership`.  What every call guarantees:
   in native code (``hloalias.runtime._lane``) with the same results and
   errors: a call it does not take runs here, in Python, before anything
   changed.  ``HLOALIAS_NATIVE=0`` (read when an executable is made) keeps
-  every call in Python."""
+  every call in Python.
+- A dropped executable is freed by reference counting: nothing it holds
+  refers back to it strongly (the native call path reaches it through a
+  weak proxy), so its host memory and the device buffers only it holds
+  go at ``del``, not at the next cyclic GC."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import os
@@ -88,6 +91,7 @@ from torch.overrides import TorchFunctionMode
 from hloalias import attributes as A, config, observe
 from hloalias.observe import traced_compile
 from hloalias.errors import CompileError, DonatedBufferError, DonationError, ExecutionError, PipelineError, ShardingError, TorchImportError
+from hloalias.lru import BoundedLRU
 from hloalias.frontend.importer import Program, Stage
 from hloalias.contract import DonationRequest, Signature, resolve_donations, row_major_strides, verification_scope, verify
 from hloalias.mlir import CONTEXT_POOL, find_main, leasing_context, print_module
@@ -161,37 +165,31 @@ class CacheStats:
 
 #: How many loaded XLA executables the in-process cache keeps (least
 #: recently used dropped first; ``HLOALIAS_EXECUTABLE_CACHE_SIZE``, read at
-#: import, sets another).  An evicted program stays loaded while an
-#: ``Executable`` holds it; compiling it again reads the disk cache.
+#: import, sets another; 0 keeps none).  An evicted program stays loaded
+#: while an ``Executable`` holds it; compiling it again reads the disk cache.
 _CONFIGURED_CACHE_SIZE = config.integer("HLOALIAS_EXECUTABLE_CACHE_SIZE")
 EXECUTABLE_CACHE_SIZE = 64 if _CONFIGURED_CACHE_SIZE is None else _CONFIGURED_CACHE_SIZE
 
-#: Keyed by (module key, devices, excess_precision).
-_CACHE: "collections.OrderedDict[tuple[str, str, bool], Any]" = collections.OrderedDict()
 _CACHE_STATS = CacheStats()
+#: Keyed by (module key, devices, excess_precision); the bound is read at
+#: each put (a test sets EXECUTABLE_CACHE_SIZE).
+_CACHE: BoundedLRU[tuple[str, str, bool], Any] = BoundedLRU(lambda: EXECUTABLE_CACHE_SIZE, stats=_CACHE_STATS)
 _CACHE_LOCK = threading.Lock()
 
 
 def _cache_get(slot: tuple[str, str, bool]) -> Any:
-    """The cached executable of ``slot`` (now the most recently used), or None."""
+    """The cached executable of ``slot`` (now the most recently used), or
+    None; a miss is counted by the put of the compile that follows."""
     with _CACHE_LOCK:
-        loaded = _CACHE.get(slot)
-        if loaded is not None:
-            _CACHE.move_to_end(slot)
-            _CACHE_STATS.hits += 1
-        return loaded
+        return _CACHE.get(slot, miss=False)
 
 
 def _cache_put(slot: tuple[str, str, bool], loaded: Any) -> None:
     """Keep ``loaded`` under ``slot``, dropping the least recently used
     entries beyond :data:`EXECUTABLE_CACHE_SIZE`."""
     with _CACHE_LOCK:
-        _CACHE[slot] = loaded
-        _CACHE.move_to_end(slot)
         _CACHE_STATS.misses += 1
-        while len(_CACHE) > max(EXECUTABLE_CACHE_SIZE, 0):
-            _CACHE.popitem(last=False)
-            _CACHE_STATS.evictions += 1
+        _CACHE.put(slot, loaded)
 
 
 def cache_stats() -> CacheStats:
@@ -203,7 +201,6 @@ def clear_cache() -> None:
     """Drop every cached XLA executable and reset the counters."""
     with _CACHE_LOCK:
         _CACHE.clear()
-        _CACHE_STATS.hits = _CACHE_STATS.misses = _CACHE_STATS.evictions = 0
 
 
 @traced_compile

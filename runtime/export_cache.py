@@ -43,13 +43,13 @@ deep; ``HLOALIAS_EXPORT_CACHE=0`` turns this cache off.
 Entries hold the imported program's text (printed before any pass ran)
 and signature; a hit parses a fresh module, so the passes that run on it
 in place never touch the cached one.  At most
-``MAX_ENTRIES`` programs are kept, least recently used dropped first, and
+``HLOALIAS_EXPORT_CACHE_SIZE`` programs (default ``MAX_ENTRIES``, read at
+each new entry; 0 keeps none) are kept, least recently used dropped first, and
 an entry goes when its program object is garbage-collected (the entry
 holds the state tensors the import captured)."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 import threading
@@ -64,6 +64,7 @@ from torch.export import ExportedProgram
 
 from hloalias import config
 from hloalias.frontend.importer import Program
+from hloalias.lru import BoundedLRU
 from hloalias.mlir import compile_context, parse_module, print_module
 from hloalias.runtime.state import user_forward_pre_hooks
 
@@ -75,7 +76,13 @@ class _Uncacheable(Exception):
     pass
 
 
-_ENTRIES: collections.OrderedDict[Any, tuple[weakref.ref[Any], str, Program]] = collections.OrderedDict()
+def max_entries() -> int:
+    """The bound: ``HLOALIAS_EXPORT_CACHE_SIZE`` (module docstring)."""
+    configured = config.integer("HLOALIAS_EXPORT_CACHE_SIZE")
+    return MAX_ENTRIES if configured is None else configured
+
+
+_ENTRIES: BoundedLRU[Any, tuple[weakref.ref[Any], str, Program]] = BoundedLRU(max_entries)
 _LOCK = threading.Lock()
 _STATS = {"hits": 0, "misses": 0, "uncacheable": 0}
 
@@ -236,8 +243,7 @@ def _forget(dead: weakref.ref[Any]) -> None:
     """Drop the entries of a collected program object, so the cache never
     keeps its state tensors alive."""
     with _LOCK:
-        for key in [k for k, entry in _ENTRIES.items() if entry[0] is dead]:
-            del _ENTRIES[key]
+        _ENTRIES.remove_where(lambda _, entry: entry[0] is dead)
 
 
 def import_cached(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -254,9 +260,9 @@ def import_cached(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     except TypeError:
         return do_import()
     with _LOCK:
-        entry = _ENTRIES.get(key)
+        entry = _ENTRIES.peek(key)
         if entry is not None and entry[0]() is f:
-            _ENTRIES.move_to_end(key)
+            _ENTRIES.get(key)  # now the most recently used
             _STATS["hits"] += 1
             cached: tuple[str, Program] | None = (entry[1], entry[2])
         else:
@@ -272,7 +278,5 @@ def import_cached(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         return program
     with _LOCK:
         _STATS["misses"] += 1
-        _ENTRIES[key] = (reference, print_module(program.torch_mlir_module, debug_info=True), program)
-        while len(_ENTRIES) > MAX_ENTRIES:
-            _ENTRIES.popitem(last=False)
+        _ENTRIES.put(key, (reference, print_module(program.torch_mlir_module, debug_info=True), program))
     return program

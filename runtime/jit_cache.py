@@ -13,7 +13,8 @@ later calls with that signature reuse the executable, as ``jax.jit`` and
   the forward hooks registered on them (``runtime/module_hooks.py``).  A call
   with a signature not seen before compiles; one seen before is a cache hit.
   A new shape never raises "compile again".
-- **Bounded cache**: at most ``cache_size`` executables, least recently
+- **Bounded cache**: at most ``cache_size`` executables (default
+  ``HLOALIAS_JIT_CACHE_SIZE``, read when the Jit is made), least recently
   used dropped first (a later call with that signature compiles again).
 - **One copy of the state**: every executable compiled from a module
   shares that module's device state (``hloalias.compile``'s state group),
@@ -36,7 +37,6 @@ executables serialize their own state access."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import inspect
 import threading
@@ -46,16 +46,30 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from hloalias import config
 from hloalias.errors import ExecutionError
 from hloalias.frontend.importer import Program, _register_transformers_caches, import_torch
+from hloalias.lru import BoundedLRU
 from hloalias.runtime.executable import DeviceTensor, Executable, compile as compile_executable
 from hloalias.runtime.export_cache import import_cached
 from hloalias.runtime.module_hooks import ModuleHooks
 from hloalias.runtime.module_modes import ModuleModes
 
-#: Executables kept per :class:`Jit` unless ``cache_size`` says otherwise
-#: (torch.compile's default recompile limit is 8 as well).
+#: Executables kept per :class:`Jit` unless ``cache_size`` or
+#: ``HLOALIAS_JIT_CACHE_SIZE`` says otherwise (torch.compile's default
+#: recompile limit is 8 as well).
 DEFAULT_CACHE_SIZE = 8
+
+
+def default_cache_size() -> int:
+    """``HLOALIAS_JIT_CACHE_SIZE`` (else :data:`DEFAULT_CACHE_SIZE`): the
+    ``cache_size`` of a Jit or ``torch.compile`` graph not given one.
+    Raises :class:`ExecutionError` naming the variable when it is below 1."""
+    configured = config.integer("HLOALIAS_JIT_CACHE_SIZE")
+    size = DEFAULT_CACHE_SIZE if configured is None else configured
+    if size < 1:
+        raise ExecutionError(f"jit: HLOALIAS_JIT_CACHE_SIZE must be a positive int, got {size}")
+    return size
 
 
 @dataclasses.dataclass
@@ -131,10 +145,12 @@ class Jit:
         static_argnames: Sequence[str] = (),
         pipeline: str | None = None,
         device: Any = None,
-        cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_size: int | None = None,
     ) -> None:
         if not callable(f):
             raise ExecutionError(f"jit: {type(f).__name__} is not callable; pass an nn.Module or a function")
+        if cache_size is None:
+            cache_size = default_cache_size()
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
             raise ExecutionError(f"jit: cache_size must be a positive int, got {cache_size!r}")
         for what, values, kind in (
@@ -150,9 +166,10 @@ class Jit:
         self.static_argnames = tuple(static_argnames)
         self.pipeline = pipeline
         self.device = device
-        self.cache_size = cache_size
         self.stats = JitStats()
-        self._cache: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
+        #: The bound is an int (a callable reading ``self`` would make a
+        #: reference cycle: a dropped Jit would wait for the cyclic GC).
+        self._cache: BoundedLRU[Any, _Entry] = BoundedLRU(cache_size)
         self._lock = threading.Lock()
         self._caches_registered = False
         #: The train/eval flags and plain attributes the programs may read: part of the key.
@@ -176,6 +193,17 @@ class Jit:
                     f"jit: static_argnames {unknown} are not parameters of "
                     f"{getattr(target, '__qualname__', target)} ({', '.join(sorted(known)) or 'none'})"
                 )
+
+    @property
+    def cache_size(self) -> int:
+        """How many signatures the cache keeps (least recently used dropped first)."""
+        return self._cache.bound
+
+    @cache_size.setter
+    def cache_size(self, size: int) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ExecutionError(f"jit: cache_size must be a positive int, got {size!r}")
+        self._cache.bound = size
 
     # -- signatures ---------------------------------------------------------
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -228,7 +256,6 @@ class Jit:
         with self._lock:
             entry = self._cache.get(key)
             if entry is not None:
-                self._cache.move_to_end(key)
                 self.stats.hits += 1
                 return entry.executable
         modes_before_trace = ModuleModes.of(self.fn) if self._modes is not None else None
@@ -241,14 +268,11 @@ class Jit:
             self._modes = after.without_written(modes_before_trace) if after is not None else None
             key = self._key(args, kwargs)
         with self._lock:
-            entry = self._cache.get(key)
+            entry = self._cache.peek(key)
             if entry is not None:  # another thread compiled it meanwhile
                 return entry.executable
-            self._cache[key] = _Entry(executable, description)
             self.stats.compiles += 1
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-                self.stats.evictions += 1
+            self.stats.evictions += self._cache.put(key, _Entry(executable, description))
         return executable
 
     def _describe(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -306,7 +330,7 @@ class Jit:
     def clear(self) -> None:
         """Drop every cached executable (the counters stay)."""
         with self._lock:
-            self._cache.clear()
+            self._cache.clear(reset_stats=False)
 
 
 def jit(
@@ -318,11 +342,12 @@ def jit(
     static_argnames: Sequence[str] = (),
     pipeline: str | None = None,
     device: Any = None,
-    cache_size: int = DEFAULT_CACHE_SIZE,
+    cache_size: int | None = None,
 ) -> Any:
     """``f`` compiled on first call and once per new input signature (a
     :class:`Jit`); without ``f``, a decorator.  ``device`` is a platform
-    name, a ``torch.device`` or a jax device."""
+    name, a ``torch.device`` or a jax device; ``cache_size`` (default
+    ``HLOALIAS_JIT_CACHE_SIZE``, 8) how many signatures it keeps."""
     options: dict[str, Any] = dict(
         donate_argnums=donate_argnums, donate_argnames=donate_argnames, static_argnums=static_argnums,
         static_argnames=static_argnames, pipeline=pipeline, device=device, cache_size=cache_size,

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import functools
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import TYPE_CHECKING, Any, cast
 
 import torch.utils._pytree as pytree
 
@@ -163,15 +164,22 @@ def _native_lane(exe: "Executable", plan: _CallPlan | None) -> tuple[Any, str | 
     if steps.mode == UNFLATTEN:
         spec = exe._signature.out_spec
         unflatten = lambda flat: pytree.tree_unflatten(flat, spec)  # noqa: E731
+    # The lane reaches the executable through a weak proxy: the executable
+    # holds the lane, so a strong reference back would be a cycle, and a
+    # dropped executable (its host memory and device buffers) would wait
+    # for the cyclic GC.  The lane runs only inside a call of the
+    # executable, so the proxy is alive whenever it is used.
+    me = cast("Executable", weakref.proxy(exe))  # stands for it: the callees read its attributes
     try:
         lane = _lane.Lane(
-            exe, plan, steps.inputs, steps.sources, steps.pairs, steps.checks, steps.commits, steps.donated_state, steps.outputs,
+            me, plan, steps.inputs, steps.sources, steps.pairs, steps.checks, steps.commits, steps.donated_state, steps.outputs,
             steps.kept, steps.mode, steps.refill, steps.state_count, unflatten,
             exe._group.lock if exe._slots else None, exe._imports, _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking,
-            _register_backing, functools.partial(execution.import_input, exe),
-            functools.partial(execution.finish_planned, exe), functools.partial(execution.execution_failed, exe),
-            functools.partial(execution.settle, exe), _LANE_FALLBACK,
-            exe._state_watch.changed if exe._watch_late else None, exe._sync_from_torch if exe._watch_late else None,
+            _register_backing, functools.partial(execution.import_input, me),
+            functools.partial(execution.finish_planned, me), functools.partial(execution.execution_failed, me),
+            functools.partial(execution.settle, me), _LANE_FALLBACK,
+            exe._state_watch.changed if exe._watch_late else None,
+            functools.partial(type(exe)._sync_from_torch, me) if exe._watch_late else None,
             steps.ranges,
         )
     except TypeError as error:  # a build whose Lane takes other arguments than these

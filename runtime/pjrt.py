@@ -8,13 +8,15 @@ and are stripped before serialization."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import operator
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.extend.backend as jax_backend
@@ -422,7 +424,7 @@ class SingleDeviceDispatch:
     #: directly (see the class's docstring).
     SHARDED_FROM_ARGUMENTS = 8
 
-    __slots__ = ("run", "entry", "wait", "unreturned", "_loaded", "_sharding", "_consume", "_misses", "_poll", "_spin")
+    __slots__ = ("run", "entry", "wait", "unreturned", "_loaded", "_sharding", "_consume", "_misses", "_poll", "_spin", "__weakref__")
 
     def __init__(
         self, loaded: Any, device: Any, *, fast: bool = True, spin_ns: int | None = None,
@@ -436,8 +438,14 @@ class SingleDeviceDispatch:
         #: ``wait(results)``: return once every result is ready (raise a
         #: failed one's error); the policy is :meth:`_wait`'s, in native code
         #: where it is built and not turned off (``native_enabled``).
+        # What this object stores of itself goes through a weak proxy: a
+        # bound method kept on the instance (or in jaxlib's fast-path
+        # function) is a reference cycle, and the dispatch with its loaded
+        # program would wait for the cyclic GC once its executable is dropped.
+        me = cast("SingleDeviceDispatch", weakref.proxy(self))
         self.wait: Callable[[Sequence[jax.Array]], None] = (
-            NativeWaiter(self._spin) if NativeWaiter is not None and native_enabled() else self._wait
+            NativeWaiter(self._spin) if NativeWaiter is not None and native_enabled()
+            else functools.partial(SingleDeviceDispatch._wait, me)
         )
         self._sharding = jax.sharding.SingleDeviceSharding(device)
         #: What an execute of :meth:`_execute_sharded` returned and its
@@ -451,10 +459,11 @@ class SingleDeviceDispatch:
         #: calls back into Python for each result's sharding.
         self._consume: Callable[[Any], list[Any]] = _result_consumer(loaded, self._sharding, result_types)
         #: ``run(arrays)``: the results of one execution, in order.
-        self.run: Callable[[Sequence[jax.Array | None]], Sequence[jax.Array]] = self._execute_sharded
+        self.run: Callable[[Sequence[jax.Array | None]], Sequence[jax.Array]] = functools.partial(
+            SingleDeviceDispatch._execute_sharded, me)
         if arguments is not None and arguments >= self.SHARDED_FROM_ARGUMENTS:
             fast = False
-        call = self._fast_call() if fast else None
+        call = self._fast_call(me) if fast else None
         #: jaxlib's fast-path function, called with the arrays as positional
         #: arguments (what :attr:`run` calls), or None where ``run`` does not
         #: take it: the native call path calls it directly.
@@ -511,13 +520,16 @@ class SingleDeviceDispatch:
     def _execute_positional(self, *arrays: Any) -> tuple[jax.Array, ...]:
         return tuple(self._execute_sharded(arrays))
 
-    def _fast_call(self) -> Any:
+    def _fast_call(self, me: "SingleDeviceDispatch") -> Any:
+        """jaxlib's fast-path function of this program; ``me``: a weak proxy
+        of this object, which the function's callbacks hold (``__init__``)."""
         if _jax_pjit is None:
             return None
         try:
             # ``fun`` is what jaxlib calls instead under ``jax.disable_jit()``.
             return _jax_pjit(
-                "hloalias", self._execute_positional, self._cache_miss, [], [], _jax_pxla.JitGlobalCppCacheKeys(),
+                "hloalias", functools.partial(SingleDeviceDispatch._execute_positional, me),
+                functools.partial(SingleDeviceDispatch._cache_miss, me), [], [], _jax_pxla.JitGlobalCppCacheKeys(),
                 _jax_tree_util.dispatch_registry, _refuse_non_array,
             )
         except Exception:  # another jaxlib's signature: the Python path
@@ -530,7 +542,7 @@ class SingleDeviceDispatch:
         results = tuple(self._execute_sharded(arrays))
         self._misses += 1
         if self._misses > self.MAX_MISSES:
-            self.run = self._execute_sharded
+            self.run = functools.partial(SingleDeviceDispatch._execute_sharded, self)  # self: the proxy
             self.entry = None
             return results, None, False
         if not all(isinstance(result, xla_client.ArrayImpl) for result in results):

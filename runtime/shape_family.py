@@ -40,13 +40,14 @@ A module may key itself (a ``shape_family_key()`` method: the text of
 its code and settings, cheaper than the program-cache key's printing)
 and set its own ``shape_family_static_sizes``: the ``torch.compile``
 backend's graphs do (:mod:`hloalias.runtime.dynamo_backend`).
-``HLOALIAS_SHAPE_FAMILY=0`` turns this off.  At most ``MAX_FAMILIES``
-modules are kept (least recently used dropped); a family goes when its
+``HLOALIAS_SHAPE_FAMILY=0`` turns this off.  At most
+``HLOALIAS_SHAPE_FAMILY_CACHE_SIZE`` modules (default ``MAX_FAMILIES``,
+read at each new family; 0 keeps none) are kept (least recently used
+dropped); a family goes when its
 module is garbage-collected (its dynamic export holds the state tensors)."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import re
 import threading
@@ -59,6 +60,7 @@ import torch.utils._pytree as pytree
 from hloalias import config
 from hloalias.errors import TorchImportError
 from hloalias.frontend.importer import Program, Stage, import_torch
+from hloalias.lru import BoundedLRU
 from hloalias.frontend.shape_specialization import (
     DynamicExport,
     NotSpecializable,
@@ -95,7 +97,13 @@ class _Family:
     refused: str | None = None
 
 
-_FAMILIES: collections.OrderedDict[str, _Family] = collections.OrderedDict()
+def max_families() -> int:
+    """The bound: ``HLOALIAS_SHAPE_FAMILY_CACHE_SIZE`` (module docstring)."""
+    configured = config.integer("HLOALIAS_SHAPE_FAMILY_CACHE_SIZE")
+    return MAX_FAMILIES if configured is None else configured
+
+
+_FAMILIES: BoundedLRU[str, _Family] = BoundedLRU(max_families)
 _LOCK = threading.Lock()
 _STATS = ShapeFamilyStats()
 
@@ -178,8 +186,7 @@ def _forget(dead: weakref.ref[Any]) -> None:
     """Drop the family of a collected module: its dynamic export holds the
     module's state tensors."""
     with _LOCK:
-        for key in [k for k, family in _FAMILIES.items() if family.reference is dead]:
-            del _FAMILIES[key]
+        _FAMILIES.remove_where(lambda _, family: family.reference is dead)
 
 
 def _rekey(key: str, family: _Family, f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -193,9 +200,9 @@ def _rekey(key: str, family: _Family, f: Any, args: tuple[Any, ...], kwargs: dic
     if new is None or new == key:
         return
     with _LOCK:
-        if _FAMILIES.get(key) is family:
-            del _FAMILIES[key]
-            _FAMILIES[new] = family
+        if _FAMILIES.peek(key) is family:
+            _FAMILIES.pop(key)
+            _FAMILIES.put(new, family)
 
 
 def _fallback(reason: str) -> None:
@@ -232,7 +239,7 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], progra
     family = None
     if key is not None:
         with _LOCK:
-            family = _FAMILIES.get(key)
+            family = _FAMILIES.peek(key)
             if family is not None and family.reference() is not f:
                 family = None
             if family is None:
@@ -240,11 +247,11 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], progra
                 # (or by a compile whose key found none): this key is its.
                 family = _FAMILIES.pop(_unkeyed(f), None)
                 if family is not None and family.reference() is f:
-                    _FAMILIES[key] = family
+                    _FAMILIES.put(key, family)
                 else:
                     family = None
             if family is not None:
-                _FAMILIES.move_to_end(key)
+                _FAMILIES.get(key)  # now the most recently used
     if family is None:
         program = import_torch(f, args, kwargs)
         # Keyed at the module's next compile (above), before its import:
@@ -257,9 +264,7 @@ def import_program(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], progra
             return program
         with _LOCK:
             _STATS.first += 1
-            _FAMILIES[_unkeyed(f)] = _Family(weakref.ref(f, _forget), [sizes])
-            while len(_FAMILIES) > MAX_FAMILIES:
-                _FAMILIES.popitem(last=False)
+            _FAMILIES.put(_unkeyed(f), _Family(weakref.ref(f, _forget), [sizes]))
         return program
     assert key is not None and sizes is not None  # found under a key: every input is a tensor
     if family.refused is not None:

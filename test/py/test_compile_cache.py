@@ -372,6 +372,28 @@ def test_entries_die_with_their_module(cache_dir: str) -> None:
     assert len(export_cache._ENTRIES) == 0
 
 
+def test_the_import_cache_keeps_hloalias_export_cache_size_entries(
+    cache_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HLOALIAS_EXPORT_CACHE_SIZE bounds the import cache, read at each new
+    entry, least recently used dropped first; 0 keeps none."""
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")  # this is about the in-process import cache
+    monkeypatch.setenv("HLOALIAS_EXPORT_CACHE_SIZE", "2")
+    modules = [_Scaled() for _ in range(3)]
+    x = torch.randn(8)
+    for module in modules:
+        hloalias.compile(module, (x,))
+    assert len(export_cache._ENTRIES) == 2
+    stats = export_cache.export_cache_stats()
+    hloalias.compile(modules[0], (x,))  # the oldest went: imported again
+    assert (stats["hits"], stats["misses"]) == (0, 4)
+    hloalias.compile(modules[2], (x,))
+    assert stats["hits"] == 1
+    monkeypatch.setenv("HLOALIAS_EXPORT_CACHE_SIZE", "0")
+    hloalias.compile(_Scaled(), (x,))
+    assert len(export_cache._ENTRIES) == 0
+
+
 def test_closure_values_are_part_of_the_key(cache_dir: str) -> None:
     x = torch.randn(8)
 
@@ -386,7 +408,10 @@ def test_closure_values_are_part_of_the_key(cache_dir: str) -> None:
     assert export_cache.export_cache_stats()["hits"] == 0
 
 
-def test_unfingerprintable_module_is_not_cached(cache_dir: str) -> None:
+def test_unfingerprintable_module_is_not_cached(cache_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # About the import cache: the program cache would serve the second
+    # compile (as it did whenever the first executable was collected first).
+    monkeypatch.setenv("HLOALIAS_PROGRAM_CACHE", "0")
     module = _Scaled()
     module.table = [1, 2]  # type: ignore[assignment]  # a list: no key, no reuse
     x = torch.randn(8)

@@ -316,6 +316,29 @@ def test_dynamic_true_passes_python_floats_as_numbers_and_follows_their_values()
     assert graph.stats.compiles == 4  # (3, 0.5), (5, 0.5), (5, 2.0), (7, -1.5); then a hit
 
 
+def test_hloalias_jit_cache_size_bounds_a_graphs_number_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HLOALIAS_JIT_CACHE_SIZE is the graphs' default cache_size: with 1, a
+    graph keeps the Jit of one set of number values, so a value seen two
+    sets ago compiles again (options' cache_size wins over it)."""
+    monkeypatch.setenv("HLOALIAS_JIT_CACHE_SIZE", "1")
+    model = _ScaledDropout().eval()
+    before = dynamo_backend.compiled_graphs()
+    compiled = torch.compile(model, backend="hloalias", dynamic=True)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for scale in (0.5, 2.0, 0.5):
+            model.scale = scale
+            torch.testing.assert_close(compiled(x), model(x))
+    (graph,) = _new_graphs(before)
+    assert graph.jit.cache_size == 1
+    assert (graph.stats.compiles, graph.stats.hits, graph.stats.evictions) == (3, 0, 2)
+    torch._dynamo.reset()
+    before = dynamo_backend.compiled_graphs()
+    torch.compile(lambda t: t + 1, backend="hloalias", options={"cache_size": 3})(torch.ones(2))
+    (graph,) = _new_graphs(before)
+    assert graph.jit.cache_size == 3
+
+
 def test_dynamic_true_generate_of_a_transformers_gpt2_equals_eager() -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64)

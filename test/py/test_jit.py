@@ -56,6 +56,23 @@ def test_cache_is_bounded_least_recently_used_first() -> None:
     assert (jitted.stats.compiles, jitted.stats.hits, jitted.stats.evictions) == (4, 0, 2)
 
 
+def test_cache_size_default_is_hloalias_jit_cache_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HLOALIAS_JIT_CACHE_SIZE is the default cache_size (read when the Jit
+    is made; an argument wins); below 1 it is refused by name."""
+    monkeypatch.setenv("HLOALIAS_JIT_CACHE_SIZE", "1")
+    jitted = hloalias.jit(lambda x: x * 2 + 1)
+    monkeypatch.setenv("HLOALIAS_JIT_CACHE_SIZE", "5")  # read at the Jit's making only
+    for rows in (1, 2):
+        torch.testing.assert_close(jitted(torch.ones(rows, 2)), torch.full((rows, 2), 3.0))
+    assert jitted.cache_size == 1 and jitted.signatures == ["(float32[2, 2])"]
+    assert (jitted.stats.compiles, jitted.stats.evictions) == (2, 1)
+    assert hloalias.jit(lambda x: x, cache_size=3).cache_size == 3
+    monkeypatch.setenv("HLOALIAS_JIT_CACHE_SIZE", "0")
+    with pytest.raises(ExecutionError, match="HLOALIAS_JIT_CACHE_SIZE must be a positive int, got 0"):
+        hloalias.jit(lambda x: x)
+    assert hloalias.jit(lambda x: x, cache_size=2).cache_size == 2  # the variable is not read
+
+
 def test_static_values_and_dtypes_are_part_of_the_signature() -> None:
     def scale(x: torch.Tensor, factor: int) -> torch.Tensor:
         return x * factor

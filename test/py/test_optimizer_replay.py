@@ -337,7 +337,9 @@ def test_another_default_dtype_traces_the_update_again() -> None:
 
 
 def test_template_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(optimizer_replay, "_TEMPLATE_LIMIT", 2)
+    """HLOALIAS_OPTIMIZER_TEMPLATE_CACHE_SIZE bounds the cache (read at
+    each new template), least recently used dropped first."""
+    monkeypatch.setenv("HLOALIAS_OPTIMIZER_TEMPLATE_CACHE_SIZE", "2")
     optimizer_replay.clear_template_cache()
     for hidden in (3, 4, 5):
         _graph(_adamw, hidden=hidden)

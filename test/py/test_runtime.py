@@ -5,6 +5,9 @@ inputs and module state -- and consumes donated buffers safely."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -519,7 +522,7 @@ def test_programs_of_many_arguments_call_execute_sharded_with_the_fast_paths_res
     assert len(native._arg_plan) >= SingleDeviceDispatch.SHARDED_FROM_ARGUMENTS
     for exe in (native, python, fast):
         assert exe._plan is not None and exe._plan.dispatch.entry is None
-        assert exe._plan.dispatch.run == exe._plan.dispatch._execute_sharded
+        assert exe._plan.dispatch.run.func is SingleDeviceDispatch._execute_sharded  # type: ignore[attr-defined]
     # The third executable driven through jaxlib's fast path where it exists.
     assert fast._plan is not None
     fast._plan.dispatch = SingleDeviceDispatch(
@@ -582,7 +585,7 @@ def test_dispatch_falls_back_to_execute_sharded_after_many_signatures() -> None:
         (result,) = dispatch.run(arrays)
         assert float(result) == 10.0
     assert dispatch._misses == SingleDeviceDispatch.MAX_MISSES + 1
-    assert dispatch.run == dispatch._execute_sharded
+    assert dispatch.run.func is SingleDeviceDispatch._execute_sharded  # type: ignore[attr-defined]  # a partial of a weak proxy: no cycle
 
 
 class _SlowResult:
@@ -640,6 +643,26 @@ def test_a_wait_longer_than_the_poll_bound_blocks_from_then_on(native: bool, mon
     patient = SingleDeviceDispatch(exe._loaded, exe.device, spin_ns=3_600 * 10**9)
     patient.wait([_SlowResult(polls=3)])
     assert patient.polling is True
+
+
+def test_hloalias_executable_cache_size_is_read_at_import(tmp_path: Any) -> None:
+    """The executable cache's bound comes from HLOALIAS_EXECUTABLE_CACHE_SIZE
+    (read at import: a fresh process); 0 keeps none."""
+    program = (
+        "import torch, hloalias\n"
+        "from hloalias.runtime import executable\n"
+        "x = torch.zeros(4)\n"
+        "for k in (1, 2, 3):\n"
+        "    hloalias.compile(lambda v, k=k: v + k, (x,))\n"
+        "s = hloalias.cache_stats()\n"
+        "print(executable.EXECUTABLE_CACHE_SIZE, len(executable._CACHE), s.misses, s.evictions)\n"
+    )
+    for size, expected in (("1", "1 1 3 2"), ("0", "0 0 3 3")):
+        env = {**os.environ, "HLOALIAS_EXECUTABLE_CACHE_SIZE": size, "HLOALIAS_CACHE": "0",
+               "PYTHONWARNINGS": "ignore"}
+        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.strip().splitlines()[-1] == expected
 
 
 def test_the_executable_cache_is_bounded_and_keeps_the_most_recently_used(

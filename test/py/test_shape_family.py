@@ -296,6 +296,23 @@ def test_an_input_named_like_a_builtin_keeps_its_name() -> None:
     assert shape_family.shape_family_stats().specialized == 2
 
 
+def test_hloalias_shape_family_cache_size_bounds_the_families(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most HLOALIAS_SHAPE_FAMILY_CACHE_SIZE modules keep a family (read
+    at each new family), least recently used dropped: the dropped module's
+    next size is a first compile again, not a specialization."""
+    monkeypatch.setenv("HLOALIAS_SHAPE_FAMILY_CACHE_SIZE", "1")
+    first, second = Mixer().eval(), Mixer().eval()
+    hloalias.compile(first, (_ids(8),))
+    hloalias.compile(second, (_ids(8),))  # drops first's family
+    assert len(shape_family._FAMILIES) == 1
+    hloalias.compile(first, (_ids(12),))
+    stats = shape_family.shape_family_stats()
+    assert (stats.first, stats.exported, stats.specialized) == (3, 0, 0)
+    monkeypatch.setenv("HLOALIAS_SHAPE_FAMILY_CACHE_SIZE", "0")
+    hloalias.compile(Mixer().eval(), (_ids(8),))
+    assert len(shape_family._FAMILIES) == 0
+
+
 def test_a_collected_module_takes_its_family_and_state_with_it() -> None:
     import gc
     import weakref
