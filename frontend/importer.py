@@ -848,9 +848,10 @@ def _export(
                 f"torch.export failed for {_describe(f)}: it returns a {type_name}, which hloalias "
                 f"cannot return.{hint}"
             ) from error
-        raise TorchImportError(
-            f"torch.export failed for {_describe(f)}{_data_dependent_hint(error)}: {error}"
-        ) from error
+        # Else the program's line the error was raised under (a shape
+        # error in a model's forward named no line: LongT5's `torch.cat`).
+        where = _data_dependent_hint(error) or where_raised(error)
+        raise TorchImportError(f"torch.export failed for {_describe(f)}{where}: {error}") from error
 
 
 _AS_STRIDED = torch.ops.aten.as_strided.default

@@ -508,6 +508,22 @@ def test_complex_arithmetic_names_the_complex_line() -> None:
     assert "aten.embedding" not in headline
 
 
+def _mismatched_cat(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x, y], dim=-1)
+
+
+def test_export_shape_error_names_the_programs_line() -> None:
+    """A torch error raised while exporting the program (LongT5's
+    ``torch.cat`` of a position bias traced with another batch size) names
+    the program's line it was raised at, as compile_training_step does;
+    the message used to carry torch's text alone."""
+    with pytest.raises(TorchImportError) as info:
+        hloalias.import_torch(_mismatched_cat, (torch.randn(1, 3), torch.randn(2, 3)))
+    line = inspect.getsourcelines(_mismatched_cat)[1] + 1
+    assert f"at {__file__}:{line} in _mismatched_cat: return torch.cat([x, y], dim=-1)" in str(info.value)
+    assert "Sizes of tensors must match" in str(info.value)
+
+
 @pytest.mark.parametrize("name", sorted(IMPORT_CASES))
 def test_import_errors_name_the_culprit(name: str) -> None:
     """``import_torch`` raises TorchImportError naming the input or result; the
