@@ -429,9 +429,9 @@ def _import_decomposed(
     observe.dump("torch", lambda: print_module(module))
     _annotate(module, signature)
 
-    def locate(aten_name: str) -> str | None:
+    def locate(aten_name: str, on_complex: bool = False) -> str | None:
         with torch._C._EnableTorchFunction():  # it runs the model's code
-            return _source_line(f, tuple(args), kwargs, aten_name)
+            return _source_line(f, tuple(args), kwargs, aten_name, on_complex)
 
     # A crash in torch-mlir's native code must not end this process:
     # frontend/crash_guard.py says when the lowering runs in a child.
@@ -848,9 +848,10 @@ def _export(
                 f"torch.export failed for {_describe(f)}: it returns a {type_name}, which hloalias "
                 f"cannot return.{hint}"
             ) from error
-        raise TorchImportError(
-            f"torch.export failed for {_describe(f)}{_data_dependent_hint(error)}: {error}"
-        ) from error
+        # Else the program's line the error was raised under (a shape
+        # error in a model's forward named no line: LongT5's `torch.cat`).
+        where = _data_dependent_hint(error) or where_raised(error)
+        raise TorchImportError(f"torch.export failed for {_describe(f)}{where}: {error}") from error
 
 
 _AS_STRIDED = torch.ops.aten.as_strided.default
@@ -1679,7 +1680,7 @@ def _annotate(module: ir.Module, signature: ProgramSignature) -> None:
 
 
 def _lower(
-    module: ir.Module, pipeline: str, target: str, locate: Callable[[str], str | None]
+    module: ir.Module, pipeline: str, target: str, locate: Callable[[str, bool], str | None]
 ) -> None:
     # The module as it was, for the repro of a failure: a copy, printed
     # only when the pipeline fails (printing it with locations every time
@@ -1696,11 +1697,19 @@ def _lower(
         except ir.MLIRError as error:
             drop_pass_manager(pipeline, module.context)
             path = write_repro(print_module(before, debug_info=True), "import")
-            culprit = _unlowered_op(module)
+            # The op the conversion reported is the culprit; the module's
+            # first unconverted op is only a guess (a failed conversion
+            # leaves every op unconverted: DeepSeek-V2's complex rotary
+            # `mul` was reported as the embedding at the model's top).
+            failed = _failed_op(error)
+            culprit, on_complex = failed if failed is not None else (_unlowered_op(module), False)
             if culprit is not None:
-                where = locate(culprit.removeprefix("torch.aten."))
-                headline = f"torch-mlir cannot lower {culprit.removeprefix('torch.')} to the {target}" + (
-                    f" (from {where})" if where else ""
+                where = locate(culprit.removeprefix("torch.aten."), on_complex)
+                headline = (
+                    f"torch-mlir cannot lower {culprit.removeprefix('torch.')}"
+                    + (" on complex values" if on_complex else "")
+                    + f" to the {target}"
+                    + (f" (from {where})" if where else "")
                 )
             else:
                 headline = f"lowering to the {target} failed"
@@ -1712,6 +1721,29 @@ def _lower(
             ) from None
         finally:
             before.erase()
+
+
+_FAILED_OP_RE = re.compile(r"failed to legalize operation '((?:torch\.aten|torch\.prims)\.[\w.]+)'")
+_CURRENT_OP_RE = re.compile(r'see current operation: [^"]*"((?:torch\.aten|torch\.prims)\.[\w.]+)"(.*)')
+
+
+def _failed_op(error: ir.MLIRError) -> tuple[str, bool] | None:
+    """The torch op a conversion's diagnostics name ("failed to legalize
+    operation 'torch.aten.mul.Scalar'", or the op of a "see current
+    operation" note), and whether its operands or results are complex (the
+    op then lowers on real values, and the source line is searched among
+    complex-valued calls)."""
+    for diagnostic in error.error_diagnostics:
+        texts = [diagnostic.message, *(note.message for note in diagnostic.notes)]
+        for text in texts:
+            current = _CURRENT_OP_RE.search(text)
+            if current is not None:
+                return current[1], "complex<" in current[2]
+        for text in texts:
+            failed = _FAILED_OP_RE.search(text)
+            if failed is not None:
+                return failed[1], "complex<" in text
+    return None
 
 
 def _unlowered_op(module: ir.Module) -> str | None:
@@ -1731,10 +1763,15 @@ def _unlowered_op(module: ir.Module) -> str | None:
     return first_aten
 
 
-def _source_line(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], aten_name: str) -> str | None:
-    """Best effort: the user's source line of the first ``aten_name`` call.
-    Only strict export records stack traces, so it is re-run here, on the
-    failure path alone."""
+def _source_line(
+    f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], aten_name: str, on_complex: bool = False
+) -> str | None:
+    """Best effort: the user's source line of the first ``aten_name`` call
+    (an overload, ``mul.Scalar``, matches any ``mul``: torch-mlir's overload
+    need not be the exported one), with ``on_complex`` the first whose
+    result or a tensor operand is complex.  Only strict export records
+    stack traces, so it is re-run here, on the failure path alone."""
+    aten_name = aten_name.split(".")[0]
     if isinstance(f, ExportedProgram):
         graphs = [f.graph_module.graph]
     else:
@@ -1747,8 +1784,13 @@ def _source_line(f: Any, args: tuple[Any, ...], kwargs: dict[str, Any], aten_nam
         for node in graph.nodes:
             name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
             trace = node.meta.get("stack_trace")
-            if name == aten_name and trace:
+            if name == aten_name and trace and (not on_complex or _touches_complex(node)):
                 where = innermost_in_stack_trace(trace)
                 if where is not None:
                     return where
     return None
+
+
+def _touches_complex(node: torch.fx.Node) -> bool:
+    values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    return any(isinstance(v, torch.Tensor) and v.is_complex() for v in values)

@@ -198,7 +198,7 @@ def _settings_key(kwargs: dict[str, Any]) -> Any:
     for name in sorted(kwargs):
         value = kwargs[name]
         if name == "lr" and isinstance(value, torch.Tensor):
-            if value.dim() != 0 or value.dtype != torch.float32:
+            if value.dim() != 0 or value.dtype not in (torch.float32, torch.float64):  # float64: a float64 group's lr
                 return None
             key.append((name, "tensor"))
         elif value is None or isinstance(value, (bool, int, float, str)):

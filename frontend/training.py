@@ -308,7 +308,7 @@ def _capture(
                 new_values.append(traced_state[slot.param_index][slot.key])  # type: ignore[index]
         return new_values, [leaf.detach() for leaf in result_leaves]
 
-    lr_examples = [torch.tensor(float(_lr_value(g)), dtype=torch.float32) for g in optimizer.param_groups]
+    lr_examples = [torch.tensor(float(_lr_value(g)), dtype=_lr_dtype(g)) for g in optimizer.param_groups]
     flat_state = [initial[s.name] for s in slots]
     # The math attention backend is composite (matmul, softmax): its
     # backward is ops XLA lowers; the fused CPU kernels' backward is not.
@@ -674,6 +674,16 @@ def _check_groups(optimizer: torch.optim.Optimizer) -> None:
         lr = group.get(LR_KEY)
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
             raise TrainingCaptureError(f"param group {index}: lr must be a number or a 1-element tensor")
+
+
+def _lr_dtype(group: dict[str, Any]) -> torch.dtype:
+    """The dtype of a param group's lr input: float64 when the group holds
+    a float64 parameter, else float32.  Eager applies lr as a Python float
+    (a double) to float64 parameters; a float32 lr rounds it (1e-2 by
+    2.2e-8 relative), and every update of a float64 model drifted from
+    eager's by that much.  Float32 parameters see lr rounded to float32 in
+    eager too."""
+    return torch.float64 if any(p.dtype == torch.float64 for p in group["params"]) else torch.float32
 
 
 def _lr_value(group: dict[str, Any]) -> float:

@@ -76,6 +76,7 @@ from hloalias.frontend.training import (
 )
 from hloalias.frontend.training import _hyperparameters as hyperparameters_of
 from hloalias.frontend.training import _initial_optimizer_state as optimizer_state_of
+from hloalias.frontend.training import _lr_dtype as lr_dtype_of
 from hloalias.frontend.training import _lr_value as lr_of
 from hloalias.runtime.executable import DeviceTensor, Executable, compile
 from hloalias.runtime.sharding import Mesh
@@ -686,7 +687,7 @@ class TrainingStep:
             if index < len(self._lr_cache) and self._lr_cache[index][0] == lr:
                 inputs.append(self._lr_cache[index][1])
                 continue
-            tensor = torch.tensor(lr, dtype=torch.float32)
+            tensor = torch.tensor(lr, dtype=lr_dtype_of(group))
             if index < len(self._lr_cache):
                 self._lr_cache[index] = (lr, tensor)
             else:

@@ -17,6 +17,7 @@ with the behaviour the documentation promises."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import warnings
 from collections.abc import Callable, Iterator
@@ -439,6 +440,16 @@ def _dynamic_batch(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x + y
 
 
+def _embedding_then_complex_scale(w: torch.Tensor, i: torch.Tensor, x: torch.Tensor) -> Any:
+    embedded = torch.nn.functional.embedding(i, w)
+    rotation = torch.polar(torch.ones_like(x), x)
+    scaled = rotation * 2.0
+    return embedded, torch.view_as_real(scaled)
+
+
+_COMPLEX_SCALE_LINE = inspect.getsourcelines(_embedding_then_complex_scale)[1] + 3
+
+
 IMPORT_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str]] = {
     "dynamic_shapes": (
         _dynamic_batch, (torch.randn(4, 3), torch.randn(4, 3)),
@@ -474,7 +485,43 @@ IMPORT_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any
         (torch.randn(10, 4), torch.tensor([1, 2]), torch.randn(2, 4)), {},
         "torch-mlir cannot lower aten.silu_backward to the torch backend contract",
     ),
+    # Complex arithmetic after an embedding (DeepSeek-V2's rotary: polar,
+    # then `freqs_cis * scaling`): the conversion's diagnostics name the
+    # complex `mul`; the embedding, the module's first op, lowers fine and
+    # was named before.
+    "complex_arithmetic": (
+        _embedding_then_complex_scale,
+        (torch.randn(10, 4), torch.tensor([1, 2]), torch.randn(3, 4)), {},
+        "torch-mlir cannot lower aten.mul.Scalar on complex values to the StableHLO (from ",
+    ),
 }
+
+
+def test_complex_arithmetic_names_the_complex_line() -> None:
+    """The refusal of a complex ``mul`` names this file's line of it, not
+    the line of the program's first op (the embedding)."""
+    args = (torch.randn(10, 4), torch.tensor([1, 2]), torch.randn(3, 4))
+    with pytest.raises(TorchImportError) as info:
+        hloalias.import_torch(_embedding_then_complex_scale, args)
+    headline = str(info.value).splitlines()[0]
+    assert f"{__file__}:{_COMPLEX_SCALE_LINE} in _embedding_then_complex_scale" in headline
+    assert "aten.embedding" not in headline
+
+
+def _mismatched_cat(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x, y], dim=-1)
+
+
+def test_export_shape_error_names_the_programs_line() -> None:
+    """A torch error raised while exporting the program (LongT5's
+    ``torch.cat`` of a position bias traced with another batch size) names
+    the program's line it was raised at, as compile_training_step does;
+    the message used to carry torch's text alone."""
+    with pytest.raises(TorchImportError) as info:
+        hloalias.import_torch(_mismatched_cat, (torch.randn(1, 3), torch.randn(2, 3)))
+    line = inspect.getsourcelines(_mismatched_cat)[1] + 1
+    assert f"at {__file__}:{line} in _mismatched_cat: return torch.cat([x, y], dim=-1)" in str(info.value)
+    assert "Sizes of tensors must match" in str(info.value)
 
 
 @pytest.mark.parametrize("name", sorted(IMPORT_CASES))

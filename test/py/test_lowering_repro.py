@@ -37,7 +37,7 @@ def test_a_failed_lowering_writes_the_module_before_the_pipeline(
         module = ir.Module.parse(_UNKNOWN_OP)
         before = print_module(module, debug_info=True)
         with pytest.raises(TorchImportError, match="no_such_op") as raised:
-            importer._lower(module, importer.TORCH_BACKEND_PIPELINE, "torch backend contract", lambda name: None)
+            importer._lower(module, importer.TORCH_BACKEND_PIPELINE, "torch backend contract", lambda name, on_complex: None)
     assert raised.value.repro_path is not None
     with open(raised.value.repro_path) as handle:
         assert handle.read() == before
@@ -57,6 +57,6 @@ def test_a_lowering_that_succeeds_prints_nothing(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(importer, "print_module", counted)
     with new_context():
         module = ir.Module.parse(_IDENTITY)
-        importer._lower(module, importer.TORCH_BACKEND_PIPELINE, "torch backend contract", lambda name: None)
+        importer._lower(module, importer.TORCH_BACKEND_PIPELINE, "torch backend contract", lambda name, on_complex: None)
         assert "return %arg0" in real(module)
     assert printed == []

@@ -53,7 +53,7 @@ def test_a_lowering_refuses_a_result_that_does_not_verify() -> None:
     # No pass runs, so no verifier ran after one: the result is verified.
     module = _invalid_module(ir.Context())
     with pytest.raises(TorchImportError, match="doesn't match function result type"):
-        importer._lower(module, "builtin.module()", "StableHLO", lambda name: None)
+        importer._lower(module, "builtin.module()", "StableHLO", lambda name, on_complex: None)
 
 
 def test_a_pass_pipeline_refuses_a_result_that_does_not_verify() -> None:
@@ -66,7 +66,7 @@ def test_a_lowering_that_verifies_gives_the_same_module() -> None:
     context = ir.Context()
     module = ir.Module.parse(_VALID, context)
     before = str(module)
-    importer._lower(module, "builtin.module(canonicalize)", "StableHLO", lambda name: None)
+    importer._lower(module, "builtin.module(canonicalize)", "StableHLO", lambda name, on_complex: None)
     assert str(module) == before
 
 

@@ -11,7 +11,8 @@ step that returns its prediction and gradient norm beside the loss; the
 embedding may be frozen (``requires_grad=False``).
 
 The model is an embedding (rows not in a batch get gradients of exactly 0,
-which met 0/0 in Adam's capturable update at lr 0) and a linear layer.
+which met 0/0 in Adam's capturable update at lr 0) and a linear layer, in
+float32 or float64 (a float64 model takes lr unrounded, as eager does).
 Float rounding differs between the capturable and eager forms, so the test
 compares with a tolerance and requires every value to be finite."""
 
@@ -140,12 +141,13 @@ class TrainingProgram:
     seed: int
     body: str = "plain"
     frozen_embedding: bool = False
+    float64: bool = False
 
     def describe(self) -> str:
         return (
             f"{self.optimizer}({dict(self.hyperparameters)}), two groups: {self.two_groups}, "
             f"scheduler {self.scheduler} table={self.table}, {self.steps} steps, seed {self.seed}, "
-            f"body {self.body}, frozen embedding: {self.frozen_embedding}"
+            f"body {self.body}, frozen embedding: {self.frozen_embedding}, float64: {self.float64}"
         )
 
     def step(self, model: torch.nn.Module, optimizer: O.Optimizer) -> Callable[..., Any]:
@@ -159,6 +161,8 @@ class TrainingProgram:
 
     def build(self) -> tuple[Model, O.Optimizer, Any]:
         model = Model(self.seed)
+        if self.float64:
+            model.double()
         if self.frozen_embedding:
             model.embedding.weight.requires_grad_(False)
         factory, _ = OPTIMIZERS[self.optimizer]
@@ -175,7 +179,8 @@ class TrainingProgram:
     def batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         generator = torch.Generator().manual_seed(self.seed)
         return [
-            (torch.randint(0, 5, (4, 2), generator=generator), torch.randn(4, 3, generator=generator))
+            (torch.randint(0, 5, (4, 2), generator=generator),
+             torch.randn(4, 3, generator=generator, dtype=torch.float64 if self.float64 else torch.float32))
             for _ in range(self.steps + 1)
         ]
 
@@ -203,4 +208,8 @@ def training_programs(draw: st.DrawFn) -> TrainingProgram:
         draw(st.integers(0, 2**16)),
         draw(st.sampled_from(sorted(BODIES))),
         draw(st.booleans()),
+        # Float64 with SGD only, for now: Adam (amsgrad, step_gamma_0,
+        # seed 89) drifted past 1e-10 at step 1 in float64 after the lr fix,
+        # likely another optimizer scalar taken as float32 (open, session 47).
+        draw(st.booleans()) if optimizer == "SGD" else False,
     )
