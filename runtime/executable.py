@@ -143,7 +143,7 @@ from hloalias.runtime.plan import (
     _CallConvention, _CallPlan, _describe_spec, _IndexCheck, _ProgramFacts, check_index_ranges, computes_nothing,
 )
 from hloalias.runtime.state import (
-    _AGREEMENTS, _ATTACHMENT_EDITS, _REMOVED, _RUNTIME_READ, StateWatch, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
+    _AGREEMENTS, _ATTACHMENT_EDITS, _REMOVED, _RUNTIME_READ, StateWatch, traced_as_plain, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
     refuse_inference_state,
 )
 
@@ -305,9 +305,10 @@ def compile(  # noqa: A001 - the name users expect
             # The family key reuses the program-cache key's printing of f:
             # both are taken before the import, with no code run between.
             printed = cached.program_print if cached is not None else None
-            program = import_cached(
-                f, example_args, kwargs, lambda: import_program(f, example_args, kwargs, printed)
-            )
+            with traced_as_plain():
+                program = import_cached(
+                    f, example_args, kwargs, lambda: import_program(f, example_args, kwargs, printed)
+                )
         if _state_sources:
             # A new dict: the import cache may share the program's.
             program.state = {name: _state_sources.get(name, value) for name, value in program.state.items()}

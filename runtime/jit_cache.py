@@ -53,6 +53,7 @@ from hloalias.lru import BoundedLRU
 from hloalias.runtime.executable import DeviceTensor, Executable, compile as compile_executable
 from hloalias.runtime.export_cache import import_cached
 from hloalias.runtime.module_hooks import ModuleHooks
+from hloalias.runtime.state import traced_as_plain
 from hloalias.runtime.module_modes import ModuleModes
 
 #: Executables kept per :class:`Jit` unless ``cache_size`` or
@@ -288,7 +289,8 @@ class Jit:
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Import ``f`` for this signature and stop before the passes."""
         key = self._key(args, kwargs)
-        program = import_cached(self.fn, args, kwargs, lambda: import_torch(self.fn, args, kwargs))
+        with traced_as_plain():
+            program = import_cached(self.fn, args, kwargs, lambda: import_torch(self.fn, args, kwargs))
         return Lowered(self, key, args, kwargs, program)
 
     # -- reports ------------------------------------------------------------

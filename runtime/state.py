@@ -59,13 +59,14 @@ import importlib
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax
 import torch
 from torch.export import ExportedProgram
 
+from hloalias import interrupts
 from hloalias.contract import StoredLayout
 from hloalias.errors import ExecutionError, HloaliasError
 from torch.utils.weak import WeakIdKeyDictionary
@@ -1069,6 +1070,36 @@ def _watch_escapes(tensor: torch.Tensor) -> None:
     watched = _WATCHED_CLASSES.get(type(tensor))
     if watched is not None:
         tensor.__class__ = watched
+    _WATCHED_TENSORS[id(tensor)] = tensor
+
+
+#: Every tensor given a watched class (by id; weak: tensors compare by value).
+_WATCHED_TENSORS: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+@contextlib.contextmanager
+def traced_as_plain() -> Iterator[None]:
+    """While hloalias traces a program (``torch.export``, a training step's
+    capture), every watched tensor has its plain class again: torch's
+    tracing takes a slower path for a tensor of another class than
+    Tensor/Parameter (a dynamic export of a compiled model took ~1.5 s
+    more: bench/RESULTS-latency.md), and the trace's own reads are no
+    user's escapes.  Swapped with Ctrl-C held, so no tensor keeps its
+    plain class past the trace."""
+    swapped: list[tuple[torch.Tensor, type]] = []
+    with interrupts.deferred():
+        for tensor in list(_WATCHED_TENSORS.values()):
+            cls = type(tensor)
+            if cls in _WATCHED:
+                tensor.__class__ = getattr(cls, _PLAIN_CLASS)
+                swapped.append((tensor, cls))
+    try:
+        yield
+    finally:
+        with interrupts.deferred():
+            for tensor, cls in swapped:
+                if type(tensor) is getattr(cls, _PLAIN_CLASS):
+                    tensor.__class__ = cls
 
 
 def fresh_type(tensor: Any) -> type:

@@ -81,7 +81,7 @@ from hloalias.frontend.training import _lr_value as lr_of
 from hloalias.runtime.executable import DeviceTensor, Executable, compile
 from hloalias.runtime.sharding import Mesh
 from hloalias.runtime.state import (
-    _RUNTIME_READ, _SYNC_HOOK, _tracing, bring_up_to_date, fresh_type, refresh_stale,
+    _RUNTIME_READ, _SYNC_HOOK, _tracing, bring_up_to_date, fresh_type, refresh_stale, traced_as_plain,
 )
 
 #: The default pipeline, then ``order-in-place-updates``: weights the
@@ -323,7 +323,8 @@ def _compile_step(
     # The capture reads the model's and the optimizer's tensors (initial
     # values, tracing): what calls left on the device first.
     refresh_stale(_host_tensors(model, optimizer, store), "compile_training_step")
-    captured = capture_training_step(step_fn, model, optimizer, example_batch, kept_grads=store.kept_grads)
+    with traced_as_plain():
+        captured = capture_training_step(step_fn, model, optimizer, example_batch, kept_grads=store.kept_grads)
     batch_count = captured.batch_spec.num_leaves
     positions: list[int] = []
     for request in donate:

@@ -481,3 +481,60 @@ def test_gpt2_ema_through_data_and_save_pretrained(tmp_path: Any) -> None:
     loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     for name, value in model.state_dict().items():
         assert torch.equal(value, loaded.state_dict()[name]), name
+
+
+def test_a_trace_sees_the_plain_classes_and_the_watched_ones_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hloalias's own traces (an export at a new shape, a training step's
+    capture) run on the plain classes (runtime/state.py:
+    ``traced_as_plain``): torch's tracing is slower on another class, and
+    the trace's reads are no user's escapes.  Before, the second export saw
+    the watched class.  After the trace, even one that fails, the tensors
+    are watched again."""
+    from hloalias.runtime import executable as executable_module
+
+    model = torch.nn.Linear(4, 4)
+    hloalias.compile(model, (torch.randn(2, 4),))
+    watched = type(model.weight)
+    assert watched is not torch.nn.Parameter and isinstance(model.weight, torch.nn.Parameter)
+    seen: list[type] = []
+    original = executable_module.import_cached
+
+    def spying(*args: Any, **kwargs: Any) -> Any:
+        seen.append(type(model.weight))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(executable_module, "import_cached", spying)
+    hloalias.compile(model, (torch.randn(3, 4),))
+    assert seen == [torch.nn.Parameter]
+    assert type(model.weight) is watched
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the trace failed")
+
+    monkeypatch.setattr(executable_module, "import_cached", failing)
+    with pytest.raises(RuntimeError, match="the trace failed"):
+        hloalias.compile(model, (torch.randn(5, 4),))
+    assert type(model.weight) is watched
+    monkeypatch.setattr(executable_module, "import_cached", original)
+    from hloalias.runtime import training as training_module
+
+    capture = training_module.capture_training_step
+
+    def spying_capture(*args: Any, **kwargs: Any) -> Any:
+        seen.append(type(model.weight))
+        return capture(*args, **kwargs)
+
+    monkeypatch.setattr(training_module, "capture_training_step", spying_capture)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    seen.clear()
+    hloalias.compile_training_step(step, model, opt, (torch.randn(2, 4),))
+    assert seen == [torch.nn.Parameter]
+    assert type(model.weight) is not torch.nn.Parameter
