@@ -291,7 +291,11 @@ def _capture(
         new_values = []
         for slot in slots:
             if slot.kind == "param":
-                new_values.append(leaves[slot.fqn].detach())  # type: ignore[index]
+                # The leaf itself, not a ``detach()``: a detach is a view
+                # that functionalization traces twice (here, and again when
+                # it syncs the output) as two ``alias`` nodes per parameter
+                # that the lowering drops; the same final module without them.
+                new_values.append(leaves[slot.fqn])  # type: ignore[index]
             elif slot.kind == "buffer":
                 new_values.append(buffers[slot.fqn])  # type: ignore[index]
             elif slot.kind == "grad":
