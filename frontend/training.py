@@ -297,7 +297,15 @@ def _capture(
         new_values = []
         for slot in slots:
             if slot.kind == "param":
-                new_values.append(leaves[slot.fqn].detach())  # type: ignore[index]
+                # A trained parameter's leaf itself, not a ``detach()``: a
+                # detach is a view that functionalization traces twice (here,
+                # and again when it syncs the output), two ``alias`` nodes
+                # per parameter that the lowering drops (the same final
+                # module without them).  A frozen one keeps its detach: the
+                # leaf would be the placeholder, which _unchanged_state_copied
+                # would clone.
+                leaf = leaves[slot.fqn]  # type: ignore[index]
+                new_values.append(leaf if leaf.requires_grad else leaf.detach())
             elif slot.kind == "buffer":
                 new_values.append(buffers[slot.fqn])  # type: ignore[index]
             elif slot.kind == "grad":
