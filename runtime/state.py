@@ -1437,12 +1437,14 @@ class StateWatch:
     def changed(self) -> bool:
         # Each count is recorded only once what it stands for is done: a
         # Ctrl-C part way leaves it unrecorded, and the next call redoes it.
-        if self._edits_seen >= 0 and self.attachments_moved():
-            return True
         starts = self._starts[0]
         if self._starts_seen != starts and self._group is not None:
             read_others_stale(self.slots, self._group())
             self._starts_seen = starts
+        # After the other groups' values came in: a slot that follows its
+        # attribute to another tensor, or reads one in, reads their newest.
+        if self._edits_seen >= 0 and self.attachments_moved():
+            return True
         agreements = _AGREEMENTS[0]
         rebuilt = self._agreements != agreements
         if rebuilt:
