@@ -58,7 +58,7 @@ from hloalias.repro import write_repro
 from hloalias.frontend import crash_guard, jax_lowerings, random_key, single_trace, torch_internals
 from hloalias.frontend.closure_tensors import with_sources
 from hloalias.frontend.constant_folding import fold_constants
-from hloalias.frontend.gradient_dependence import parameter_free_outputs
+from hloalias.frontend.gradient_dependence import input_reached_outputs, parameter_free_outputs
 from hloalias.frontend.host_random import refuse_host_random_draws
 from hloalias.frontend.program_frames import innermost_in_stack_trace, where_raised
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
@@ -161,6 +161,13 @@ class ProgramSignature:
     # marks the others (views of state included).  None: not known (a
     # foreign program), every computed result is marked, no view.
     parameter_free_outputs: frozenset[int] | None = None
+    # For each floating user input (argument index) that a floating chain
+    # leads from to a user output, those output positions (counted as in
+    # ``parameter_free_outputs``): eager returns them requiring grad when the
+    # caller's input does, and the runtime marks them then.  None: not known
+    # (a foreign program, a cached signature from before this field): the
+    # runtime marks nothing for inputs.
+    input_gradient_outputs: dict[int, frozenset[int]] | None = None
     # Integer user inputs whose values index an op unchanged: argument
     # index -> the ranges eager accepts (frontend/index_ranges.py), written
     # to the IR contract (``hloalias.index_ranges``), which the runtime reads.
@@ -1090,6 +1097,7 @@ def _describe(f: Any) -> str:
 
 def _signature(exported: ExportedProgram) -> ProgramSignature:
     parameter_free = parameter_free_outputs(exported)
+    input_reached = input_reached_outputs(exported)  # before the static inputs' placeholders go
     graph_signature = exported.graph_signature
     graph = exported.graph_module.graph
     all_placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -1184,6 +1192,9 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
         argument.name for argument, node in zip(arguments, placeholders)
         if argument.kind in ("buffer", "constant") and _feeds_batch_norm(node)
     )
+    input_gradient = {
+        index_of_target[name]: positions for name, positions in input_reached.items() if name in index_of_target
+    }
     in_spec, out_spec = _call_specs(exported)
     return ProgramSignature(
         tuple(arguments),
@@ -1193,6 +1204,7 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
         constant_outputs,
         static_inputs,
         parameter_free_outputs=parameter_free,
+        input_gradient_outputs=input_gradient,
         batch_norm_state=batch_norm_state,
     )
 

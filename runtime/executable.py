@@ -641,14 +641,14 @@ class Executable:
         # Cache) is a _CarryingExecutable, whose __call__ updates the
         # caller's objects; every other call runs __call__ below with no
         # extra frame (the Python path's per-call cost).
-        # One of a module with floating parameters is a
-        # _GradientCheckedExecutable: in grad mode, while one of them
-        # requires grad, its results say that they carry no gradient
-        # (runtime/gradient_boundary.py).
+        # One of a module with floating parameters, or with a floating
+        # input a result depends on, is a _GradientCheckedExecutable: in
+        # grad mode, while one of them requires grad, its results say that
+        # they carry no gradient (runtime/gradient_boundary.py).
         if cls is Executable:
             if program.signature.carried_objects:
                 cls = _CarryingExecutable
-            elif any(
+            elif program.signature.input_gradient_outputs or any(
                 isinstance(value, torch.nn.Parameter) and (value.is_floating_point() or value.is_complex())
                 for value in program.state.values()
             ):
@@ -1605,12 +1605,41 @@ class _GradientCheckedExecutable(Executable):
         outputs = Executable.__call__(self, *args, **kwargs)
         if self._gradient_checked and torch.is_grad_enabled():
             trainable = _trainable_now(self)
+            from_inputs = self._reached_from_inputs(args, kwargs)
             if trainable:
                 # A parameter unfrozen since compiling may reach an output
                 # the signature counts as free: every result is marked.
                 free = self._signature.parameter_free_outputs if trainable <= self._trainable_when_compiled else None
+                if free is not None and from_inputs:
+                    free = free - from_inputs
                 return mark_without_gradient(outputs, self._program_name, (args, kwargs), free=free)
+            if from_inputs:
+                return mark_without_gradient(
+                    outputs, self._program_name, (args, kwargs), reached=from_inputs
+                )
         return outputs
+
+    def _reached_from_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> frozenset[int]:
+        """The output positions a floating chain reaches from the call's
+        inputs that require grad (the signature's
+        ``input_gradient_outputs``): eager's results that require grad
+        through them."""
+        reached_by = self._signature.input_gradient_outputs
+        if not reached_by:
+            return frozenset()
+        if kwargs or len(args) != self._positional_arity:
+            if not any(
+                isinstance(leaf, torch.Tensor) and leaf.requires_grad for leaf in pytree.tree_leaves((args, kwargs))
+            ):
+                return frozenset()
+            leaves: Sequence[Any] = self._user_leaves(args, kwargs)
+        else:
+            leaves = args
+        reached: frozenset[int] = frozenset()
+        for index, leaf in zip(self._user_indices, leaves):
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad and index in reached_by:
+                reached |= reached_by[index]
+        return reached
 
 
 class _CarryingExecutable(Executable):

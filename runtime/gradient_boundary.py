@@ -31,12 +31,17 @@ as reached) is left as it is, as eager leaves it; a returned view of a parameter
 a computed result is.  Not seen: a result cut from the parameters inside
 ``forward`` (``y.detach()``, a ``no_grad`` block) is marked all the
 same, so a backward through it is refused where eager gives it no
-gradient; and a program
-without parameters whose *input* requires grad returns results that do
-not (eager's would): a backward through them raises torch's own error,
-or, mixed with other terms, gives the input no gradient from them; nor
-does a function that closes over a module (its tensors are the program's
-constants)."""
+gradient; and a function that closes over a module (its tensors are the
+program's constants) returns results that do not require grad.
+
+The same holds for the call's inputs: a floating input that requires grad
+marks the results a floating chain from it reaches
+(``input_gradient_outputs`` in the signature), with or without
+parameters, so a parameter-free function (a loss, an activation) called on
+an eager model's activations refuses a ``backward()`` through its results
+instead of silently giving the activations no gradient from them.  A
+foreign program's signature does not know the chains; its results are not
+marked for inputs."""
 
 from __future__ import annotations
 
@@ -62,7 +67,8 @@ class _NoGradient(torch.autograd.Function):
     def backward(ctx: Any, *grads: Any) -> Any:
         raise ExecutionError(
             f"a result of the compiled program {ctx.program} is part of this backward(), but a compiled "
-            "program records no autograd graph: the module's parameters would get no gradient from it. "
+            "program records no autograd graph: what it was computed from (the module's parameters, inputs that "
+            "require grad) would get no gradient from it. "
             "Train through hloalias.compile_training_step or torch.compile(model, backend=\"hloalias\"), "
             "or detach the result (or call the program under torch.no_grad()) if it needs none"
         )
@@ -82,7 +88,8 @@ def _anchor() -> torch.Tensor:
 
 
 def mark_without_gradient(
-    outputs: Any, program: str, call: tuple[Any, ...], keep: Sequence[Any] = (), free: frozenset[int] | None = None
+    outputs: Any, program: str, call: tuple[Any, ...], keep: Sequence[Any] = (), free: frozenset[int] | None = None,
+    reached: frozenset[int] | None = None,
 ) -> Any:
     """``outputs`` with each floating or complex result the program computed
     (not a view: ``_base`` is None) replaced as the module docstring says,
@@ -96,7 +103,10 @@ def mark_without_gradient(
     positions are the outputs' leaves; given only without ``keep``).  When
     ``free`` is given, a view at another position whose base is not a
     result or an argument (a view of a parameter: ``self.w[1:2]``) is
-    marked too, sharing its memory, as eager's view requires grad."""
+    marked too, sharing its memory, as eager's view requires grad.
+    ``reached`` (instead of ``free``): the positions to mark, the others
+    left as they are (results reached from inputs that require grad only;
+    views follow their bases)."""
     if isinstance(outputs, torch.Tensor):  # the common shapes without pytree's cost
         leaves, spec = [outputs], None
     elif type(outputs) is tuple and all(isinstance(output, torch.Tensor) for output in outputs):
@@ -108,6 +118,7 @@ def mark_without_gradient(
     candidates = [
         index for index, leaf in enumerate(leaves)
         if isinstance(leaf, torch.Tensor) and id(leaf) not in arguments and index not in unmarked
+        and (reached is None or index in reached)
         and not leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     ]
     computed = [index for index in candidates if leaves[index]._base is None]

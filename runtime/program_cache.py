@@ -45,7 +45,7 @@ from hloalias.runtime import disk_cache
 from hloalias.runtime.source_key import Uncacheable, keyed_source
 
 SUFFIX = ".program"
-_FORMAT = 1
+_FORMAT = 2  # 2: signatures carry input_gradient_outputs
 #: The disk cache's suffix of the stored preservable-CIA operator set.
 CIA_OPS_SUFFIX = ".cia"
 

@@ -221,3 +221,52 @@ def test_a_parameter_unfrozen_since_compiling_marks_the_outputs_only_it_reaches(
     assert [r.requires_grad for r in exe(x)] == [True, False]
     model.b.requires_grad_(True)
     assert [r.requires_grad for r in exe(x)] == [r.requires_grad for r in model(x)] == [True, True]
+
+
+def _penalty(activations: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (activations * weights).square().sum(), weights * 2
+
+
+@pytest.mark.parametrize("entry", ["jit", "compile"])
+def test_an_input_that_requires_grad_marks_the_results_it_reaches(entry: str) -> None:
+    # A parameter-free function (a regulariser) on an eager model's
+    # activations: eager's first result requires grad through them, and a
+    # loss mixing it with other terms must not silently give the
+    # activations no gradient from it.
+    torch.manual_seed(0)
+    activations = torch.randn(4, requires_grad=True)
+    weights = torch.randn(4)
+    fast = hloalias.jit(_penalty) if entry == "jit" else hloalias.compile(_penalty, (activations.detach(), weights))
+    penalty, doubled = fast(activations, weights)
+    eager_penalty, eager_doubled = _penalty(activations, weights)
+    assert (penalty.requires_grad, doubled.requires_grad) == (eager_penalty.requires_grad, eager_doubled.requires_grad)
+    assert torch.equal(penalty.detach(), eager_penalty.detach())
+    with pytest.raises(ExecutionError, match="compiled program _penalty .*inputs that require grad"):
+        (penalty + activations.sum()).backward()
+    # Without grad in the inputs, or under no_grad, nothing is marked.
+    assert not fast(activations.detach(), weights)[0].requires_grad
+    with torch.no_grad():
+        assert not fast(activations, weights)[0].requires_grad
+
+
+class _LinearAndInputTerm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.linear(x), x * 2, mask + 1
+
+
+def test_a_result_free_of_parameters_is_marked_when_its_input_requires_grad() -> None:
+    torch.manual_seed(0)
+    module = _LinearAndInputTerm()
+    x, mask = torch.randn(2, 4), torch.randn(2, 4)
+    exe = hloalias.compile(module, (x, mask))
+    assert [out.requires_grad for out in exe(x, mask)] == [True, False, False]
+    x.requires_grad_(True)
+    eager = module(x, mask)
+    ours = exe(x, mask)
+    assert [out.requires_grad for out in ours] == [out.requires_grad for out in eager] == [True, True, False]
+    with pytest.raises(ExecutionError, match="records no autograd graph"):
+        (ours[1].sum() + x.sum()).backward()
