@@ -11,7 +11,9 @@ placeholder to the output: an integer or bool value carries no gradient
 :func:`parameter_free_outputs` answers with the user outputs no such chain
 reaches (a buffer plus one, ``x * 2``, a mask); :func:`input_reached_outputs`
 with the user outputs each floating user input's chains reach (eager's
-results that require grad when the caller's input does).  The answer errs one way
+results that require grad when the caller's input does), and
+:func:`constant_reached_outputs` the same for a function's closed-over
+tensors (a closed-over model's parameters).  The answer errs one way
 only: operations that stop autograd inside ``forward`` (``detach()``, a
 ``torch.no_grad()`` block) leave no trace in the functional graph, so
 their results count as reached, as if eager recorded them.  The runtime
@@ -58,12 +60,23 @@ def input_reached_outputs(exported: ExportedProgram) -> dict[str, frozenset[int]
     the positions of those outputs (counted as in
     :func:`parameter_free_outputs`): eager returns them with
     ``requires_grad`` when that input requires grad."""
+    return _reached_from(exported, InputKind.USER_INPUT)
+
+
+def constant_reached_outputs(exported: ExportedProgram) -> dict[str, frozenset[int]]:
+    """:func:`input_reached_outputs` for the lifted constants (by target):
+    a function's closed-over tensors, a closed-over model's parameters among
+    them, whose results eager records a graph for while they require grad."""
+    return _reached_from(exported, InputKind.CONSTANT_TENSOR)
+
+
+def _reached_from(exported: ExportedProgram, kind: InputKind) -> dict[str, frozenset[int]]:
     names: list[str] = []
     sources: dict[torch.fx.Node, int] = {}
     for spec, node in zip(exported.graph_signature.input_specs, _placeholders(exported)):
-        if spec.kind is InputKind.USER_INPUT and _carries_gradient(node.meta.get("val")):
+        if spec.kind is kind and _carries_gradient(node.meta.get("val")):
             sources[node] = 1 << len(names)
-            names.append(spec.arg.name)
+            names.append(spec.arg.name if kind is InputKind.USER_INPUT else str(spec.target))
     reaching = _reaching_outputs(exported, sources)
     reached = {
         name: frozenset(position for position, mask in enumerate(reaching) if mask >> bit & 1)

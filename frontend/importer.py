@@ -58,7 +58,11 @@ from hloalias.repro import write_repro
 from hloalias.frontend import crash_guard, jax_lowerings, random_key, single_trace, torch_internals
 from hloalias.frontend.closure_tensors import with_sources
 from hloalias.frontend.constant_folding import fold_constants
-from hloalias.frontend.gradient_dependence import input_reached_outputs, parameter_free_outputs
+from hloalias.frontend.gradient_dependence import (
+    constant_reached_outputs,
+    input_reached_outputs,
+    parameter_free_outputs,
+)
 from hloalias.frontend.host_random import refuse_host_random_draws
 from hloalias.frontend.program_frames import innermost_in_stack_trace, where_raised
 from hloalias.frontend.op_coverage import remove_error_checks, unsigned_constants_as_bitcasts
@@ -168,6 +172,10 @@ class ProgramSignature:
     # (a foreign program, a cached signature from before this field): the
     # runtime marks nothing for inputs.
     input_gradient_outputs: dict[int, frozenset[int]] | None = None
+    # The same for lifted constants, by state name: a function's closed-over
+    # tensors, which are a closed-over model's parameters at run time
+    # (frontend/closure_tensors.py); marked while the tensor requires grad.
+    constant_gradient_outputs: dict[str, frozenset[int]] = dataclasses.field(default_factory=dict)
     # Integer user inputs whose values index an op unchanged: argument
     # index -> the ranges eager accepts (frontend/index_ranges.py), written
     # to the IR contract (``hloalias.index_ranges``), which the runtime reads.
@@ -1098,6 +1106,7 @@ def _describe(f: Any) -> str:
 def _signature(exported: ExportedProgram) -> ProgramSignature:
     parameter_free = parameter_free_outputs(exported)
     input_reached = input_reached_outputs(exported)  # before the static inputs' placeholders go
+    constant_gradient = constant_reached_outputs(exported)
     graph_signature = exported.graph_signature
     graph = exported.graph_module.graph
     all_placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -1205,6 +1214,7 @@ def _signature(exported: ExportedProgram) -> ProgramSignature:
         static_inputs,
         parameter_free_outputs=parameter_free,
         input_gradient_outputs=input_gradient,
+        constant_gradient_outputs=constant_gradient,
         batch_norm_state=batch_norm_state,
     )
 

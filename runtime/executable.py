@@ -737,6 +737,12 @@ class Executable:
             id(slot) for _, slot in self._watched if (tensor := slot.source()) is not None and tensor.requires_grad
         )
         self._follows_replacements: str | None = None
+        #: Closed-over tensors (lifted constants) a result depends on, with
+        #: those results' positions (:mod:`hloalias.runtime.gradient_boundary`).
+        self._closed_over_reach: tuple[tuple[_StateSlot, frozenset[int]], ...] = tuple(
+            (self._slots[name], reached)
+            for name, reached in self._signature.constant_gradient_outputs.items() if name in self._slots
+        )
         watched_slots = tuple(slot for _, slot in self._watched)
         self._state_watch = StateWatch(
             watched_slots, native_first_changed(), self._group, on_mesh=self._placement.spmd,
@@ -1606,6 +1612,11 @@ class _GradientCheckedExecutable(Executable):
         if self._gradient_checked and torch.is_grad_enabled():
             trainable = _trainable_now(self)
             from_inputs = self._reached_from_inputs(args, kwargs)
+            for slot, reached in self._closed_over_reach:
+                # A closed-over tensor that requires grad: a constant to
+                # the signature's parameter_free_outputs.
+                if id(slot) in trainable:
+                    from_inputs |= reached
             if trainable:
                 # A parameter unfrozen since compiling may reach an output
                 # the signature counts as free: every result is marked.

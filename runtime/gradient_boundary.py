@@ -31,8 +31,10 @@ as reached) is left as it is, as eager leaves it; a returned view of a parameter
 a computed result is.  Not seen: a result cut from the parameters inside
 ``forward`` (``y.detach()``, a ``no_grad`` block) is marked all the
 same, so a backward through it is refused where eager gives it no
-gradient; and a function that closes over a module (its tensors are the
-program's constants) returns results that do not require grad.
+gradient.  A function that closes over a module (its tensors are the
+program's constants, which the runtime follows to the module's tensors)
+has them counted as parameters: while one requires grad, the results it
+reaches are marked.
 
 The same holds for the call's inputs: a floating input that requires grad
 marks the results a floating chain from it reaches

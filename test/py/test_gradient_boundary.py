@@ -270,3 +270,24 @@ def test_a_result_free_of_parameters_is_marked_when_its_input_requires_grad() ->
     assert [out.requires_grad for out in ours] == [out.requires_grad for out in eager] == [True, True, False]
     with pytest.raises(ExecutionError, match="records no autograd graph"):
         (ours[1].sum() + x.sum()).backward()
+
+
+def test_a_function_closing_over_a_model_marks_what_its_parameters_reach() -> None:
+    # jit(lambda x: model(x)): the model's parameters are the program's
+    # constants, and a loss mixing the result with other terms must not
+    # silently give them no gradient from it.
+    torch.manual_seed(0)
+    model = _LinearAndInputTerm()
+    scale = torch.full((4,), 3.0, requires_grad=True)
+    fast = hloalias.jit(lambda x, mask: (*model(x, mask), mask * scale))
+    x, mask = torch.randn(2, 4), torch.randn(2, 4)
+    eager = (*model(x, mask), mask * scale)
+    ours = fast(x, mask)
+    assert [out.requires_grad for out in ours] == [out.requires_grad for out in eager] == [True, False, False, True]
+    with pytest.raises(ExecutionError, match="records no autograd graph"):
+        (ours[0].sum() + model.linear.weight.sum()).backward()
+    with pytest.raises(ExecutionError, match="records no autograd graph"):
+        ours[3].sum().backward()
+    model.requires_grad_(False)
+    scale.requires_grad_(False)
+    assert not any(out.requires_grad for out in fast(x, mask))
