@@ -1610,8 +1610,8 @@ class _GradientCheckedExecutable(Executable):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         outputs = Executable.__call__(self, *args, **kwargs)
         if self._gradient_checked and torch.is_grad_enabled():
-            trainable = _trainable_now(self)
-            from_inputs = self._reached_from_inputs(args, kwargs)
+            trainable = _trainable_now(self) if self._watched else _NO_SLOTS
+            from_inputs = self._reached_from_inputs(args, kwargs) if self._signature.input_gradient_outputs else _NO_SLOTS
             for slot, reached in self._closed_over_reach:
                 # A closed-over tensor that requires grad: a constant to
                 # the signature's parameter_free_outputs.
@@ -1636,8 +1636,7 @@ class _GradientCheckedExecutable(Executable):
         ``input_gradient_outputs``): eager's results that require grad
         through them."""
         reached_by = self._signature.input_gradient_outputs
-        if not reached_by:
-            return frozenset()
+        assert reached_by
         if kwargs or len(args) != self._positional_arity:
             if not any(
                 isinstance(leaf, torch.Tensor) and leaf.requires_grad for leaf in pytree.tree_leaves((args, kwargs))
@@ -1645,6 +1644,11 @@ class _GradientCheckedExecutable(Executable):
                 return frozenset()
             leaves: Sequence[Any] = self._user_leaves(args, kwargs)
         else:
+            for leaf in args:
+                if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                    break
+            else:
+                return _NO_SLOTS  # the common call: no input requires grad
             leaves = args
         reached: frozenset[int] = frozenset()
         for index, leaf in zip(self._user_indices, leaves):
@@ -1670,6 +1674,7 @@ class _CarryingExecutable(Executable):
 
 
 _NO_LOCK = contextlib.nullcontext()  # reusable: it holds nothing
+_NO_SLOTS: frozenset[int] = frozenset()
 
 
 def draw_rng_bits() -> torch.Tensor:
