@@ -975,6 +975,32 @@ def fmod(x: torch.Tensor, other: torch.Tensor) -> Any:
     return torch.copysign(aten.remainder.Tensor(x.abs(), other.abs()), x)
 
 
+def div_mode(x: torch.Tensor, other: torch.Tensor | float, *, rounding_mode: str | None = None) -> Any:
+    """Floor division of floats (``x // y``, ``floor_divide``,
+    ``div(rounding_mode="floor")``) as eager's CPU kernel computes it
+    (c10's ``div_floor_floating``): from the exact ``fmod``, so that the
+    quotient is the one of the exact remainder, then rounded to the nearest
+    integer at a half; division by zero as IEEE's ``x / y``.  torch-mlir's
+    ``floor(x / y)`` rounds the quotient first (``1.0 // 0.1`` gave 10.0,
+    eager 9.0) and gives ``-inf // 2.0`` -inf where eager's gives NaN.
+    Every step rounds to the operands' dtype, as eager's float16/bfloat16
+    kernel does.  Other modes and integers keep torch-mlir's lowering."""
+    dtype = torch.result_type(x, other)
+    if rounding_mode != "floor" or not dtype.is_floating_point:
+        return NotImplemented
+    if not isinstance(other, torch.Tensor):
+        other = _scalar_operand(other, x)
+    a, b = x.to(dtype), other.to(dtype)
+    mod = aten.fmod.Tensor(a, b)
+    quotient = (a - mod) / b
+    quotient = torch.where((mod != 0) & torch.logical_xor(b < 0, mod < 0), quotient - 1, quotient)
+    floor = torch.floor(quotient)
+    rounded = torch.where(quotient - floor > 0.5, floor + 1, floor)
+    ieee = a / b
+    rounded = torch.where(quotient != 0, rounded, torch.copysign(torch.zeros_like(rounded), ieee))
+    return torch.where(b == 0, ieee, rounded)
+
+
 def fmod_scalar(x: torch.Tensor, other: float | int | bool) -> Any:
     """``fmod`` by a number, as ``fmod.Tensor`` (the scalar overload does
     not lower)."""
@@ -1009,6 +1035,7 @@ def _own_entries() -> dict[Any, Callable[..., Any]]:
         aten.roll.default: roll,
         aten.fmod.Tensor: fmod,
         aten.fmod.Scalar: fmod_scalar,
+        aten.div.Tensor_mode: div_mode,
         aten.__rshift__.Scalar: right_shift_scalar,
         aten.bitwise_right_shift.Tensor_Scalar: right_shift_scalar,
         aten.__lshift__.Scalar: left_shift_scalar,

@@ -58,7 +58,7 @@ from hloalias.repro import write_repro
 from hloalias.frontend import crash_guard, jax_lowerings, random_key, single_trace, torch_internals
 from hloalias.frontend.closure_tensors import with_sources
 from hloalias.frontend.constant_folding import fold_constants
-from hloalias.frontend.nan_order import order_nans_as_torch
+from hloalias.frontend.comparisons import compare_as_torch
 from hloalias.frontend.gradient_dependence import (
     constant_reached_outputs,
     input_reached_outputs,
@@ -480,9 +480,10 @@ def _import_decomposed(
                 raise
             raise TorchImportError(sized + f"\n  torch-mlir: {str(error).splitlines()[0]}", repro_path=error.repro_path) from None
     if stage is Stage.STABLEHLO:
-        # torch's NaN order in torch-mlir's sorts and arg-reductions, before
-        # JAX's lowerings (which order NaNs their own way) are spliced in.
-        order_nans_as_torch(module)
+        # torch's NaN order in torch-mlir's sorts and arg-reductions, and
+        # boolean comparisons XLA accepts, before JAX's lowerings (which
+        # order NaNs their own way) are spliced in.
+        compare_as_torch(module)
         if jax_lowered:
             with observe.stage("JAX lowerings"):
                 jax_lowerings.splice(module)

@@ -1,6 +1,7 @@
-"""torch's NaN order in sorts and arg-reductions (frontend/nan_order.py):
-torch-mlir's StableHLO compared floats with ordered comparisons, so a NaN
-in a slice gave other indices (and values) than eager's, silently."""
+"""torch's comparisons in torch-mlir's StableHLO (frontend/comparisons.py):
+its sorts and arg-reductions compared floats with ordered comparisons, so a
+NaN in a slice gave other indices (and values) than eager's, silently; its
+comparisons of booleans did not compile."""
 
 from __future__ import annotations
 
@@ -80,3 +81,13 @@ def test_a_compiled_module_with_nan_logits_picks_eager_tokens() -> None:
     features[1, 2] = NAN
     exe = hloalias.compile(lambda f: head(f).argmax(-1), (features,))
     assert torch.equal(exe(features), head(features).argmax(-1))
+
+
+def test_comparisons_of_booleans_compile_and_order_false_below_true() -> None:
+    a, b = torch.tensor([1.0, -1.0, 2.0, -2.0]), torch.tensor([1.0, 1.0, -1.0, -1.0])
+
+    def op(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        p, q = a > 0, b > 0
+        return p != q, p == q, p < q, p >= q, torch.maximum(p.int(), q.int()), torch.stack([p, q]).sort(0).values
+
+    assert _same(hloalias.jit(op)(a, b), op(a, b))

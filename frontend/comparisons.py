@@ -1,4 +1,11 @@
-"""torch's order of NaN in torch-mlir's sorts and arg-reductions.
+"""torch's comparisons in torch-mlir's StableHLO: NaN's order in sorts and
+arg-reductions, and comparisons of booleans.
+
+torch-mlir compares booleans (``mask != other``, ``a == b`` of two masks)
+with ``compare_type = SIGNED``, which XLA's verifier refuses for ``i1``
+(``Expected comparison type UNSIGNED``): the program failed to compile.
+:func:`compare_as_torch` makes each such comparison ``UNSIGNED`` (false
+below true, as torch orders bools), then orders NaN as below.
 
 torch orders NaN above every number: ``sort`` puts NaNs last (first when
 descending) in their original order, ``topk`` returns them as the
@@ -9,7 +16,7 @@ comparisons, under which NaN is neither smaller nor larger than anything:
 its sorts and arg-reductions then return an order and indices of XLA's
 choosing, silently not eager's (``argmax([1, nan, 3])`` gave 2, eager 1).
 
-:func:`order_nans_as_torch` rewrites, in a module torch-mlir lowered to
+:func:`compare_as_torch` rewrites, in a module torch-mlir lowered to
 StableHLO (before anything else is spliced in):
 
 - each ``stablehlo.sort`` whose comparator compares its first operand pair
@@ -35,17 +42,31 @@ from torch_mlir._mlir_libs import _stablehlo
 from hloalias.mlir import walk_ops
 
 
-def order_nans_as_torch(module: ir.Module) -> bool:
-    """Rewrite ``module``'s sorts and arg-reductions as the module
-    docstring says; whether anything changed."""
+def compare_as_torch(module: ir.Module) -> bool:
+    """Rewrite ``module``'s boolean comparisons, sorts and arg-reductions
+    as the module docstring says; whether anything changed."""
     changed = False
     with module.context:
         for op in list(walk_ops(module.operation)):
-            if op.name == "stablehlo.sort":
+            if op.name == "stablehlo.compare":
+                changed |= _boolean_compare_unsigned(op)
+            elif op.name == "stablehlo.sort":
                 changed |= _sort_with_nans_last(op)
             elif op.name == "stablehlo.reduce" and len(op.operands) == 4:
                 changed |= _arg_reduction_with_nans(op)
     return changed
+
+
+def _boolean_compare_unsigned(compare: ir.Operation) -> bool:
+    element = ir.RankedTensorType(compare.operands[0].type).element_type
+    if not (isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 1):
+        return False
+    if "compare_type" in compare.attributes and str(
+        _stablehlo.ComparisonTypeAttr(compare.attributes["compare_type"]).value
+    ) == "UNSIGNED":
+        return False
+    compare.attributes["compare_type"] = _stablehlo.ComparisonTypeAttr.get("UNSIGNED")
+    return True
 
 
 def _direction(compare: ir.Operation) -> str:
