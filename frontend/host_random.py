@@ -31,6 +31,12 @@ put-back is one call of C code, which no Ctrl-C cuts short.  Generators
 the program creates itself (``np.random.default_rng()``,
 ``random.Random()``) and functions imported by name before the trace
 (``from numpy.random import rand``) are not watched.
+
+The wrappers (one per drawing function, ~65 with numpy loaded) are built
+once per process and report to the active trace's record; they are
+built again only when a watched module's attributes changed (a function
+replaced or added).  A trace inside a trace watches nothing of its own:
+the outer one records (callers hold ``tracing_lock``).
 """
 from __future__ import annotations
 
@@ -142,69 +148,144 @@ def _generators_put_back(
     return calls
 
 
+class _Watch:
+    """One active :func:`refuse_host_random_draws`: its tracing thread and
+    what the drawing functions recorded for it."""
+
+    __slots__ = ("thread", "drew", "first_draw", "unseen")
+
+    def __init__(self, thread: int) -> None:
+        self.thread = thread
+        #: A draw was made on the tracing thread (recorded or not).
+        self.drew = False
+        self.first_draw: list[tuple[str, str | None]] = []
+        #: Python numbers drawn, perhaps never used.
+        self.unseen: list[tuple[str, str | None]] = []
+
+
+#: The watch the drawing functions report to: ``[None]`` between traces.
+#: One at a time: a watch entered while another is active (a trace inside
+#: a trace; callers hold ``tracing_lock``) patches and records nothing, as
+#: the outer one's wrappers, not being the generators' bound methods, were
+#: never watched a second time.  Set and reset by one C call each.
+_CURRENT: list[_Watch | None] = [None]
+
+
+def _watching(qualified: str, original: Callable[..., Any], python_number: bool) -> Callable[..., Any]:
+    """``original`` reporting its draws to the current watch (built once per
+    process and function: :func:`_patches`)."""
+
+    @functools.wraps(original)
+    def draw(*args: Any, **kwargs: Any) -> Any:
+        watch = _CURRENT[0]
+        if watch is not None and threading.get_ident() != watch.thread:
+            watch = None  # another thread's draw: not the trace's
+        if watch is not None:
+            watch.drew = True  # before the draw: a Ctrl-C right after it still puts the generators back
+        value = original(*args, **kwargs)
+        if watch is None or watch.first_draw or _importing():
+            return value
+        found = (qualified, innermost_on_stack())
+        if python_number and type(value) in _DRAWN_TYPES:
+            # A number the program may never use (MusicGen draws its
+            # LayerDrop probability in eval mode too, then skips the
+            # test): refused at its first use in Python; torch reads a
+            # float's value without any call we could see, so one not
+            # seen used is warned about.
+            first_draw = watch.first_draw
+
+            def on_use() -> None:
+                if not first_draw:
+                    first_draw.append(found)
+
+            watch.unseen.append(found)
+            return _DRAWN_TYPES[type(value)](value, on_use)
+        watch.first_draw.append(found)
+        return value
+
+    return draw
+
+
+class _Patches:
+    """The watched functions of one set of sources: the C calls that put
+    each wrapper in place and those that put each original back."""
+
+    __slots__ = ("key", "originals", "patching", "unpatching")
+
+    def __init__(self, key: tuple[Any, ...], sources: list[tuple[ModuleType, object]]) -> None:
+        self.key = key
+        self.originals: list[tuple[ModuleType, str, Callable[..., Any]]] = [
+            (module, name, original)
+            for module, generator in sources
+            for name, original in _drawing_functions(module, generator)
+        ]
+        self.patching: list[Callable[[], Any]] = [
+            functools.partial(
+                setattr, module, name, _watching(f"{module.__name__}.{name}", original, module is random)
+            )
+            for module, name, original in self.originals
+        ]
+        self.unpatching: list[Callable[[], Any]] = [
+            functools.partial(setattr, *entry) for entry in self.originals
+        ]
+
+    def current(self) -> bool:
+        """Whether every original is still the module's attribute (no one
+        replaced one since these were built)."""
+        return all(getattr(module, name, None) is original for module, name, original in self.originals)
+
+
+#: The last :class:`_Patches` built (~65 wrappers with numpy loaded),
+#: reused by every trace while its key (the modules, their generators and
+#: their attribute counts) holds and its originals are in place; else
+#: built again.
+_PATCHES: list[_Patches | None] = [None]
+
+
+def _patches(sources: list[tuple[ModuleType, object]]) -> _Patches:
+    key = tuple((module, generator, len(vars(module))) for module, generator in sources)
+    cached = _PATCHES[0]
+    if cached is not None and cached.key == key and cached.current():
+        return cached
+    built = _Patches(key, sources)
+    _PATCHES[0] = built
+    return built
+
+
 @contextlib.contextmanager
 def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportError) -> Iterator[None]:
     """See the module docstring."""
-    tracing_thread = threading.get_ident()
-    first_draw: list[tuple[str, str | None]] = []
-    unseen: list[tuple[str, str | None]] = []  # Python numbers drawn, perhaps never used
-    watched: list[tuple[ModuleType, str, Callable[..., Any]]] = []
+    watch = _Watch(threading.get_ident())
     numpy = sys.modules.get("numpy")
     numpy_random = getattr(numpy, "random", None) if numpy is not None else None
     numpy_generator = getattr(getattr(numpy_random, "mtrand", None), "_rand", None)
     python_generator = getattr(random, "_inst", None)
-    sources: list[tuple[ModuleType, object]] = [(random, python_generator)]
-    if numpy_random is not None and numpy_generator is not None:
-        sources.append((numpy_random, numpy_generator))
     saved_numpy = numpy_generator.get_state() if numpy_generator is not None else None
     saved_python = random.getstate()
-
-    drew = [False]  # a draw was made on the tracing thread (recorded or not)
-
-    def watching(qualified: str, original: Callable[..., Any], python_number: bool) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def draw(*args: Any, **kwargs: Any) -> Any:
-            mine = threading.get_ident() == tracing_thread
-            if mine:
-                drew[0] = True  # before the draw: a Ctrl-C right after it still puts the generators back
-            value = original(*args, **kwargs)
-            if first_draw or not mine or _importing():
-                return value
-            found = (qualified, innermost_on_stack())
-            if python_number and type(value) in _DRAWN_TYPES:
-                # A number the program may never use (MusicGen draws its
-                # LayerDrop probability in eval mode too, then skips the
-                # test): refused at its first use in Python; torch reads a
-                # float's value without any call we could see, so one not
-                # seen used is warned about.
-                def on_use() -> None:
-                    if not first_draw:
-                        first_draw.append(found)
-
-                unseen.append(found)
-                return _DRAWN_TYPES[type(value)](value, on_use)
-            first_draw.append(found)
-            return value
-
-        return draw
-
-    for module, generator in sources:
-        if generator is None:
-            continue
-        for name, original in _drawing_functions(module, generator):
-            watched.append((module, name, original))
+    outermost = _CURRENT[0] is None
+    patching: list[Callable[[], Any]] = []
+    unwatching: list[Callable[[], Any]] = []
+    if outermost:
+        sources: list[tuple[ModuleType, object]] = []
+        if python_generator is not None:
+            sources.append((random, python_generator))
+        if numpy_random is not None and numpy_generator is not None:
+            sources.append((numpy_random, numpy_generator))
+        patches = _patches(sources)
+        patching = [functools.partial(_CURRENT.__setitem__, 0, watch), *patches.patching]
+        unwatching = [*patches.unpatching, functools.partial(_CURRENT.__setitem__, 0, None)]
     # Everything is put back in one call of C code, which no Ctrl-C can
     # cut short (Python delivers signals only between bytecodes, and none
-    # runs between the calls' start and the put-back).
-    unwatching: list[Callable[[], Any]] = [functools.partial(setattr, *entry) for entry in watched]
+    # runs between the calls' start and the put-back); the watch is put in
+    # place the same way.
     unwatch = _in_one_step(unwatching)
     unwatch_and_put_back = _in_one_step(
         unwatching + _generators_put_back(python_generator, saved_python, numpy_generator, saved_numpy)
     )
+    watch_now = _in_one_step(patching)
     failed = False
     try:
-        for module, name, original in watched:
-            setattr(module, name, watching(f"{module.__name__}.{name}", original, module is random))
+        watch_now()
         yield
     except BaseException:
         failed = True
@@ -212,10 +293,11 @@ def refuse_host_random_draws(error_type: type[TorchImportError] = TorchImportErr
     finally:
         # A refused trace, or one cut short (Ctrl-C, an error) after a
         # draw: the caller's sequence of numbers is as it was.
-        if drew[0] and (failed or first_draw):
+        if watch.drew and (failed or watch.first_draw):
             unwatch_and_put_back()
         else:
             unwatch()
+    first_draw, unseen = watch.first_draw, watch.unseen
     if not first_draw and unseen:
         function, line = unseen[0]
         warnings.warn(

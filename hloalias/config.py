@@ -95,6 +95,11 @@ SETTINGS: tuple[Setting, ...] = (
             "How many traced optimizer update templates the process keeps for later captures, least "
             "recently used dropped first (`hloalias.frontend.optimizer_replay`); read at each new "
             "template; 0 keeps none."),
+    Setting("HLOALIAS_MEMO_CACHE_SIZE", "integer", 256, "runtime",
+            "How many entries each small in-process memo table keeps, least recently used dropped first "
+            "(`hloalias.lru.memoized`): pipeline texts parsed (`hloalias.pipeline`), source files' digests "
+            "in cache keys (by path, size and mtime: `hloalias.runtime.source_key`), rebuilt strided "
+            "views' geometry (`hloalias.runtime.strided_views`); read at each new entry; 0 keeps none."),
     Setting("HLOALIAS_FAKE_CACHE_ENTRIES", "integer", 16384, "runtime",
             "Bound on torch's fake-tensor dispatch cache (`FakeTensorMode.cache`, process-wide, which "
             "torch never empties: one entry, 1-2 KiB, per op and input shapes traced): after a trace "
@@ -227,6 +232,12 @@ def integer(name: str) -> int | None:
     return value if value is not None else (default if isinstance(default, int) else None)
 
 
+def memo_cache_size() -> int:
+    """``HLOALIAS_MEMO_CACHE_SIZE``: the bound of each
+    :func:`hloalias.lru.memoized` table (read at each new entry)."""
+    return integer("HLOALIAS_MEMO_CACHE_SIZE") or 0
+
+
 def number(name: str) -> float | None:
     """A number variable (None when unset and it has no default)."""
     value = _parsed(name, "number", float, "a number")
@@ -317,6 +328,7 @@ def warn_native_stale(reason: str) -> None:
 
 
 __all__ = [
-    "ConfigWarning", "NativePathWarning", "SETTINGS", "Setting", "flag", "integer", "markdown_table", "number",
+    "ConfigWarning", "NativePathWarning", "SETTINGS", "Setting", "flag", "integer", "markdown_table", "memo_cache_size",
+    "number",
     "setting", "text", "warn_native_missing", "warn_native_stale",
 ]

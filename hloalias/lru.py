@@ -1,7 +1,9 @@
 """One bounded least-recently-used map, the store of every in-process cache
-of hloalias (executables, imports, shape families, ``hloalias.jit``
-signatures, the ``torch.compile`` backend's number values, optimizer
-update templates).
+of hloalias that grows with the user's programs (executables, imports,
+shape families, ``hloalias.jit`` signatures, the ``torch.compile``
+backend's number values, optimizer update templates, and through
+:func:`memoized` the small memo tables: pipeline texts parsed, source
+files' digests, strided views' geometry).
 
 Contract:
 
@@ -23,6 +25,11 @@ Contract:
   told otherwise, resets the counters in place.
 - Not thread-safe by itself: each cache takes its own lock around the
   calls (most hold it across several, a look-up then a re-key).
+- :func:`memoized` is ``functools.lru_cache`` over a :class:`BoundedLRU`
+  (the bound a callable, e.g. a setting): thread-safe (its own lock, not
+  held while the function runs: two threads may compute one key, the
+  later result kept), a raised exception is not cached, positional
+  hashable arguments only.
 
 Imports nothing but the standard library (``hloalias`` is the lowest layer
 and ``import hloalias`` stays light: test_lazy_imports.py)."""
@@ -31,8 +38,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Iterator
-from typing import Generic, Protocol, TypeVar, overload
+import functools
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -178,4 +187,48 @@ class BoundedLRU(Generic[K, V]):
         return bool(self._entries)
 
 
-__all__ = ["BoundedLRU", "Counters", "LRUStats"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Memoized(Protocol):
+    """What :func:`memoized` adds to the function it wraps."""
+
+    #: The entries (arguments tuple -> result) and their counters.
+    cache: BoundedLRU[tuple[Hashable, ...], Any]
+
+    def cache_clear(self) -> None: ...
+
+
+def memoized(bound: int | Callable[[], int]) -> Callable[[F], F]:
+    """``function``'s results kept per positional arguments in a
+    :class:`BoundedLRU` of ``bound`` (module docstring); the wrapper's
+    ``cache`` is the map and ``cache_clear()`` empties it."""
+
+    def wrap(function: F) -> F:
+        cache: BoundedLRU[tuple[Hashable, ...], Any] = BoundedLRU(bound)
+        lock = threading.Lock()
+        missing = object()
+
+        @functools.wraps(function)
+        def memo(*args: Hashable) -> Any:
+            with lock:
+                found = cache.get(args, missing)
+            if found is not missing:
+                return found
+            value = function(*args)
+            with lock:
+                cache.put(args, value)
+            return value
+
+        def cache_clear() -> None:
+            with lock:
+                cache.clear()
+
+        setattr(memo, "cache", cache)
+        setattr(memo, "cache_clear", cache_clear)
+        return cast(F, memo)
+
+    return wrap
+
+
+__all__ = ["BoundedLRU", "Counters", "LRUStats", "Memoized", "memoized"]

@@ -15,15 +15,16 @@ from hloalias._layers import alias_bare_import
 alias_bare_import(__name__, "hloalias.pipeline")
 
 import dataclasses
-import functools
 import hashlib
 import re
 from typing import Any
 
 from torch_mlir import ir, passmanager
 
+from hloalias.config import memo_cache_size
 from hloalias.contract import verification_scope
 from hloalias.errors import IRError, PipelineError
+from hloalias.lru import memoized
 from hloalias.mlir import format_diagnostics, print_module
 from hloalias.pass_runs import run_verifying_result
 from hloalias.passes import get_all_passes
@@ -218,10 +219,11 @@ def parse_pipeline(text: str) -> list[PipelineElement]:
     return list(_parse_pipeline(text))
 
 
-@functools.lru_cache(maxsize=64)
+@memoized(memo_cache_size)
 def _parse_pipeline(text: str) -> tuple[PipelineElement, ...]:
     """:func:`parse_pipeline`, kept for the texts used last (a compile
-    reads its pipeline several times; elements are immutable)."""
+    reads its pipeline several times; elements are immutable).  Bounded by
+    HLOALIAS_MEMO_CACHE_SIZE: a program may name pipelines of its own."""
     parser = _PipelineParser(text)
     if not parser.peek():
         raise PipelineError(f"pipeline must have the form 'builtin.module(...)', got '{text}'")

@@ -41,9 +41,10 @@
 // - ABI_VERSION (a module attribute) numbers the Lane constructor's arguments,
 //   what the lane reads of the plan and the executable, and the module's
 //   functions (first_changed, first_differing, values_in_range, ...: one added
-//   or changed is a new interface too); runtime/lane.py uses a build only when
-//   it carries the number that file expects (a stale build takes the Python
-//   path, saying why in explain() and in a NativePathWarning).  Bump both
+//   or changed is a new interface too); the runtime uses any part of a build
+//   (the Lane, those functions, Waiter, guard_dlpack) only when it carries
+//   the number runtime/pjrt.py expects (a stale build takes the Python path,
+//   saying why in explain() and in a NativePathWarning).  Bump both
 //   together whenever either changes.
 #include <Python.h>
 
@@ -122,7 +123,7 @@ struct Output {
 
 enum OutputMode { SINGLE = 0, TUPLE = 1, UNFLATTEN = 2 };
 
-// See the contract above; runtime/lane.py's _LANE_ABI_VERSION is the same number.
+// See the contract above; runtime/pjrt.py's LANE_ABI_VERSION is the same number.
 // 9: the module function first_differing (a build of 8 may lack it).
 constexpr long kAbiVersion = 9;
 

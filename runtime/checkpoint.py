@@ -24,8 +24,14 @@ exchange; elsewhere the earlier one is renamed aside, the new one in, then
 the earlier one removed).  A save cut short anywhere (an error, a full
 disk, Ctrl-C, a process of the run that could not write its file) leaves
 the earlier checkpoint complete and loadable and removes its staging
-directory (a process killed outright may leave one, never a torn
-checkpoint).  The directory is the checkpoint's alone: one holding other
+directory.  A process killed outright (SIGKILL, a lost machine) may leave
+one, never a torn checkpoint: the next ``save`` or ``load`` of the
+checkpoint removes the staging directories beside it whose owner it can
+prove dead (:func:`_clear_dead_staging`: the owning process, named in the
+directory's name with its host and start time, is gone from this host),
+and puts back an earlier checkpoint a killed two-rename replacement had
+renamed aside.  Another live process's, and any another host made, are
+left alone.  The directory is the checkpoint's alone: one holding other
 files is refused, not replaced.
 
 ``save`` and ``load`` are collectives on a multi-process mesh (every process
@@ -47,11 +53,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import hashlib
 import itertools
 import json
 import os
 import re
 import shutil
+import socket
 import uuid
 from typing import Any
 
@@ -129,7 +137,9 @@ def save(target: Any, directory: str | os.PathLike[str]) -> None:
     short anywhere (an error, a full disk, Ctrl-C) leaves the earlier
     checkpoint complete and removes what it wrote.  ``directory`` is
     replaced as a whole: one holding anything but a checkpoint's files is
-    refused (ExecutionError naming the file), never deleted."""
+    refused (ExecutionError naming the file), never deleted.  What saves
+    of ``directory`` killed outright left beside it is cleared first
+    (module docstring)."""
     executable = _executable(target)
     if isinstance(target, TrainingStep):
         # Another step of the same model on a mesh may have run since this
@@ -146,6 +156,7 @@ def save(target: Any, directory: str | os.PathLike[str]) -> None:
     metadata = _metadata(executable, count) if rank == 0 else None
     if not multiprocess:
         _check_target(shown, path)
+        _clear_dead_staging(path)
         staging: list[str] = []
         try:
             with interrupts.deferred():  # made and recorded together: never left unremoved
@@ -196,6 +207,7 @@ def _save_across_processes(
         return
     try:
         _check_target(shown, path)
+        _clear_dead_staging(path)
         with interrupts.deferred():  # made and recorded together: never left unremoved
             staging.append(_make_staging(path))
     except BaseException as error:
@@ -269,9 +281,103 @@ def _check_target(shown: str, path: str) -> None:
 
 
 def _sibling(path: str, what: str) -> str:
-    """A new name beside ``path`` (the same file system: renames stay renames)."""
+    """A new name beside ``path`` (the same file system: renames stay
+    renames) that names its owner, this process (:func:`_owner`), for
+    :func:`_clear_dead_staging`."""
     parent, base = os.path.split(path)
-    return os.path.join(parent, f".{base}.{what}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    return os.path.join(parent, f".{base}.{what}-{_owner()}-{uuid.uuid4().hex[:12]}")
+
+
+@functools.cache
+def _host() -> str:
+    """Who can judge this process's liveness by its pid: the host's name,
+    its boot and its pid namespace (a container on the same machine and
+    name has other pids), as 12 hex digits.  A staging directory of
+    another host, boot or namespace is never judged dead."""
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            parts.append(handle.read().strip())
+    except OSError:
+        parts.append("")
+    try:
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        parts.append("")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+def _owner() -> str:
+    """This process as a staging directory's name holds it: host, pid and
+    start time (``0`` where the system does not say)."""
+    pid = os.getpid()
+    return f"{_host()}-{pid}-{_started(pid) or 0}"
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state
+    first), or None (no such process, or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
+
+
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot), or None."""
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
+
+
+def _dead(pid: int, started: int) -> bool:
+    """Whether process ``pid`` of this host, started at ``started`` (0:
+    unknown), is proven gone: no such process, a zombie, or another
+    process that took the pid since.  A process of another user is alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: it exists
+        return False
+    fields = _proc_stat(pid)
+    if fields is None:
+        return False
+    if fields[0] == "Z":  # killed, not yet reaped by its parent
+        return True
+    return started != 0 and len(fields) > 19 and int(fields[19]) != started
+
+
+def _clear_dead_staging(path: str) -> None:
+    """Remove what saves of ``path`` killed outright left beside it (a
+    ``.NAME.saving-*`` staging directory), where the save's process is
+    proven dead (:func:`_dead`; one of another host, boot or pid namespace,
+    or of a format without its host, is left alone); a ``.NAME.replaced-*``
+    directory holding the earlier checkpoint of a two-rename replacement
+    killed between its renames is renamed back to ``path`` when nothing
+    is there (removed when a checkpoint is).  Housekeeping: what it cannot
+    do (a race with another cleaner, a read-only directory) it leaves."""
+    parent, base = os.path.split(path)
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return
+    pattern = re.compile(
+        rf"\.{re.escape(base)}\.(saving|replaced)-([0-9a-f]{{12}})-([0-9]+)-([0-9]+)-[0-9a-f]{{12}}"
+    )
+    for name in sorted(names):
+        found = pattern.fullmatch(name)
+        if found is None or found[2] != _host() or not _dead(int(found[3]), int(found[4])):
+            continue
+        left = os.path.join(parent, name)
+        if found[1] == "replaced" and not os.path.lexists(path):
+            try:
+                os.rename(left, path)  # the earlier checkpoint, back in place
+            except OSError:  # never removed while it may be the only one
+                pass
+            continue
+        _remove(left)
 
 
 def _make_staging(path: str) -> str:
@@ -393,8 +499,12 @@ def load(target: Any, directory: str | os.PathLike[str]) -> None:
     """Set ``target``'s device state from the checkpoint in ``directory``
     (saved by any number of processes); every process of the run calls it.
     Every state tensor of ``target`` must be in it; nothing changes when
-    one is missing or mismatched (``load_state_dict``'s checks)."""
+    one is missing or mismatched (``load_state_dict``'s checks).  What
+    saves of ``directory`` killed outright left beside it is cleared
+    first (module docstring): a checkpoint a killed replacement had
+    renamed aside is back in place and loads."""
     executable = _executable(target)
+    _clear_dead_staging(os.path.realpath(os.fspath(directory)))
     values = read(directory)
     missing = [name for name in _unique_state(executable) if name not in values]
     if missing:

@@ -263,12 +263,21 @@ def compile(  # noqa: A001 - the name users expect
     intermediates in f32, faster and closer to the exact value but not
     eager's result (docs/precision.md).
 
+    The program is traced under the default dtype of this call
+    (``torch.get_default_dtype()``: a dtype-less ``torch.ones(3)``, an
+    integer division) and keeps it: called under another default dtype it
+    runs as compiled, with no warning, as jax's ahead-of-time
+    ``jax.jit(f).lower(x).compile()`` keeps its ``jax_enable_x64``
+    (``Executable.default_dtype``, ``explain()``; docs/runtime.md, "The
+    default dtype").  :func:`hloalias.jit` compiles again instead.
+
     (Private: ``_state_owner`` is the object whose state group the program
     shares instead of ``f``'s, and ``_state_sources`` the tensors its state
     names stand for there: a training step's ``param.<fqn>`` is the
     model's parameter, so it shares its device buffer with every
     executable of the model, :mod:`hloalias.runtime.training`.)"""
     _check_mesh_arguments(mesh, shardings)
+    default_dtype = torch.get_default_dtype()  # the trace's (docstring)
     if torch.is_autocast_enabled("cpu"):
         raise CompileError(_AUTOCAST.format(dtype=torch.get_autocast_dtype("cpu")) + "compile outside it")
     for holder in (f, _state_owner):
@@ -397,6 +406,7 @@ def compile(  # noqa: A001 - the name users expect
     exe._gradient_checked = _state_owner is None
     exe._program_name = _program_name(f)
     exe.program_cache = program_cache.status_line(cached, found)
+    exe.default_dtype = default_dtype
     return exe
 
 
@@ -686,6 +696,12 @@ class Executable:
         self.alias_report = alias_report
         #: How the program cache served this compile (runtime/program_cache.py).
         self.program_cache = "program cache: not consulted"
+        #: ``torch.get_default_dtype()`` of the compile that traced the
+        #: program (or found it in a cache keyed by it; set by ``compile``):
+        #: a call under another runs the program as it is (docs/runtime.md,
+        #: "The default dtype").  None: not traced from torch
+        #: (``compile_stablehlo``).
+        self.default_dtype: torch.dtype | None = None
         self._calls = 0
         #: The train/eval flags the program was compiled under (set by
         #: ``compile``), checked at every call; None: no module to check.
@@ -1033,6 +1049,11 @@ class Executable:
                 "torch's default generator (torch.manual_seed reproduces them)"
             )
         lines.append(self.program_cache)
+        if self.default_dtype is not None:
+            lines.append(
+                f"default dtype: {self.default_dtype} (traced under it: a call under another "
+                "torch.get_default_dtype() runs this program as it is; hloalias.jit compiles again)"
+            )
         lines.extend(self._placement.describe(self.memory_stats_per_device))
         return "\n".join(lines)
 

@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from hloalias import config
 from hloalias.runtime import execution
 from hloalias.runtime.ownership import _BACKINGS, _BACKINGS_SWEEP_AT, HostBacking, _register_backing
-from hloalias.runtime.pjrt import native_enabled
+from hloalias.runtime.pjrt import LANE_ABI_VERSION, native_enabled
 from hloalias.runtime.plan import UNFLATTEN, _CallPlan, _NativeSteps
 
 if TYPE_CHECKING:
@@ -44,9 +44,10 @@ _LANE_FALLBACK = object()
 #: The interface number of the ``Lane`` this file builds (its constructor's
 #: arguments, what it reads of the plan and the executable) and of the
 #: module's functions this runtime calls: runtime/_lane.cpp's
-#: ``kAbiVersion``.  Bump both together.  9: ``first_differing`` (a build
-#: of 8 may lack it, and was then silently compared in Python).
-_LANE_ABI_VERSION = 9
+#: ``kAbiVersion``, kept in ``pjrt.LANE_ABI_VERSION`` (the Waiter and the
+#: DLPack guard are checked against it there).  9: ``first_differing``
+#: (a build of 8 may lack it, and was then silently compared in Python).
+_LANE_ABI_VERSION = LANE_ABI_VERSION
 
 _REBUILD = "rebuild it: bash -c 'source scripts/venv.sh' (or pip install --no-build-isolation -e .)"
 

@@ -38,8 +38,8 @@ Invariant (every other runtime module goes through here to cross):
   by the next import or at exit (:func:`drain_releases`, an ``atexit``
   hook), so torch's deleter never takes the GIL from PJRT's thread.  The
   memory of a temporary released so stays held until then (one call's
-  inputs at most, while calls go on).  Without a build of the extension
-  (``_lane`` missing or stale) imports are not guarded and a process
+  inputs at most, while calls go on).  Without a current build of the
+  extension (``_lane`` missing or stale: ``pjrt.native_build``) imports are not guarded and a process
   whose last act is a call on a temporary can still abort at exit
   (``explain()`` says the native path is not built; build it).
 
@@ -69,7 +69,7 @@ from hloalias.runtime.jaxlib_private import batched_device_put as _batched_devic
 from hloalias.runtime.jaxlib_private import buffer_to_dlpack as _buffer_to_dlpack
 from hloalias.runtime.jaxlib_private import dlpack_to_buffer as _dlpack_to_buffer
 from hloalias.runtime.jaxlib_private import host_buffer_semantics as _host_buffer_semantics
-from hloalias.runtime.pjrt import device_for
+from hloalias.runtime.pjrt import device_for, native_build
 
 if TYPE_CHECKING:
     from hloalias.runtime.plan import _ResultStep
@@ -77,11 +77,11 @@ if TYPE_CHECKING:
 # torch's C-level DLPack export (Tensor.__dlpack__ wraps it in Python checks).
 _torch_to_dlpack: Any = getattr(torch.utils.dlpack, "to_dlpack")
 
-try:  # the native extension's guard of DLPack releases (module docstring)
-    from hloalias.runtime import _lane as _native
-except ImportError:  # not built here: imports are not guarded
-    _native = None  # type: ignore[assignment]
-# None where the extension is missing or a build older than the guard.
+# The native extension's guard of DLPack releases (module docstring), from
+# a build of this runtime's interface only (pjrt.native_build): a stale
+# build's guard, as its Lane, is not used.  None where the extension is
+# missing or stale: imports are not guarded.
+_native = native_build()
 _guard_dlpack: Callable[[Any], Any] | None = getattr(_native, "guard_dlpack", None)
 _drain_releases: Callable[[], int] | None = getattr(_native, "drain_releases", None)
 

@@ -52,11 +52,34 @@ from hloalias.runtime.jaxlib_private import pxla as _jax_pxla
 from hloalias.runtime.jaxlib_private import tree_util as _jax_tree_util
 from hloalias.runtime.jaxlib_private import xla_client
 
-try:  # the wait policy in native code (runtime/_lane.cpp), where it is built
-    from hloalias.runtime._lane import Waiter as NativeWaiter
+try:  # the native extension (runtime/_lane.cpp), where it is built
+    from hloalias.runtime import _lane as _built
 except ImportError as _missing:
-    NativeWaiter = None  # type: ignore[assignment,misc]
+    _built = None  # type: ignore[assignment]
     config.warn_native_missing(_missing)
+
+#: The interface number of the native extension this runtime uses
+#: (runtime/_lane.cpp's ``kAbiVersion``; bump both together): the
+#: ``Lane`` runtime/lane.py builds, the per-call checks it hands out, the
+#: :class:`NativeWaiter` here and the DLPack release guard of
+#: runtime/ownership.py.
+LANE_ABI_VERSION = 9
+
+
+def native_build() -> Any:
+    """The built extension (``hloalias.runtime._lane``) where its
+    ``ABI_VERSION`` is :data:`LANE_ABI_VERSION`, else None: missing, or a
+    stale build (of an older ``_lane.cpp``), whose every part, not just
+    the ``Lane``, is left for the Python equivalent (runtime/lane.py's
+    ``warn_if_stale`` warns once and ``explain()`` says how to rebuild)."""
+    if _built is None or getattr(_built, "ABI_VERSION", None) != LANE_ABI_VERSION:
+        return None
+    return _built
+
+
+#: The wait policy in native code (``_lane.Waiter``), where a current build
+#: of the extension has it; else None (:meth:`SingleDeviceDispatch._wait`).
+NativeWaiter: Any = getattr(native_build(), "Waiter", None)
 
 
 

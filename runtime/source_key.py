@@ -74,6 +74,8 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from hloalias.config import memo_cache_size
+from hloalias.lru import memoized
 from hloalias.runtime.state import fresh_type, user_forward_pre_hooks
 
 _MAX_DEPTH = 24  # nesting of values
@@ -333,7 +335,9 @@ def _file_digest(path: str) -> str:
     return _file_digest_cached(path, info.st_size, info.st_mtime_ns)
 
 
-@functools.lru_cache(maxsize=256)
+# Bounded by HLOALIAS_MEMO_CACHE_SIZE: one entry per source file of the
+# programs keyed and per edit of one (its size and mtime are the key).
+@memoized(memo_cache_size)
 def _file_digest_cached(path: str, size: int, mtime_ns: int) -> str:
     with open(path, "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()

@@ -12,9 +12,10 @@ user input through it when the input is not row-major).
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from hloalias.config import memo_cache_size
+from hloalias.lru import memoized
 
 #: Above this many elements (base or view) the element-by-element check is
 #: not attempted and the caller gets ``None`` (the runtime then views a
@@ -38,7 +39,9 @@ def strided_view_of(
     return tensor.as_strided(view_sizes, view_strides, tensor.storage_offset() + view_offset)
 
 
-@functools.lru_cache(maxsize=256)
+# Bounded by HLOALIAS_MEMO_CACHE_SIZE: one entry per geometry of the
+# programs' rebuilt views (their callers' shapes and strides).
+@memoized(memo_cache_size)
 def _carried_geometry(
     shape: tuple[int, ...],
     caller_strides: tuple[int, ...],

@@ -18,6 +18,9 @@ import errno
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +244,176 @@ def test_the_two_rename_replacement_is_all_or_nothing_too(tmp_path: Path, monkey
     assert _check_whole(target, old, new, "a failed rename") == "old"
     checkpoint.save(exe, target)
     assert _check_whole(target, old, new, "the next save") == "new"
+
+
+#: A save in a process of its own, stopped once its shard file is written
+#: (before ``metadata.json`` and the rename): ``kill`` SIGKILLs itself
+#: there; ``wait`` says "staged" and waits for a line on stdin, then
+#: finishes; ``aside`` makes the replacement take two renames and
+#: SIGKILLs itself between them (the earlier checkpoint renamed aside, the
+#: new one not yet in).
+_SAVER = """
+import os, signal, sys
+import torch
+import hloalias
+from hloalias.runtime import checkpoint
+
+class Counted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("total", torch.zeros(4, 4))
+    def forward(self, x):
+        self.total.add_(self.lin(x))
+        return self.total * 1
+
+mode, target = sys.argv[1], sys.argv[2]
+exe = hloalias.compile(Counted(), (torch.ones(4, 4),))
+for _ in range(5):
+    exe(torch.ones(4, 4))
+real_save, real_rename = torch.save, os.rename
+
+def stopping(value, file, *args, **kwargs):
+    real_save(value, file, *args, **kwargs)
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "wait":
+        print("staged", flush=True)
+        sys.stdin.readline()
+
+def renaming(source, destination):
+    real_rename(source, destination)
+    if os.fspath(source) == os.path.realpath(target):  # the earlier checkpoint went aside
+        os.kill(os.getpid(), signal.SIGKILL)
+
+torch.save = stopping
+if mode == "aside":
+    checkpoint._exchange = lambda first, second: False
+    os.rename = renaming
+checkpoint.save(exe, target)
+print("saved", flush=True)
+"""
+
+
+def _saver(mode: str, target: Path) -> "subprocess.Popen[str]":
+    return subprocess.Popen(
+        [sys.executable, "-c", _SAVER, mode, str(target)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _killed(process: "subprocess.Popen[str]") -> None:
+    """Wait until ``process`` died of SIGKILL, leaving it unreaped (a
+    zombie, as a process is until its parent waits for it)."""
+    found = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+    assert found is not None and found.si_code == os.CLD_KILLED, (found, process.stderr.read() if process.stderr else "")
+
+
+def _staged(parent: Path) -> list[str]:
+    return sorted(name for name in os.listdir(parent) if ".saving-" in name or ".replaced-" in name)
+
+
+@pytest.mark.parametrize("next_call", ["save", "load"])
+def test_the_next_save_or_load_clears_what_a_killed_save_left(tmp_path: Path, next_call: str) -> None:
+    """A save SIGKILLed after writing its shard file leaves its staging
+    directory beside the checkpoint (no ``finally`` runs).  The next save
+    or load of that checkpoint removes it: its process is dead (here a
+    zombie its parent has not reaped yet, then gone).  Before, staging
+    directories of killed saves piled up beside the checkpoint."""
+    exe = _program()
+    exe(torch.ones(4, 4))
+    target = tmp_path / "ckpt"
+    checkpoint.save(exe, target)
+    old = checkpoint.read(target)
+    saver = _saver("kill", target)
+    _killed(saver)
+    left = _staged(tmp_path)
+    assert len(left) == 1 and left[0].startswith(".ckpt.saving-"), left
+    assert "shards-0.pt" in os.listdir(tmp_path / left[0])
+    if next_call == "save":
+        exe(torch.ones(4, 4))
+        checkpoint.save(exe, target)
+        assert _same(checkpoint.read(target), {n: v.clone() for n, v in exe.state_dict().items()})
+    else:
+        fresh = _program()
+        checkpoint.load(fresh, target)
+        assert _same(fresh.state_dict(), old)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"], os.listdir(tmp_path)
+    saver.wait()
+    assert saver.returncode == -signal.SIGKILL
+
+
+def test_a_live_save_s_staging_directory_is_left_alone(tmp_path: Path) -> None:
+    """A save of another live process, stopped after its shard file: this
+    process's save and load of the same checkpoint leave its staging
+    directory, and it then completes."""
+    exe = _program()
+    target = tmp_path / "ckpt"
+    checkpoint.save(exe, target)
+    saver = _saver("wait", target)
+    try:
+        assert saver.stdout is not None and saver.stdin is not None
+        assert saver.stdout.readline().strip() == "staged", saver.stderr.read() if saver.stderr else ""
+        staged = _staged(tmp_path)
+        assert len(staged) == 1, staged
+        checkpoint.save(exe, target)
+        checkpoint.load(_program(), target)
+        assert _staged(tmp_path) == staged
+        assert "shards-0.pt" in os.listdir(tmp_path / staged[0])
+        saver.stdin.write("go\n")
+        saver.stdin.flush()
+        assert saver.stdout.readline().strip() == "saved"
+    finally:
+        saver.kill()
+        saver.wait()
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"], os.listdir(tmp_path)
+    saved = checkpoint.read(target)
+    assert not _same(saved, {n: v.clone() for n, v in exe.state_dict().items()})  # the other process's state
+
+
+def test_a_checkpoint_a_killed_two_rename_replacement_moved_aside_is_put_back(tmp_path: Path) -> None:
+    """Where the replacement takes two renames, a save killed between them
+    leaves no checkpoint at its name: the earlier one is in a
+    ``.NAME.replaced-*`` directory beside it.  The next load puts it back
+    and loads it (before: no readable metadata.json), and nothing is left
+    beside it."""
+    exe = _program()
+    exe(torch.ones(4, 4))
+    target = tmp_path / "ckpt"
+    checkpoint.save(exe, target)
+    old = checkpoint.read(target)
+    saver = _saver("aside", target)
+    _killed(saver)
+    saver.wait()
+    assert not target.exists()
+    assert any(name.startswith(".ckpt.replaced-") for name in os.listdir(tmp_path)), os.listdir(tmp_path)
+    fresh = _program()
+    checkpoint.load(fresh, target)
+    assert _same(fresh.state_dict(), old)
+    checkpoint.save(exe, target)  # and the killed save's staging directory goes with the next save
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"], os.listdir(tmp_path)
+
+
+def test_staging_directories_not_proven_dead_are_left_alone(tmp_path: Path) -> None:
+    """What another host (or boot, or pid namespace) staged, a name
+    without its host (an earlier format) and a live process's name are
+    not this save's to judge: a shared directory's other machines may
+    still be writing them."""
+    exe = _program()
+    target = tmp_path / "ckpt"
+    dead_pid = 2**22 + 1  # above Linux's pid_max limit: never a process
+    other_host = "0" * 12 if checkpoint._host() != "0" * 12 else "1" * 12
+    kept = [
+        f".ckpt.saving-{other_host}-{dead_pid}-0-{'a' * 12}",
+        f".ckpt.replaced-{other_host}-{dead_pid}-0-{'b' * 12}",
+        f".ckpt.saving-{dead_pid}-{'c' * 12}",
+        f".ckpt.saving-{checkpoint._owner()}-{'d' * 12}",
+        f".other.saving-{checkpoint._host()}-{dead_pid}-0-{'e' * 12}",
+    ]
+    for name in kept:
+        (tmp_path / name).mkdir()
+    gone = f".ckpt.saving-{checkpoint._host()}-{dead_pid}-0-{'f' * 12}"
+    (tmp_path / gone).mkdir()
+    checkpoint.save(exe, target)
+    assert sorted(os.listdir(tmp_path)) == sorted([*kept, "ckpt"])

@@ -138,3 +138,52 @@ def test_a_module_imported_during_the_trace_may_draw(tmp_path: Path, monkeypatch
     finally:
         sys.modules.pop("draws_on_import", None)
     assert torch.equal(exe(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_the_watch_s_wrappers_are_built_once_per_process() -> None:
+    """Every trace reuses the same wrappers of the drawing functions
+    (~65, built with ``functools.wraps`` each: about half of the watch's
+    cost per trace, bench/RESULTS-latency.md); they report to the trace now
+    active.  Before, each trace built its own."""
+    from hloalias.frontend import host_random
+
+    seen: list[tuple[object, object]] = []
+    for _ in range(2):
+        with host_random.refuse_host_random_draws():
+            seen.append((np.random.rand, random.random))
+    assert seen[0][0] is seen[1][0] and seen[0][1] is seen[1][1]
+    assert seen[0][0] != np.random.mtrand._rand.rand  # a wrapper, not the generator's method
+    # Each trace's record is its own: a draw in the second is refused there.
+    with pytest.raises(TorchImportError, match=r"numpy\.random\.rand"):
+        with host_random.refuse_host_random_draws():
+            np.random.rand(2)
+    with host_random.refuse_host_random_draws():
+        pass
+    assert np.random.rand == np.random.mtrand._rand.rand
+
+
+def test_a_function_replaced_between_traces_is_watched_and_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wrappers are rebuilt when a watched module's functions changed:
+    a drawing function the caller replaced with another of the generator's
+    methods is the one watched and put back, never an earlier original."""
+    from hloalias.frontend import host_random
+
+    with host_random.refuse_host_random_draws():
+        pass
+    monkeypatch.setattr(np.random, "rand", np.random.mtrand._rand.random_sample)
+    replaced = np.random.rand
+    with pytest.raises(TorchImportError, match=r"numpy\.random\.rand"):
+        with host_random.refuse_host_random_draws():
+            np.random.rand(2)
+    assert np.random.rand is replaced
+
+
+def test_a_watch_inside_a_watch_leaves_the_record_to_the_outer_one() -> None:
+    from hloalias.frontend import host_random
+
+    with pytest.raises(TrainingCaptureError, match=r"numpy\.random\.choice"):
+        with host_random.refuse_host_random_draws(TrainingCaptureError):
+            with host_random.refuse_host_random_draws():
+                np.random.choice(3)
+            assert np.random.choice != np.random.mtrand._rand.choice  # still watched
+    assert np.random.choice == np.random.mtrand._rand.choice

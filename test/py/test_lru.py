@@ -4,6 +4,8 @@ eviction callback, counters and clear."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hloalias.lru import BoundedLRU, LRUStats
@@ -134,3 +136,73 @@ def test_never_more_than_the_bound(bound: int) -> None:
         cache.get(key // 2)
         assert len(cache) <= bound
     assert cache.stats.evictions == 20 - bound
+
+
+def test_memoized_keeps_results_per_arguments_within_its_bound() -> None:
+    from hloalias.lru import memoized
+
+    runs: list[tuple[int, int]] = []
+    bound = [2]
+
+    @memoized(lambda: bound[0])
+    def add(a: int, b: int) -> int:
+        runs.append((a, b))
+        if a < 0:
+            raise ValueError(a)
+        return a + b
+
+    assert add(1, 2) == 3 and add(1, 2) == 3 and runs == [(1, 2)]
+    add(2, 2)
+    add(3, 2)  # (1, 2) is the least recently used: evicted
+    assert add.cache.keys() == [(2, 2), (3, 2)]  # type: ignore[attr-defined]
+    assert add(1, 2) == 3 and runs.count((1, 2)) == 2
+    with pytest.raises(ValueError):
+        add(-1, 0)
+    with pytest.raises(ValueError):  # an exception is not kept
+        add(-1, 0)
+    assert runs.count((-1, 0)) == 2
+    bound[0] = 0  # off: nothing kept
+    add(5, 5)
+    add(5, 5)
+    assert runs.count((5, 5)) == 2 and len(add.cache) == 0  # type: ignore[attr-defined]
+    bound[0] = 2
+    add(6, 6)
+    add.cache_clear()  # type: ignore[attr-defined]
+    assert len(add.cache) == 0  # type: ignore[attr-defined]
+
+
+def test_the_memo_tables_that_grow_with_programs_are_bounded_by_the_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """Pipeline texts parsed, source files' digests and rebuilt views'
+    geometry: keyed by what the user's programs bring (their pipelines,
+    their files and each edit of one, their tensors' shapes and strides),
+    each is an LRU of HLOALIAS_MEMO_CACHE_SIZE entries.  Before, each was
+    a ``functools.lru_cache`` of a fixed size (64, 256, 256) that no
+    setting changed."""
+    import torch
+
+    from hloalias.pipeline import _parse_pipeline, parse_pipeline
+    from hloalias.runtime import source_key, strided_views
+
+    monkeypatch.setenv("HLOALIAS_MEMO_CACHE_SIZE", "3")
+    for memo in (_parse_pipeline, source_key._file_digest_cached, strided_views._carried_geometry):
+        memo.cache_clear()
+    for n in range(5):
+        parse_pipeline(f"builtin.module(canonicalize{{max-iterations={n + 1}}})")
+        source = tmp_path / f"m{n}.py"
+        source.write_text(f"x = {n}\n")
+        source_key._file_digest(str(source))
+        base = torch.zeros(4, n + 2)
+        assert strided_views.strided_view_of(base, (n + 2,), (1,), 0) is not None
+    for memo in (_parse_pipeline, source_key._file_digest_cached, strided_views._carried_geometry):
+        assert len(memo.cache) == 3, memo  # type: ignore[attr-defined]
+    # The newest are kept: a hit, not a new entry.
+    hits = strided_views._carried_geometry.cache.stats.hits  # type: ignore[attr-defined]
+    strided_views.strided_view_of(torch.zeros(4, 6), (6,), (1,), 0)
+    assert strided_views._carried_geometry.cache.stats.hits == hits + 1  # type: ignore[attr-defined]
+    monkeypatch.setenv("HLOALIAS_MEMO_CACHE_SIZE", "0")
+    source = tmp_path / "late.py"
+    source.write_text("y = 1\n")
+    source_key._file_digest(str(source))
+    assert len(source_key._file_digest_cached.cache) == 0  # type: ignore[attr-defined]

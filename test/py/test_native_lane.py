@@ -608,3 +608,73 @@ def test_a_current_build_compares_natively() -> None:
     assert lane_module.native_first_differing() is lane_module._lane.first_differing
     exe = hloalias.compile(torch.nn.BatchNorm1d(3), (torch.randn(4, 3),))
     assert exe._state_watch._first_differing is lane_module._lane.first_differing
+
+
+#: A process whose extension is a stale build (interface 8) with a wait
+#: policy and a DLPack guard that record their use: what a call uses of it.
+_STALE_BUILD = """
+import json, os, sys, types, warnings
+calls = []
+
+class Waiter:
+    polling = True
+    def __init__(self, spin):
+        calls.append("Waiter")
+    def __call__(self, results):
+        calls.append("wait")
+        for result in results:
+            result.block_until_ready()
+
+def guard_dlpack(capsule):
+    calls.append("guard_dlpack")
+    return capsule
+
+stale = types.ModuleType("hloalias.runtime._lane")
+stale.ABI_VERSION = 8
+stale.Waiter = Waiter
+stale.guard_dlpack = guard_dlpack
+stale.drain_releases = lambda: 0
+sys.modules["hloalias.runtime._lane"] = stale
+os.environ["HLOALIAS_NATIVE"] = "1"
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch
+    import hloalias
+    from hloalias.runtime import ownership, pjrt
+    exe = hloalias.compile(lambda x: x * 2, (torch.zeros(4),))
+    out = exe(torch.ones(4))
+print(json.dumps({
+    "calls": calls, "out": out.tolist(), "waiter": repr(pjrt.NativeWaiter), "guard": repr(ownership._guard_dlpack),
+    "warned": [str(w.message) for w in caught if type(w.message).__name__ == "NativePathWarning"],
+}))
+"""
+
+
+def test_a_stale_build_s_waiter_and_dlpack_guard_are_not_used() -> None:
+    """The wait policy (``_lane.Waiter``) and the DLPack release guard
+    (``_lane.guard_dlpack``) of a build of another interface are refused
+    as its ``Lane`` is: every call waits and imports in Python, with the
+    one stale-build warning.  Before, pjrt and ownership took them from
+    any build, so a stale extension still ran them."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _STALE_BUILD], capture_output=True, text=True, timeout=600, check=False,
+        env={k: v for k, v in os.environ.items() if k != "HLOALIAS_NATIVE"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["out"] == [2.0] * 4
+    assert seen["calls"] == [], seen
+    assert seen["waiter"] == "None" and seen["guard"] == "None", seen
+    assert len(seen["warned"]) == 1 and "interface version 8" in seen["warned"][0], seen["warned"]
+
+
+def test_a_current_build_s_waiter_and_dlpack_guard_are_used() -> None:
+    from hloalias.runtime import pjrt
+
+    assert pjrt.native_build() is lane_module._lane
+    assert pjrt.NativeWaiter is lane_module._lane.Waiter
+    assert ownership._guard_dlpack is lane_module._lane.guard_dlpack
