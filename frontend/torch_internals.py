@@ -454,7 +454,10 @@ def _patched_kernels(op: Any, decomposition: Any, unpatched: dict[Any, Any], fak
 _LAZY_ACTIVE = [False]
 #: The active lazy block's "patch every operator now" (a nested override's first step).
 _LAZY_FINISH: list[Callable[[], None] | None] = [None]
-_LAZY_LOCK = threading.Lock()
+#: The active (or interrupted) lazy block's restoration, and whether its
+#: exit began (then the next override's entry finishes it).
+_LAZY_RESTORE: list[Callable[[], None] | None] = [None]
+_LAZY_CLOSING = [False]
 
 
 def _lazy_dispatch_names() -> tuple[Any, Any] | None:
@@ -547,16 +550,46 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
             for row in rows:
                 patch(row[0])
 
-    with _LAZY_LOCK:
-        lazy = not _LAZY_ACTIVE[0] and ops_module.OpOverload.__dict__.get("_get_dispatch") is get_dispatch \
-            and "py_impl" not in ops_module.OpOverload.__dict__
-        if lazy:
-            _LAZY_ACTIVE[0] = True  # no Ctrl-C lands between this and the try
-    if not lazy:
-        with eager_cia_override(cia_to_decomp):
-            yield
-        return
+    def restore() -> None:
+        # Idempotent, each step done before it is dropped: a Ctrl-C inside
+        # it leaves the rest to the next override's entry (_finish_restore).
+        pending.clear()
+        if ops_module.OpOverload.__dict__.get("py_impl") is hooked_py_impl:
+            del ops_module.OpOverload.py_impl
+        if ops_module.OpOverload.__dict__.get("_get_dispatch") is hooked_get_dispatch:
+            ops_module.OpOverload._get_dispatch = get_dispatch  # type: ignore[method-assign]
+        while saved:
+            op, kernels = saved[-1]
+            op.py_kernels = kernels
+            op._dispatch_cache.clear()
+            saved.pop()
+        # torch's exit drops every operator's fake rule (_deregister_op_impl).
+        checked = {id(check) for check, _ in private["op_implementations_checks"]}
+        for op in ops & set(fake_rules):
+            if id(op) in checked:
+                private["_deregister_op_impl"](op)
+            else:
+                fake_rules.pop(op, None)
+        _LAZY_FINISH[0] = None
+        _LAZY_RESTORE[0] = None
+        _LAZY_CLOSING[0] = False
+        _LAZY_ACTIVE[0] = False
+
+    _finish_restore()
+    lazy = ops_module.OpOverload.__dict__.get("_get_dispatch") is get_dispatch \
+        and "py_impl" not in ops_module.OpOverload.__dict__
+    claimed = False
+    # No call between the check and the claim: no Ctrl-C (or thread
+    # switch) lands between them, nor between the claim and the try.
+    if lazy and not _LAZY_ACTIVE[0]:
+        _LAZY_ACTIVE[0] = True
+        claimed = True
     try:
+        if not claimed:
+            with eager_cia_override(cia_to_decomp):
+                yield
+            return
+        _LAZY_RESTORE[0] = restore
         _LAZY_FINISH[0] = finish
         # Caches filled before the block would skip the hook.
         for op in ops & cached_ops:
@@ -565,24 +598,18 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
         ops_module.OpOverload.py_impl = hooked_py_impl  # type: ignore[method-assign, assignment]
         yield
     finally:
-        with patch_lock:
-            pending.clear()
-            if ops_module.OpOverload.__dict__.get("py_impl") is hooked_py_impl:
-                del ops_module.OpOverload.py_impl
-            if ops_module.OpOverload.__dict__.get("_get_dispatch") is hooked_get_dispatch:
-                ops_module.OpOverload._get_dispatch = get_dispatch  # type: ignore[method-assign]
-            checked = {id(check) for check, _ in private["op_implementations_checks"]}
-            for op, kernels in saved:
-                op.py_kernels = kernels
-                op._dispatch_cache.clear()
-            # torch's exit drops every operator's fake rule (_deregister_op_impl).
-            for op in ops & set(fake_rules):
-                if id(op) in checked:
-                    private["_deregister_op_impl"](op)
-                else:
-                    fake_rules.pop(op, None)
-            _LAZY_FINISH[0] = None
-            _LAZY_ACTIVE[0] = False
+        if claimed:
+            _LAZY_CLOSING[0] = True
+            _LAZY_RESTORE[0] = restore
+            restore()
+
+
+def _finish_restore() -> None:
+    """Finish the restoration a Ctrl-C cut short in a lazy
+    :func:`cia_override`'s exit (its steps are idempotent)."""
+    left = _LAZY_RESTORE[0]
+    if left is not None and _LAZY_CLOSING[0]:
+        left()
 
 
 def _rows_by_id(cia_to_decomp: dict[Any, Callable[..., Any]]) -> dict[int, tuple[Any, Any, dict[Any, Any], Any]]:
@@ -624,6 +651,7 @@ def eager_cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator
     ``py_impl`` clears it."""
     private = _private()
     assert private is not None, "cia_override needs torch's private export names"
+    _finish_restore()
     outer = _LAZY_FINISH[0]
     if outer is not None:
         # Inside a lazy block: its operators all patched first, so that this
