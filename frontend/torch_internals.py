@@ -16,10 +16,13 @@ cost.
 (c) retraces the program (``_decompose_exported_program``).
 
 :func:`decompose` caches (a) (:func:`split_decomposition_table`), performs
-(b) with :func:`cia_override`, which leaves every operator in the same state
-as torch's override (the same kernels under the same dispatch keys, the
-same fake-tensor rule, and the same state after exit) by writing the
-kernel tables directly, with the per-operator callables built once, and
+(b) with :func:`cia_override`, which leaves every operator the Python
+dispatcher resolves in the block in the same state as torch's override
+(the same kernels under the same dispatch keys, the same fake-tensor rule)
+and every operator in torch's state after exit, by writing the kernel
+tables directly, with the per-operator callables built once, each
+operator's when it is first resolved (:func:`eager_cia_override` writes
+them all on entry, as torch does), and
 lets torch do (c) with an empty CIA table (torch's own override is then a
 no-op).  The first split in a process (and building torch-mlir's table)
 materializes torch's CIA operators once instead of once per ``torch.ops``
@@ -43,8 +46,9 @@ is ``Graph.eliminate_dead_code`` asking ``is_impure`` only of nodes
 without users: both give torch's answers (tested in
 ``test/py/test_training_signature_check.py`` and below).
 ``test/py/test_torch_internals.py`` pins every private name used
-here, compares the operator state under :func:`cia_override` with the
-state under torch's override, and checks the decomposed graph and
+here, compares the operator state under :func:`cia_override` (once
+resolved) and :func:`eager_cia_override` with the state under torch's
+override, and checks the decomposed graph and
 signature against ``run_decompositions``; a torch that changes any of
 them fails there.  A torch without these private names makes
 :func:`decompose` fall back to ``run_decompositions``."""
@@ -494,16 +498,20 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
     Most traces resolve none or a few of the ~525 operators: the eager
     override's two walks over all of them (a kernel table swapped, a dict
     copied, a rule added and popped, each operator's objects fetched from
-    memory) were ~12% of a warm seed compile.
+    memory) were a large share of a warm seed compile
+    (``bench/RESULTS-latency.md``, session 48).
 
     What differs from the eager override while the block runs: an
     operator not yet dispatched under the Python dispatcher still shows its
     own ``py_kernels`` and no fake rule to code that reads them directly.
     torch reads them for an operator that reached a mode's dispatch
     (``decompose``, the fake rules), which under the Python dispatcher
-    resolved it first.  Nested overrides, a torch without the names used
-    (:func:`_lazy_dispatch_names`) or a hook already in place install
-    eagerly."""
+    resolved it first; an operator dispatched with the Python dispatcher
+    off (torch does so for ``prims.item``'s aten implementation on real
+    tensors) reaches a mode with its own tables.  Nested overrides, a torch
+    without the names used (:func:`_lazy_dispatch_names`) or a hook already
+    in place install eagerly.  A Ctrl-C in the exit leaves the rest of it
+    to the next override's entry (:func:`_finish_restore`)."""
     names = _lazy_dispatch_names()
     import torch._ops as ops_module
 
