@@ -16,10 +16,13 @@ cost.
 (c) retraces the program (``_decompose_exported_program``).
 
 :func:`decompose` caches (a) (:func:`split_decomposition_table`), performs
-(b) with :func:`cia_override`, which leaves every operator in the same state
-as torch's override (the same kernels under the same dispatch keys, the
-same fake-tensor rule, and the same state after exit) by writing the
-kernel tables directly, with the per-operator callables built once, and
+(b) with :func:`cia_override`, which leaves every operator the Python
+dispatcher resolves in the block in the same state as torch's override
+(the same kernels under the same dispatch keys, the same fake-tensor rule)
+and every operator in torch's state after exit, by writing the kernel
+tables directly, with the per-operator callables built once, each
+operator's when it is first resolved (:func:`eager_cia_override` writes
+them all on entry, as torch does), and
 lets torch do (c) with an empty CIA table (torch's own override is then a
 no-op).  The first split in a process (and building torch-mlir's table)
 materializes torch's CIA operators once instead of once per ``torch.ops``
@@ -43,8 +46,9 @@ is ``Graph.eliminate_dead_code`` asking ``is_impure`` only of nodes
 without users: both give torch's answers (tested in
 ``test/py/test_training_signature_check.py`` and below).
 ``test/py/test_torch_internals.py`` pins every private name used
-here, compares the operator state under :func:`cia_override` with the
-state under torch's override, and checks the decomposed graph and
+here, compares the operator state under :func:`cia_override` (once
+resolved) and :func:`eager_cia_override` with the state under torch's
+override, and checks the decomposed graph and
 signature against ``run_decompositions``; a torch that changes any of
 them fails there.  A torch without these private names makes
 :func:`decompose` fall back to ``run_decompositions``."""
@@ -417,8 +421,225 @@ def _prepared_entry(
     return rows, (frozenset(rules), rules)
 
 
+def _patched_kernels(op: Any, decomposition: Any, unpatched: dict[Any, Any], fake_rule: Any,
+                     ) -> tuple[dict[Any, Any], dict[Any, Any], Any, bool]:
+    """For one row of :func:`_prepared_entry`: the operator's kernel table
+    now, the table :func:`cia_override` installs in its place, the fake
+    rule it installs where the operator has none, and whether that rule was
+    built here (an operator with a Python CIA kernel of its own)."""
+    kernels = op.py_kernels
+    if not kernels:  # the usual case: no Python kernel of its own
+        return kernels, unpatched.copy(), fake_rule, False
+    cia_key = torch._C.DispatchKey.CompositeImplicitAutograd
+    own = False
+    # Taken before the CIA entry is replaced (torch's order).  An op
+    # without a Python CIA kernel gets the same partial of itself
+    # every time: its filled keys are built once (_filled_keys).
+    if cia_key in kernels and not isinstance(kernels[cia_key], torch._C.DispatchKey):
+        private = _private()
+        assert private is not None
+        backend_keys, autograd_keys = _override_keys()
+        original = private["_get_decomp_for_cia"](op)
+        patched = dict.fromkeys(backend_keys, original)
+        patched.update(dict.fromkeys(autograd_keys, _autograd_kernel(op)))
+        fake_rule = functools.partial(_run_original_cia, original_callable=original)
+        own = True
+    else:
+        patched = _filled_keys(op)[1].copy()
+    # Kernels already registered under a key stay (torch only fills
+    # missing keys); the CIA key is replaced.
+    patched.update(kernels)
+    patched[cia_key] = decomposition
+    return kernels, patched, fake_rule, own
+
+
+#: The operators' dispatch-cache misses go through :func:`cia_override`'s
+#: hook while a lazy override is on (one at a time; see there).
+_LAZY_ACTIVE = [False]
+#: The active lazy block's "patch every operator now" (a nested override's first step).
+_LAZY_FINISH: list[Callable[[], None] | None] = [None]
+#: The active (or interrupted) lazy block's restoration, and whether its
+#: exit began (then the next override's entry finishes it).
+_LAZY_RESTORE: list[Callable[[], None] | None] = [None]
+_LAZY_CLOSING = [False]
+
+
+def _lazy_dispatch_names() -> tuple[Any, Any] | None:
+    """torch's ``OpOverload._get_dispatch`` (the function every
+    dispatch-cache miss of the Python dispatcher calls) and its set of
+    operators with a dispatch cache (``torch._ops.cached_ops``), or None
+    when either is missing (then :func:`cia_override` installs eagerly)."""
+    import torch._ops as ops_module
+
+    get_dispatch = ops_module.OpOverload.__dict__.get("_get_dispatch")
+    cached = getattr(ops_module, "cached_ops", None)
+    if get_dispatch is None or not isinstance(cached, set):
+        return None
+    return get_dispatch, cached
+
+
 @contextlib.contextmanager
 def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]:
+    """What :func:`eager_cia_override` installs, each operator's part
+    installed when the Python dispatcher first resolves a kernel of it in
+    the block, which is the only way the override's kernels are ever run:
+    they are Python kernels (``py_kernels``), which only the Python
+    dispatcher reads, through ``OpOverload._get_dispatch`` on a miss of the
+    operator's dispatch cache.  Within the block that method is a hook
+    that, on an operator of the table not yet patched, patches it (its
+    kernel table and fake rule, as the eager override does) before
+    torch's method resolves the key.  Dispatch caches filled before the
+    block would skip the hook, so the table's operators that have one
+    (``torch._ops.cached_ops``, the set torch adds every operator to when it
+    fills its cache) are emptied on entry.  On exit the patched operators
+    get their tables back and every operator of the table loses its fake
+    rule (torch's exit drops them all, a prior one too).
+
+    Most traces resolve none or a few of the ~525 operators: the eager
+    override's two walks over all of them (a kernel table swapped, a dict
+    copied, a rule added and popped, each operator's objects fetched from
+    memory) were a large share of a warm seed compile
+    (``bench/RESULTS-latency.md``, session 48).
+
+    What differs from the eager override while the block runs: an
+    operator not yet dispatched under the Python dispatcher still shows its
+    own ``py_kernels`` and no fake rule to code that reads them directly.
+    torch reads them for an operator that reached a mode's dispatch
+    (``decompose``, the fake rules), which under the Python dispatcher
+    resolved it first; an operator dispatched with the Python dispatcher
+    off (torch does so for ``prims.item``'s aten implementation on real
+    tensors) reaches a mode with its own tables.  Nested overrides, a torch
+    without the names used (:func:`_lazy_dispatch_names`) or a hook already
+    in place install eagerly.  A Ctrl-C in the exit leaves the rest of it
+    to the next override's entry (:func:`_finish_restore`)."""
+    names = _lazy_dispatch_names()
+    import torch._ops as ops_module
+
+    if names is None:
+        with eager_cia_override(cia_to_decomp):
+            yield
+        return
+    get_dispatch, cached_ops = names
+    py_impl = ops_module.OperatorBase.py_impl
+    private = _private()
+    assert private is not None, "cia_override needs torch's private export names"
+    fake_rules = private["op_implementations_dict"]
+    rows, (ops, _) = _prepared_entry(cia_to_decomp)
+    pending = dict(_rows_by_id(cia_to_decomp))
+    saved: list[tuple[Any, dict[Any, Any]]] = []
+    patch_lock = threading.RLock()
+
+    def patch(op: Any) -> None:
+        row = pending.pop(id(op), None)
+        if row is not None and row[0] is op:
+            kernels, patched, fake_rule, _ = _patched_kernels(*row)
+            saved.append((op, kernels))  # recorded first: restored if interrupted
+            op.py_kernels = patched
+            op._dispatch_cache.clear()
+            if op not in fake_rules:
+                fake_rules[op] = fake_rule
+
+    def hooked_get_dispatch(self: Any, key: Any) -> Any:
+        if pending:
+            with patch_lock:
+                patch(self)
+        return get_dispatch(self, key)
+
+    def hooked_py_impl(self: Any, key: Any) -> Any:
+        # A kernel registered in the block goes into the patched table, as
+        # under the eager override, and is gone after it.
+        if pending:
+            with patch_lock:
+                patch(self)
+        return py_impl(self, key)
+
+    def finish() -> None:
+        with patch_lock:
+            for row in rows:
+                patch(row[0])
+
+    def restore() -> None:
+        # Idempotent, each step done before it is dropped: a Ctrl-C inside
+        # it leaves the rest to the next override's entry (_finish_restore).
+        pending.clear()
+        if ops_module.OpOverload.__dict__.get("py_impl") is hooked_py_impl:
+            del ops_module.OpOverload.py_impl
+        if ops_module.OpOverload.__dict__.get("_get_dispatch") is hooked_get_dispatch:
+            ops_module.OpOverload._get_dispatch = get_dispatch  # type: ignore[method-assign]
+        while saved:
+            op, kernels = saved[-1]
+            op.py_kernels = kernels
+            op._dispatch_cache.clear()
+            saved.pop()
+        # torch's exit drops every operator's fake rule (_deregister_op_impl).
+        checked = {id(check) for check, _ in private["op_implementations_checks"]}
+        for op in ops & set(fake_rules):
+            if id(op) in checked:
+                private["_deregister_op_impl"](op)
+            else:
+                fake_rules.pop(op, None)
+        _LAZY_FINISH[0] = None
+        _LAZY_RESTORE[0] = None
+        _LAZY_CLOSING[0] = False
+        _LAZY_ACTIVE[0] = False
+
+    _finish_restore()
+    lazy = ops_module.OpOverload.__dict__.get("_get_dispatch") is get_dispatch \
+        and "py_impl" not in ops_module.OpOverload.__dict__
+    claimed = False
+    # No call between the check and the claim: no Ctrl-C (or thread
+    # switch) lands between them, nor between the claim and the try.
+    if lazy and not _LAZY_ACTIVE[0]:
+        _LAZY_ACTIVE[0] = True
+        claimed = True
+    try:
+        if not claimed:
+            with eager_cia_override(cia_to_decomp):
+                yield
+            return
+        _LAZY_RESTORE[0] = restore
+        _LAZY_FINISH[0] = finish
+        # Caches filled before the block would skip the hook.
+        for op in ops & cached_ops:
+            op._dispatch_cache.clear()
+        ops_module.OpOverload._get_dispatch = hooked_get_dispatch  # type: ignore[method-assign]
+        ops_module.OpOverload.py_impl = hooked_py_impl  # type: ignore[method-assign, assignment]
+        yield
+    finally:
+        if claimed:
+            _LAZY_CLOSING[0] = True
+            _LAZY_RESTORE[0] = restore
+            restore()
+
+
+def _finish_restore() -> None:
+    """Finish the restoration a Ctrl-C cut short in a lazy
+    :func:`cia_override`'s exit (its steps are idempotent)."""
+    left = _LAZY_RESTORE[0]
+    if left is not None and _LAZY_CLOSING[0]:
+        left()
+
+
+def _rows_by_id(cia_to_decomp: dict[Any, Callable[..., Any]]) -> dict[int, tuple[Any, Any, dict[Any, Any], Any]]:
+    """:func:`_prepared_entry`'s rows by their operator's ``id`` (an int
+    key: no ``OpOverload.__hash__`` call per look-up), built once per table."""
+    rows = _prepared(cia_to_decomp)
+    entry = _BY_ID.get(id(rows))
+    if entry is not None and entry[0] is rows:
+        return entry[1]
+    by_id = {id(row[0]): row for row in rows}
+    with _PREPARED_LOCK:
+        while len(_BY_ID) >= 2:
+            _BY_ID.pop(next(iter(_BY_ID)))
+        _BY_ID[id(rows)] = (rows, by_id)
+    return by_id
+
+
+_BY_ID: dict[int, tuple[_Rows, dict[int, tuple[Any, Any, dict[Any, Any], Any]]]] = {}
+
+
+@contextlib.contextmanager
+def eager_cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]:
     """Install, for the duration of the block, what torch's
     ``_override_composite_implicit_decomp(cia_to_decomp)`` installs, and
     restore each operator's Python kernels and fake rule after it exactly
@@ -438,6 +659,12 @@ def cia_override(cia_to_decomp: dict[Any, Callable[..., Any]]) -> Iterator[None]
     ``py_impl`` clears it."""
     private = _private()
     assert private is not None, "cia_override needs torch's private export names"
+    _finish_restore()
+    outer = _LAZY_FINISH[0]
+    if outer is not None:
+        # Inside a lazy block: its operators all patched first, so that this
+        # override saves and restores what it would inside an eager one.
+        outer()
     # Dicts, not lists: dict.fromkeys(a_dict) reuses the stored key hashes.
     backend_keys, autograd_keys = _override_keys()
     get_decomp_for_cia = private["_get_decomp_for_cia"]

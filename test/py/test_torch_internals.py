@@ -50,6 +50,13 @@ _PINNED_SOURCES = {
         "1d09a99ea79bd377c8f0acc97247545fc7c769103e4e94cad6e72370598fd615",
     ("torch._ops", "OperatorBase.py_impl"):
         "8173bd205b783783cda935e5b6590b730162bf3224538ae039576a75fc40ec0b",
+    # cia_override's lazy install: every dispatch-cache miss of the Python
+    # dispatcher resolves through _get_dispatch, which records each
+    # operator whose cache it fills in cached_ops.
+    ("torch._ops", "OpOverload._get_dispatch"):
+        "be1dcc0b1a6f17cd41dc34a57ceed9e3b5292ea5af51fa682f0a2f5b0ee3e3aa",
+    ("torch._ops", "add_cached_op"):
+        "31e8253c026338896a2b2b93a1a3c0d4d5b5a1fbdafe6453f4ac2b02d0b3f8c5",
     # The two tests _cia_first_preservable asks in the other order: both
     # must only read the operator.
     ("torch._export.utils", "_is_preservable_cia_op"):
@@ -243,6 +250,15 @@ def _operator_state(ops: list[Any]) -> dict[Any, Any]:
     }
 
 
+def _dispatched(ops: list[Any]) -> None:
+    """Each operator resolved as the Python dispatcher resolves a kernel on
+    a miss of the operator's dispatch cache (its C++ side calls
+    ``op._get_dispatch(key)``): where the lazy override patches it."""
+    for op in ops:
+        if torch._C.DispatchKey.CPU not in op._dispatch_cache:
+            op._get_dispatch(torch._C.DispatchKey.CPU)
+
+
 def test_cia_override_installs_what_torchs_override_installs() -> None:
     from torch.export.exported_program import _override_composite_implicit_decomp
 
@@ -259,10 +275,13 @@ def test_cia_override_installs_what_torchs_override_installs() -> None:
         theirs = _operator_state(ops)
     after_theirs = _operator_state(ops)
     with torch_internals.cia_override(cia_to_decomp):
+        _dispatched(ops)
         ours = _operator_state(ops)
     after_ours = _operator_state(ops)
-    assert ours == theirs
-    assert after_ours == after_theirs == before
+    with torch_internals.eager_cia_override(cia_to_decomp):
+        eager = _operator_state(ops)
+    assert ours == theirs == eager
+    assert after_ours == after_theirs == _operator_state(ops) == before
     assert sum(state != before[op] for op, state in ours.items()) == len(ops)
 
 
@@ -311,6 +330,7 @@ def test_cia_override_with_one_prior_fake_rule_installs_what_torchs_override_ins
             pass
         fake_impls.op_implementations_dict[op] = rule
         with override(cia_to_decomp):
+            _dispatched(ops)
             assert fake_impls.op_implementations_dict[op] is rule
             states.append(_operator_state(ops))
         assert op not in fake_impls.op_implementations_dict
@@ -345,12 +365,14 @@ def test_cia_override_drops_a_kernel_registered_in_the_block_as_torch_does() -> 
     cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
     op = torch.ops.aten.item.default
     key = torch._C.DispatchKey.PrivateUse1  # a key the override does not fill
-    for override in (_override_composite_implicit_decomp, torch_internals.cia_override):
+    for override in (_override_composite_implicit_decomp, torch_internals.eager_cia_override,
+                     torch_internals.cia_override):
         table = op.py_kernels
         before = dict(table)
         with override({op: cia_to_decomp[op]}):
-            assert op.py_kernels[torch._C.DispatchKey.CompositeImplicitAutograd] is cia_to_decomp[op]
+            # (first: the lazy override patches the operator on a registration too)
             op.py_impl(key)(lambda *args: None)
+            assert op.py_kernels[torch._C.DispatchKey.CompositeImplicitAutograd] is cia_to_decomp[op]
         assert op.py_kernels is table and op.py_kernels == before and key not in op.py_kernels
 
 
@@ -364,6 +386,119 @@ def test_cia_override_restores_operators_when_the_block_raises() -> None:
         with torch_internals.cia_override(cia_to_decomp):
             raise RuntimeError("inside")
     assert _operator_state(ops) == before
+
+
+def test_cia_override_patches_only_the_operators_the_python_dispatcher_resolves() -> None:
+    """Inside the block no operator is touched until the Python dispatcher
+    resolves a kernel of it: a call then runs the override's kernels (its
+    state is the eager override's), the others keep their own tables and no
+    fake rule, and after the block every operator is as before."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._subclasses import fake_impls
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    ops = list(cia_to_decomp)
+    op = torch.ops.aten.item.default
+    with torch_internals.eager_cia_override(cia_to_decomp):
+        pass  # (item's own fake rule goes at the first exit: from the state after it)
+    with torch_internals.eager_cia_override(cia_to_decomp):
+        eager = _operator_state([op])
+    before = _operator_state(ops)
+    tables = {op_: op_.py_kernels for op_ in ops}
+    with torch_internals.cia_override(cia_to_decomp):
+        assert all(op_.py_kernels is tables[op_] for op_ in ops)
+        assert not any(op_ in fake_impls.op_implementations_dict for op_ in ops)
+        with enable_python_dispatcher():
+            assert op(torch.tensor(2.5)) == 2.5
+        assert _operator_state([op]) == eager
+        untouched = [op_ for op_ in ops if op_ is not op]
+        assert all(op_.py_kernels is tables[op_] for op_ in untouched)
+        assert not any(op_ in fake_impls.op_implementations_dict for op_ in untouched)
+    assert _operator_state(ops) == before
+    assert all(op_.py_kernels is tables[op_] for op_ in ops)
+
+
+def test_cia_override_empties_dispatch_caches_filled_before_it() -> None:
+    """A kernel the Python dispatcher cached before the block would be run
+    without the override: the block empties the table's filled caches, so
+    the call in it runs the override's kernels."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    op = torch.ops.aten.item.default
+    with torch_internals.eager_cia_override(cia_to_decomp):
+        pass  # (item's own fake rule goes at the first exit: from the state after it)
+    with torch_internals.eager_cia_override(cia_to_decomp):
+        eager = _operator_state([op])
+    with enable_python_dispatcher():
+        assert op(torch.tensor(1.5)) == 1.5  # fills op's dispatch cache, unpatched
+    assert op._dispatch_cache and op in torch._ops.cached_ops
+    filled = dict(op._dispatch_cache)
+    with torch_internals.cia_override(cia_to_decomp):
+        assert not op._dispatch_cache
+        with enable_python_dispatcher():
+            assert op(torch.tensor(3.5)) == 3.5
+        assert _operator_state([op]) == eager
+        autograd = op._dispatch_cache[torch._C.DispatchKey.AutogradCPU]
+        assert autograd is not filled.get(torch._C.DispatchKey.AutogradCPU)
+        assert autograd is op.py_kernels[torch._C.DispatchKey.AutogradCPU]  # the override's kernel
+    assert not op._dispatch_cache
+
+
+@pytest.mark.parametrize("inner", ["lazy", "eager"])
+def test_an_override_inside_the_lazy_one_sees_and_restores_the_eager_state(inner: str) -> None:
+    """A second override inside the lazy one (installed eagerly) starts
+    from every operator patched, as inside the eager override, and both
+    exits leave every operator as before."""
+    cia_to_decomp, _ = torch_internals.split_decomposition_table(importer._decomposition_table())
+    ops = list(cia_to_decomp)
+    with torch_internals.eager_cia_override(cia_to_decomp):
+        eager = _operator_state(ops)
+        with torch_internals.eager_cia_override(cia_to_decomp):
+            eager_nested = _operator_state(ops)
+        eager_after_inner = _operator_state(ops)
+    before = _operator_state(ops)
+    nested = (torch_internals.cia_override if inner == "lazy" else torch_internals.eager_cia_override)
+    with torch_internals.cia_override(cia_to_decomp):
+        with nested(cia_to_decomp):
+            assert _operator_state(ops) == eager_nested
+        # (the inner exit drops every fake rule, as torch's does)
+        assert _operator_state(ops) == eager_after_inner
+    assert eager_after_inner != eager  # (the comparison above sees the rules go)
+    assert _operator_state(ops) == before
+    assert torch._ops.OpOverload.__dict__["_get_dispatch"] is torch_internals._lazy_dispatch_names()[0]
+    assert "py_impl" not in torch._ops.OpOverload.__dict__
+
+
+class _CompositeOps(torch.nn.Module):
+    """CIA operators the table keeps (linear, layer_norm, softmax, sdpa) and
+    ones it decomposes, on the single trace's path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.linear(x)).softmax(-1)
+        q = h.view(2, 1, 2, 8)
+        a = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        return torch.matmul(a.flatten(0, 2), h.t()).log_softmax(-1)
+
+
+def test_the_single_trace_under_the_lazy_override_is_the_eager_overrides(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hloalias.frontend import fx_export
+
+    module = _CompositeOps().eval()
+    args = (torch.randn(4, 8),)
+    table = importer._decomposition_table()
+    lazy = fx_export.exported_from_trace(module, args, {}, table)
+    monkeypatch.setattr(torch_internals, "cia_override", torch_internals.eager_cia_override)
+    eager = fx_export.exported_from_trace(module, args, {}, table)
+    assert lazy is not None and eager is not None
+    assert lazy.graph_module.code == eager.graph_module.code
+    assert str(lazy.graph_signature) == str(eager.graph_signature)
 
 
 class _BufferAndInputMutation(torch.nn.Module):
@@ -656,6 +791,7 @@ def test_cia_override_reads_each_operators_kernels_at_every_entry() -> None:
             with _override_composite_implicit_decomp(table):
                 theirs = _operator_state([op])
             with torch_internals.cia_override(table):
+                _dispatched([op])
                 ours = _operator_state([op])
             assert ours == theirs
             assert torch._C.DispatchKey.PrivateUse1 not in ours[op][0]
