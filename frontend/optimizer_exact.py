@@ -1,9 +1,11 @@
-"""Adam's and AdamW's update as eager computes it, traceable with a tensor
-step counter and a tensor learning rate.
+"""Optimizer updates as eager computes them, traceable with a tensor step
+counter and a tensor learning rate: Adam and AdamW, Adamax, Adagrad,
+NAdam, RAdam and ASGD.
 
-Eager's default Adam (``capturable=False``, torch/optim/adam.py
-``_single_tensor_adam``) reads the step counter on the host and computes
-the bias corrections in Python doubles::
+Eager's default update (``capturable=False``; torch/optim/adam.py
+``_single_tensor_adam`` and the others) reads the step counter (and
+NAdam's ``mu_product``, ASGD's ``eta`` and ``mu``) on the host and
+computes its scalars in Python doubles; Adam's::
 
     bias_correction1 = 1 - beta1 ** step          # C pow()
     step_size = lr / bias_correction1
@@ -12,36 +14,47 @@ the bias corrections in Python doubles::
     param.addcdiv_(exp_avg, denom, value=-step_size)
 
 The training capture cannot read the step on the host, and torch's
-traceable form (``capturable=True``) is another formula: it divides by
-``bias_correction2_sqrt * -step_size`` and adds ``eps / -step_size``,
-with the corrections in the step counter's dtype (float32).  A float64
-model drifted from eager by ~2e-7 after three steps (session 47).
+traceable form (``capturable=True``) is another formula (Adam: divides by
+``bias_correction2_sqrt * -step_size`` and adds ``eps / -step_size``)
+with the scalars in the step counter's dtype (float32).  A float64 Adam
+drifted from eager by ~2e-7 after three steps (session 47); NAdam, ASGD,
+RAdam, Adamax and Adagrad alike (bench/RESULTS-training.md, session 48).
 
-:func:`eager_adam` (installed as ``torch.optim.adam._single_tensor_adam``
-by :func:`eager_formula_kernels` while the capture traces) is eager's
-formula on traced 0-d float64 values: the step converted to float64 (an
-integer, exact), ``beta ** step`` and ``x ** 0.5`` as ``pow`` (XLA's CPU
-``pow`` on float64 is the C library's: equal to Python's for every step
-up to 200000 and the usual betas, bench/RESULTS-training.md session 48),
-``lr`` a float64 input (:func:`hloalias.frontend.training._lr_dtype`), and
-every scalar reaching a parameter-shaped operator as a 0-d tensor, which
-the operator rounds to the parameter's dtype as eager rounds the Python
-double.  The exponent ``0.5`` is a value XLA cannot see as a constant
-(``where(step == step, 0.5, step)``: 0.5 for every step, NaN for a NaN
-step, where eager's power is NaN too), since XLA rewrites ``pow(x, 0.5)``
-with a constant exponent into ``sqrt(x)``, which differs from C's ``pow``
-in the last bit for some ``x``.
+While the capture traces, :func:`eager_formula_kernels` replaces torch's
+single-tensor kernels (the optimizers call them by their module-level
+names) with this module's ``eager_*`` functions: eager's formula, line for
+line, on traced 0-d float64 values: the step converted to float64 (an
+integer: exact), ``x ** y`` as ``pow`` (XLA's CPU ``pow`` on float64 is
+the C library's: equal to Python's on 200000 random operands), ``lr`` a
+float64 input (:func:`hloalias.frontend.training._lr_dtype`), every
+scalar reaching a parameter-shaped operator as a 0-d tensor, which the
+operator rounds to the parameter's dtype as eager rounds the Python
+double, and eager's host branches (RAdam's ``rho_t > 5``, ASGD's
+``mu != 1``) as selects.  A constant exponent is hidden from the compiler
+(:func:`_pow`): XLA rewrites ``pow(x, 0.5)`` into ``sqrt(x)`` and
+``pow(x, 0.75)`` alike, which differ from C's ``pow`` in the last bit for
+some ``x``.
 
 Anything else (``capturable=True`` or ``differentiable=True`` groups,
-tensor betas, complex parameters, a gradient scaler's ``grad_scale``)
-runs torch's kernel unchanged.  Parameters of dtypes other than float32
-and float64 too: eager computes their scalar operands in float32 (the
-reduced types' opmath), a rounding the trace does not reproduce."""
+tensor betas, complex parameters, sparse gradients, a gradient scaler's
+``grad_scale``) runs torch's kernel in its ``capturable=True`` form, as
+the capture always did.  Parameters of dtypes other than float32 and
+float64 too: eager computes their scalar operands in float32 (the reduced
+types' opmath), a rounding the trace does not reproduce.
+
+What stays different from eager is the rounding of the element-wise
+arithmetic itself: XLA's CPU backend contracts ``a * b + c`` into one
+fused multiply-add across what eager runs as separate kernels, and
+torch's CPU kernels round by their own library (its ``sqrt`` is not
+IEEE's correctly rounded one; ``addcmul`` fuses or not by CPU
+capability): a few ulps per step, measured in
+test/py/test_optimizer_eager_formula.py."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,11 +138,12 @@ def _f64(value: torch.Tensor) -> torch.Tensor:
 
 def _pow(base: Any, exponent: float) -> torch.Tensor:
     """``base ** exponent`` (Python's C ``pow``) with the constant exponent
-    hidden from XLA, which rewrites ``pow(x, 0.5)`` into ``sqrt(x)`` and
-    ``pow(x, 0.75)`` alike (module docstring): ``where(base == base,
-    exponent, base)`` is the exponent for every base but NaN, whose power
-    is NaN either way."""
-    return torch.pow(base, torch.where(base == base, exponent, base))
+    hidden from the compiler, which rewrites ``pow(x, 0.5)`` into
+    ``sqrt(x)`` and ``pow(x, 0.75)`` alike (module docstring):
+    ``where(base >= -inf, exponent, base)`` is the exponent for every base
+    but NaN, whose power is NaN either way.  (``base == base`` would do as
+    well, but the lowering folds it to true.)"""
+    return torch.pow(base, torch.where(base >= -math.inf, exponent, base))
 
 
 def _neg(grad: torch.Tensor, maximize: bool) -> torch.Tensor:

@@ -195,3 +195,27 @@ def test_options_without_an_eager_equal_capture_are_refused_by_name(option: str)
         hloalias.compile_training_step(_step_fn(model, optimizer), model, optimizer, _batches(torch.float32, 1)[0])
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
     assert not optimizer.state
+
+
+class _BiasCorrections(torch.nn.Module):
+    """Adam's host scalars as :func:`eager_adam` traces them."""
+
+    def forward(self, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from hloalias.frontend.optimizer_exact import _pow
+
+        bias_correction2 = 1 - torch.pow(0.999, step)
+        return 1 - torch.pow(0.9, step), _pow(bias_correction2, 0.5)
+
+
+def test_compiled_bias_corrections_are_pythons_doubles() -> None:
+    """``1 - beta ** step`` and ``(1 - beta2 ** step) ** 0.5`` compiled
+    equal Python's for steps 1..3000, bit for bit.  With a constant
+    exponent the compiler computes ``sqrt``, which differs at steps 1270
+    and 2582 (C's ``pow(x, 0.5)`` is not ``sqrt(x)`` there)."""
+    steps = torch.arange(1, 3001, dtype=torch.float64)
+    compiled = hloalias.compile(_BiasCorrections(), (steps,))
+    bias_correction1, bias_correction2_sqrt = compiled(steps)
+    expected1 = torch.tensor([1 - 0.9 ** k for k in range(1, 3001)], dtype=torch.float64)
+    expected2 = torch.tensor([(1 - 0.999 ** k) ** 0.5 for k in range(1, 3001)], dtype=torch.float64)
+    assert torch.equal(torch.as_tensor(bias_correction1), expected1)
+    assert torch.equal(torch.as_tensor(bias_correction2_sqrt), expected2)
