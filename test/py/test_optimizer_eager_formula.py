@@ -219,3 +219,17 @@ def test_compiled_bias_corrections_are_pythons_doubles() -> None:
     expected2 = torch.tensor([(1 - 0.999 ** k) ** 0.5 for k in range(1, 3001)], dtype=torch.float64)
     assert torch.equal(torch.as_tensor(bias_correction1), expected1)
     assert torch.equal(torch.as_tensor(bias_correction2_sqrt), expected2)
+
+
+@pytest.mark.parametrize("config", ["adam", "nadam_l2", "rmsprop"])
+def test_fresh_state_under_a_float64_default_dtype_is_eagers(config: str) -> None:
+    """Under ``torch.set_default_dtype(torch.float64)`` eager's step counts
+    (and NAdam's ``mu_product``) are float64 (torch's
+    ``_get_scalar_dtype()``); the state hloalias creates was float32, and
+    a float32 ``mu_product`` moved NAdam 2e-10 off eager's."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        _check(config, torch.float64, "warmup_from_0")
+    finally:
+        torch.set_default_dtype(previous)
