@@ -99,7 +99,7 @@ def group_uses_eager_form(group: dict[str, Any]) -> bool:
         not group.get("capturable", False)
         and not group.get("differentiable", False)
         and not group.get("fused", False)
-        and all(isinstance(b, (int, float)) for b in betas)
+        and all(isinstance(v, (int, float)) for v in (*betas, group.get("weight_decay", 0), group.get("eps", 0)))
         and all(p.dtype in _EXACT_DTYPES for p in group["params"])
     )
 
@@ -396,9 +396,12 @@ def eager_formula_kernels() -> Iterator[None]:
     try:
         for module_name, name in _KERNELS:
             module = importlib.import_module(module_name)
+            eager = globals()[_EAGER[name]]
+            if getattr(module, name) is eager:
+                continue  # a capture inside a capture: the outer one restores it
             _ORIGINAL[name] = getattr(module, name)
             replaced.append((module, name))
-            setattr(module, name, globals()[_EAGER[name]])
+            setattr(module, name, eager)
         yield
     finally:
         for module, name in reversed(replaced):

@@ -233,3 +233,18 @@ def test_fresh_state_under_a_float64_default_dtype_is_eagers(config: str) -> Non
         _check(config, torch.float64, "warmup_from_0")
     finally:
         torch.set_default_dtype(previous)
+
+
+def test_kernels_are_torchs_again_after_capture_even_when_nested() -> None:
+    import importlib
+
+    from hloalias.frontend.optimizer_exact import eager_formula_kernels
+
+    adam = importlib.import_module("torch.optim.adam")  # torch.optim deletes its submodules' names
+    torchs = adam._single_tensor_adam
+    with eager_formula_kernels():
+        replaced = adam._single_tensor_adam
+        with eager_formula_kernels():
+            assert adam._single_tensor_adam is replaced
+        assert adam._single_tensor_adam is replaced
+    assert adam._single_tensor_adam is torchs
