@@ -27,8 +27,10 @@ Route: ``make_fx`` in fake mode traces the user's function with the model
 reparametrized by traced leaves and the optimizer pointed at them; autograd
 runs during tracing, so ``backward()`` and ``optimizer.step()`` become plain
 aten ops of one graph.  The optimizer is traced with ``capturable=True``
-(its step counters stay tensors: no ``.item()``), and the learning rate is a
-traced 0-d float32 tensor.  The one trace also functionalizes (torch's
+(its step counters stay tensors: no ``.item()``), except those whose
+eager formula is traced as it is (Adam, AdamW, Adamax, Adagrad, NAdam,
+RAdam, ASGD: :mod:`hloalias.frontend.optimizer_exact`),
+and the learning rate is a traced 0-d tensor (:func:`_lr_dtype`).  The one trace also functionalizes (torch's
 ``FunctionalTensorMode``) and applies the importer's decompositions, so its
 graph becomes the ``ExportedProgram`` (state slots as mutated buffers) that
 :func:`hloalias.frontend.importer.import_torch` lowers without a second
@@ -77,6 +79,7 @@ from hloalias.frontend.importer import (
     unfold_covers,
 )
 from hloalias.frontend.optimizer_decompositions import optimizer_decompositions
+from hloalias.frontend.optimizer_exact import eager_formula_kernels, eager_formula_optimizer, group_uses_eager_form
 from hloalias.frontend.host_random import refuse_host_random_draws
 from hloalias.frontend.program_frames import (
     data_dependent_size_origin, innermost_in_stack_trace, innermost_on_stack, where_raised,
@@ -316,7 +319,7 @@ def _capture(
                 new_values.append(traced_state[slot.param_index][slot.key])  # type: ignore[index]
         return new_values, [leaf.detach() for leaf in result_leaves]
 
-    lr_examples = [torch.tensor(float(_lr_value(g)), dtype=_lr_dtype(g)) for g in optimizer.param_groups]
+    lr_examples = [torch.tensor(float(_lr_value(g)), dtype=_lr_dtype(g, optimizer)) for g in optimizer.param_groups]
     flat_state = [initial[s.name] for s in slots]
     # The math attention backend is composite (matmul, softmax): its
     # backward is ops XLA lowers; the fused CPU kernels' backward is not.
@@ -328,7 +331,7 @@ def _capture(
     # was recorded undecomposed: traced again with its entry.
     decompositions = {**_decomposition_table_with_custom_ops(), **capture_decompositions(), **optimizer_decompositions()}
     while True:
-        with _tracing_flag(), sdpa_kernel(SDPBackend.MATH), lazy_graph_modules():
+        with _tracing_flag(), sdpa_kernel(SDPBackend.MATH), lazy_graph_modules(), eager_formula_kernels():
             try:
                 with replayed_updates() if replay else contextlib.nullcontext() as replayed:
                     graph_module = make_fx(
@@ -592,14 +595,19 @@ def _params_kept_at_zero_lr(optimizer: torch.optim.Optimizer, fqns: list[str]) -
     adds ``-0 * exp_avg / denom`` and keeps the parameter (AdamW's decay
     multiplies by ``1 - 0 * weight_decay``).  Their state still updates, as
     in eager.  (Other optimizers' capturable forms do not divide by
-    ``lr``.)"""
+    ``lr``.)  A group traced with eager's own formula
+    (:func:`hloalias.frontend.optimizer_exact.group_uses_eager_form`) needs
+    no guard: it computes what eager does at ``lr == 0`` too (``-0.0``
+    parameters becoming ``0.0``, NaN where ``eps == 0`` and an element's
+    moments are 0)."""
     if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         return {}
     kept: dict[str, int] = {}
     position = 0
     for index, group in enumerate(optimizer.param_groups):
-        for fqn in fqns[position:position + len(group["params"])]:
-            kept[fqn] = index
+        if not group_uses_eager_form(group):
+            for fqn in fqns[position:position + len(group["params"])]:
+                kept[fqn] = index
         position += len(group["params"])
     return kept
 
@@ -657,7 +665,10 @@ def _optimizer_pointed_at(
                 optimizer.state[p] = entries
             position += count
             group[LR_KEY] = lr
-            if "capturable" in group:
+            if "capturable" in group and not eager_formula_optimizer(optimizer):
+                # (Adam, AdamW, Adamax, NAdam, RAdam and ASGD keep the
+                # user's setting: frontend/optimizer_exact.py traces eager's
+                # formula for ``capturable=False``.)
                 group["capturable"] = True
             if group.get("foreach"):
                 # The per-tensor update (torch's default for CPU tensors):
@@ -684,14 +695,20 @@ def _check_groups(optimizer: torch.optim.Optimizer) -> None:
             raise TrainingCaptureError(f"param group {index}: lr must be a number or a 1-element tensor")
 
 
-def _lr_dtype(group: dict[str, Any]) -> torch.dtype:
+def _lr_dtype(group: dict[str, Any], optimizer: torch.optim.Optimizer) -> torch.dtype:
     """The dtype of a param group's lr input: float64 when the group holds
-    a float64 parameter, else float32.  Eager applies lr as a Python float
-    (a double) to float64 parameters; a float32 lr rounds it (1e-2 by
-    2.2e-8 relative), and every update of a float64 model drifted from
-    eager's by that much.  Float32 parameters see lr rounded to float32 in
-    eager too."""
-    return torch.float64 if any(p.dtype == torch.float64 for p in group["params"]) else torch.float32
+    a float64 parameter or its optimizer's update is traced with eager's
+    formula (:func:`hloalias.frontend.optimizer_exact.eager_formula_optimizer`), else float32.  Eager
+    applies lr as a Python float (a double) to float64 parameters; a
+    float32 lr rounds it (1e-2 by 2.2e-8 relative), and every update of a
+    float64 model drifted from eager's by that much.  Adam computes
+    ``lr / bias_correction1`` in doubles before rounding the quotient to a
+    float32 parameter's dtype (frontend/optimizer_exact.py), and so do the
+    others with eager kernels there; SGD's, RMSprop's, Adadelta's and
+    Rprop's float32 parameters see lr rounded to float32 in eager too."""
+    if eager_formula_optimizer(optimizer) or any(p.dtype == torch.float64 for p in group["params"]):
+        return torch.float64
+    return torch.float32
 
 
 def _lr_value(group: dict[str, Any]) -> float:
@@ -767,14 +784,18 @@ def _fresh_state(
     def zeros() -> torch.Tensor:
         return torch.zeros_like(p.detach(), memory_format=torch.contiguous_format)
 
-    step = torch.tensor(0.0, dtype=torch.float32)
+    # Step counts and NAdam's product in torch's ``_get_scalar_dtype()``:
+    # float64 under a float64 default dtype (a float32 ``mu_product`` moved
+    # a float64 NAdam 2e-10 off eager's in 4 steps).
+    scalar_dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    step = torch.tensor(0.0, dtype=scalar_dtype)
     if kind in (torch.optim.Adam, torch.optim.AdamW, torch.optim.RAdam):
         entries = {"step": step, "exp_avg": zeros(), "exp_avg_sq": zeros()}
         if group.get("amsgrad"):
             entries["max_exp_avg_sq"] = zeros()
         return entries
     if kind is torch.optim.NAdam:
-        return {"step": step, "mu_product": torch.tensor(1.0, dtype=torch.float32), "exp_avg": zeros(), "exp_avg_sq": zeros()}
+        return {"step": step, "mu_product": torch.tensor(1.0, dtype=scalar_dtype), "exp_avg": zeros(), "exp_avg_sq": zeros()}
     if kind is torch.optim.Adamax:
         return {"step": step, "exp_avg": zeros(), "exp_inf": zeros()}
     if kind is torch.optim.Adadelta:

@@ -688,7 +688,7 @@ class TrainingStep:
             if index < len(self._lr_cache) and self._lr_cache[index][0] == lr:
                 inputs.append(self._lr_cache[index][1])
                 continue
-            tensor = torch.tensor(lr, dtype=lr_dtype_of(group))
+            tensor = torch.tensor(lr, dtype=lr_dtype_of(group, self._optimizer))
             if index < len(self._lr_cache):
                 self._lr_cache[index] = (lr, tensor)
             else:

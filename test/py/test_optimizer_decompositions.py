@@ -72,7 +72,9 @@ def test_adam_lerp_is_traced_without_the_references_selects(monkeypatch: pytest.
     # 2 where (the weight's selects), sub, mul, add; ours: sub, mul, add.
     assert sum(reference.values()) - sum(ours.values()) == 7 * parameters
     for name in ("abs.default", "ge.Scalar", "empty_strided.default"):
-        assert reference.get(name, 0) == parameters and ours.get(name, 0) == 0, name
+        assert reference.get(name, 0) - ours.get(name, 0) == parameters, name
+    # (The update's own ``ge``: frontend/optimizer_exact.py's hidden exponent.)
+    assert ours.get("abs.default", 0) == ours.get("empty_strided.default", 0) == 0
     assert reference["where.self"] - ours["where.self"] == 2 * parameters
 
 

@@ -17,7 +17,7 @@ import torch
 
 import hloalias
 from bitwise import assert_bitwise
-from hloalias.frontend import optimizer_replay
+from hloalias.frontend import optimizer_exact, optimizer_replay
 from hloalias.frontend import training as frontend_training
 from hloalias.frontend.training import capture_training_step
 
@@ -95,9 +95,10 @@ def _targets(name: str, dtype: torch.dtype = torch.float32, transposed: bool = F
 
 
 def _kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of parameters each call of the torch kernels gets."""
+    """The number of parameters each call of the kernels gets (Adam's:
+    hloalias's eager formula, frontend/optimizer_exact.py)."""
     calls: list[int] = []
-    for module, name in ((_ADAM, "_single_tensor_adam"), (_SGD, "_single_tensor_sgd")):
+    for module, name in ((optimizer_exact, "eager_adam"), (_SGD, "_single_tensor_sgd")):
         kernel = getattr(module, name)
 
         def counted(*args: Any, _kernel: Any = kernel, **kwargs: Any) -> Any:

@@ -210,35 +210,59 @@ def test_a_scheduler_cycling_momentum_is_refused_naming_cycle_momentum(make_sche
             train(*batch)
 
 
+def _lr_guards(captured: Any) -> tuple[list[Any], list[Any]]:
+    """The captured step's ``lr == 0`` comparisons and the selects reading them."""
+    lr_inputs = [spec.arg.name for spec in captured.exported.graph_signature.input_specs
+                 if spec.kind.name == "USER_INPUT"][:captured.lr_count]
+    compares = [node for node in captured.exported.graph.nodes
+                if node.target == torch.ops.aten.eq.Scalar and node.args[0].name in lr_inputs]
+    selects = [node for node in captured.exported.graph.nodes
+               if node.target == torch.ops.aten.where.self and node.args[0] in compares]
+    return compares, selects
+
+
 def test_the_zero_lr_guard_compares_each_groups_lr_once() -> None:
-    """Adam's lr-0 guard (one ``where`` per parameter) reads one ``lr == 0``
-    per parameter group, not one per parameter: each traced op costs the
-    trace and every later stage.  Two groups, three parameters: two
-    comparisons, three selects; the step still equals eager at lr 0."""
+    """Adam's lr-0 guard (one ``where`` per parameter), which torch's
+    ``capturable=True`` formula needs, reads one ``lr == 0`` per parameter
+    group, not one per parameter: each traced op costs the trace and every
+    later stage.  Two groups, three parameters: two comparisons, three
+    selects.  (Eager cannot run ``capturable=True`` on CPU: no comparison.)"""
     from hloalias.frontend.training import capture_training_step
 
     model = _EmbeddingModel()
     optimizer = O.AdamW([{"params": model.embedding.parameters()},
-                         {"params": model.linear.parameters(), "lr": 0.0}], lr=1e-2)
+                         {"params": model.linear.parameters(), "lr": 0.0}], lr=1e-2, capturable=True)
     batch = _batches(1)[0]
     captured = capture_training_step(_step_fn(model, optimizer), model, optimizer, batch)
-    lr_inputs = [spec.arg.name for spec in captured.exported.graph_signature.input_specs
-                 if spec.kind.name == "USER_INPUT"][:captured.lr_count]
     assert captured.lr_count == 2
-    compares = [node for node in captured.exported.graph.nodes
-                if node.target == torch.ops.aten.eq.Scalar and node.args[0].name in lr_inputs]
+    compares, selects = _lr_guards(captured)
     assert len(compares) == 2
-    selects = [node for node in captured.exported.graph.nodes
-               if node.target == torch.ops.aten.where.self and node.args[0] in compares]
     assert len(selects) == 3  # the embedding's weight; the linear's weight and bias
+    train = hloalias.compile_training_step(_step_fn(model, optimizer), model, optimizer, batch)
+    for ids, target in _batches(2):
+        assert torch.isfinite(train(ids, target))
+    train.write_back()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
 
-    eager_model = _EmbeddingModel()
-    eager_optimizer = O.AdamW([{"params": eager_model.embedding.parameters()},
-                               {"params": eager_model.linear.parameters(), "lr": 0.0}], lr=1e-2)
+
+def test_eager_formula_adam_has_no_lr_guard_and_equals_eager_at_lr_zero() -> None:
+    """The default (``capturable=False``) Adam is traced with eager's own
+    formula (frontend/optimizer_exact.py), which is finite at lr 0 as
+    eager is: no guard, and the step equals eager with a group at lr 0."""
+    from hloalias.frontend.training import capture_training_step
+
+    def groups(m: torch.nn.Module) -> list[dict[str, Any]]:
+        return [{"params": m.embedding.parameters()}, {"params": m.linear.parameters(), "lr": 0.0}]
+
+    model, eager_model = _EmbeddingModel(), _EmbeddingModel()
+    optimizer, eager_optimizer = O.AdamW(groups(model), lr=1e-2), O.AdamW(groups(eager_model), lr=1e-2)
+    batch = _batches(1)[0]
+    assert _lr_guards(capture_training_step(_step_fn(model, optimizer), model, optimizer, batch)) == ([], [])
     train = hloalias.compile_training_step(_step_fn(model, optimizer), model, optimizer, batch)
     for ids, target in _batches(2):
         torch.testing.assert_close(train(ids, target), _step_fn(eager_model, eager_optimizer)(ids, target),
                                    rtol=RTOL, atol=ATOL)
     train.write_back()
     for (name, p), q in zip(model.named_parameters(), eager_model.parameters()):
+        assert torch.isfinite(p).all(), name
         torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL, msg=name)
