@@ -64,6 +64,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from hloalias import config
 from hloalias.lru import BoundedLRU
+from hloalias.frontend.torch_internals import make_fx_without_torch_fn_metadata
 
 aten = torch.ops.aten
 
@@ -364,6 +365,7 @@ def _trace_template(cls: _Class, decompositions: dict[Any, Callable[..., Any]]) 
             dispatch_functionalize(update, FunctionalTensorMode()),
             decomposition_table=decompositions,
             tracing_mode="fake",
+            **make_fx_without_torch_fn_metadata(),
         )([example(s) for s in cls.state_examples], [example(s) for s in cls.input_examples])
     except Exception as error:  # torch raises many types while tracing
         raise ReplayRefused(f"the update does not trace alone: {type(error).__name__}: {error}") from None

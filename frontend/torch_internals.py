@@ -846,6 +846,27 @@ def keep_stack_traces_of(fn: Callable[..., Any]) -> None:
         register(fn)
 
 
+@functools.cache
+def make_fx_without_torch_fn_metadata() -> dict[str, Any]:
+    """Keyword arguments for ``make_fx`` that leave out its
+    ``TorchFunctionMetadataMode``: a torch-function mode that every
+    torch-level call of the traced code (each ``Tensor`` method, property
+    and ``torch.*`` function, autograd's backward included) passes through
+    so that the tracer can record ``node.meta["torch_fn"]``, which only
+    torch's module-stack tracer does (``record_module_stack`` on a
+    compiled module); ``make_fx``'s plain tracer, hloalias's, records
+    nothing from it, and nothing in hloalias or torch-mlir reads it.  The
+    graph is the same (tested: the same program key and bits,
+    ``test/py/test_training_torch_fn_metadata.py``).  Empty where this
+    torch's ``make_fx`` has no such (private) parameter."""
+    import inspect
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    name = "_disable_torch_fn_metadata_mode"
+    return {name: True} if name in inspect.signature(make_fx).parameters else {}
+
+
 _LAZY_EXPORT_LOCK = threading.Lock()
 _lazy_export_depth = 0
 

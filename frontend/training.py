@@ -89,6 +89,7 @@ from hloalias.frontend.torch_internals import (
     eliminate_dead_code,
     lazy_exported_programs,
     lazy_graph_modules,
+    make_fx_without_torch_fn_metadata,
     signature_checked_once,
 )
 
@@ -340,6 +341,9 @@ def _capture(
                         tracing_mode="fake",
                         record_stack_traces=stack_traces,
                         _allow_non_fake_inputs=True,
+                        # No torch-function mode per torch-level call for
+                        # metadata this tracer never records (torch_internals).
+                        **make_fx_without_torch_fn_metadata(),
                     )(
                         flat_state, lr_examples, batch_leaves
                     )
