@@ -342,7 +342,8 @@ def prune_beside_key(prefix: str, suffix: str, keep: int) -> list[str]:
     removed paths.  For a kind of entry kept under several names (one per
     key, where processes with different keys alternate): a bounded set,
     the least recently written going first.  Entries that vanish meanwhile
-    (another process pruning) are skipped."""
+    (another process pruning) are skipped.  Call it after a successful
+    :func:`write_beside_key` (which checked the folder)."""
     if not enabled():
         return []
     directory = os.path.dirname(key_file())

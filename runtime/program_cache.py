@@ -68,9 +68,10 @@ def _read_cia_ops(key: str) -> bytes | None:
 
 def _write_cia_ops(key: str, payload: bytes) -> bool:
     written = disk_cache.write_beside_key(_cia_ops_name(key), key, CIA_OPS_SUFFIX, payload)
-    # The least recently written go beyond the bound (the single entry of
-    # earlier versions, "cia-ops.cia", among them).
-    disk_cache.prune_beside_key("cia-ops", CIA_OPS_SUFFIX, CIA_OPS_ENTRIES)
+    if written:  # (so the folder passed the write's checks)
+        # The least recently written go beyond the bound (the single entry of
+        # earlier versions, "cia-ops.cia", among them).
+        disk_cache.prune_beside_key("cia-ops", CIA_OPS_SUFFIX, CIA_OPS_ENTRIES)
     return written
 
 
