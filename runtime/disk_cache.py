@@ -46,7 +46,8 @@ Entries beside the key (:func:`read_beside_key`): per-user entries that
 are not a program's (the digest of hloalias's own code,
 :func:`hloalias.runtime.source_key.own_code_digest`), in the key file's
 folder under a fixed name, in the same format and held to the same
-checks; one per name (the next write replaces it), outside the size
+checks; one per name (the next write replaces it; a kind kept under one
+name per key is bounded by :func:`prune_beside_key`), outside the size
 bound and :func:`clear_disk_cache`.  Writes go to a temporary file in the same
 directory and are renamed into place, so concurrent processes see either
 no entry or a whole one (two writing one key: the last rename wins, whole).
@@ -333,6 +334,40 @@ def write_beside_key(name: str, key: str, suffix: str, payload: bytes) -> bool:
         return False
     directory = os.path.dirname(key_file())
     return _store(directory, os.path.join(directory, name + suffix), key, suffix, payload, secret)
+
+
+def prune_beside_key(prefix: str, suffix: str, keep: int) -> list[str]:
+    """Remove the oldest (by modification time) per-user entries named
+    ``prefix...suffix`` beside the key until at most ``keep`` are left; the
+    removed paths.  For a kind of entry kept under several names (one per
+    key, where processes with different keys alternate): a bounded set,
+    the least recently written going first.  Entries that vanish meanwhile
+    (another process pruning) are skipped.  Call it after a successful
+    :func:`write_beside_key` (which checked the folder)."""
+    if not enabled():
+        return []
+    directory = os.path.dirname(key_file())
+    found = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith(prefix) and name.endswith(suffix) and not name.startswith(_TEMPORARY):
+            path = os.path.join(directory, name)
+            try:
+                found.append((os.stat(path).st_mtime_ns, path))
+            except OSError:
+                continue
+    found.sort()
+    removed = []
+    for _, path in found[:max(0, len(found) - keep)]:
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
 
 
 def _trusted_place(create: bool) -> tuple[str, bytes] | None:

@@ -50,19 +50,37 @@ _FORMAT = 2  # 2: signatures carry input_gradient_outputs
 CIA_OPS_SUFFIX = ".cia"
 
 
+#: How many registries' sets are kept (one entry each, ~2.5 KB).
+CIA_OPS_ENTRIES = 16
+
+
+def _cia_ops_name(key: str) -> str:
+    """The entry of registry key ``key`` (a hex digest): one per registry,
+    so processes whose registries differ (a script that loads an operator
+    library and one that does not; other users of the same account) do
+    not replace each other's entry on every start."""
+    return "cia-ops-" + key[:16]
+
+
 def _read_cia_ops(key: str) -> bytes | None:
-    return disk_cache.read_beside_key("cia-ops", key, CIA_OPS_SUFFIX)
+    return disk_cache.read_beside_key(_cia_ops_name(key), key, CIA_OPS_SUFFIX)
 
 
 def _write_cia_ops(key: str, payload: bytes) -> bool:
-    return disk_cache.write_beside_key("cia-ops", key, CIA_OPS_SUFFIX, payload)
+    written = disk_cache.write_beside_key(_cia_ops_name(key), key, CIA_OPS_SUFFIX, payload)
+    if written:  # (so the folder passed the write's checks)
+        # The least recently written go beyond the bound (the single entry of
+        # earlier versions, "cia-ops.cia", among them).
+        disk_cache.prune_beside_key("cia-ops", CIA_OPS_SUFFIX, CIA_OPS_ENTRIES)
+    return written
 
 
 # torch's walk over every registered operator for the preservable CIA set
 # (~5 ms CPU of each process's first import) is kept across processes under
 # the operator registry's key (frontend/torch_internals.py), beside the disk
 # cache's key: per user, not per cache directory, as the set is not per
-# program.  The frontend layer cannot import the disk cache; it is handed it.
+# program; one entry per registry, the last CIA_OPS_ENTRIES written kept.
+# The frontend layer cannot import the disk cache; it is handed it.
 torch_internals.CIA_OPS_STORE[:] = [(_read_cia_ops, _write_cia_ops)]
 
 

@@ -3,9 +3,11 @@ composite-implicit (CIA) set, kept across processes
 (``torch_internals.CIA_OPS_STORE``, installed by
 ``runtime/program_cache.py``): a process with the operator registry of an
 earlier one gets that process's set without walking, equal to torch's own
-walk; a registry that differs (a new CIA operator) walks and finds it; an
-entry that names an operator this process lacks is walked past; with the
-disk cache off every process walks.  Fresh processes (the in-process
+walk; a registry that differs (a new CIA operator) walks and finds it, and
+processes of the two registries alternating keep both entries (one per
+registry, the last ``CIA_OPS_ENTRIES`` written kept); an entry that names
+an operator this process lacks is walked past; with the disk cache off
+every process walks.  Fresh processes (the in-process
 cache would answer otherwise)."""
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 _SCRIPT = """
 import importlib, json, sys
@@ -98,3 +102,40 @@ def test_an_entry_naming_a_missing_operator_is_walked_past(tmp_path: Path) -> No
 def test_with_the_disk_cache_off_every_process_walks(tmp_path: Path) -> None:
     assert _run(tmp_path, HLOALIAS_CACHE="0")["walks"] == 1
     assert _run(tmp_path, HLOALIAS_CACHE="0")["walks"] == 1
+
+
+def test_processes_of_two_registries_alternating_keep_both_entries(tmp_path: Path) -> None:
+    # One entry per registry: a process without the operator library and one
+    # with it, taking turns, each find their own set (a single entry would be
+    # replaced by the other's at every start, and every process would walk).
+    assert _run(tmp_path)["walks"] == 1
+    assert _run(tmp_path, _NEW_OPERATOR)["walks"] == 1
+    plain = _run(tmp_path)
+    assert plain["walks"] == 0 and plain["equal"]
+    with_op = _run(tmp_path, _NEW_OPERATOR)
+    assert with_op["walks"] == 0 and with_op["equal"]
+    assert "hloalias_test_store::twice.default" in with_op["ours"]  # type: ignore[operator]
+
+
+def test_stored_sets_are_bounded_the_least_recently_written_going(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hloalias.runtime import disk_cache, program_cache
+
+    monkeypatch.setenv("HLOALIAS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HLOALIAS_CACHE_KEY_FILE", str(tmp_path / "keys" / "cache-key"))
+    monkeypatch.delenv("HLOALIAS_CACHE", raising=False)
+    folder = tmp_path / "keys"
+    keys = [f"{index:02x}" * 32 for index in range(program_cache.CIA_OPS_ENTRIES + 3)]
+    for index, key in enumerate(keys):
+        assert program_cache._write_cia_ops(key, f"[{index}]".encode())
+        # Older than every later write, whatever the file system's time resolution.
+        written = folder / (program_cache._cia_ops_name(key) + program_cache.CIA_OPS_SUFFIX)
+        os.utime(written, ns=(index, index))
+    left = sorted(path.name for path in folder.glob("cia-ops*" + program_cache.CIA_OPS_SUFFIX))
+    assert len(left) == program_cache.CIA_OPS_ENTRIES
+    assert [program_cache._read_cia_ops(key) for key in keys[:3]] == [None] * 3
+    assert program_cache._read_cia_ops(keys[-1]) == f"[{len(keys) - 1}]".encode()
+    assert program_cache._read_cia_ops(keys[3]) == b"[3]"
+    assert disk_cache.prune_beside_key("cia-ops", program_cache.CIA_OPS_SUFFIX, 1) and \
+        len(list(folder.glob("cia-ops*"))) == 1
