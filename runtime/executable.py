@@ -1488,8 +1488,15 @@ class Executable:
                     if tensor is None or tensor is _REMOVED or not isinstance(tensor, torch.Tensor):
                         continue
                     address = torch._C.TensorBase.untyped_storage(tensor).data_ptr()
-                    if address:
-                        storages[address] = (self._attached_names.get(id(slot), name), id(slot) in written)
+                    if not address:
+                        continue
+                    # One storage may hold several state tensors (buffers
+                    # that are views of one tensor): the storage is written
+                    # when any of them is, named by a written one.
+                    is_written = id(slot) in written
+                    known = storages.get(address)
+                    if known is None or (is_written and not known[1]):
+                        storages[address] = (self._attached_names.get(id(slot), name), is_written)
             self._state_storages = (agreements, storages)
         if not storages:
             return
