@@ -144,6 +144,7 @@ from hloalias.runtime.plan import (
 )
 from hloalias.runtime.state import (
     _AGREEMENTS, _ATTACHMENT_EDITS, _REMOVED, _RUNTIME_READ, StateWatch, traced_as_plain, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
+    module_tensors,
     refuse_inference_state,
 )
 
@@ -271,9 +272,12 @@ def compile(  # noqa: A001 - the name users expect
     _check_mesh_arguments(mesh, shardings)
     if torch.is_autocast_enabled("cpu"):
         raise CompileError(_AUTOCAST.format(dtype=torch.get_autocast_dtype("cpu")) + "compile outside it")
+    #: Each module's tensors by dotted name, walked once: the inference
+    #: check here, the executable's attribute names (``_module_attachments``).
+    walked: dict[int, tuple[tuple[str, torch.Tensor], ...]] = {}
     for holder in (f, _state_owner):
         if isinstance(holder, torch.nn.Module):
-            refuse_inference_state(holder, CompileError)
+            walked[id(holder)] = refuse_inference_state(holder, CompileError)
             # Tracing, keys and new slots read the module's own tensors:
             # what calls left on the device first (stale tensors, state.py).
             refresh_stale([*holder.parameters(), *holder.buffers()], "hloalias.compile")
@@ -387,6 +391,7 @@ def compile(  # noqa: A001 - the name users expect
         state_group=group,
         placement=placement,
         facts=facts,
+        owner_tensors=walked.get(id(group.owner())) if group.owner is not None else None,
     )
     exe._pass_lines = pass_report
     modes = ModuleModes.of(owner)
@@ -670,7 +675,11 @@ class Executable:
         state_group: _StateGroup | None = None,
         placement: Placement | None = None,
         facts: _ProgramFacts | None = None,
+        owner_tensors: tuple[tuple[str, torch.Tensor], ...] | None = None,
     ) -> None:
+        """(``owner_tensors``: the state group's owner module's tensors as
+        :func:`~hloalias.runtime.state.module_tensors` walked them for this
+        compile, else None: walked here.)"""
         assert program.stage is Stage.STABLEHLO
         self._placement = placement if placement is not None else Placement(device)
         self._signature = program.signature
@@ -736,7 +745,10 @@ class Executable:
         self._trainable_when_compiled = frozenset(
             id(slot) for _, slot in self._watched if (tensor := slot.source()) is not None and tensor.requires_grad
         )
-        self._follows_replacements: str | None = None
+        #: Slots that may follow no replaced tensor, by id: why (a training
+        #: step's parameters, which its optimizer holds: set by
+        #: compile_training_step).
+        self._refused_replacements: dict[int, str] = {}
         watched_slots = tuple(slot for _, slot in self._watched)
         self._state_watch = StateWatch(
             watched_slots, native_first_changed(), self._group, on_mesh=self._placement.spmd,
@@ -745,7 +757,7 @@ class Executable:
         #: The watched slots that stand for an attribute of the owner module,
         #: by its dotted name there, looked up again where no registration
         #: hook re-points them (``_follow_attachments``).
-        self._attached = self._module_attachments()
+        self._attached = self._module_attachments(owner_tensors)
         #: Each attached slot's attribute name, which errors name.
         self._attached_names = {id(slot): name for name, slot in self._attached}
         if self._attached:
@@ -1300,6 +1312,7 @@ class Executable:
         ExecutionError naming the tensor (``_StateSlot.refresh_from_torch``).
         Checked before every call and ``state_dict()``."""
         with self._group.lock, _RUNTIME_READ():
+            # Where the per-call check ran, its answer (remembered).
             if self._attached and self._state_watch.attachments_moved():
                 self._follow_attachments()
             for name, slot in self._watched:
@@ -1308,20 +1321,21 @@ class Executable:
                 if slot.torch_changed():
                     slot.refresh_from_torch(self._attached_names.get(id(slot), name))
 
-    def _module_attachments(self) -> tuple[tuple[str, _StateSlot], ...]:
+    def _module_attachments(
+        self, owner_tensors: tuple[tuple[str, torch.Tensor], ...] | None = None
+    ) -> tuple[tuple[str, _StateSlot], ...]:
         """Each watched slot whose tensor the owner module holds as a
         parameter, buffer or plain tensor attribute, with that attribute's
-        dotted name (a training step's slots are named otherwise:
-        ``param.<fqn>``, ``_tensor_constant0``)."""
+        dotted name, the first :func:`module_tensors` gives (a training
+        step's slots are named otherwise: ``param.<fqn>``,
+        ``_tensor_constant0``).  ``owner_tensors``: that walk, made by the
+        compile already."""
         owner = self._group.owner() if self._group.owner is not None else None
         if owner is None or not self._watched:
             return ()
         where: dict[int, str] = {}
-        for prefix, module in owner.named_modules(remove_duplicate=False):
-            for table in (module._parameters, module._buffers, vars(module)):
-                for key, value in table.items():
-                    if isinstance(value, torch.Tensor):
-                        where.setdefault(id(value), f"{prefix}.{key}" if prefix else key)
+        for name, value in owner_tensors if owner_tensors is not None else module_tensors(owner):
+            where.setdefault(id(value), name)
         return tuple(
             (where[id(tensor)], slot) for _, slot in self._watched
             if (tensor := slot.source()) is not None and id(tensor) in where
@@ -1374,10 +1388,10 @@ class Executable:
                 f"module state '{name}' was replaced by another tensor after compiling, and the program "
                 f"reads it under the tied names {tied}; compile again"
             )
-        if self._follows_replacements is not None:
+        why = self._refused_replacements.get(id(slot))
+        if why is not None:
             raise ExecutionError(
-                f"module state '{name}' was replaced by another tensor after compiling; "
-                f"{self._follows_replacements}; compile again"
+                f"module state '{name}' was replaced by another tensor after compiling; {why}; compile again"
             )
         self._replacements[id(slot)] = slot.replacements
 

@@ -1415,6 +1415,10 @@ class StateWatch:
         #: ``_ATTACHMENT_EDITS`` when the attachments were last looked up;
         #: -1: never (no module attributes to look up).
         self._edits_seen = -1
+        #: Whether :meth:`attachments_moved` found a move that no lookup
+        #: (:meth:`attach`) recorded since: the per-call check and the
+        #: state's sync that follows it look once.
+        self._moved = False
 
     def attach(self, plain: tuple[tuple[dict[str, Any], str, _StateSlot], ...], edits: int) -> None:
         """Record the slots' module attributes as looked up when
@@ -1423,14 +1427,22 @@ class StateWatch:
         object than its slot's tensor."""
         self._plain = plain
         self._edits_seen = edits
+        self._moved = False
 
     def attachments_moved(self) -> bool:
         """Whether a module attribute may hold another tensor than its slot's
-        (see :meth:`attach`)."""
-        if self._edits_seen >= 0 and self._edits_seen != _ATTACHMENT_EDITS[0]:
+        (see :meth:`attach`); asked only once :meth:`attach` ran.  A move
+        found is remembered until the next lookup is recorded, so the
+        per-call check (:meth:`changed`) and the sync that follows it look
+        once (cut short, the lookup is made again)."""
+        if self._moved:
+            return True
+        if self._edits_seen != _ATTACHMENT_EDITS[0]:
+            self._moved = True
             return True
         for table, key, slot in self._plain:
             if table.get(key) is not slot.source():
+                self._moved = True
                 return True
         return False
 
@@ -1443,7 +1455,7 @@ class StateWatch:
             self._starts_seen = starts
         # After the other groups' values came in: a slot that follows its
         # attribute to another tensor, or reads one in, reads their newest.
-        if self._edits_seen >= 0 and self.attachments_moved():
+        if self._edits_seen >= 0 and self.attachments_moved():  # once attach() ran
             return True
         agreements = _AGREEMENTS[0]
         rebuilt = self._agreements != agreements
@@ -1744,15 +1756,37 @@ def refuse_inference_tensor(tensor: torch.Tensor, name: str, error: type[Hloalia
         )
 
 
-def refuse_inference_state(module: torch.nn.Module, error: type[HloaliasError]) -> None:
-    """:func:`refuse_inference_tensor` for every parameter, buffer and tensor
-    attribute of ``module`` and its submodules."""
+def module_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor ``module`` and its submodules hold, by dotted name: each
+    submodule's parameters, then its buffers, then its plain tensor
+    attributes (``self.scale = t``, in its ``__dict__``), in
+    ``named_modules(remove_duplicate=False)``'s order, so a tensor reachable
+    under several names (tied weights, a shared submodule) comes once per
+    name.  Entries set to None are left out.  The one walk of a module's
+    state: :func:`refuse_inference_state` and the executable's attribute
+    names (``Executable._module_attachments``) read it, from one list a
+    compile makes (``walked``)."""
     for prefix, submodule in module.named_modules(remove_duplicate=False):
-        tensors = {**submodule._parameters, **submodule._buffers}
-        tensors.update((key, value) for key, value in vars(submodule).items() if isinstance(value, torch.Tensor))
-        for key, tensor in tensors.items():
-            if tensor is not None:
-                refuse_inference_tensor(tensor, f"{prefix}.{key}" if prefix else key, error)
+        head = f"{prefix}." if prefix else ""
+        for table in (submodule._parameters, submodule._buffers, vars(submodule)):
+            for key, value in table.items():
+                if isinstance(value, torch.Tensor):
+                    yield f"{head}{key}", value
+
+
+def refuse_inference_state(
+    module: torch.nn.Module, error: type[HloaliasError]
+) -> tuple[tuple[str, torch.Tensor], ...]:
+    """:func:`refuse_inference_tensor` for every parameter, buffer and tensor
+    attribute of ``module`` and its submodules; returns what it walked
+    (:func:`module_tensors`), which the compile hands on, so it walks once."""
+    walked = tuple(module_tensors(module))
+    seen: set[int] = set()
+    for name, tensor in walked:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            refuse_inference_tensor(tensor, name, error)
+    return walked
 
 
 def _slots_of(tensor: torch.Tensor) -> list[weakref.ref[_StateSlot]]:
