@@ -1083,10 +1083,11 @@ class Executable:
         torch's layout whatever layout the device buffer has)."""
         return self._state_values(self._slots)
 
-    def _state_values(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
-        """:meth:`state_dict`'s host copies of the entries ``names`` only."""
+    def _state_values(self, names: Iterable[str], drop_stale_writes: bool = False) -> dict[str, torch.Tensor]:
+        """:meth:`state_dict`'s host copies of the entries ``names`` only
+        (``drop_stale_writes``: see :meth:`_sync_from_torch`)."""
         with self._group.lock, _RUNTIME_READ():
-            self._sync_from_torch()
+            self._sync_from_torch(drop_stale_writes)
             return {
                 name: self._slots[name].torch_value(self._slot_array(name)).clone(memory_format=torch.contiguous_format)
                 for name in names
@@ -1096,9 +1097,11 @@ class Executable:
         """Copy the device state into the module's own tensors (in place),
         so that eager code sees what calls left there; a change torch makes
         to them afterwards is then the newest value, read by the next call.
-        Constants and tensors that no longer exist are skipped."""
+        Constants and tensors that no longer exist are skipped.  A write
+        made through memory a tensor shares while a call's newer value was
+        on the device, which calls refuse, is replaced by that value."""
         with self._group.lock, _RUNTIME_READ():
-            self._sync_from_torch()
+            self._sync_from_torch(drop_stale_writes=True)
             values = {name: slot.torch_value(self._slot_array(name)) for name, slot in self._watched}
             with torch.no_grad():
                 for name, slot in self._watched:
@@ -1304,13 +1307,17 @@ class Executable:
                 "restore them, or compile again (hloalias.jit compiles again for new hooks)"
             )
 
-    def _sync_from_torch(self) -> None:
+    def _sync_from_torch(self, drop_stale_writes: bool = False) -> None:
         """Bring the device state up to the module's tensors that torch
         changed since they last agreed (``m.weight.mul_(2)``,
         ``cache.zero_()``, ``model.load_state_dict(...)``): the user's write
         is the newest value, as in eager.  A dtype or shape change is an
         ExecutionError naming the tensor (``_StateSlot.refresh_from_torch``).
-        Checked before every call and ``state_dict()``."""
+        Checked before every call and ``state_dict()``.  A write to a
+        tensor's memory made while its slot lagged
+        (``_StateSlot.written_while_lagging``) is refused, unless
+        ``drop_stale_writes`` (a write-back, which puts the device's value
+        over it): left to the copy that follows."""
         with self._group.lock, _RUNTIME_READ():
             # Where the per-call check ran, its answer (remembered).
             if self._attached and self._state_watch.attachments_moved():
@@ -1318,7 +1325,7 @@ class Executable:
             for name, slot in self._watched:
                 if slot.replacements != self._replacements.get(id(slot), 0):
                     self._check_follow(self._attached_names.get(id(slot), name), slot)
-                if slot.torch_changed():
+                if slot.torch_changed() and not (drop_stale_writes and slot.written_while_lagging()):
                     slot.refresh_from_torch(self._attached_names.get(id(slot), name))
 
     def _module_attachments(

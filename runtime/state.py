@@ -329,12 +329,19 @@ class _StateSlot:
 
     def _shown_by(self) -> list[torch.Tensor]:
         """The torch tensors a read of which must see this slot's buffer:
-        its own tensor and, for a kept gradient, the parameter whose
-        ``.grad`` it is."""
-        shown = [self.source()]
+        its own tensor, the live ``.data`` tensors taken from it
+        (:attr:`aliases`: a write through one while the slot lags must
+        apply to the calls' value, as eager's does) and, for a kept
+        gradient, the parameter whose ``.grad`` it is."""
+        shown = [self.source(), *(ref() for ref, _, _ in self.aliases)]
         if self.grad_of is not None:
             shown.append(self.grad_of())
         return [tensor for tensor in shown if tensor is not None and tensor is not _REMOVED]
+
+    def shown_through_alias(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a live ``.data`` tensor taken from this
+        slot's tensor (:attr:`aliases`)."""
+        return any(ref() is tensor for ref, _, _ in self.aliases)
 
     def copied_alone(self) -> bool:
         """Whether a read of this slot's tensor copies this buffer alone in
@@ -552,6 +559,29 @@ class _StateSlot:
             counter.torch_writes != self._counter_writes or counter.torch_changed()
         )
 
+    def written_while_lagging(self) -> bool:
+        """Whether torch wrote the tensor's memory in place while the slot
+        lagged (:meth:`torch_changed` while :attr:`lags`; not a replaced
+        tensor, nor swapped memory, which hold the user's whole value):
+        through something that shares the memory and that no stale mark
+        brings up to date first (a kept ``numpy()`` array, a DLPack consumer,
+        a storage, a tensor made before the calls), so the write applied to
+        the value from before the calls.  :meth:`refresh_from_torch`
+        refuses it: reading it in would put that over the calls' value."""
+        source = self.source()
+        if not self.lags or self.source_ptr == -1 or source is None or source is _REMOVED:
+            return False
+        with _RUNTIME_READ():
+            return source.data_ptr() == self.source_ptr and self.torch_changed()
+
+    def host_overwritten(self) -> None:
+        """hloalias wrote the whole tensor while the slot lagged (a kept
+        gradient set from the ``.grad`` eager code gave the parameter): its
+        value is the newest, which the next call reads in.  Called after
+        the write (cut short before, the next call refuses, never reads a
+        part-stale value)."""
+        self._set_lags(False)
+
     def watch_values(self) -> None:
         """Compare this slot's tensor with a copy of what it held when the
         two last agreed (:attr:`snapshot`) at every call and in
@@ -615,6 +645,12 @@ class _StateSlot:
         if isinstance(alias, torch.Tensor):
             with _RUNTIME_READ():
                 entry = (weakref.ref(alias), alias._version, alias.data_ptr())
+            # Found from the alias when a call leaves the slot lagging: it
+            # is marked stale with the tensor (:meth:`_shown_by`).
+            found: list[weakref.ref[_StateSlot]] | None = _ALIAS_SLOTS.get(alias)  # type: ignore[no-untyped-call]
+            if found is None:
+                _ALIAS_SLOTS[alias] = found = []
+            found.append(weakref.ref(self))
             self.aliases = (*(kept for kept in self.aliases if kept[0]() is not None), entry)
         elif alias is not None:
             try:
@@ -683,6 +719,16 @@ class _StateSlot:
             raise ExecutionError(
                 f"module state '{name}' {self.unfollowable} after compiling; compile again"
             )
+        if self.written_while_lagging():
+            raise ExecutionError(
+                f"module state '{name}' was written in place while a call's newer value of it was on the "
+                "device, through memory it shares that hloalias cannot bring up to date first (an array from "
+                "numpy()/np.asarray, a DLPack consumer, a storage, or a tensor sharing its memory made before "
+                "the calls): the write applied to the value from before the calls, where eager's applies to "
+                "the newest; nothing ran. Call write_back() on the executable or training step (the calls' "
+                "values replace that write), then write again; reading the tensor first (t.clone()) brings "
+                "the calls' values in before such a write"
+            )
         if source.dtype != self.torch_dtype or tuple(source.shape) != self.shape:
             raise ExecutionError(
                 f"module state '{name}' is now {source.dtype} {list(source.shape)}, but the program was compiled "
@@ -690,7 +736,14 @@ class _StateSlot:
                 "compile again"
             )
         with _RUNTIME_READ():
-            self.array = self.upload(_resolved(source))
+            # Not through the ``array`` setter (the upload has the slot's
+            # form): the slot never lags the tensor it reads in, so a
+            # Ctrl-C before the agreement is recorded leaves a change the
+            # next call reads in again, never a lagging slot whose tensor
+            # changed (:meth:`written_while_lagging`, which refuses).
+            self._array = self.upload(_resolved(source))
+            if self.readers:
+                self._forget_cached_lists()
             self.version = source._version
             self.source_ptr = source.data_ptr()
         self.consumed_by = None
@@ -920,6 +973,12 @@ def _stale_class(fresh: type) -> type:
 # the function ``torch.utils.dlpack.to_dlpack(p)``,
 # ``Tensor.data.__get__(p)``, and writes through a storage, DLPack
 # consumer or ``.data``-of-``.data`` after the call that follows the escape.
+#
+# A call that leaves the slot lagging marks its live ``.data`` tensors stale
+# with the tensor (:meth:`_StateSlot._shown_by`): a write through one then
+# applies to the calls' value, as eager's.  A write through an unmarkable
+# sharer (a kept array, a tensor made before the calls) while the slot
+# lags is refused by the next call (:meth:`_StateSlot.written_while_lagging`).
 
 #: A watched class's attribute naming the plain class it stands in for.
 _PLAIN_CLASS = "_hloalias_plain_class"
@@ -1136,6 +1195,20 @@ def _lagging_slots(tensor: torch.Tensor, grads_only: bool = False) -> list["_Sta
         slot = ref()
         if slot is not None and slot.lags and slot.grad_of is not None and slot.grad_of() is tensor:
             found.append(slot)
+    if not grads_only:
+        found.extend(_lagging_through_alias(tensor))
+    return found
+
+
+def _lagging_through_alias(tensor: torch.Tensor) -> list["_StateSlot"]:
+    """The lagging slots ``tensor`` is a live ``.data`` tensor of: a read
+    or write through it first copies their buffers into the memory it
+    shares with their tensors."""
+    found = []
+    for ref in _ALIAS_SLOTS.get(tensor) or ():  # type: ignore[no-untyped-call]
+        slot = ref()
+        if slot is not None and slot.lags and slot.shown_through_alias(tensor) and slot not in found:
+            found.append(slot)
     return found
 
 
@@ -1219,12 +1292,11 @@ def bring_up_to_date(tensors: Any, reader: "_StateGroup | None" = None) -> None:
             if not isinstance(tensor, torch.Tensor):
                 continue
             refs = _SLOTS_OF_TENSOR.get(tensor)  # type: ignore[no-untyped-call]
-            for ref in refs or ():
-                slot = ref()
-                if (
-                    slot is not None and slot.lags and slot.source() is tensor
-                    and (reader is None or slot._group is None or slot._group() is not reader)
-                ):
+            slots = [slot for ref in refs or () if (slot := ref()) is not None and slot.source() is tensor]
+            if is_stale(tensor):  # a ``.data`` tensor of a lagging one is marked (:meth:`_StateSlot._shown_by`)
+                slots.extend(_lagging_through_alias(tensor))
+            for slot in slots:
+                if slot.lags and (reader is None or slot._group is None or slot._group() is not reader):
                     _bring_in(slot, "a torch.compile'd graph or an eager forward reading it")
 
 
@@ -1733,6 +1805,10 @@ _SLOTS_OF_TENSOR: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _KEPT_WHILE_LAGGING: WeakIdKeyDictionary = WeakIdKeyDictionary()
 #: Parameter -> the slots of kept gradients shown as its ``.grad``.
 _GRAD_SLOTS_OF: WeakIdKeyDictionary = WeakIdKeyDictionary()
+#: A ``.data`` tensor taken from a slot's tensor -> the slots it was taken
+#: from (:meth:`_StateSlot.host_may_change`); each lists it in ``aliases``
+#: while it stands for that tensor.
+_ALIAS_SLOTS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 #: What a removed attribute's slot stands for: no version matches -1.
 # The runtime may be loaded lazily inside ``torch.inference_mode()``: the
 # sentinel must still be a tensor with a version counter (the state check reads it).

@@ -643,6 +643,8 @@ class TrainingStep:
                 source.zero_()
             else:
                 source.copy_(self._checked(grad, slot.name, f"the .grad of '{slot.fqn}'", "a call"))
+        # A whole new value, not an edit of the stale one: the call reads it.
+        state_slot.host_overwritten()
         state_slot.note_grad_shown()
         return True
 
@@ -845,7 +847,9 @@ class TrainingStep:
         # A replaced optimizer entry is the newest value: the device takes
         # it, rather than the copy overwriting it.
         self._adopt_replaced_optimizer_entries()
-        device_state = self.executable.state_dict()
+        # A write made through an alias while the tensor lagged (refused by
+        # calls) is replaced by the device's value, as the error says.
+        device_state = self.executable._state_values(self.executable._slots, drop_stale_writes=True)
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
         self._write_back_optimizer(device_state)
         with torch.no_grad():

@@ -451,6 +451,128 @@ def test_an_escape_interrupted_anywhere_loses_no_write() -> None:
     assert any("host_may_change" in name for name, _, _ in points), points
 
 
+# -- written while a call's value was on the device -----------------------------------
+
+
+class Accumulating(torch.nn.Module):
+    """A forward program that writes a buffer: after a call the buffer's
+    value is on the device, and the module's tensor lags it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(4, 3)
+        self.register_buffer("total", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.add_(x.mean(0)[:3])
+        return self.fc(x) * self.total
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_data_alias_written_after_a_forward_call_applies_to_its_value(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``w = m.total.data`` kept, a call updates ``total`` on the device,
+    then ``w`` is written: the write applies to the call's value, as
+    eager's does (the alias is marked stale with its tensor, and its first
+    op copies the calls' value in).  Before: the next call read the host's
+    pre-call value, written, over the call's update (off by ~0.2)."""
+    reference = Accumulating()
+    model = copy.deepcopy(reference)
+    x = _x(20)
+    exe = compile_on(path, monkeypatch, model, (x,))
+    alias, reference_alias = model.total.data, reference.total.data
+    for i in range(3):
+        with torch.no_grad():
+            torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+        assert state_module.is_stale(alias)
+        alias.mul_(0.5).add_(i)
+        reference_alias.mul_(0.5).add_(i)
+    with torch.no_grad():
+        torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+    torch.testing.assert_close(model.total, reference.total, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_data_alias_written_after_a_training_step_applies_to_its_value(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a training step's parameters, with ``w = p.data`` taken
+    before the first step and kept (off by ~0.1 before)."""
+    model, reference, train, reference_step = _training_pair(path, monkeypatch)
+    aliases = [p.data for p in model.parameters()]
+    reference_aliases = [p.data for p in reference.parameters()]
+    y = torch.randn(8, 3, generator=torch.Generator().manual_seed(21))
+    for i in range(3):
+        torch.testing.assert_close(train(_x(21 + i, 8), y), reference_step(_x(21 + i, 8), y), atol=TOL, rtol=TOL)
+        for alias, reference_alias in zip(aliases, reference_aliases):
+            alias.mul_(0.5).add_(0.1)
+            reference_alias.mul_(0.5).add_(0.1)
+    torch.testing.assert_close(train(_x(30, 8), y), reference_step(_x(30, 8), y), atol=TOL, rtol=TOL)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, reference.state_dict()[name], atol=TOL, rtol=TOL, msg=name)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_array_written_after_a_forward_call_is_refused(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept ``numpy()`` array cannot be marked: a write through it while
+    the buffer's value is on the device applied to the value from before
+    the call.  The next call refuses, naming the buffer, before anything
+    changes; ``write_back()`` puts the calls' value over that write, and a
+    write after it is read as eager's.  Before: read in, over the call's
+    update, silently."""
+    reference = Accumulating()
+    model = copy.deepcopy(reference)
+    x = _x(22)
+    exe = compile_on(path, monkeypatch, model, (x,))
+    array = model.total.numpy()
+    with torch.no_grad():
+        exe(x)
+        reference(x)
+    array += np.float32(1)
+    device_before = _device_values(exe)
+    with torch.no_grad(), pytest.raises(hloalias.ExecutionError, match="module state 'total' was written in place while"):
+        exe(x)
+    assert all(_bits_equal(value, device_before[name]) for name, value in _device_values(exe).items())
+    exe.write_back()
+    torch.testing.assert_close(model.total, reference.total, atol=TOL, rtol=TOL)
+    array += np.float32(1)
+    with torch.no_grad():
+        reference.total.add_(1)
+        torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+
+
+def _device_values(exe: Any) -> dict[str, torch.Tensor]:
+    """The device state without reading torch's tensors in (``state_dict()``
+    would refuse, as the call does)."""
+    return {name: exe._slots[name].torch_value(exe._slot_array(name)).clone() for name, _ in exe._watched}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_array_written_after_a_training_step_is_refused(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, reference, train, reference_step = _training_pair(path, monkeypatch)
+    array = model.fc.weight.numpy(force=True)  # kept across the step
+    y = torch.randn(8, 3, generator=torch.Generator().manual_seed(23))
+    train(_x(23, 8), y)
+    reference_step(_x(23, 8), y)
+    array *= np.float32(0.5)
+    device_before = _device_values(train.executable)
+    with pytest.raises(hloalias.ExecutionError, match="module state 'fc.weight' was written in place while"):
+        train(_x(24, 8), y)
+    after = _device_values(train.executable)
+    assert all(_bits_equal(value, device_before[name]) for name, value in after.items() if value.dtype == torch.float32)
+    train.write_back()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, reference.state_dict()[name], atol=TOL, rtol=TOL, msg=name)
+    array *= np.float32(0.5)
+    with torch.no_grad():
+        reference.fc.weight.mul_(0.5)
+    torch.testing.assert_close(train(_x(24, 8), y), reference_step(_x(24, 8), y), atol=TOL, rtol=TOL)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, reference.state_dict()[name], atol=TOL, rtol=TOL, msg=name)
+
+
 # -- transformers -------------------------------------------------------------------
 
 
