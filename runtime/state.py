@@ -16,9 +16,11 @@ tensor attribute given another object (``m.scale = t``, which no hook
 sees) are found by name at the next call (:meth:`StateWatch.attach`).  A
 removed attribute (set to None, or a plain one given a non-tensor) or a
 new tensor of another dtype or shape is an ExecutionError at the next
-call.  Not seen: a registered tensor only deleted (``del m.bias``: eager
-would fail, the program runs on), or written into ``_parameters`` or
-``_buffers`` directly, which no hook hears.
+call.  A registered tensor only deleted (``del m.bias``: eager would fail)
+or a parameter set to None, which no hook hears, is counted by torch's
+``Module.__delattr__`` and ``register_parameter``, wrapped
+(:func:`_count_removal`), and refused at the next call.  Not seen: an
+entry written into ``_parameters`` or ``_buffers`` directly.
 
 The owner module's ``state_dict()`` and eager forward first copy every
 slot some program of the group writes, where it lags the module's tensor,
@@ -1928,6 +1930,52 @@ def _on_module_registration(module: torch.nn.Module, name: str, value: Any) -> N
 torch.nn.modules.module.register_module_parameter_registration_hook(_on_tensor_registration)
 torch.nn.modules.module.register_module_buffer_registration_hook(_on_tensor_registration)
 torch.nn.modules.module.register_module_module_registration_hook(_on_module_registration)
+
+
+def _count_removal(module: torch.nn.Module, name: str) -> bool:
+    """A parameter, buffer or submodule ``name`` of ``module`` is deleted
+    or a parameter set to None, for which torch calls no hook: every
+    program looks its names up again at its next call
+    (:class:`StateWatch`), finds the tensor gone and refuses, as eager
+    would fail or take another branch (``del m.bias``, ``m.bias = None``).
+    Not while dynamo traces (see :func:`_on_tensor_registration`).
+    Whether it counted."""
+    if (
+        (name in module._parameters and module._parameters[name] is not None) or name in module._buffers
+        or name in module._modules
+    ) and not torch.compiler.is_compiling():
+        _ATTACHMENT_EDITS[0] += 1
+        return True
+    return False
+
+
+_TORCH_DELATTR = torch.nn.Module.__delattr__
+_TORCH_REGISTER_PARAMETER = torch.nn.Module.register_parameter
+
+
+def _delattr_counted(self: torch.nn.Module, name: str) -> None:
+    # Counted before the deletion (a Ctrl-C between: one lookup too many)
+    # and after it (a call of another thread may have looked up between).
+    counted = _count_removal(self, name)
+    _TORCH_DELATTR(self, name)
+    if counted:
+        _ATTACHMENT_EDITS[0] += 1
+
+
+def _register_parameter_counted(self: torch.nn.Module, name: str, param: Any) -> None:
+    # Only ``None`` over a parameter: torch's registration hook hears the rest.
+    if param is None:
+        _count_removal(self, name)
+    _TORCH_REGISTER_PARAMETER(self, name, param)
+
+
+# torch calls no hook for ``del m.bias`` or ``m.bias = None``: its own
+# methods, wrapped (``__delattr__`` and ``register_parameter`` are Python
+# in torch; the wrap costs a call and a dictionary test per deletion or
+# registration, nothing per call of a program).  Writes into
+# ``m._parameters``/``m._buffers`` directly stay unseen (docs/runtime.md).
+torch.nn.Module.__delattr__ = _delattr_counted  # type: ignore[method-assign]
+torch.nn.Module.register_parameter = _register_parameter_counted  # type: ignore[method-assign]
 
 
 _GROUPS: "weakref.WeakKeyDictionary[Any, _StateGroup]" = weakref.WeakKeyDictionary()

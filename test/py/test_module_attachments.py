@@ -258,3 +258,37 @@ def test_a_call_interrupted_anywhere_then_run_again_follows() -> None:
 
     points = sweep(prepare, lambda _: exe(X), check, FILES)
     assert any("_follow_attachments" in name for name, _, _ in points), points
+
+
+def _delete_bias(m: Scaled) -> None:
+    del m.lin.bias
+
+
+def _bias_set_to_none(m: Scaled) -> None:
+    m.lin.bias = None
+
+
+def _delete_submodule(m: Scaled) -> None:
+    del m.lin
+
+
+REMOVALS = {"del parameter": _delete_bias, "parameter set to None": _bias_set_to_none, "del submodule": _delete_submodule}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("edit", sorted(REMOVALS))
+def test_a_removal_alone_is_refused(edit: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``del m.lin.bias`` (eager: an AttributeError), ``m.lin.bias = None``
+    (eager: no bias added) and ``del m.lin``, with nothing registered
+    after: torch calls no hook, so the program ran on the old tensors,
+    silently.  Counted now (``state._count_removal``): the next call looks
+    the names up again and refuses, naming the tensor, before anything runs."""
+    model = Scaled()
+    exe = _compiled(model, path, monkeypatch)
+    before = {name: value.clone() for name, value in exe.state_dict().items()}
+    REMOVALS[edit](model)
+    with pytest.raises(ExecutionError, match=r"module state 'lin\.(bias|weight)' was removed from the module"):
+        exe(X)
+    after = {name: slot.torch_value(exe._slot_array(name)) for name, slot in exe._watched}
+    assert all(torch.equal(after[name], before[name]) for name in after)
+
