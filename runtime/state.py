@@ -1294,12 +1294,18 @@ def bring_up_to_date(tensors: Any, reader: "_StateGroup | None" = None) -> None:
             if not isinstance(tensor, torch.Tensor):
                 continue
             refs = _SLOTS_OF_TENSOR.get(tensor)  # type: ignore[no-untyped-call]
-            slots = [slot for ref in refs or () if (slot := ref()) is not None and slot.source() is tensor]
-            if is_stale(tensor):  # a ``.data`` tensor of a lagging one is marked (:meth:`_StateSlot._shown_by`)
-                slots.extend(_lagging_through_alias(tensor))
-            for slot in slots:
-                if slot.lags and (reader is None or slot._group is None or slot._group() is not reader):
+            for ref in refs or ():
+                slot = ref()
+                if (
+                    slot is not None and slot.lags and slot.source() is tensor
+                    and (reader is None or slot._group is None or slot._group() is not reader)
+                ):
                     _bring_in(slot, "a torch.compile'd graph or an eager forward reading it")
+            if is_stale(tensor):
+                # A ``.data`` tensor of a lagging one is marked with it (:meth:`_StateSlot._shown_by`).
+                for slot in _lagging_through_alias(tensor):
+                    if reader is None or slot._group is None or slot._group() is not reader:
+                        _bring_in(slot, "a torch.compile'd graph or an eager forward reading it")
 
 
 #: Count the times a slot (any; one on a mesh) started lagging its

@@ -494,6 +494,25 @@ def test_a_data_alias_written_after_a_forward_call_applies_to_its_value(
     torch.testing.assert_close(model.total, reference.total, atol=TOL, rtol=TOL)
 
 
+def test_a_torch_compiled_graph_reads_a_data_alias_of_lagging_state() -> None:
+    """A graph of another backend that dynamo traced on the stale alias
+    brings it in before each run (``bring_up_to_date`` finds its slot
+    through ``_ALIAS_SLOTS``), as it does for the tensor itself."""
+    torch._dynamo.reset()
+    reference = Accumulating()
+    model = copy.deepcopy(reference)
+    x = _x(25)
+    exe = hloalias.compile(model, (x,))
+    alias, reference_alias = model.total.data, reference.total.data
+    doubled = torch.compile(lambda t: t * 2 + 1, backend="eager")
+    for _ in range(3):
+        with torch.no_grad():
+            exe(x)
+            reference(x)
+        assert state_module.is_stale(alias)
+        torch.testing.assert_close(doubled(alias), reference_alias * 2 + 1, atol=TOL, rtol=TOL)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_a_data_alias_written_after_a_training_step_applies_to_its_value(
     path: str, monkeypatch: pytest.MonkeyPatch
