@@ -513,6 +513,38 @@ def test_a_torch_compiled_graph_reads_a_data_alias_of_lagging_state() -> None:
         torch.testing.assert_close(doubled(alias), reference_alias * 2 + 1, atol=TOL, rtol=TOL)
 
 
+def test_a_stale_alias_written_with_an_interrupt_anywhere_is_exact() -> None:
+    """``alias.add_(1)`` on a ``.data`` alias a call left stale, with a
+    Ctrl-C at every point of runtime/state.py (its read-in, the class
+    given back): the next call sees either no write or the write applied
+    to the call's value, never one applied to the value from before it,
+    and never a refusal (the read-in is no write behind the stale mark)."""
+    reference = [Accumulating()]
+    model = copy.deepcopy(reference[0])
+    x = _x(26)
+    exe = hloalias.compile(model, (x,))
+    alias = model.total.data
+
+    def prepare() -> None:
+        with torch.no_grad():
+            exe(x)
+            reference[0](x)
+
+    def check(_: None, where: Any) -> None:
+        added = copy.deepcopy(reference[0])
+        with torch.no_grad():
+            added.total.add_(1.0)
+            got = exe(x)
+            expected = {"without": reference[0](x), "with": added(x)}
+        matches = [name for name, value in expected.items() if torch.allclose(got, value, atol=TOL, rtol=TOL)]
+        assert matches, f"neither with nor without the write after {where}"
+        if matches[0] == "with":
+            reference[0] = added  # both made the call exe made
+
+    points = sweep(prepare, lambda _: alias.add_(1.0), check, FILES)
+    assert any("copy_to_source" in name or "refresh_stale" in name for name, _, _ in points), points
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_a_data_alias_written_after_a_training_step_applies_to_its_value(
     path: str, monkeypatch: pytest.MonkeyPatch
