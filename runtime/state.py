@@ -809,7 +809,12 @@ class _StateSlot:
         if self.layout is None:
             return
         if self.array is not None and not self.array.is_deleted():
-            self.array = self.array_in(self.array, None, self.bits)
+            # The same value in another layout: no new value, so not
+            # through the ``array`` setter, which would have the slot lag
+            # its tensor (a change torch made then reads as one made
+            # behind a stale mark: :meth:`written_while_lagging`).
+            self._array = self.array_in(self.array, None, self.bits)
+            self._forget_cached_lists()
         self.layout = None
 
     def to_torch_dtype(self) -> None:
