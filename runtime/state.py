@@ -507,7 +507,16 @@ class _StateSlot:
         group = self._group() if self._group is not None else None
         with group.lock if group is not None else contextlib.nullcontext(), torch.no_grad(), _RUNTIME_READ():
             source, array = self.source(), self._array
-            if not self.lags or source is None or array is None or array.is_deleted() or self.torch_changed():
+            if not self.lags or source is None or array is None or array.is_deleted():
+                return
+            if self.torch_changed():
+                # The user's write is the newest value, unless the tensor
+                # holds the calls' value already (a copy in that a Ctrl-C
+                # cut short before it recorded the agreement, with the
+                # snapshot of a compared slot still the old value): then
+                # they agree, and what torch does next is read as an edit.
+                if self.copied_alone() and not _bits_differ(source, self.torch_value(array)):
+                    self.mark_synced()
                 return
             self.copy_in(source, self.torch_value(array))
             if self.grad_of is not None:
@@ -570,11 +579,20 @@ class _StateSlot:
         a storage, a tensor made before the calls), so the write applied to
         the value from before the calls.  :meth:`refresh_from_torch`
         refuses it: reading it in would put that over the calls' value."""
-        source = self.source()
+        source, array = self.source(), self._array
         if not self.lags or self.source_ptr == -1 or source is None or source is _REMOVED:
             return False
         with _RUNTIME_READ():
-            return source.data_ptr() == self.source_ptr and self.torch_changed()
+            if source.data_ptr() != self.source_ptr or not self.torch_changed():
+                return False
+            if array is None or array.is_deleted():
+                return False  # no value of the calls' to lose (a donation consumed it)
+            if not self.copied_alone():
+                return True  # no compare: on a mesh across processes a gather is a collective
+            # The tensor holds the calls' value (a copy in cut short by a
+            # Ctrl-C before it recorded the agreement): reading it in loses
+            # nothing.  A compare, on this rare path only.
+            return _bits_differ(source, self.torch_value(array))
 
     def host_overwritten(self) -> None:
         """hloalias wrote the whole tensor while the slot lagged (a kept
