@@ -144,6 +144,7 @@ from hloalias.runtime.plan import (
 )
 from hloalias.runtime.state import (
     _AGREEMENTS, _ATTACHMENT_EDITS, _REMOVED, _RUNTIME_READ, StateWatch, traced_as_plain, _form_text, _state_group, _StateGroup, _StateSlot, refresh_stale,
+    module_tensors,
     refuse_inference_state,
 )
 
@@ -280,9 +281,12 @@ def compile(  # noqa: A001 - the name users expect
     default_dtype = torch.get_default_dtype()  # the trace's (docstring)
     if torch.is_autocast_enabled("cpu"):
         raise CompileError(_AUTOCAST.format(dtype=torch.get_autocast_dtype("cpu")) + "compile outside it")
+    #: Each module's tensors by dotted name, walked once: the inference
+    #: check here, the executable's attribute names (``_module_attachments``).
+    walked: dict[int, tuple[tuple[str, torch.Tensor], ...]] = {}
     for holder in (f, _state_owner):
         if isinstance(holder, torch.nn.Module):
-            refuse_inference_state(holder, CompileError)
+            walked[id(holder)] = refuse_inference_state(holder, CompileError)
             # Tracing, keys and new slots read the module's own tensors:
             # what calls left on the device first (stale tensors, state.py).
             refresh_stale([*holder.parameters(), *holder.buffers()], "hloalias.compile")
@@ -396,6 +400,7 @@ def compile(  # noqa: A001 - the name users expect
         state_group=group,
         placement=placement,
         facts=facts,
+        owner_tensors=walked.get(id(group.owner())) if group.owner is not None else None,
     )
     exe._pass_lines = pass_report
     modes = ModuleModes.of(owner)
@@ -680,7 +685,11 @@ class Executable:
         state_group: _StateGroup | None = None,
         placement: Placement | None = None,
         facts: _ProgramFacts | None = None,
+        owner_tensors: tuple[tuple[str, torch.Tensor], ...] | None = None,
     ) -> None:
+        """(``owner_tensors``: the state group's owner module's tensors as
+        :func:`~hloalias.runtime.state.module_tensors` walked them for this
+        compile, else None: walked here.)"""
         assert program.stage is Stage.STABLEHLO
         self._placement = placement if placement is not None else Placement(device)
         self._signature = program.signature
@@ -752,13 +761,16 @@ class Executable:
         self._trainable_when_compiled = frozenset(
             id(slot) for _, slot in self._watched if (tensor := slot.source()) is not None and tensor.requires_grad
         )
-        self._follows_replacements: str | None = None
         #: Closed-over tensors (lifted constants) a result depends on, with
         #: those results' positions (:mod:`hloalias.runtime.gradient_boundary`).
         self._closed_over_reach: tuple[tuple[_StateSlot, frozenset[int]], ...] = tuple(
             (self._slots[name], reached)
             for name, reached in self._signature.constant_gradient_outputs.items() if name in self._slots
         )
+        #: Slots that may follow no replaced tensor, by id: why (a training
+        #: step's parameters, which its optimizer holds: set by
+        #: compile_training_step).
+        self._refused_replacements: dict[int, str] = {}
         watched_slots = tuple(slot for _, slot in self._watched)
         self._state_watch = StateWatch(
             watched_slots, native_first_changed(), self._group, on_mesh=self._placement.spmd,
@@ -767,7 +779,7 @@ class Executable:
         #: The watched slots that stand for an attribute of the owner module,
         #: by its dotted name there, looked up again where no registration
         #: hook re-points them (``_follow_attachments``).
-        self._attached = self._module_attachments()
+        self._attached = self._module_attachments(owner_tensors)
         #: Each attached slot's attribute name, which errors name.
         self._attached_names = {id(slot): name for name, slot in self._attached}
         if self._attached:
@@ -1098,10 +1110,11 @@ class Executable:
         torch's layout whatever layout the device buffer has)."""
         return self._state_values(self._slots)
 
-    def _state_values(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
-        """:meth:`state_dict`'s host copies of the entries ``names`` only."""
+    def _state_values(self, names: Iterable[str], drop_stale_writes: bool = False) -> dict[str, torch.Tensor]:
+        """:meth:`state_dict`'s host copies of the entries ``names`` only
+        (``drop_stale_writes``: see :meth:`_sync_from_torch`)."""
         with self._group.lock, _RUNTIME_READ():
-            self._sync_from_torch()
+            self._sync_from_torch(drop_stale_writes)
             return {
                 name: self._slots[name].torch_value(self._slot_array(name)).clone(memory_format=torch.contiguous_format)
                 for name in names
@@ -1111,9 +1124,11 @@ class Executable:
         """Copy the device state into the module's own tensors (in place),
         so that eager code sees what calls left there; a change torch makes
         to them afterwards is then the newest value, read by the next call.
-        Constants and tensors that no longer exist are skipped."""
+        Constants and tensors that no longer exist are skipped.  A write
+        made through memory a tensor shares while a call's newer value was
+        on the device, which calls refuse, is replaced by that value."""
         with self._group.lock, _RUNTIME_READ():
-            self._sync_from_torch()
+            self._sync_from_torch(drop_stale_writes=True)
             values = {name: slot.torch_value(self._slot_array(name)) for name, slot in self._watched}
             with torch.no_grad():
                 for name, slot in self._watched:
@@ -1319,36 +1334,42 @@ class Executable:
                 "restore them, or compile again (hloalias.jit compiles again for new hooks)"
             )
 
-    def _sync_from_torch(self) -> None:
+    def _sync_from_torch(self, drop_stale_writes: bool = False) -> None:
         """Bring the device state up to the module's tensors that torch
         changed since they last agreed (``m.weight.mul_(2)``,
         ``cache.zero_()``, ``model.load_state_dict(...)``): the user's write
         is the newest value, as in eager.  A dtype or shape change is an
         ExecutionError naming the tensor (``_StateSlot.refresh_from_torch``).
-        Checked before every call and ``state_dict()``."""
+        Checked before every call and ``state_dict()``.  A write to a
+        tensor's memory made while its slot lagged
+        (``_StateSlot.written_while_lagging``) is refused, unless
+        ``drop_stale_writes`` (a write-back, which puts the device's value
+        over it): left to the copy that follows."""
         with self._group.lock, _RUNTIME_READ():
+            # Where the per-call check ran, its answer (remembered).
             if self._attached and self._state_watch.attachments_moved():
                 self._follow_attachments()
             for name, slot in self._watched:
                 if slot.replacements != self._replacements.get(id(slot), 0):
                     self._check_follow(self._attached_names.get(id(slot), name), slot)
-                if slot.torch_changed():
+                if slot.torch_changed() and not (drop_stale_writes and slot.written_while_lagging()):
                     slot.refresh_from_torch(self._attached_names.get(id(slot), name))
 
-    def _module_attachments(self) -> tuple[tuple[str, _StateSlot], ...]:
+    def _module_attachments(
+        self, owner_tensors: tuple[tuple[str, torch.Tensor], ...] | None = None
+    ) -> tuple[tuple[str, _StateSlot], ...]:
         """Each watched slot whose tensor the owner module holds as a
         parameter, buffer or plain tensor attribute, with that attribute's
-        dotted name (a training step's slots are named otherwise:
-        ``param.<fqn>``, ``_tensor_constant0``)."""
+        dotted name, the first :func:`module_tensors` gives (a training
+        step's slots are named otherwise: ``param.<fqn>``,
+        ``_tensor_constant0``).  ``owner_tensors``: that walk, made by the
+        compile already."""
         owner = self._group.owner() if self._group.owner is not None else None
         if owner is None or not self._watched:
             return ()
         where: dict[int, str] = {}
-        for prefix, module in owner.named_modules(remove_duplicate=False):
-            for table in (module._parameters, module._buffers, vars(module)):
-                for key, value in table.items():
-                    if isinstance(value, torch.Tensor):
-                        where.setdefault(id(value), f"{prefix}.{key}" if prefix else key)
+        for name, value in owner_tensors if owner_tensors is not None else module_tensors(owner):
+            where.setdefault(id(value), name)
         return tuple(
             (where[id(tensor)], slot) for _, slot in self._watched
             if (tensor := slot.source()) is not None and id(tensor) in where
@@ -1401,10 +1422,10 @@ class Executable:
                 f"module state '{name}' was replaced by another tensor after compiling, and the program "
                 f"reads it under the tied names {tied}; compile again"
             )
-        if self._follows_replacements is not None:
+        why = self._refused_replacements.get(id(slot))
+        if why is not None:
             raise ExecutionError(
-                f"module state '{name}' was replaced by another tensor after compiling; "
-                f"{self._follows_replacements}; compile again"
+                f"module state '{name}' was replaced by another tensor after compiling; {why}; compile again"
             )
         self._replacements[id(slot)] = slot.replacements
 
@@ -1515,8 +1536,15 @@ class Executable:
                     if tensor is None or tensor is _REMOVED or not isinstance(tensor, torch.Tensor):
                         continue
                     address = torch._C.TensorBase.untyped_storage(tensor).data_ptr()
-                    if address:
-                        storages[address] = (self._attached_names.get(id(slot), name), id(slot) in written)
+                    if not address:
+                        continue
+                    # One storage may hold several state tensors (buffers
+                    # that are views of one tensor): the storage is written
+                    # when any of them is, named by a written one.
+                    is_written = id(slot) in written
+                    known = storages.get(address)
+                    if known is None or (is_written and not known[1]):
+                        storages[address] = (self._attached_names.get(id(slot), name), is_written)
             self._state_storages = (agreements, storages)
         if not storages:
             return

@@ -16,9 +16,11 @@ tensor attribute given another object (``m.scale = t``, which no hook
 sees) are found by name at the next call (:meth:`StateWatch.attach`).  A
 removed attribute (set to None, or a plain one given a non-tensor) or a
 new tensor of another dtype or shape is an ExecutionError at the next
-call.  Not seen: a registered tensor only deleted (``del m.bias``: eager
-would fail, the program runs on), or written into ``_parameters`` or
-``_buffers`` directly, which no hook hears.
+call.  A registered tensor only deleted (``del m.bias``: eager would fail)
+or a parameter set to None, which no hook hears, is counted by torch's
+``Module.__delattr__`` and ``register_parameter``, wrapped
+(:func:`_count_removal`), and refused at the next call.  Not seen: an
+entry written into ``_parameters`` or ``_buffers`` directly.
 
 The owner module's ``state_dict()`` and eager forward first copy every
 slot some program of the group writes, where it lags the module's tensor,
@@ -329,12 +331,19 @@ class _StateSlot:
 
     def _shown_by(self) -> list[torch.Tensor]:
         """The torch tensors a read of which must see this slot's buffer:
-        its own tensor and, for a kept gradient, the parameter whose
-        ``.grad`` it is."""
-        shown = [self.source()]
+        its own tensor, the live ``.data`` tensors taken from it
+        (:attr:`aliases`: a write through one while the slot lags must
+        apply to the calls' value, as eager's does) and, for a kept
+        gradient, the parameter whose ``.grad`` it is."""
+        shown = [self.source(), *(ref() for ref, _, _ in self.aliases)]
         if self.grad_of is not None:
             shown.append(self.grad_of())
         return [tensor for tensor in shown if tensor is not None and tensor is not _REMOVED]
+
+    def shown_through_alias(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a live ``.data`` tensor taken from this
+        slot's tensor (:attr:`aliases`)."""
+        return any(ref() is tensor for ref, _, _ in self.aliases)
 
     def copied_alone(self) -> bool:
         """Whether a read of this slot's tensor copies this buffer alone in
@@ -498,7 +507,16 @@ class _StateSlot:
         group = self._group() if self._group is not None else None
         with group.lock if group is not None else contextlib.nullcontext(), torch.no_grad(), _RUNTIME_READ():
             source, array = self.source(), self._array
-            if not self.lags or source is None or array is None or array.is_deleted() or self.torch_changed():
+            if not self.lags or source is None or array is None or array.is_deleted():
+                return
+            if self.torch_changed():
+                # The user's write is the newest value, unless the tensor
+                # holds the calls' value already (a copy in that a Ctrl-C
+                # cut short before it recorded the agreement, with the
+                # snapshot of a compared slot still the old value): then
+                # they agree, and what torch does next is read as an edit.
+                if self.copied_alone() and not _bits_differ(source, self.torch_value(array)):
+                    self.mark_synced()
                 return
             self.copy_in(source, self.torch_value(array))
             if self.grad_of is not None:
@@ -551,6 +569,38 @@ class _StateSlot:
         return counter is not None and not self.lags and (
             counter.torch_writes != self._counter_writes or counter.torch_changed()
         )
+
+    def written_while_lagging(self) -> bool:
+        """Whether torch wrote the tensor's memory in place while the slot
+        lagged (:meth:`torch_changed` while :attr:`lags`; not a replaced
+        tensor, nor swapped memory, which hold the user's whole value):
+        through something that shares the memory and that no stale mark
+        brings up to date first (a kept ``numpy()`` array, a DLPack consumer,
+        a storage, a tensor made before the calls), so the write applied to
+        the value from before the calls.  :meth:`refresh_from_torch`
+        refuses it: reading it in would put that over the calls' value."""
+        source, array = self.source(), self._array
+        if not self.lags or self.source_ptr == -1 or source is None or source is _REMOVED:
+            return False
+        with _RUNTIME_READ():
+            if source.data_ptr() != self.source_ptr or not self.torch_changed():
+                return False
+            if array is None or array.is_deleted():
+                return False  # no value of the calls' to lose (a donation consumed it)
+            if not self.copied_alone():
+                return True  # no compare: on a mesh across processes a gather is a collective
+            # The tensor holds the calls' value (a copy in cut short by a
+            # Ctrl-C before it recorded the agreement): reading it in loses
+            # nothing.  A compare, on this rare path only.
+            return _bits_differ(source, self.torch_value(array))
+
+    def host_overwritten(self) -> None:
+        """hloalias wrote the whole tensor while the slot lagged (a kept
+        gradient set from the ``.grad`` eager code gave the parameter): its
+        value is the newest, which the next call reads in.  Called after
+        the write (cut short before, the next call refuses, never reads a
+        part-stale value)."""
+        self._set_lags(False)
 
     def watch_values(self) -> None:
         """Compare this slot's tensor with a copy of what it held when the
@@ -615,6 +665,12 @@ class _StateSlot:
         if isinstance(alias, torch.Tensor):
             with _RUNTIME_READ():
                 entry = (weakref.ref(alias), alias._version, alias.data_ptr())
+            # Found from the alias when a call leaves the slot lagging: it
+            # is marked stale with the tensor (:meth:`_shown_by`).
+            found: list[weakref.ref[_StateSlot]] | None = _ALIAS_SLOTS.get(alias)  # type: ignore[no-untyped-call]
+            if found is None:
+                _ALIAS_SLOTS[alias] = found = []
+            found.append(weakref.ref(self))
             self.aliases = (*(kept for kept in self.aliases if kept[0]() is not None), entry)
         elif alias is not None:
             try:
@@ -683,6 +739,16 @@ class _StateSlot:
             raise ExecutionError(
                 f"module state '{name}' {self.unfollowable} after compiling; compile again"
             )
+        if self.written_while_lagging():
+            raise ExecutionError(
+                f"module state '{name}' was written in place while a call's newer value of it was on the "
+                "device, through memory it shares that hloalias cannot bring up to date first (an array from "
+                "numpy()/np.asarray, a DLPack consumer, a storage, or a tensor sharing its memory made before "
+                "the calls): the write applied to the value from before the calls, where eager's applies to "
+                "the newest; nothing ran. Call write_back() on the executable or training step (the calls' "
+                "values replace that write), then write again; reading the tensor first (t.clone()) brings "
+                "the calls' values in before such a write"
+            )
         if source.dtype != self.torch_dtype or tuple(source.shape) != self.shape:
             raise ExecutionError(
                 f"module state '{name}' is now {source.dtype} {list(source.shape)}, but the program was compiled "
@@ -690,7 +756,14 @@ class _StateSlot:
                 "compile again"
             )
         with _RUNTIME_READ():
-            self.array = self.upload(_resolved(source))
+            # Not through the ``array`` setter (the upload has the slot's
+            # form): the slot never lags the tensor it reads in, so a
+            # Ctrl-C before the agreement is recorded leaves a change the
+            # next call reads in again, never a lagging slot whose tensor
+            # changed (:meth:`written_while_lagging`, which refuses).
+            self._array = self.upload(_resolved(source))
+            if self.readers:
+                self._forget_cached_lists()
             self.version = source._version
             self.source_ptr = source.data_ptr()
         self.consumed_by = None
@@ -754,7 +827,12 @@ class _StateSlot:
         if self.layout is None:
             return
         if self.array is not None and not self.array.is_deleted():
-            self.array = self.array_in(self.array, None, self.bits)
+            # The same value in another layout: no new value, so not
+            # through the ``array`` setter, which would have the slot lag
+            # its tensor (a change torch made then reads as one made
+            # behind a stale mark: :meth:`written_while_lagging`).
+            self._array = self.array_in(self.array, None, self.bits)
+            self._forget_cached_lists()
         self.layout = None
 
     def to_torch_dtype(self) -> None:
@@ -920,6 +998,12 @@ def _stale_class(fresh: type) -> type:
 # the function ``torch.utils.dlpack.to_dlpack(p)``,
 # ``Tensor.data.__get__(p)``, and writes through a storage, DLPack
 # consumer or ``.data``-of-``.data`` after the call that follows the escape.
+#
+# A call that leaves the slot lagging marks its live ``.data`` tensors stale
+# with the tensor (:meth:`_StateSlot._shown_by`): a write through one then
+# applies to the calls' value, as eager's.  A write through an unmarkable
+# sharer (a kept array, a tensor made before the calls) while the slot
+# lags is refused by the next call (:meth:`_StateSlot.written_while_lagging`).
 
 #: A watched class's attribute naming the plain class it stands in for.
 _PLAIN_CLASS = "_hloalias_plain_class"
@@ -1136,6 +1220,20 @@ def _lagging_slots(tensor: torch.Tensor, grads_only: bool = False) -> list["_Sta
         slot = ref()
         if slot is not None and slot.lags and slot.grad_of is not None and slot.grad_of() is tensor:
             found.append(slot)
+    if not grads_only:
+        found.extend(_lagging_through_alias(tensor))
+    return found
+
+
+def _lagging_through_alias(tensor: torch.Tensor) -> list["_StateSlot"]:
+    """The lagging slots ``tensor`` is a live ``.data`` tensor of: a read
+    or write through it first copies their buffers into the memory it
+    shares with their tensors."""
+    found = []
+    for ref in _ALIAS_SLOTS.get(tensor) or ():  # type: ignore[no-untyped-call]
+        slot = ref()
+        if slot is not None and slot.lags and slot.shown_through_alias(tensor) and slot not in found:
+            found.append(slot)
     return found
 
 
@@ -1226,6 +1324,11 @@ def bring_up_to_date(tensors: Any, reader: "_StateGroup | None" = None) -> None:
                     and (reader is None or slot._group is None or slot._group() is not reader)
                 ):
                     _bring_in(slot, "a torch.compile'd graph or an eager forward reading it")
+            if is_stale(tensor):
+                # A ``.data`` tensor of a lagging one is marked with it (:meth:`_StateSlot._shown_by`).
+                for slot in _lagging_through_alias(tensor):
+                    if reader is None or slot._group is None or slot._group() is not reader:
+                        _bring_in(slot, "a torch.compile'd graph or an eager forward reading it")
 
 
 #: Count the times a slot (any; one on a mesh) started lagging its
@@ -1415,6 +1518,10 @@ class StateWatch:
         #: ``_ATTACHMENT_EDITS`` when the attachments were last looked up;
         #: -1: never (no module attributes to look up).
         self._edits_seen = -1
+        #: Whether :meth:`attachments_moved` found a move that no lookup
+        #: (:meth:`attach`) recorded since: the per-call check and the
+        #: state's sync that follows it look once.
+        self._moved = False
 
     def attach(self, plain: tuple[tuple[dict[str, Any], str, _StateSlot], ...], edits: int) -> None:
         """Record the slots' module attributes as looked up when
@@ -1423,14 +1530,22 @@ class StateWatch:
         object than its slot's tensor."""
         self._plain = plain
         self._edits_seen = edits
+        self._moved = False
 
     def attachments_moved(self) -> bool:
         """Whether a module attribute may hold another tensor than its slot's
-        (see :meth:`attach`)."""
-        if self._edits_seen >= 0 and self._edits_seen != _ATTACHMENT_EDITS[0]:
+        (see :meth:`attach`); asked only once :meth:`attach` ran.  A move
+        found is remembered until the next lookup is recorded, so the
+        per-call check (:meth:`changed`) and the sync that follows it look
+        once (cut short, the lookup is made again)."""
+        if self._moved:
+            return True
+        if self._edits_seen != _ATTACHMENT_EDITS[0]:
+            self._moved = True
             return True
         for table, key, slot in self._plain:
             if table.get(key) is not slot.source():
+                self._moved = True
                 return True
         return False
 
@@ -1443,7 +1558,7 @@ class StateWatch:
             self._starts_seen = starts
         # After the other groups' values came in: a slot that follows its
         # attribute to another tensor, or reads one in, reads their newest.
-        if self._edits_seen >= 0 and self.attachments_moved():
+        if self._edits_seen >= 0 and self.attachments_moved():  # once attach() ran
             return True
         agreements = _AGREEMENTS[0]
         rebuilt = self._agreements != agreements
@@ -1721,6 +1836,10 @@ _SLOTS_OF_TENSOR: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _KEPT_WHILE_LAGGING: WeakIdKeyDictionary = WeakIdKeyDictionary()
 #: Parameter -> the slots of kept gradients shown as its ``.grad``.
 _GRAD_SLOTS_OF: WeakIdKeyDictionary = WeakIdKeyDictionary()
+#: A ``.data`` tensor taken from a slot's tensor -> the slots it was taken
+#: from (:meth:`_StateSlot.host_may_change`); each lists it in ``aliases``
+#: while it stands for that tensor.
+_ALIAS_SLOTS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 #: What a removed attribute's slot stands for: no version matches -1.
 # The runtime may be loaded lazily inside ``torch.inference_mode()``: the
 # sentinel must still be a tensor with a version counter (the state check reads it).
@@ -1744,15 +1863,37 @@ def refuse_inference_tensor(tensor: torch.Tensor, name: str, error: type[Hloalia
         )
 
 
-def refuse_inference_state(module: torch.nn.Module, error: type[HloaliasError]) -> None:
-    """:func:`refuse_inference_tensor` for every parameter, buffer and tensor
-    attribute of ``module`` and its submodules."""
+def module_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor ``module`` and its submodules hold, by dotted name: each
+    submodule's parameters, then its buffers, then its plain tensor
+    attributes (``self.scale = t``, in its ``__dict__``), in
+    ``named_modules(remove_duplicate=False)``'s order, so a tensor reachable
+    under several names (tied weights, a shared submodule) comes once per
+    name.  Entries set to None are left out.  The one walk of a module's
+    state: :func:`refuse_inference_state` and the executable's attribute
+    names (``Executable._module_attachments``) read it, from one list a
+    compile makes (``walked``)."""
     for prefix, submodule in module.named_modules(remove_duplicate=False):
-        tensors = {**submodule._parameters, **submodule._buffers}
-        tensors.update((key, value) for key, value in vars(submodule).items() if isinstance(value, torch.Tensor))
-        for key, tensor in tensors.items():
-            if tensor is not None:
-                refuse_inference_tensor(tensor, f"{prefix}.{key}" if prefix else key, error)
+        head = f"{prefix}." if prefix else ""
+        for table in (submodule._parameters, submodule._buffers, vars(submodule)):
+            for key, value in table.items():
+                if isinstance(value, torch.Tensor):
+                    yield f"{head}{key}", value
+
+
+def refuse_inference_state(
+    module: torch.nn.Module, error: type[HloaliasError]
+) -> tuple[tuple[str, torch.Tensor], ...]:
+    """:func:`refuse_inference_tensor` for every parameter, buffer and tensor
+    attribute of ``module`` and its submodules; returns what it walked
+    (:func:`module_tensors`), which the compile hands on, so it walks once."""
+    walked = tuple(module_tensors(module))
+    seen: set[int] = set()
+    for name, tensor in walked:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            refuse_inference_tensor(tensor, name, error)
+    return walked
 
 
 def _slots_of(tensor: torch.Tensor) -> list[weakref.ref[_StateSlot]]:
@@ -1818,6 +1959,52 @@ def _on_module_registration(module: torch.nn.Module, name: str, value: Any) -> N
 torch.nn.modules.module.register_module_parameter_registration_hook(_on_tensor_registration)
 torch.nn.modules.module.register_module_buffer_registration_hook(_on_tensor_registration)
 torch.nn.modules.module.register_module_module_registration_hook(_on_module_registration)
+
+
+def _count_removal(module: torch.nn.Module, name: str) -> bool:
+    """A parameter, buffer or submodule ``name`` of ``module`` is deleted
+    or a parameter set to None, for which torch calls no hook: every
+    program looks its names up again at its next call
+    (:class:`StateWatch`), finds the tensor gone and refuses, as eager
+    would fail or take another branch (``del m.bias``, ``m.bias = None``).
+    Not while dynamo traces (see :func:`_on_tensor_registration`).
+    Whether it counted."""
+    if (
+        (name in module._parameters and module._parameters[name] is not None) or name in module._buffers
+        or name in module._modules
+    ) and not torch.compiler.is_compiling():
+        _ATTACHMENT_EDITS[0] += 1
+        return True
+    return False
+
+
+_TORCH_DELATTR = torch.nn.Module.__delattr__
+_TORCH_REGISTER_PARAMETER = torch.nn.Module.register_parameter
+
+
+def _delattr_counted(self: torch.nn.Module, name: str) -> None:
+    # Counted before the deletion (a Ctrl-C between: one lookup too many)
+    # and after it (a call of another thread may have looked up between).
+    counted = _count_removal(self, name)
+    _TORCH_DELATTR(self, name)
+    if counted:
+        _ATTACHMENT_EDITS[0] += 1
+
+
+def _register_parameter_counted(self: torch.nn.Module, name: str, param: Any) -> None:
+    # Only ``None`` over a parameter: torch's registration hook hears the rest.
+    if param is None:
+        _count_removal(self, name)
+    _TORCH_REGISTER_PARAMETER(self, name, param)
+
+
+# torch calls no hook for ``del m.bias`` or ``m.bias = None``: its own
+# methods, wrapped (``__delattr__`` and ``register_parameter`` are Python
+# in torch; the wrap costs a call and a dictionary test per deletion or
+# registration, nothing per call of a program).  Writes into
+# ``m._parameters``/``m._buffers`` directly stay unseen (docs/runtime.md).
+torch.nn.Module.__delattr__ = _delattr_counted  # type: ignore[method-assign]
+torch.nn.Module.register_parameter = _register_parameter_counted  # type: ignore[method-assign]
 
 
 _GROUPS: "weakref.WeakKeyDictionary[Any, _StateGroup]" = weakref.WeakKeyDictionary()

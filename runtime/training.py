@@ -370,10 +370,25 @@ def _compile_step(
         _state_owner=model, _state_sources=sources,
     )
     # A replaced parameter (``model.w = nn.Parameter(...)``) leaves the
-    # optimizer holding the old one: eager would go on training that.
-    executable._follows_replacements = (
-        "a training step follows no replaced tensor (its optimizer would go on updating the old parameters)"
-    )
+    # optimizer holding the old one: eager would go on training that.  A
+    # buffer or a plain tensor attribute (``_tensor_constant0``) no
+    # optimizer holds: the step reads the new one by name, as a forward
+    # program does.  On a mesh every replacement is refused: its group
+    # copies nothing into the replaced tensor (``_StateSlot.follow``), which
+    # would keep the value from before the steps.
+    refused = {
+        id(executable._slots[slot.name]) for slot in captured.slots if slot.kind == "param"
+    }
+    executable._refused_replacements = {
+        id(state_slot): (
+            "a training step follows no replaced parameter (its optimizer holds the old one and would go on "
+            "updating it)" if id(state_slot) in refused else
+            "a training step on a mesh follows no replaced tensor (the old one would keep its value from "
+            "before the steps)"
+        )
+        for state_slot in executable._slots.values()
+        if id(state_slot) in refused or executable._placement.spmd
+    }
     # A kept gradient is the parameter's ``.grad`` for eager code: reading
     # the parameter (``p.grad``) copies it in (runtime/state.py).
     for slot in captured.slots:
@@ -628,6 +643,8 @@ class TrainingStep:
                 source.zero_()
             else:
                 source.copy_(self._checked(grad, slot.name, f"the .grad of '{slot.fqn}'", "a call"))
+        # A whole new value, not an edit of the stale one: the call reads it.
+        state_slot.host_overwritten()
         state_slot.note_grad_shown()
         return True
 
@@ -830,7 +847,9 @@ class TrainingStep:
         # A replaced optimizer entry is the newest value: the device takes
         # it, rather than the copy overwriting it.
         self._adopt_replaced_optimizer_entries()
-        device_state = self.executable.state_dict()
+        # A write made through an alias while the tensor lagged (refused by
+        # calls) is replaced by the device's value, as the error says.
+        device_state = self.executable._state_values(self.executable._slots, drop_stale_writes=True)
         named = {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
         self._write_back_optimizer(device_state)
         with torch.no_grad():

@@ -86,3 +86,38 @@ def test_a_replaced_buffer_is_checked_under_its_new_memory() -> None:
     with pytest.raises(ExecutionError, match="module state 'total'"):
         exe(model.total)
     exe(old)  # no longer the state: its memory is the caller's own
+
+
+class Halves(torch.nn.Module):
+    """Two buffers in one storage (views of one tensor); the program writes
+    the first only, and the second is registered (and so listed) after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        whole = torch.zeros(8)
+        self.register_buffer("a", whole[:4])
+        self.register_buffer("b", whole[4:])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.a.add_(x)
+        return x * self.a + self.b
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_written_buffer_sharing_a_storage_with_a_read_one_is_seen(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The storage is written when any state tensor in it is: before, the
+    entry of the last one listed ('b', read only) hid the write of 'a', and
+    ``exe(m.a)`` ran on a copy, silently (eager: the add doubles ``x`` too)."""
+    monkeypatch.setenv("HLOALIAS_NATIVE", "1" if path == "native" else "0")
+    model = Halves()
+    exe = hloalias.compile(model, (torch.ones(4),))
+    exe(torch.ones(4))
+    state = copy.deepcopy(model.state_dict())
+    with pytest.raises(ExecutionError, match="input 'x' shares memory with module state 'a' and the program writes that"):
+        exe(model.a)
+    with pytest.raises(ExecutionError, match="module state 'a'"):
+        exe(model.b)  # the other half: the same storage, which the program writes
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, state[name], rtol=0, atol=0)

@@ -451,6 +451,179 @@ def test_an_escape_interrupted_anywhere_loses_no_write() -> None:
     assert any("host_may_change" in name for name, _, _ in points), points
 
 
+# -- written while a call's value was on the device -----------------------------------
+
+
+class Accumulating(torch.nn.Module):
+    """A forward program that writes a buffer: after a call the buffer's
+    value is on the device, and the module's tensor lags it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(4, 3)
+        self.register_buffer("total", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.add_(x.mean(0)[:3])
+        return self.fc(x) * self.total
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_data_alias_written_after_a_forward_call_applies_to_its_value(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``w = m.total.data`` kept, a call updates ``total`` on the device,
+    then ``w`` is written: the write applies to the call's value, as
+    eager's does (the alias is marked stale with its tensor, and its first
+    op copies the calls' value in).  Before: the next call read the host's
+    pre-call value, written, over the call's update (off by ~0.2)."""
+    reference = Accumulating()
+    model = copy.deepcopy(reference)
+    x = _x(20)
+    exe = compile_on(path, monkeypatch, model, (x,))
+    alias, reference_alias = model.total.data, reference.total.data
+    for i in range(3):
+        with torch.no_grad():
+            torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+        assert state_module.is_stale(alias)
+        alias.mul_(0.5).add_(i)
+        reference_alias.mul_(0.5).add_(i)
+    with torch.no_grad():
+        torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+    torch.testing.assert_close(model.total, reference.total, atol=TOL, rtol=TOL)
+
+
+def test_a_torch_compiled_graph_reads_a_data_alias_of_lagging_state() -> None:
+    """A graph of another backend that dynamo traced on the stale alias
+    brings it in before each run (``bring_up_to_date`` finds its slot
+    through ``_ALIAS_SLOTS``), as it does for the tensor itself."""
+    torch._dynamo.reset()
+    reference = Accumulating()
+    model = copy.deepcopy(reference)
+    x = _x(25)
+    exe = hloalias.compile(model, (x,))
+    alias, reference_alias = model.total.data, reference.total.data
+    doubled = torch.compile(lambda t: t * 2 + 1, backend="eager")
+    for _ in range(3):
+        with torch.no_grad():
+            exe(x)
+            reference(x)
+        assert state_module.is_stale(alias)
+        torch.testing.assert_close(doubled(alias), reference_alias * 2 + 1, atol=TOL, rtol=TOL)
+
+
+def test_a_stale_alias_written_with_an_interrupt_anywhere_is_exact() -> None:
+    """``alias.add_(1)`` on a ``.data`` alias a call left stale, with a
+    Ctrl-C at every point of runtime/state.py (its read-in, the class
+    given back): the next call sees either no write or the write applied
+    to the call's value, never one applied to the value from before it,
+    and never a refusal (the read-in is no write behind the stale mark)."""
+    reference = [Accumulating()]
+    model = copy.deepcopy(reference[0])
+    x = _x(26)
+    exe = hloalias.compile(model, (x,))
+    alias = model.total.data
+
+    def prepare() -> None:
+        with torch.no_grad():
+            exe(x)
+            reference[0](x)
+
+    def check(_: None, where: Any) -> None:
+        added = copy.deepcopy(reference[0])
+        with torch.no_grad():
+            added.total.add_(1.0)
+            got = exe(x)
+            expected = {"without": reference[0](x), "with": added(x)}
+        matches = [name for name, value in expected.items() if torch.allclose(got, value, atol=TOL, rtol=TOL)]
+        assert matches, f"neither with nor without the write after {where}"
+        if matches[0] == "with":
+            reference[0] = added  # both made the call exe made
+
+    points = sweep(prepare, lambda _: alias.add_(1.0), check, FILES)
+    assert any("copy_to_source" in name or "refresh_stale" in name for name, _, _ in points), points
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_data_alias_written_after_a_training_step_applies_to_its_value(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a training step's parameters, with ``w = p.data`` taken
+    before the first step and kept (off by ~0.1 before)."""
+    model, reference, train, reference_step = _training_pair(path, monkeypatch)
+    aliases = [p.data for p in model.parameters()]
+    reference_aliases = [p.data for p in reference.parameters()]
+    y = torch.randn(8, 3, generator=torch.Generator().manual_seed(21))
+    for i in range(3):
+        torch.testing.assert_close(train(_x(21 + i, 8), y), reference_step(_x(21 + i, 8), y), atol=TOL, rtol=TOL)
+        for alias, reference_alias in zip(aliases, reference_aliases):
+            alias.mul_(0.5).add_(0.1)
+            reference_alias.mul_(0.5).add_(0.1)
+    torch.testing.assert_close(train(_x(30, 8), y), reference_step(_x(30, 8), y), atol=TOL, rtol=TOL)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, reference.state_dict()[name], atol=TOL, rtol=TOL, msg=name)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_array_written_after_a_forward_call_is_refused(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept ``numpy()`` array cannot be marked: a write through it while
+    the buffer's value is on the device applied to the value from before
+    the call.  The next call refuses, naming the buffer, before anything
+    changes; ``write_back()`` puts the calls' value over that write, and a
+    write after it is read as eager's.  Before: read in, over the call's
+    update, silently."""
+    reference = Accumulating()
+    model = copy.deepcopy(reference)
+    x = _x(22)
+    exe = compile_on(path, monkeypatch, model, (x,))
+    array = model.total.numpy()
+    with torch.no_grad():
+        exe(x)
+        reference(x)
+    array += np.float32(1)
+    device_before = _device_values(exe)
+    with torch.no_grad(), pytest.raises(hloalias.ExecutionError, match="module state 'total' was written in place while"):
+        exe(x)
+    assert all(_bits_equal(value, device_before[name]) for name, value in _device_values(exe).items())
+    exe.write_back()
+    torch.testing.assert_close(model.total, reference.total, atol=TOL, rtol=TOL)
+    array += np.float32(1)
+    with torch.no_grad():
+        reference.total.add_(1)
+        torch.testing.assert_close(exe(x), reference(x), atol=TOL, rtol=TOL)
+
+
+def _device_values(exe: Any) -> dict[str, torch.Tensor]:
+    """The device state without reading torch's tensors in (``state_dict()``
+    would refuse, as the call does)."""
+    return {name: exe._slots[name].torch_value(exe._slot_array(name)).clone() for name, _ in exe._watched}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_array_written_after_a_training_step_is_refused(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, reference, train, reference_step = _training_pair(path, monkeypatch)
+    array = model.fc.weight.numpy(force=True)  # kept across the step
+    y = torch.randn(8, 3, generator=torch.Generator().manual_seed(23))
+    train(_x(23, 8), y)
+    reference_step(_x(23, 8), y)
+    array *= np.float32(0.5)
+    device_before = _device_values(train.executable)
+    with pytest.raises(hloalias.ExecutionError, match="module state 'fc.weight' was written in place while"):
+        train(_x(24, 8), y)
+    after = _device_values(train.executable)
+    assert all(_bits_equal(value, device_before[name]) for name, value in after.items() if value.dtype == torch.float32)
+    train.write_back()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, reference.state_dict()[name], atol=TOL, rtol=TOL, msg=name)
+    array *= np.float32(0.5)
+    with torch.no_grad():
+        reference.fc.weight.mul_(0.5)
+    torch.testing.assert_close(train(_x(24, 8), y), reference_step(_x(24, 8), y), atol=TOL, rtol=TOL)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, reference.state_dict()[name], atol=TOL, rtol=TOL, msg=name)
+
+
 # -- transformers -------------------------------------------------------------------
 
 
