@@ -1025,6 +1025,17 @@ def _data_dependent_hint(error: BaseException) -> str:
     symbolic_shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
     if symbolic_shapes is None or not isinstance(error, symbolic_shapes.GuardOnDataDependentSymNode):
         return ""
+    validation = _distribution_validation(error)
+    if validation is not None:
+        # The generic advice (index with the tensor, pass an int) does not
+        # apply: the check is torch's own, and a switch turns it off.
+        return (
+            f". The program builds a torch.distributions object{where_raised(error)} whose argument "
+            f"validation (validate_args, on by default) reads tensor values on the host in {validation}: "
+            "an XLA program reads no values on the host. Turn the check off: "
+            "`torch.distributions.Distribution.set_default_validate_args(False)` before compiling, "
+            "or `validate_args=False` where the distribution is made (the values computed are the same)"
+        )
     return (
         f". The program uses a tensor's value as a Python number{where_raised(error)}: indexing with a 0-d tensor "
         "(`x[:, pos] = v`, `x[pos]`) calls `pos.item()`, as do `int(t)` and `if t > 0:`. An XLA "
@@ -1032,6 +1043,25 @@ def _data_dependent_hint(error: BaseException) -> str:
         "(`x.index_copy_(dim, pos.view(1), v.unsqueeze(dim))`, `x.index_select(dim, pos.view(1))`, "
         "`torch.where`), or pass a Python int (baked into the program: one compile per value)"
     )
+
+
+_DISTRIBUTION_CHECKS = {"__init__": "its constructor", "_validate_sample": "`_validate_sample`"}
+
+
+def _distribution_validation(error: BaseException) -> str | None:
+    """Which check of ``torch.distributions.Distribution`` ``error`` was
+    raised under (its constructor's parameter check, or ``_validate_sample``
+    of ``log_prob``/``cdf``), described; None when it was raised elsewhere."""
+    tb = error.__traceback__
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name in _DISTRIBUTION_CHECKS and code.co_filename.replace(os.sep, "/").endswith(
+            "torch/distributions/distribution.py"
+        ):
+            found = _DISTRIBUTION_CHECKS[code.co_name]
+        tb = tb.tb_next
+    return found
 
 
 def carried_objects_of(exported: ExportedProgram) -> CarriedObjects:
