@@ -13,7 +13,8 @@ an op list:
   (dimensions counted from either end), ``view``/``reshape``,
   ``transpose``/``t``/``permute``, ``expand``, ``unsqueeze``/``squeeze``,
   ``view(torch.int32)`` on f32 (and ``view(torch.float32)`` on i32),
-  ``contiguous``;
+  ``contiguous``, an empty slice ``x[:, k:k]`` (returned only: an empty
+  value is no operand);
 - computations: ``v + c``, ``v * c``, ``v + w``, ``v.neg()``, ``v.clone()``,
   ``abs``, ``clamp``, ``torch.maximum``, ``torch.stack``, ``repeat``,
   ``torch.gather`` (repeated positions),
@@ -23,6 +24,11 @@ an op list:
   tensor XLA sees only at run time), arithmetic on ``full_like`` bool and
   integer constants that is folded at import (``True + True``, ``-7 // 3``,
   ``-7 % 3``), and bf16 chains whose every intermediate eager rounds;
+  dtype promotion as users meet it (``x_f32 + (x_i32 >> 20)``, an int32
+  tensor times a Python float, ``int / int``, a product with a boolean
+  mask ``x * (y > c)``), ``torch.cat`` with an empty piece (the first step
+  of a growing cache), ``torch.take`` with flat positions counted from
+  the end;
 - reads through ``as_strided`` (sizes, strides and an optional storage
   offset within the operand's storage), copied out (``.clone()``, ``+ c``):
   a returned ``as_strided`` view and a write through one are refused by
@@ -31,7 +37,11 @@ an op list:
   views of any of them: ``add_``, ``sub_``, ``mul_``, ``div_``, ``clamp_``,
   ``zero_``, ``copy_`` (also from the other dtype: ``buf.copy_(x_int32)``),
   ``fill_``, ``scatter_``, ``index_add_`` (repeated positions),
-  ``index_fill_``, a write through a boolean mask (``x[x > 0] = c``, a
+  ``index_fill_`` (positions counted from either end),
+  ``index_put_(..., accumulate=True)`` (repeated positions, from either
+  end), ``x[:, [-1, 0]] += c``, updates whose operand has another dtype
+  (float ``add_`` of int32 data, ``mul_`` by a boolean mask, int32
+  ``add_`` of an int64 product), a write through a boolean mask (``x[x > 0] = c``, a
   row over the rows a mask selects), ``lerp_`` from another value (an EMA update), ``copy_``
   of a row broadcast over every row,
   ``masked_fill_``, ``index_put_``, ``index_copy_`` and slice assignment
@@ -384,8 +394,9 @@ class _Builder:
         self.body.append(statement)
 
     def usable(self, value: _Value) -> bool:
-        """Whether ``value`` may be an operand or a source (not frozen)."""
-        return not self.storages[value.storage].frozen
+        """Whether ``value`` may be an operand or a source (not frozen, and
+        not empty: an empty view is only returned)."""
+        return not self.storages[value.storage].frozen and value.sim.numel() > 0
 
 
 # -- op choices -------------------------------------------------------------
@@ -430,7 +441,7 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
         kinds[:0] = ["slice", "slice", "open_slice", "open_slice", "narrow"]
     if ndim >= 1:
         kinds.insert(0, "select_method")
-        kinds += ["ellipsis", "none_index"]
+        kinds += ["ellipsis", "none_index", "empty_slice"]
     if any(size >= 2 for size in shape):
         kinds += ["split", "unfold"]
     if ndim >= 2:
@@ -438,6 +449,11 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
     if any(size >= 4 and size % 2 == 0 for size in shape):
         kinds += ["unflatten"]
     kind = draw(st.sampled_from(kinds))
+    if kind == "empty_slice":  # x[:, k:k]: no elements (returned only: see _Builder.usable)
+        dim = draw(st.integers(0, ndim - 1))
+        start = draw(st.integers(-shape[dim], shape[dim]))
+        key = (slice(None),) * dim + (slice(start, start),)
+        return f"{name}{_index_text(dim, f'{start}:{start}')}", sim[key], kind
     if kind == "flatten":  # dims counted from either end
         start = draw(st.integers(0, ndim - 2))
         end = draw(st.integers(start + 1, ndim - 1))
@@ -568,7 +584,7 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
 @st.composite
 def _draw_view(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     expression, sim, kind = draw(_view_expression(operand))
-    if sim.numel() == 0:
+    if sim.numel() == 0 and kind != "empty_slice":
         return False  # (a diagonal with an offset past its end): nothing to index later
     copied = kind == "copied_unfold"
     if kind.startswith("diagonal"):
