@@ -410,6 +410,8 @@ def _import_decomposed(
     _float_comparison_scalars(exported.graph_module.graph)
     if _same_operand_selects_expanded(exported.graph_module.graph):
         exported.graph_module.recompile()
+    if _mask_products_as_selects(exported.graph_module.graph):
+        exported.graph_module.recompile()
     if unsigned_constants_as_bitcasts(exported.graph_module.graph):
         exported.graph_module.recompile()
     _strided_copies_to_clones(exported.graph_module.graph)
@@ -1045,6 +1047,17 @@ def _data_dependent_hint(error: BaseException) -> str:
     symbolic_shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
     if symbolic_shapes is None or not isinstance(error, symbolic_shapes.GuardOnDataDependentSymNode):
         return ""
+    validation = _distribution_validation(error)
+    if validation is not None:
+        # The generic advice (index with the tensor, pass an int) does not
+        # apply: the check is torch's own, and a switch turns it off.
+        return (
+            f". The program builds a torch.distributions object{where_raised(error)} whose argument "
+            f"validation (validate_args, on by default) reads tensor values on the host in {validation}: "
+            "an XLA program reads no values on the host. Turn the check off: "
+            "`torch.distributions.Distribution.set_default_validate_args(False)` before compiling, "
+            "or `validate_args=False` where the distribution is made (the values computed are the same)"
+        )
     return (
         f". The program uses a tensor's value as a Python number{where_raised(error)}: indexing with a 0-d tensor "
         "(`x[:, pos] = v`, `x[pos]`) calls `pos.item()`, as do `int(t)` and `if t > 0:`. An XLA "
@@ -1052,6 +1065,25 @@ def _data_dependent_hint(error: BaseException) -> str:
         "(`x.index_copy_(dim, pos.view(1), v.unsqueeze(dim))`, `x.index_select(dim, pos.view(1))`, "
         "`torch.where`), or pass a Python int (baked into the program: one compile per value)"
     )
+
+
+_DISTRIBUTION_CHECKS = {"__init__": "its constructor", "_validate_sample": "`_validate_sample`"}
+
+
+def _distribution_validation(error: BaseException) -> str | None:
+    """Which check of ``torch.distributions.Distribution`` ``error`` was
+    raised under (its constructor's parameter check, or ``_validate_sample``
+    of ``log_prob``/``cdf``), described; None when it was raised elsewhere."""
+    tb = error.__traceback__
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name in _DISTRIBUTION_CHECKS and code.co_filename.replace(os.sep, "/").endswith(
+            "torch/distributions/distribution.py"
+        ):
+            found = _DISTRIBUTION_CHECKS[code.co_name]
+        tb = tb.tb_next
+    return found
 
 
 def carried_objects_of(exported: ExportedProgram) -> CarriedObjects:
@@ -1589,6 +1621,60 @@ def _same_operand_selects_expanded(graph: torch.fx.Graph) -> bool:
         node.replace_all_uses_with(copied)
         graph.erase_node(node)
         changed = True
+    return changed
+
+
+_BOOL_TO_FLOAT = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
+def _bool_operand(node: Any) -> torch.fx.Node | None:
+    """The boolean tensor ``node`` is, or converts to a float (``mask``,
+    ``mask.float()``, ``mask.to(x.dtype)``); None otherwise."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    value = node.meta.get("val")
+    if isinstance(value, torch.Tensor) and value.dtype == torch.bool:
+        return node
+    if node.op == "call_function" and node.target in _BOOL_TO_FLOAT and node.args and isinstance(node.args[0], torch.fx.Node):
+        source = node.args[0].meta.get("val")
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and isinstance(source, torch.Tensor) \
+                and source.dtype == torch.bool:
+            return node.args[0]
+    return None
+
+
+def _mask_products_as_selects(graph: torch.fx.Graph) -> bool:
+    """Write every float ``x * mask`` (``mask`` boolean, or a boolean
+    converted to a float) as ``where(mask, x, x * 0)``, in place: the value
+    eager computes, ``-0.0`` where a negative ``x`` meets False and NaN
+    where an infinity or NaN does.  Needed because XLA's algebraic
+    simplifier rewrites ``multiply(x, convert(pred))`` as ``select(pred, x,
+    0)``, which returns ``+0.0`` there (session 48 sweep: ``x.mul_(x > 0)``,
+    ``hidden * attention_mask``); it leaves the select and ``x * 0`` as they
+    are.  Returns whether it changed the graph."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.mul.Tensor or len(node.args) != 2 or node.kwargs:
+            continue
+        result = node.meta.get("val")
+        if not isinstance(result, torch.Tensor) or not result.is_floating_point():
+            continue
+        for value, other in (node.args, tuple(reversed(node.args))):
+            mask = _bool_operand(other)
+            operand = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+            if mask is None or not isinstance(operand, torch.Tensor) or operand.dtype != result.dtype:
+                continue
+            if _bool_operand(value) is not None:
+                continue  # mask * mask: no float value whose sign or NaN matters
+            with graph.inserting_before(node):
+                zero = graph.call_function(torch.ops.aten.mul.Tensor, (value, 0.0))
+                select = graph.call_function(torch.ops.aten.where.self, (mask, value, zero))
+            zero.meta = {**node.meta, "val": operand * 0.0}
+            select.meta = dict(node.meta)
+            node.replace_all_uses_with(select)
+            graph.erase_node(node)
+            changed = True
+            break
     return changed
 
 

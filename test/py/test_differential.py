@@ -94,7 +94,12 @@ def _storage_range(t: torch.Tensor) -> tuple[int, int]:
 
 
 def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` live in overlapping storages."""
+    """Whether ``a`` and ``b`` live in overlapping storages.  A tensor of no
+    elements shares with nothing: no write through it or to another tensor
+    can show (eager's ``x[2:2]`` is in ``x``'s storage, every empty tensor
+    of its own has the null pointer)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
     a_start, a_end = _storage_range(a)
     b_start, b_end = _storage_range(b)
     if a_start == b_start:

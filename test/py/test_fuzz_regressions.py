@@ -119,6 +119,28 @@ REGRESSIONS = {
         ["v0 = x0.roll(4, -1)", "v1 = x0.roll(-7, 1)", "v2 = x0.roll(3, 0)"], ["v0", "v1", "v2"],
         ["v0", "v1", "v2"], [X0_3x4],
     ),
+    # Session 48, the generator's default 300 programs once it drew
+    # products with boolean masks: XLA rewrote ``v2 * (v2 > -0.5)`` as a
+    # select of +0.0 where eager's product is -0.0.  Fixed by the importer
+    # writing such products as ``where(mask, x, x * 0)``.
+    "product_with_a_comparison_keeps_negative_zero": _program(
+        ["v0 = x1.clamp(-1.0, 2.0)", "v1 = v0 * (v0 > -0.5)", "v2 = v1.contiguous()"], ["v2", "x1"], ["v0", "x1"],
+        [TensorSpec("x0", (6,), "float32"), TensorSpec("x1", (2, 3), "float32")], donate=(1, 0),
+    ),
+    # The same through an in-place product on a view of a view, and with
+    # the mask converted to a float first (found by hand in the same run).
+    "in_place_product_with_a_mask_on_a_view_of_a_view": _program(
+        ["v0 = x0.t()", "v0[1:].mul_(v0[1:] > 0)"], ["x0", "v0"], ["x0", "x0"], [X0_3x4],
+    ),
+    "product_with_a_converted_mask": _program(["v0 = x0 * (x0 > 0.5).float()"], ["v0"], ["v0"], [X0_3x4]),
+    # Session 48, empty slices: eager's x0[2:2] lies in x0's storage and a
+    # computed empty tensor has the null pointer, so the checker saw
+    # sharing where no element is shared (a checker fix: hloalias's values
+    # were right).  Empty values of no elements now share nothing.
+    "empty_slice_returned_beside_its_input": _program(
+        ["v0 = x0[2:2]", "x0.add_(1.0)", "v1 = torch.cat([x0[:, :0], x0], -1)"], ["v0", "x0", "v1"],
+        ["x0", "x0", "v1"], [X0_3x4],
+    ),
 }
 
 

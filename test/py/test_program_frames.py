@@ -192,3 +192,44 @@ def test_a_traceback_without_program_frames_names_nothing() -> None:
     # The only program frame is this test's own line.
     assert innermost is not None and "test_program_frames.py" in innermost and caller is None
     assert program_frames.program_frames(None) == (None, None)
+
+
+class _StudentTHead(torch.nn.Module):
+    """A forecasting head as transformers' time-series models write it
+    (time_series_utils.DistributionOutput): a distribution built from the
+    projected parameters, scored on the targets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        df, loc, scale = self.proj(x).unbind(-1)
+        dist = torch.distributions.StudentT(2.0 + torch.nn.functional.softplus(df), loc,
+                                            torch.nn.functional.softplus(scale) + 1e-3)
+        return -dist.log_prob(target).mean()
+
+
+def test_distribution_argument_check_is_named_with_its_switch() -> None:
+    """torch.distributions checks its parameters' values on the host
+    (validate_args, on by default): the refusal says so and how to turn
+    it off, not the generic advice to index with a tensor (session 48
+    sweep: TimeSeriesTransformer/Informer)."""
+    model = _StudentTHead()
+    args = (torch.randn(5, 4), torch.randn(5))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(TorchImportError) as caught:
+        hloalias.compile(model, args)
+    assert caught.match(r"torch\.distributions object at .*test_program_frames\.py:\d+ in forward: dist = ")
+    assert caught.match(r"set_default_validate_args\(False\)")
+    assert "index with the tensor" not in str(caught.value)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    # With the check off, the program compiles and computes eager's value.
+    previous = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        exe = hloalias.compile(model, args)
+        torch.testing.assert_close(exe(*args), model(*args), rtol=1e-5, atol=1e-6)
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(previous)

@@ -13,7 +13,8 @@ an op list:
   (dimensions counted from either end), ``view``/``reshape``,
   ``transpose``/``t``/``permute``, ``expand``, ``unsqueeze``/``squeeze``,
   ``view(torch.int32)`` on f32 (and ``view(torch.float32)`` on i32),
-  ``contiguous``;
+  ``contiguous``, an empty slice ``x[:, k:k]`` (returned only: an empty
+  value is no operand);
 - computations: ``v + c``, ``v * c``, ``v + w``, ``v.neg()``, ``v.clone()``,
   ``abs``, ``clamp``, ``torch.maximum``, ``torch.stack``, ``repeat``,
   ``torch.gather`` (repeated positions),
@@ -23,6 +24,11 @@ an op list:
   tensor XLA sees only at run time), arithmetic on ``full_like`` bool and
   integer constants that is folded at import (``True + True``, ``-7 // 3``,
   ``-7 % 3``), and bf16 chains whose every intermediate eager rounds;
+  dtype promotion as users meet it (``x_f32 + (x_i32 >> 20)``, an int32
+  tensor times a Python float, ``int / int``, a product with a boolean
+  mask ``x * (y > c)``), ``torch.cat`` with an empty piece (the first step
+  of a growing cache), ``torch.take`` with flat positions counted from
+  the end;
 - reads through ``as_strided`` (sizes, strides and an optional storage
   offset within the operand's storage), copied out (``.clone()``, ``+ c``):
   a returned ``as_strided`` view and a write through one are refused by
@@ -31,7 +37,11 @@ an op list:
   views of any of them: ``add_``, ``sub_``, ``mul_``, ``div_``, ``clamp_``,
   ``zero_``, ``copy_`` (also from the other dtype: ``buf.copy_(x_int32)``),
   ``fill_``, ``scatter_``, ``index_add_`` (repeated positions),
-  ``index_fill_``, a write through a boolean mask (``x[x > 0] = c``, a
+  ``index_fill_`` (positions counted from either end),
+  ``index_put_(..., accumulate=True)`` (repeated positions, from either
+  end), ``x[:, [-1, 0]] += c``, updates whose operand has another dtype
+  (float ``add_`` of int32 data, ``mul_`` by a boolean mask, int32
+  ``add_`` of an int64 product), a write through a boolean mask (``x[x > 0] = c``, a
   row over the rows a mask selects), ``lerp_`` from another value (an EMA update), ``copy_``
   of a row broadcast over every row,
   ``masked_fill_``, ``index_put_``, ``index_copy_`` and slice assignment
@@ -379,13 +389,14 @@ class _Builder:
         storage.copied_from = None
         if source is not None and op == "copy" and whole and storage.argument == BUFFER_NAME:
             storage.copied_from = source.storage
-        if source is not None and source.sim.dtype != target.sim.dtype:
-            storage.frozen = True
+        if source is not None and op == "copy" and source.sim.dtype != target.sim.dtype:
+            storage.frozen = True  # a converting copy_ (mixed-dtype arithmetic stays exact)
         self.body.append(statement)
 
     def usable(self, value: _Value) -> bool:
-        """Whether ``value`` may be an operand or a source (not frozen)."""
-        return not self.storages[value.storage].frozen
+        """Whether ``value`` may be an operand or a source (not frozen, and
+        not empty: an empty view is only returned)."""
+        return not self.storages[value.storage].frozen and value.sim.numel() > 0
 
 
 # -- op choices -------------------------------------------------------------
@@ -430,7 +441,7 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
         kinds[:0] = ["slice", "slice", "open_slice", "open_slice", "narrow"]
     if ndim >= 1:
         kinds.insert(0, "select_method")
-        kinds += ["ellipsis", "none_index"]
+        kinds += ["ellipsis", "none_index", "empty_slice"]
     if any(size >= 2 for size in shape):
         kinds += ["split", "unfold"]
     if ndim >= 2:
@@ -438,6 +449,11 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
     if any(size >= 4 and size % 2 == 0 for size in shape):
         kinds += ["unflatten"]
     kind = draw(st.sampled_from(kinds))
+    if kind == "empty_slice":  # x[:, k:k]: no elements (returned only: see _Builder.usable)
+        dim = draw(st.integers(0, ndim - 1))
+        start = draw(st.integers(-shape[dim], shape[dim]))
+        key = (slice(None),) * dim + (slice(start, start),)
+        return f"{name}{_index_text(dim, f'{start}:{start}')}", sim[key], kind
     if kind == "flatten":  # dims counted from either end
         start = draw(st.integers(0, ndim - 2))
         end = draw(st.integers(start + 1, ndim - 1))
@@ -568,7 +584,7 @@ def _view_expression(draw: st.DrawFn, operand: _Value) -> tuple[str, torch.Tenso
 @st.composite
 def _draw_view(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     expression, sim, kind = draw(_view_expression(operand))
-    if sim.numel() == 0:
+    if sim.numel() == 0 and kind != "empty_slice":
         return False  # (a diagonal with an offset past its end): nothing to index later
     copied = kind == "copied_unfold"
     if kind.startswith("diagonal"):
@@ -622,14 +638,17 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     name = operand.name
     is_float = sim.dtype == torch.float32
     kinds = ["add", "clone", "as_strided"] + (["mul", "neg", "add_tensor", "bf16_chain"] if is_float else [])
-    kinds += ["constant_arithmetic"]
+    kinds += ["constant_arithmetic", "promote", "mask_multiply"]
     if sim.dim() >= 1:
         kinds += ["negative_index_list", "negative_index_tensor", "flip", "roll", "cat", "stack", "repeat", "gather"]
+        kinds += ["cat_empty", "take"]
         if is_float:
             kinds += ["sum_dim", "cumsum", "amax", "where", "where_one_value", "clamp", "abs", "maximum"]
     kind = draw(st.sampled_from(kinds))
     if kind == "as_strided":
         return draw(_draw_as_strided(builder, operand))
+    if kind in ("promote", "mask_multiply", "cat_empty", "take"):
+        return draw(_draw_mixed_or_empty(builder, operand, kind))
     if kind == "clone":
         builder.emit_compute(f"{name}.clone()", sim.clone(), [operand])
     elif kind == "add":
@@ -765,6 +784,75 @@ def _draw_compute(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     return True
 
 
+def _small_int(value: _Value) -> tuple[str, torch.Tensor]:
+    """``value``'s data as small integers (``int32``): the top 12 bits of the
+    float bit patterns the generator's int32 data are (sign, exponent and
+    two mantissa bits; ``view(torch.int32)`` of a float value), so that
+    float arithmetic with them stays exact."""
+    if value.sim.dtype == torch.float32:
+        return f"({value.name}.view(torch.int32) >> 20)", value.sim.view(torch.int32) >> 20
+    return f"({value.name} >> 20)", value.sim >> 20
+
+
+@st.composite
+def _draw_mixed_or_empty(draw: st.DrawFn, builder: _Builder, operand: _Value, kind: str) -> bool:
+    """What users write around dtypes and sizes: arithmetic that promotes
+    (a float tensor with an int32 one, an int32 tensor with a Python float,
+    true division of ints, a float times a boolean mask), ``torch.cat``
+    with an empty piece (the first step of a growing cache), ``torch.take``
+    with positions counted from the end.  Results are float32 or int32 and
+    exact (small integers plus odd quarters)."""
+    sim = operand.sim
+    name = operand.name
+    if sim.numel() == 0:
+        return False
+    partners = [
+        v for v in builder.values.values()
+        if v.sim.shape == sim.shape and builder.usable(v) and v.name != name
+    ]
+    if kind == "promote":
+        small, small_sim = _small_int(operand)
+        floats = [v for v in partners if v.sim.dtype == torch.float32]
+        ints = [v for v in partners if v.sim.dtype == torch.int32]
+        if sim.dtype == torch.float32:
+            # float32 + int32 -> float32: an int32 partner, or this value's own bits
+            other = draw(st.sampled_from(ints)) if ints and draw(st.booleans()) else operand
+            other_text, other_sim = _small_int(other)
+            builder.emit_compute(f"{name} + {other_text}", sim + other_sim, [operand, other])
+            return True
+        form = draw(st.sampled_from(("scalar", "true_divide", "tensor") if floats else ("scalar", "true_divide")))
+        if form == "scalar":  # int32 tensor * Python float -> the default float dtype
+            factor = draw(st.sampled_from(F32_MUL_CONSTANTS))
+            builder.emit_compute(f"{small} * {factor!r}", small_sim * factor, [operand])
+        elif form == "true_divide":  # int / int -> float
+            divisor = draw(st.sampled_from((2, 4, -8)))
+            builder.emit_compute(f"{small} / {divisor!r}", small_sim / divisor, [operand])
+        else:
+            other = draw(st.sampled_from(floats))
+            builder.emit_compute(f"{small} + {other.name}", small_sim + other.sim, [operand, other])
+        return True
+    if kind == "mask_multiply":  # x * (y > c): a float (or int) times a bool tensor
+        other = draw(st.sampled_from([operand, *partners]))
+        threshold = 0 if other.sim.dtype == torch.int32 else draw(st.sampled_from(F32_ADD_CONSTANTS))
+        builder.emit_compute(f"{name} * ({other.name} > {threshold!r})", sim * (other.sim > threshold),
+                             [operand, other])
+        return True
+    dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
+    if kind == "cat_empty":  # torch.cat([past, new]) where past is empty
+        empty = f"{name}{_index_text(dim % sim.dim(), ':0')}"
+        first = draw(st.booleans())
+        pieces = f"[{empty}, {name}]" if first else f"[{name}, {empty}]"
+        builder.emit_compute(f"torch.cat({pieces}, {dim})", sim.clone(), [operand])
+        return True
+    # take: flat positions, some counted from the end
+    numel = sim.numel()
+    positions = draw(st.lists(st.integers(0, numel - 1), min_size=1, max_size=min(4, numel)))
+    positions = [p - numel if draw(st.booleans()) else p for p in positions]
+    builder.emit_compute(f"torch.take({name}, torch.tensor({positions!r}))",
+                         torch.take(sim, torch.tensor(positions)), [operand])
+    return True
+
+
 @st.composite
 def _draw_as_strided(draw: st.DrawFn, builder: _Builder, operand: _Value) -> bool:
     """A read through ``operand.as_strided(size, stride[, storage_offset])``,
@@ -847,7 +935,8 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
     ):
         kinds += ["broadcast_copy"]
     if sim.dim() >= 1:
-        kinds += ["index_fill", "mask_setitem"]
+        kinds += ["index_fill", "mask_setitem", "index_put_accumulate", "advanced_augmented"]
+    kinds += ["promoted_update"]
     if any(
         v.sim.shape == sim.shape and v.storage != target.storage and builder.usable(v)
         for v in builder.values.values()
@@ -946,9 +1035,9 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
         sim.copy_(source.sim)
         builder.emit_inplace(target, f"{name}.copy_({source.name})", "copy", source)
         return True
-    if kind == "index_fill":
+    if kind == "index_fill":  # positions may count from the end (eager allows it here)
         dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
-        positions = draw(st.lists(st.integers(0, sim.shape[dim] - 1), min_size=1, max_size=sim.shape[dim] + 1))
+        positions = draw(_index_positions(sim.shape[dim]))
         constant = draw(st.sampled_from(fills))
         sim.index_fill_(dim, torch.tensor(positions), constant)
         builder.emit_inplace(target, f"{name}.index_fill_({dim}, torch.tensor({positions!r}), {constant!r})", "index_put")
@@ -964,6 +1053,46 @@ def _draw_inplace(draw: st.DrawFn, builder: _Builder, target: _Value) -> bool:
             sim[sim > 0] = constant
             statement = f"{name}[{name} > 0] = {constant!r}"
         builder.emit_inplace(target, statement, "masked_fill")
+        return True
+    if kind in ("index_put_accumulate", "advanced_augmented", "index_fill") and sim.numel() == 0:
+        return False
+    if kind == "index_put_accumulate":  # repeated positions, counted from either end, add up
+        positions = draw(st.lists(st.integers(0, sim.shape[0] - 1), min_size=1, max_size=sim.shape[0] + 1))
+        positions = [p - sim.shape[0] if draw(st.booleans()) else p for p in positions]
+        constant = draw(st.sampled_from(F32_ADD_CONSTANTS if is_float else I32_ADD_CONSTANTS))
+        sim.index_put_((torch.tensor(positions),), torch.tensor(constant, dtype=sim.dtype), accumulate=True)
+        statement = (
+            f"{name}.index_put_((torch.tensor({positions!r}),), torch.tensor({constant!r}, dtype={dtype_text}), "
+            "accumulate=True)"
+        )
+        builder.emit_inplace(target, statement, "add")
+        return True
+    if kind == "advanced_augmented":  # x[:, [-1, 0]] += c: a gather, an add, an index_put_
+        dim = draw(st.integers(0, sim.dim() - 1))
+        positions = draw(_index_positions(sim.shape[dim]))
+        constant = draw(st.sampled_from(F32_ADD_CONSTANTS if is_float else I32_ADD_CONSTANTS))
+        key = (slice(None),) * dim + (positions,)
+        sim[key] += constant
+        builder.emit_inplace(target, f"{name}{_index_text(dim, repr(positions))} += {constant!r}", "add")
+        return True
+    if kind == "promoted_update":  # an in-place op whose operand has another dtype
+        others = [
+            v for v in builder.values.values()
+            if v.sim.shape == sim.shape and v.storage != target.storage and builder.usable(v)
+        ]
+        if not others:
+            return False
+        source = draw(st.sampled_from(others))
+        if is_float and draw(st.booleans()):  # float32 += int32
+            text, value = _small_int(source)
+            sim.add_(value)
+            builder.emit_inplace(target, f"{name}.add_({text})", "add", source)
+        elif is_float:  # float32 *= bool
+            sim.mul_(source.sim > 0)
+            builder.emit_inplace(target, f"{name}.mul_({source.name} > 0)", "mul", source)
+        else:  # int32 += int64 (a bool times a Python int): multiples of 2**20
+            sim.add_((source.sim > 0) * 1048576)
+            builder.emit_inplace(target, f"{name}.add_(({source.name} > 0) * 1048576)", "add", source)
         return True
     if kind == "index_add":  # repeated positions add twice (exact: small dyadic sums)
         dim = draw(st.integers(-sim.dim(), sim.dim() - 1))
