@@ -218,8 +218,15 @@ def test_distribution_argument_check_is_named_with_its_switch() -> None:
     model = _StudentTHead()
     args = (torch.randn(5, 4), torch.randn(5))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(TorchImportError) as caught:
-        hloalias.compile(model, args)
+    # torch's own default (an earlier torch.compile in the process may
+    # have turned it off: torch._dynamo does).
+    previous = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(True)
+    try:
+        with pytest.raises(TorchImportError) as caught:
+            hloalias.compile(model, args)
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(previous)
     assert caught.match(r"torch\.distributions object at .*test_program_frames\.py:\d+ in forward: dist = ")
     assert caught.match(r"set_default_validate_args\(False\)")
     assert "index with the tensor" not in str(caught.value)
