@@ -108,7 +108,9 @@ def mark_without_gradient(
     marked too, sharing its memory, as eager's view requires grad.
     ``reached`` (instead of ``free``): the positions to mark, the others
     left as they are (results reached from inputs that require grad only;
-    views follow their bases)."""
+    views follow their bases); a result on an argument's memory (``x[1:]``,
+    ``x.detach()``: the functional graph does not tell them apart) is left
+    as it is, without grad, as before."""
     if isinstance(outputs, torch.Tensor):  # the common shapes without pytree's cost
         leaves, spec = [outputs], None
     elif type(outputs) is tuple and all(isinstance(output, torch.Tensor) for output in outputs):
@@ -123,6 +125,15 @@ def mark_without_gradient(
         and (reached is None or index in reached)
         and not leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     ]
+    if reached is not None and candidates:
+        storages = {
+            torch._C.TensorBase.untyped_storage(arg).data_ptr()
+            for arg in pytree.tree_leaves(call) if isinstance(arg, torch.Tensor)
+        }
+        candidates = [
+            index for index in candidates
+            if torch._C.TensorBase.untyped_storage(leaves[index]).data_ptr() not in storages
+        ]
     computed = [index for index in candidates if leaves[index]._base is None]
     if free is not None:
         results = {id(leaves[index]) for index in computed}
