@@ -1667,6 +1667,13 @@ def _mask_products_as_selects(graph: torch.fx.Graph) -> bool:
             if _bool_operand(value) is not None:
                 continue  # mask * mask: no float value whose sign or NaN matters
             with graph.inserting_before(node):
+                if tuple(operand.shape) != tuple(result.shape):
+                    # Broadcast first: torch-mlir folded the select of a
+                    # smaller value back into a multiply of its operands'
+                    # shape with the result's type (histogram's weights).
+                    value = graph.call_function(torch.ops.aten.expand.default, (value, list(result.shape)))
+                    value.meta = {**node.meta, "val": operand.expand(result.shape)}
+                    operand = value.meta["val"]
                 zero = graph.call_function(torch.ops.aten.mul.Tensor, (value, 0.0))
                 select = graph.call_function(torch.ops.aten.where.self, (mask, value, zero))
             zero.meta = {**node.meta, "val": operand * 0.0}
